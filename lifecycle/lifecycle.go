@@ -1,0 +1,136 @@
+package lifecycle
+
+import (
+	"math/rand/v2"
+	"slices"
+	"strings"
+)
+
+// Progress is what a reconciler knows about one handler of one object.
+type Progress struct {
+	// Retries counts the failed runs of the handler so far.
+	Retries int
+	// Done reports that the handler succeeded, or failed for good.
+	Done bool
+}
+
+// Func picks, from the handlers still to run (in registration order), those to run now.
+//
+// pending holds handler ids; progress maps a handler id to its progress, and a missing entry
+// means zero retries, not done. A Func must not modify pending or progress, and returns a new
+// slice (never a sub-slice of pending) holding a subset of pending. When pending is empty, every
+// Func of this package returns nil.
+//
+// The caller passes in pending only the handlers that are not done: the Funcs of this package do
+// not filter on Progress.Done, they pick among pending as given. Keeping the filtering in one
+// place, the caller, means a Func never has to decide what a done handler that is still pending
+// would mean.
+type Func func(pending []string, progress map[string]Progress) []string
+
+var (
+	// AllAtOnce returns all pending handlers, in order.
+	AllAtOnce Func = allAtOnce
+
+	// OneByOne returns the first pending handler only.
+	OneByOne Func = oneByOne
+
+	// Randomized returns one pending handler, picked at random.
+	Randomized Func = randomized
+
+	// Shuffled returns all pending handlers, in random order.
+	Shuffled Func = shuffled
+
+	// ASAP returns one pending handler: the one with the fewest retries; on a tie, the first
+	// in pending, that is in registration order. A handler missing from progress has zero
+	// retries. ASAP is the default lifecycle of the reconcilers: a handler that keeps failing
+	// does not hold back the others, which run before its next retry.
+	ASAP Func = asap
+)
+
+// Test seams: the sources of randomness of Randomized and Shuffled.
+var (
+	intN    = rand.IntN
+	shuffle = rand.Shuffle
+)
+
+func allAtOnce(pending []string, _ map[string]Progress) []string {
+	if len(pending) == 0 {
+		return nil
+	}
+	return slices.Clone(pending)
+}
+
+func oneByOne(pending []string, _ map[string]Progress) []string {
+	if len(pending) == 0 {
+		return nil
+	}
+	return []string{pending[0]}
+}
+
+func randomized(pending []string, _ map[string]Progress) []string {
+	if len(pending) == 0 {
+		return nil
+	}
+	return []string{pending[intN(len(pending))]}
+}
+
+func shuffled(pending []string, _ map[string]Progress) []string {
+	if len(pending) == 0 {
+		return nil
+	}
+	s := slices.Clone(pending)
+	shuffle(len(s), func(i, j int) { s[i], s[j] = s[j], s[i] })
+	return s
+}
+
+func asap(pending []string, progress map[string]Progress) []string {
+	if len(pending) == 0 {
+		return nil
+	}
+	best := 0
+	for i := 1; i < len(pending); i++ {
+		// Strictly fewer: on a tie the earlier handler stays.
+		if progress[pending[i]].Retries < progress[pending[best]].Retries {
+			best = i
+		}
+	}
+	return []string{pending[best]}
+}
+
+// names lists the lifecycles known to Named, in the order Names returns them.
+var names = []struct {
+	name string
+	fn   Func
+}{
+	{"ASAP", ASAP},
+	{"AllAtOnce", AllAtOnce},
+	{"OneByOne", OneByOne},
+	{"Randomized", Randomized},
+	{"Shuffled", Shuffled},
+}
+
+// Named returns the lifecycle called name, and whether there is one. The names are those of the
+// package variables, matched without regard to case, '-' or '_': "ASAP", "asap", "OneByOne",
+// "one-by-one" and kopf's "one_by_one" all work. It suits a command-line flag.
+func Named(name string) (Func, bool) {
+	key := normalize(name)
+	for _, n := range names {
+		if normalize(n.name) == key {
+			return n.fn, true
+		}
+	}
+	return nil, false
+}
+
+// Names returns the names Named knows, the default first, for a flag's help text.
+func Names() []string {
+	s := make([]string, len(names))
+	for i, n := range names {
+		s[i] = n.name
+	}
+	return s
+}
+
+func normalize(name string) string {
+	return strings.ToLower(strings.NewReplacer("-", "", "_", "").Replace(name))
+}

@@ -1,0 +1,130 @@
+package drain
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// fn's context is its *call. It is not a context.WithCancel of the caller's ctx because
+// that costs two allocations and a lock on the parent per call; here nothing is allocated
+// unless fn asks for Done (or derives a context from it), which many short calls never do.
+
+// ctxState is the cancellation state of fn's context.
+type ctxState struct {
+	ctxErr  atomic.Value // error, set once the context ended; read without the lock
+	ctxDone atomic.Value // chan struct{}, made by the first Done
+
+	mu         sync.Mutex
+	stopParent func() bool // stops watching the caller's ctx
+	afterFuncs []*afterFunc
+}
+
+type afterFunc struct{ f func() }
+
+var _ context.Context = (*call)(nil)
+
+// Deadline is the caller's deadline.
+func (c *call) Deadline() (time.Time, bool) { return c.parent.Deadline() }
+
+// Value is the caller's value.
+func (c *call) Value(key any) any { return c.parent.Value(key) }
+
+// Err is nil until the context ended, then the caller's error, or context.Canceled when
+// the drain cancelled the call or fn returned.
+func (c *call) Err() error {
+	if err, _ := c.ctxErr.Load().(error); err != nil {
+		return err
+	}
+	// Done may never have been asked for, so nobody watches the caller's ctx: look now.
+	if err := c.parent.Err(); err != nil {
+		c.cancel(err)
+		return c.ctxErr.Load().(error)
+	}
+	return nil
+}
+
+// Done is closed when the context ends. The channel, and a watch on the caller's ctx, are
+// made on the first call.
+func (c *call) Done() <-chan struct{} {
+	if d, _ := c.ctxDone.Load().(chan struct{}); d != nil {
+		return d
+	}
+	c.mu.Lock()
+	d, _ := c.ctxDone.Load().(chan struct{})
+	if d != nil {
+		c.mu.Unlock()
+		return d
+	}
+	d = make(chan struct{})
+	c.ctxDone.Store(d)
+	if c.ctxErr.Load() != nil {
+		close(d)
+		c.mu.Unlock()
+		return d
+	}
+	if c.parent.Done() != nil {
+		c.stopParent = context.AfterFunc(c.parent, c.parentDone)
+	}
+	c.mu.Unlock()
+	return d
+}
+
+func (c *call) parentDone() { c.cancel(c.parent.Err()) }
+
+// AfterFunc lets contexts derived from fn's context (context.WithCancel and friends)
+// register with it, as they do with the standard library's contexts, instead of starting
+// a goroutine each to watch Done. f runs when the context ends.
+func (c *call) AfterFunc(f func()) (stop func() bool) {
+	c.Done() // make sure the caller's ctx is watched
+	c.mu.Lock()
+	if c.ctxErr.Load() != nil {
+		c.mu.Unlock()
+		// The context package may hold a lock of its own that f takes: never run f here.
+		go f()
+		return func() bool { return false }
+	}
+	af := &afterFunc{f: f}
+	c.afterFuncs = append(c.afterFuncs, af)
+	c.mu.Unlock()
+	return func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		i := 0
+		for i < len(c.afterFuncs) && c.afterFuncs[i] != af {
+			i++
+		}
+		if i == len(c.afterFuncs) {
+			return false
+		}
+		c.afterFuncs = append(c.afterFuncs[:i], c.afterFuncs[i+1:]...)
+		return true
+	}
+}
+
+// cancel ends the context with err, unless it ended already.
+func (c *call) cancel(err error) {
+	c.mu.Lock()
+	if c.ctxErr.Load() != nil {
+		c.mu.Unlock()
+		return
+	}
+	c.ctxErr.Store(err)
+	if d, _ := c.ctxDone.Load().(chan struct{}); d != nil {
+		close(d)
+	}
+	stop, funcs := c.stopParent, c.afterFuncs
+	c.stopParent, c.afterFuncs = nil, nil
+	c.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
+	// Outside the lock: these funcs cancel derived contexts, which read this one's Err.
+	for _, af := range funcs {
+		af.f()
+	}
+}
+
+// String names the context, as the standard library's contexts do.
+func (c *call) String() string { return "drain.Call(" + c.name + ")" }

@@ -1,0 +1,230 @@
+package drain
+
+import (
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// reportEntry is one call in a report's "calls" list.
+type reportEntry struct {
+	Name     string `json:"name"`
+	Age      string `json:"age"`
+	Detached bool   `json:"detached"`
+	Where    string `json:"where"`
+}
+
+// report logs one line about the pending calls, if any.
+func (e *Executor) report() {
+	pending := e.snapshot()
+	if len(pending) == 0 {
+		return
+	}
+	shown := pending[:min(len(pending), maxReported)]
+	e.fillWhere(shown)
+	now := e.clock.Now()
+	calls := make([]reportEntry, len(shown))
+	for i, p := range shown {
+		calls[i] = reportEntry{Name: p.Name, Age: age(now.Sub(p.Started)), Detached: p.Detached, Where: p.Where}
+	}
+	kv := []any{"pending", len(pending), "calls", calls}
+	if more := len(pending) - len(shown); more > 0 {
+		kv = append(kv, "more", more)
+	}
+	e.log.Info("Waiting for pending calls", kv...)
+}
+
+// age rounds d for reading: whole seconds from 1s on, milliseconds below.
+func age(d time.Duration) string {
+	if d >= time.Second {
+		return d.Round(time.Second).String()
+	}
+	return d.Round(time.Millisecond).String()
+}
+
+// fillWhere sets Where of each call that still runs, from one capture of all stacks.
+func (e *Executor) fillWhere(pending []pendingCall) {
+	if len(pending) == 0 {
+		return
+	}
+	marks := calibrate()
+	if !marks.ok {
+		return
+	}
+	bySlot := make(map[uint32]int, len(pending))
+	for i, p := range pending {
+		bySlot[p.worker.slot] = i
+	}
+	e.stackMu.Lock()
+	defer e.stackMu.Unlock()
+	records := e.captureStacks()
+	for _, r := range records {
+		stack := r.Stack()
+		slot, ok := marks.decodeSlot(stack)
+		if !ok {
+			continue
+		}
+		i, ok := bySlot[slot]
+		if !ok {
+			continue
+		}
+		p := &pending[i]
+		// The slot may have passed to another worker, or the worker to another call,
+		// since the snapshot. A call runs once, so if it still runs now it ran all along.
+		if p.worker.cur.Load() != p.call || e.workerAt(slot) != p.worker {
+			continue
+		}
+		p.Where = where(stack)
+	}
+}
+
+func (e *Executor) workerAt(slot uint32) *worker {
+	e.wmu.Lock()
+	defer e.wmu.Unlock()
+	if int(slot) < len(e.workers) {
+		return e.workers[slot]
+	}
+	return nil
+}
+
+// captureStacks returns the stacks of all goroutines, reusing e.stackBuf.
+// The caller holds e.stackMu.
+func (e *Executor) captureStacks() []runtime.StackRecord {
+	for {
+		n, ok := runtime.GoroutineProfile(e.stackBuf)
+		if ok {
+			return e.stackBuf[:n]
+		}
+		e.stackBuf = make([]runtime.StackRecord, n+n/8+16)
+	}
+}
+
+// slotMarks are the return addresses that spell writes on a worker's stack.
+type slotMarks struct {
+	ok       bool
+	terminal uintptr            // in spell, after the call of exec
+	digits   map[uintptr]uint32 // in spell, after the call in case d
+}
+
+var (
+	marksOnce sync.Once
+	marks     slotMarks
+)
+
+// calibrate learns the return addresses of spell by running it with a probe.
+func calibrate() *slotMarks {
+	marksOnce.Do(func() {
+		m := slotMarks{ok: true, digits: make(map[uintptr]uint32, 16)}
+		for d := uint32(0); d < 16; d++ {
+			w := &worker{slot: d, probe: make([]uintptr, 2)}
+			w.spell(1, nil)
+			if d == 0 {
+				m.terminal = w.probe[0]
+			}
+			if w.probe[0] != m.terminal || w.probe[1] == 0 || w.probe[1] == m.terminal {
+				m.ok = false
+			}
+			if _, dup := m.digits[w.probe[1]]; dup {
+				m.ok = false
+			}
+			m.digits[w.probe[1]] = d
+		}
+		marks = m
+	})
+	return &marks
+}
+
+// decodeSlot reads the worker slot that spell wrote on stack (innermost frame first).
+// It fails for goroutines that are not workers, and for stacks cut off within the digits.
+func (m *slotMarks) decodeSlot(stack []uintptr) (uint32, bool) {
+	i := 0
+	for i < len(stack) && stack[i] != m.terminal {
+		i++
+	}
+	var slot uint32
+	n := 0
+	for i++; i < len(stack); i++ {
+		d, ok := m.digits[stack[i]]
+		if !ok {
+			// A frame below the digits (loop) was recorded: no digit was cut off.
+			return slot, n > 0
+		}
+		slot |= d << (4 * n)
+		n++
+	}
+	return 0, false
+}
+
+// where formats the first frame of stack that belongs to neither the Go runtime and
+// standard library nor quiesce's own executor and wrappers: "pkg.Func (file.go:123)".
+func where(stack []uintptr) string {
+	var fallback string
+	frames := runtime.CallersFrames(stack)
+	for {
+		f, more := frames.Next()
+		if f.Function != "" {
+			pkg := packagePath(f.Function)
+			if !isStd(pkg) && !isOwn(pkg, f.File) {
+				return formatFrame(f)
+			}
+			if fallback == "" && pkg != "runtime" && !strings.HasPrefix(pkg, "runtime/") && !strings.HasPrefix(pkg, "internal/") {
+				fallback = formatFrame(f)
+			}
+		}
+		if !more {
+			return fallback
+		}
+	}
+}
+
+func formatFrame(f runtime.Frame) string {
+	fn := f.Function
+	if i := strings.LastIndexByte(fn, '/'); i >= 0 {
+		fn = fn[i+1:]
+	}
+	file := f.File
+	if i := strings.LastIndexByte(file, '/'); i >= 0 {
+		file = file[i+1:]
+	}
+	return fn + " (" + file + ":" + strconv.Itoa(f.Line) + ")"
+}
+
+// packagePath returns the import path of a function's package, from its full name
+// ("example.com/a/b.(*T).M" → "example.com/a/b").
+func packagePath(function string) string {
+	slash := strings.LastIndexByte(function, '/')
+	dot := strings.IndexByte(function[slash+1:], '.')
+	if dot < 0 {
+		return function
+	}
+	return function[:slash+1+dot]
+}
+
+// isStd reports whether pkg is in the standard library (or the runtime): its first path
+// element has no dot. "main" is a program's own package.
+func isStd(pkg string) bool {
+	first, _, _ := strings.Cut(pkg, "/")
+	return pkg != "main" && !strings.Contains(first, ".")
+}
+
+// ownPackages are quiesce's packages whose non-test code runs fn; a report skips their
+// frames to show the handler's own.
+var ownPackages = []string{
+	"github.com/quiesce-dev/quiesce/drain",
+	"github.com/quiesce-dev/quiesce/reconcilers",
+	"github.com/quiesce-dev/quiesce/runnable",
+}
+
+func isOwn(pkg, file string) bool {
+	if strings.HasSuffix(file, "_test.go") {
+		return false
+	}
+	for _, own := range ownPackages {
+		if pkg == own {
+			return true
+		}
+	}
+	return false
+}

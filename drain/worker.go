@@ -1,0 +1,303 @@
+package drain
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"sync/atomic"
+	"time"
+)
+
+// idleTimeout is how long a parked worker waits for work before it exits. It runs on real
+// time, not Options.Clock, on purpose: it only bounds memory, nothing observable depends on
+// it, and a fake clock that tests never step would keep workers alive. Tests do not wait for
+// it either: a drain makes every idle worker exit at once.
+const idleTimeout = 10 * time.Second
+
+// errGoexit is the result of a call whose fn called runtime.Goexit (e.g. t.FailNow).
+var errGoexit = errors.New("fn called runtime.Goexit")
+
+// call is one admitted call. It is also fn's context (see context.go): one allocation per
+// call, and it is never reused, because fn may keep its context after returning.
+type call struct {
+	parent context.Context
+	e      *Executor
+	name   string
+	fn     func(context.Context) error
+
+	sig   chan struct{} // Call waits on it; nil for Go
+	state atomic.Uint32 // callWaiting, callDetached or callFinished
+	err   error         // fn's result, for Call; written before sig is signalled
+
+	// Written by the worker before it publishes the call (worker.cur), read after.
+	start time.Time
+	seq   uint64 // order in which fns began: oldest first
+
+	abandoned atomic.Bool // counted in Stats.Abandoned already
+
+	ctxState // fn's context
+}
+
+// Call handoff states.
+const (
+	callWaiting  uint32 = iota // Call waits for the result
+	callDetached               // nobody waits (Go, or Call's ctx ended first)
+	callFinished               // fn returned and the result was handed to Call
+)
+
+// worker is a goroutine that runs calls one after another, then parks until the next one,
+// so that a call costs a channel handoff instead of a new goroutine.
+type worker struct {
+	e      *Executor
+	slot   uint32               // index in Executor.workers, spelled on the stack (see spell)
+	digits int                  // hex digits of slot
+	cur    atomic.Pointer[call] // the call running now, if any
+	probe  []uintptr            // only for calibrate
+}
+
+// dispatch hands c to a parked worker, or starts a new one.
+func (e *Executor) dispatch(c *call) {
+	select {
+	case e.work <- c:
+	default:
+		w := e.newWorker()
+		go w.loop(c)
+	}
+}
+
+func (e *Executor) newWorker() *worker {
+	e.wmu.Lock()
+	defer e.wmu.Unlock()
+	var slot uint32
+	if n := len(e.free); n > 0 {
+		slot = e.free[n-1]
+		e.free = e.free[:n-1]
+	} else {
+		slot = uint32(len(e.workers))
+		e.workers = append(e.workers, nil)
+	}
+	w := &worker{e: e, slot: slot, digits: hexDigits(slot)}
+	e.workers[slot] = w
+	return w
+}
+
+func (e *Executor) retire(w *worker) {
+	e.wmu.Lock()
+	defer e.wmu.Unlock()
+	e.workers[w.slot] = nil
+	e.free = append(e.free, w.slot)
+}
+
+func hexDigits(slot uint32) int {
+	n := 1
+	for slot >>= 4; slot != 0; slot >>= 4 {
+		n++
+	}
+	return n
+}
+
+// loop runs c, then every call handed over e.work, until the worker has been idle for
+// idleTimeout or the executor drains.
+func (w *worker) loop(c *call) {
+	defer w.e.retire(w)
+	// One timer per worker, re-armed only when it fires: resetting it per call would cost
+	// more than the rest of the handoff. A worker thus lives between one and two
+	// idleTimeouts after its last call.
+	idle := time.NewTimer(idleTimeout)
+	defer idle.Stop()
+	for {
+		w.spell(w.digits, c)
+		used := true
+		for c = nil; c == nil; {
+			select {
+			case c = <-w.e.work:
+			case <-w.e.draining:
+				return
+			case <-idle.C:
+				if !used {
+					return
+				}
+				used = false
+				idle.Reset(idleTimeout)
+			}
+		}
+	}
+}
+
+// spell runs c through n nested frames whose return addresses spell the worker's slot in
+// hex, least significant digit on top, then the call itself (exec).
+//
+// Why: a report must say where each pending call's goroutine is blocked. The only stack
+// capture fast enough for thousands of goroutines is runtime.GoroutineProfile (PCs only;
+// about 15 ms for 10,000 goroutines here), which carries no goroutine id and no pprof
+// label. runtime.Stack(all) and the labelled pprof goroutine profile both took 140-400 ms.
+// So each worker's stack carries its own slot number, written in return addresses, right
+// below fn's frames; see decodeSlot. It costs a few nanoseconds per call.
+func (w *worker) spell(n int, c *call) {
+	if n == 0 {
+		w.exec(c)
+		return
+	}
+	n--
+	switch (w.slot >> (4 * n)) & 15 {
+	case 0:
+		w.spell(n, c)
+	case 1:
+		w.spell(n, c)
+	case 2:
+		w.spell(n, c)
+	case 3:
+		w.spell(n, c)
+	case 4:
+		w.spell(n, c)
+	case 5:
+		w.spell(n, c)
+	case 6:
+		w.spell(n, c)
+	case 7:
+		w.spell(n, c)
+	case 8:
+		w.spell(n, c)
+	case 9:
+		w.spell(n, c)
+	case 10:
+		w.spell(n, c)
+	case 11:
+		w.spell(n, c)
+	case 12:
+		w.spell(n, c)
+	case 13:
+		w.spell(n, c)
+	case 14:
+		w.spell(n, c)
+	case 15:
+		w.spell(n, c)
+	}
+}
+
+// exec runs c's fn and settles the call. It is never inlined: its frame and its caller's
+// return address must look the same in calibrate as in a real call.
+//
+//go:noinline
+func (w *worker) exec(c *call) {
+	if c == nil { // calibrate: record the return addresses in spell
+		runtime.Callers(2, w.probe)
+		return
+	}
+	e := w.e
+	c.start = e.clock.Now()
+	c.seq = e.started.Add(1)
+	w.cur.Store(c)
+	if e.cancelled.Load() {
+		c.cancel(context.Canceled)
+	}
+	var err error
+	returned := false
+	defer func() {
+		if !returned {
+			// fn panicked, or called runtime.Goexit: then recover returns nil, and this
+			// goroutine ends after the deferred calls; loop's defer retires the worker.
+			if v := recover(); v != nil {
+				err = &PanicError{Name: c.name, Value: v, Stack: debug.Stack()}
+				e.panicked.Add(1)
+			} else {
+				err = fmt.Errorf("failed to run call %q: %w", c.name, errGoexit)
+			}
+		}
+		w.finish(c, err)
+	}()
+	err = c.fn(c)
+	returned = true
+}
+
+// finish settles a call whose fn returned with err.
+func (w *worker) finish(c *call, err error) {
+	e := w.e
+	if e.slots != nil {
+		<-e.slots
+	}
+	e.finished.Add(1)
+	if e.opts.AfterCall != nil {
+		e.afterCall(c, err)
+	}
+	w.cur.Store(nil)
+	c.cancel(context.Canceled) // fn's context ends with fn
+
+	c.err = err
+	waited := c.state.CompareAndSwap(callWaiting, callFinished)
+	if !waited {
+		var pe *PanicError
+		if errors.As(err, &pe) {
+			e.log.Error(err, "Call panicked", "call", c.name, "panic", pe.Value, "stack", string(pe.Stack))
+		}
+	}
+	e.release()
+	if waited {
+		c.sig <- struct{}{}
+	}
+}
+
+// afterCall calls Options.AfterCall; a panic in it is logged, never raised.
+func (e *Executor) afterCall(c *call, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			e.log.Error(fmt.Errorf("%v", v), "AfterCall panicked", "call", c.name, "stack", string(debug.Stack()))
+		}
+	}()
+	e.opts.AfterCall(c.name, e.clock.Since(c.start), err)
+}
+
+// running returns the calls whose fn runs now, in no order.
+func (e *Executor) running() []*call {
+	e.wmu.Lock()
+	defer e.wmu.Unlock()
+	calls := make([]*call, 0, len(e.workers))
+	for _, w := range e.workers {
+		if w == nil {
+			continue
+		}
+		if c := w.cur.Load(); c != nil {
+			calls = append(calls, c)
+		}
+	}
+	return calls
+}
+
+// pendingCall is a Pending with what fillWhere needs to find its goroutine.
+type pendingCall struct {
+	Pending
+	call   *call
+	worker *worker
+}
+
+// snapshot returns the running calls, oldest first.
+func (e *Executor) snapshot() []pendingCall {
+	e.wmu.Lock()
+	out := make([]pendingCall, 0, len(e.workers))
+	for _, w := range e.workers {
+		if w == nil {
+			continue
+		}
+		if c := w.cur.Load(); c != nil {
+			out = append(out, pendingCall{
+				Pending: Pending{Name: c.name, Started: c.start, Detached: c.state.Load() == callDetached},
+				call:    c,
+				worker:  w,
+			})
+		}
+	}
+	e.wmu.Unlock()
+	slices.SortFunc(out, func(a, b pendingCall) int {
+		switch {
+		case a.call.seq < b.call.seq:
+			return -1
+		case a.call.seq > b.call.seq:
+			return 1
+		}
+		return 0
+	})
+	return out
+}

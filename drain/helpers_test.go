@@ -1,0 +1,104 @@
+package drain_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+	"go.uber.org/goleak"
+
+	"github.com/quiesce-dev/quiesce/drain"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// logLine is one captured log line (funcr's JSON form).
+type logLine struct {
+	Msg     string      `json:"msg"`
+	Error   string      `json:"error"`
+	Pending int         `json:"pending"`
+	More    int         `json:"more"`
+	Calls   []reportRow `json:"calls"`
+	Call    string      `json:"call"`
+	Panic   any         `json:"panic"`
+	Stack   string      `json:"stack"`
+	raw     string
+}
+
+type reportRow struct {
+	Name     string `json:"name"`
+	Age      string `json:"age"`
+	Detached bool   `json:"detached"`
+	Where    string `json:"where"`
+}
+
+// logs captures log lines; lines, if set, also receives each one.
+type logs struct {
+	mu    sync.Mutex
+	all   []logLine
+	lines chan logLine
+}
+
+func (l *logs) logger(t testing.TB) logr.Logger {
+	return funcr.NewJSON(func(obj string) {
+		var line logLine
+		if err := json.Unmarshal([]byte(obj), &line); err != nil {
+			t.Errorf("log line %s: %v", obj, err)
+		}
+		line.raw = obj
+		l.mu.Lock()
+		l.all = append(l.all, line)
+		l.mu.Unlock()
+		if l.lines != nil {
+			l.lines <- line
+		}
+	}, funcr.Options{})
+}
+
+func (l *logs) get() []logLine {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]logLine(nil), l.all...)
+}
+
+// newExecutor returns an executor that is drained when the test ends, so that its
+// workers exit before goleak looks.
+func newExecutor(t testing.TB, opts drain.Options) *drain.Executor {
+	ex := drain.New(opts)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := ex.Drain(ctx); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	return ex
+}
+
+// lineBelow returns how a report shows the line below its caller.
+func lineBelow() string {
+	pc, file, line, _ := runtime.Caller(1)
+	name := runtime.FuncForPC(pc).Name()
+	name = name[strings.LastIndexByte(name, '/')+1:]
+	return fmt.Sprintf("%s (%s:%d)", name, filepath.Base(file), line+1)
+}
+
+// blocking returns an fn that sends where it blocks on started, then blocks until release
+// is closed.
+func blocking(started chan<- string, release <-chan struct{}) func(context.Context) error {
+	return func(context.Context) error {
+		started <- lineBelow()
+		<-release
+		return nil
+	}
+}

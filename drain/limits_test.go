@@ -1,0 +1,272 @@
+package drain_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/quiesce-dev/quiesce/drain"
+)
+
+func TestMaxConcurrent(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ex := drain.New(drain.Options{MaxConcurrent: 2, CancelAfter: -1})
+		var running, peak atomic.Int32
+		release := make(chan struct{})
+		fn := func(context.Context) error {
+			n := running.Add(1)
+			for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+			}
+			<-release
+			running.Add(-1)
+			return nil
+		}
+		var wg sync.WaitGroup
+		for i := range 5 {
+			wg.Go(func() {
+				if err := ex.Go(context.Background(), fmt.Sprint("go-", i), fn); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		synctest.Wait()
+		if n := running.Load(); n != 2 {
+			t.Errorf("%d running, want 2", n)
+		}
+		if s := ex.Stats(); s.InFlight != 5 || s.Started != 2 {
+			t.Errorf("Stats = %+v, want 5 in flight (3 waiting for a slot), 2 started", s)
+		}
+
+		// A waiting caller honours its ctx.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if err := ex.Call(ctx, "times out", fn); !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Call = %v, want DeadlineExceeded", err)
+		}
+
+		close(release)
+		wg.Wait()
+		synctest.Wait()
+		if p := peak.Load(); p != 2 {
+			t.Errorf("peak %d running, want 2", p)
+		}
+		if err := ex.Drain(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+func TestMaxConcurrentWaiterRefusedByDrain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ex := drain.New(drain.Options{MaxConcurrent: 1, CancelAfter: -1})
+		started := make(chan string, 1)
+		release := make(chan struct{})
+		ex.Go(context.Background(), "holds the slot", blocking(started, release))
+		<-started
+		ran := false
+		results := make(chan error, 2)
+		go func() {
+			results <- ex.Call(context.Background(), "waits", func(context.Context) error { ran = true; return nil })
+		}()
+		go func() {
+			results <- ex.Go(context.Background(), "waits too", func(context.Context) error { ran = true; return nil })
+		}()
+		synctest.Wait()
+		drained := make(chan error, 1)
+		go func() { drained <- ex.Drain(context.Background()) }()
+		for range 2 {
+			if err := <-results; !errors.Is(err, drain.ErrDraining) {
+				t.Errorf("waiting caller got %v, want ErrDraining", err)
+			}
+		}
+		close(release)
+		if err := <-drained; err != nil {
+			t.Fatal(err)
+		}
+		if ran {
+			t.Error("a refused call ran")
+		}
+		if s := ex.Stats(); s.Refused != 2 || s.Started != 1 || s.InFlight != 0 {
+			t.Errorf("Stats = %+v", s)
+		}
+	})
+}
+
+func TestNegativeMaxConcurrentIsUnbounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ex := drain.New(drain.Options{MaxConcurrent: -1})
+		started := make(chan string, 10)
+		release := make(chan struct{})
+		for range 10 {
+			ex.Go(context.Background(), "x", blocking(started, release))
+		}
+		for range 10 {
+			<-started
+		}
+		close(release)
+		ex.Drain(context.Background())
+	})
+}
+
+func TestBadInput(t *testing.T) {
+	ex := newExecutor(t, drain.Options{})
+	fn := func(context.Context) error { return nil }
+	for _, tc := range []struct {
+		name string
+		ctx  context.Context
+		fn   func(context.Context) error
+	}{
+		{"", context.Background(), fn},
+		{"nil fn", context.Background(), nil},
+		{"nil ctx", nil, fn},
+	} {
+		if err := ex.Call(tc.ctx, tc.name, tc.fn); !errors.Is(err, drain.ErrInvalidCall) {
+			t.Errorf("Call(%q) = %v, want ErrInvalidCall", tc.name, err)
+		}
+		if err := ex.Go(tc.ctx, tc.name, tc.fn); !errors.Is(err, drain.ErrInvalidCall) {
+			t.Errorf("Go(%q) = %v, want ErrInvalidCall", tc.name, err)
+		}
+	}
+	if s := ex.Stats(); s != (drain.Stats{}) {
+		t.Errorf("bad input counted: %+v", s)
+	}
+}
+
+func TestAfterCall(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		type seen struct {
+			name string
+			took time.Duration
+			err  error
+		}
+		var got []seen
+		var mu sync.Mutex
+		ex := drain.New(drain.Options{AfterCall: func(name string, took time.Duration, err error) {
+			mu.Lock()
+			got = append(got, seen{name, took, err})
+			mu.Unlock()
+		}})
+		boom := errors.New("boom")
+		ex.Call(context.Background(), "sleeps", func(context.Context) error { time.Sleep(3 * time.Second); return boom })
+		ex.Call(context.Background(), "panics", func(context.Context) error { panic(1) })
+		ex.Drain(context.Background())
+		var pe *drain.PanicError
+		if len(got) != 2 || got[0] != (seen{"sleeps", 3 * time.Second, boom}) || got[1].name != "panics" || !errors.As(got[1].err, &pe) {
+			t.Errorf("AfterCall saw %+v", got)
+		}
+	})
+}
+
+func TestAfterCallPanicIsContained(t *testing.T) {
+	lines := &logs{}
+	ex := newExecutor(t, drain.Options{Logger: lines.logger(t), AfterCall: func(string, time.Duration, error) { panic("bad hook") }})
+	if err := ex.Call(context.Background(), "x", func(context.Context) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if got := lines.get(); len(got) != 1 || got[0].Msg != "AfterCall panicked" {
+		t.Errorf("log = %+v", got)
+	}
+}
+
+func TestGoexit(t *testing.T) {
+	ex := newExecutor(t, drain.Options{})
+	err := ex.Call(context.Background(), "exits", func(context.Context) error { runtime.Goexit(); return nil })
+	if err == nil {
+		t.Fatal("Call = nil after runtime.Goexit")
+	}
+	// The executor still works, and counts the call as finished.
+	if err := ex.Call(context.Background(), "after", func(context.Context) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if s := ex.Stats(); s.Finished != 2 || s.InFlight != 0 {
+		t.Errorf("Stats = %+v", s)
+	}
+}
+
+func TestDriven(t *testing.T) {
+	ex := newExecutor(t, drain.Options{})
+	if ex.Driven() {
+		t.Error("new executor is driven")
+	}
+	ex.SetDriven(true)
+	if !ex.Driven() {
+		t.Error("SetDriven(true) did not stick")
+	}
+}
+
+func TestStress(t *testing.T) {
+	const calls = 10_000
+	for round := range 5 {
+		// Odd rounds also make callers wait for one of 64 slots.
+		ex := drain.New(drain.Options{CancelAfter: -1, MaxConcurrent: round % 2 * 64})
+		var ran [calls]atomic.Bool
+		var results [calls]error
+		var wg sync.WaitGroup
+		// The drain begins once target calls were attempted: the rest race it.
+		target := int32(1000 + round*2000)
+		var attempts atomic.Int32
+		trigger := make(chan struct{})
+		for i := range calls {
+			wg.Go(func() {
+				if attempts.Add(1) == target {
+					close(trigger)
+				}
+				fn := func(context.Context) error {
+					if ran[i].Swap(true) {
+						t.Errorf("call %d ran twice", i)
+					}
+					runtime.Gosched()
+					return nil
+				}
+				if i%2 == 0 {
+					results[i] = ex.Call(context.Background(), "call", fn)
+				} else {
+					results[i] = ex.Go(context.Background(), "go", fn)
+				}
+			})
+		}
+		<-trigger
+		if err := ex.Drain(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		// Every call admitted before refusal has run by now; none runs later.
+		var done int
+		for i := range calls {
+			if ran[i].Load() {
+				done++
+			}
+		}
+		wg.Wait()
+		var completed, refused uint64
+		for i := range calls {
+			switch err := results[i]; {
+			case err == nil:
+				completed++
+				if !ran[i].Load() {
+					t.Fatalf("round %d: call %d admitted but never ran", round, i)
+				}
+			case errors.Is(err, drain.ErrDraining):
+				refused++
+				if ran[i].Load() {
+					t.Fatalf("round %d: call %d ran after it was refused", round, i)
+				}
+			default:
+				t.Fatalf("round %d: call %d: %v", round, i, err)
+			}
+		}
+		if uint64(done) != completed {
+			t.Fatalf("round %d: %d fn ran before Drain returned, %d completed", round, done, completed)
+		}
+		s := ex.Stats()
+		if s.Started != completed || s.Finished != completed || s.Refused != refused || s.InFlight != 0 || completed+refused != calls {
+			t.Fatalf("round %d: Stats %+v; %d completed, %d refused", round, s, completed, refused)
+		}
+		t.Logf("round %d: %d completed, %d refused", round, completed, refused)
+	}
+}

@@ -1,0 +1,200 @@
+package drain_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/quiesce-dev/quiesce/drain"
+)
+
+func TestReportSchedule(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		lines := &logs{}
+		ex := drain.New(drain.Options{Logger: lines.logger(t), CancelAfter: -1})
+		started := make(chan string, 1)
+		releaseA, releaseB := make(chan struct{}), make(chan struct{})
+		ex.Go(context.Background(), "a", blocking(started, releaseA))
+		whereA := <-started
+		time.Sleep(2 * time.Second)
+
+		// b's caller stops waiting: b is detached.
+		ctx, cancel := context.WithCancel(context.Background())
+		go ex.Call(ctx, "b", blocking(started, releaseB))
+		whereB := <-started
+		cancel()
+
+		drained := make(chan error, 1)
+		go func() { drained <- ex.Drain(context.Background()) }()
+		// The drain began at 2s. Expect reports at 3s and 8s with a and b, at 13s with
+		// b alone (a returns at 10s), and none after b returns at 14s.
+		expect := func(at time.Duration, want ...reportRow) {
+			t.Helper()
+			synctest.Wait()
+			got := lines.get()
+			if len(got) != 1 {
+				t.Fatalf("at %v: %d log lines, want 1: %+v", at, len(got), got)
+			}
+			line := got[0]
+			if line.Msg != "Waiting for pending calls" || line.Pending != len(want) || line.More != 0 || fmt.Sprint(line.Calls) != fmt.Sprint(want) {
+				t.Errorf("at %v: report\n %s\nwant pending %d, calls %+v", at, line.raw, len(want), want)
+			}
+			lines.all = nil
+		}
+		expectNone := func(at time.Duration) {
+			t.Helper()
+			synctest.Wait()
+			if got := lines.get(); len(got) != 0 {
+				t.Fatalf("at %v: %d unexpected log lines: %+v", at, len(got), got)
+			}
+		}
+		time.Sleep(time.Second - time.Nanosecond)
+		expectNone(3*time.Second - time.Nanosecond)
+		time.Sleep(time.Nanosecond)
+		expect(3*time.Second, reportRow{"a", "3s", true, whereA}, reportRow{"b", "1s", true, whereB})
+		time.Sleep(5*time.Second - time.Nanosecond)
+		expectNone(8*time.Second - time.Nanosecond)
+		time.Sleep(time.Nanosecond)
+		expect(8*time.Second, reportRow{"a", "8s", true, whereA}, reportRow{"b", "6s", true, whereB})
+		time.Sleep(2 * time.Second)
+		close(releaseA)
+		expectNone(10 * time.Second)
+		time.Sleep(3 * time.Second)
+		expect(13*time.Second, reportRow{"b", "11s", true, whereB})
+		time.Sleep(time.Second)
+		close(releaseB)
+		if err := <-drained; err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Minute)
+		expectNone(time.Minute)
+	})
+}
+
+func TestReportShowsWaitingCaller(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		lines := &logs{}
+		ex := drain.New(drain.Options{Logger: lines.logger(t), CancelAfter: -1, ReportAfter: time.Minute})
+		started := make(chan string, 1)
+		release := make(chan struct{})
+		go ex.Call(context.Background(), "waited", blocking(started, release))
+		where := <-started
+		go ex.Drain(context.Background())
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		got := lines.get()
+		want := fmt.Sprint([]reportRow{{"waited", "1m0s", false, where}})
+		if len(got) != 1 || fmt.Sprint(got[0].Calls) != want {
+			t.Errorf("reports %+v, want one with %s", got, want)
+		}
+		close(release)
+	})
+}
+
+func TestNoReportWhenNothingPends(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		lines := &logs{}
+		ex := drain.New(drain.Options{Logger: lines.logger(t), CancelAfter: -1})
+		release := make(chan struct{})
+		started := make(chan string, 1)
+		ex.Go(context.Background(), "quick", blocking(started, release))
+		<-started
+		drained := make(chan error, 1)
+		go func() { drained <- ex.Drain(context.Background()) }()
+		time.Sleep(time.Second - time.Nanosecond)
+		close(release)
+		<-drained
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if got := lines.get(); len(got) != 0 {
+			t.Errorf("logged %+v", got)
+		}
+		// A drain with nothing in flight logs nothing either.
+		ex2 := drain.New(drain.Options{Logger: lines.logger(t)})
+		ex2.Drain(context.Background())
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if got := lines.get(); len(got) != 0 {
+			t.Errorf("logged %+v", got)
+		}
+	})
+}
+
+func TestReportIsBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		lines := &logs{}
+		ex := drain.New(drain.Options{Logger: lines.logger(t), CancelAfter: -1})
+		release := make(chan struct{})
+		started := make(chan string, 25)
+		for i := range 25 {
+			ex.Go(context.Background(), fmt.Sprintf("call-%02d", i), blocking(started, release))
+			<-started
+			time.Sleep(time.Second)
+		}
+		go ex.Drain(context.Background())
+		time.Sleep(time.Second)
+		synctest.Wait()
+		got := lines.get()
+		if len(got) != 1 {
+			t.Fatalf("%d lines", len(got))
+		}
+		if got[0].Pending != 25 || got[0].More != 5 || len(got[0].Calls) != 20 {
+			t.Errorf("pending %d, more %d, %d calls; want 25, 5, 20", got[0].Pending, got[0].More, len(got[0].Calls))
+		}
+		for i, c := range got[0].Calls { // oldest first
+			if want := fmt.Sprintf("call-%02d", i); c.Name != want || c.Age != fmt.Sprintf("%ds", 26-i) {
+				t.Errorf("calls[%d] = %+v, want %s aged %ds", i, c, want, 26-i)
+			}
+		}
+		close(release)
+	})
+}
+
+func TestReportDefaultsForBadDurations(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		lines := &logs{}
+		ex := drain.New(drain.Options{Logger: lines.logger(t), CancelAfter: -1, ReportAfter: -time.Second, ReportEvery: -time.Second})
+		release := make(chan struct{})
+		started := make(chan string, 1)
+		ex.Go(context.Background(), "x", blocking(started, release))
+		<-started
+		go ex.Drain(context.Background())
+		// Negative durations take the defaults: reports at 1s, 6s, 11s.
+		for _, wait := range []time.Duration{time.Second, 5 * time.Second, 5 * time.Second} {
+			time.Sleep(wait - time.Nanosecond)
+			synctest.Wait()
+			if n := len(lines.get()); n != 0 {
+				t.Fatalf("%d reports too early", n)
+			}
+			time.Sleep(time.Nanosecond)
+			synctest.Wait()
+			if n := len(lines.get()); n != 1 {
+				t.Fatalf("%d reports, want 1", n)
+			}
+			lines.all = nil
+		}
+		close(release)
+	})
+}
+
+func TestReportOnFakeClock(t *testing.T) {
+	lines := &logs{lines: make(chan logLine, 1)}
+	fake := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	ex := newExecutor(t, drain.Options{Logger: lines.logger(t), Clock: fake, CancelAfter: -1, ReportAfter: 2 * time.Second})
+	release := make(chan struct{})
+	started := make(chan string, 1)
+	ex.Go(context.Background(), "x", blocking(started, release))
+	where := <-started
+	go ex.Drain(context.Background())
+	<-ex.Draining()
+	fake.Step(2 * time.Second)
+	line := <-lines.lines
+	if want := fmt.Sprint([]reportRow{{"x", "2s", true, where}}); fmt.Sprint(line.Calls) != want {
+		t.Errorf("report %s, want calls %s", line.raw, want)
+	}
+	close(release)
+}

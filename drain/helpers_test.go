@@ -56,13 +56,27 @@ func (l *logs) logger(t testing.TB) logr.Logger {
 			t.Errorf("log line %s: %v", obj, err)
 		}
 		line.raw = obj
-		l.mu.Lock()
-		l.all = append(l.all, line)
-		l.mu.Unlock()
-		if l.lines != nil {
-			l.lines <- line
-		}
+		l.add(line)
 	}, funcr.Options{})
+}
+
+// loggerFunc returns a logger that hands each line to f.
+func (l *logs) loggerFunc(f func(logLine)) logr.Logger {
+	return funcr.NewJSON(func(obj string) {
+		var line logLine
+		json.Unmarshal([]byte(obj), &line)
+		line.raw = obj
+		f(line)
+	}, funcr.Options{})
+}
+
+func (l *logs) add(line logLine) {
+	l.mu.Lock()
+	l.all = append(l.all, line)
+	l.mu.Unlock()
+	if l.lines != nil {
+		l.lines <- line
+	}
 }
 
 func (l *logs) get() []logLine {

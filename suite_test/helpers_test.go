@@ -1,0 +1,54 @@
+package suite_test
+
+import (
+	"context"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+)
+
+// newNamespace creates a namespace of its own for a spec, so specs never see each other's objects.
+func newNamespace(ctx context.Context) string {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "quiesce-"}}
+	Expect(k8sClient.Create(ctx, ns)).To(Succeed())
+	return ns.Name
+}
+
+// newManager makes a manager on the suite's control plane with no metrics or probe listeners
+// unless opts set them; the last opts' fields win.
+func newManager(mutate ...func(*manager.Options)) manager.Manager {
+	opts := manager.Options{
+		Scheme:                 scheme.Scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		// Specs register controllers of the same name on several managers.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+	}
+	for _, m := range mutate {
+		m(&opts)
+	}
+	mgr, err := ctrl.NewManager(cfg, opts)
+	Expect(err).NotTo(HaveOccurred())
+	return mgr
+}
+
+// startManager starts mgr on its own context; stop cancels it (like SIGTERM), done receives
+// what mgr.Start returned.
+func startManager(mgr manager.Manager) (stop context.CancelFunc, done <-chan error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := make(chan error, 1)
+	go func() {
+		defer GinkgoRecover()
+		ch <- mgr.Start(ctx)
+	}()
+	DeferCleanup(cancel)
+	return cancel, ch
+}

@@ -121,8 +121,7 @@ type Executor struct {
 	log   logr.Logger
 	slots chan struct{} // MaxConcurrent tokens; nil when unbounded
 
-	work    chan *call // unbuffered: hands a call to a parked worker, if one waits
-	signals sync.Pool  // chan struct{} (cap 1) on which a worker tells Call that fn returned
+	signals sync.Pool // chan struct{} (cap 1) on which a worker tells Call that fn returned
 
 	draining  chan struct{} // closed when Drain begins
 	done      chan struct{} // closed when draining and nothing is in flight
@@ -134,9 +133,13 @@ type Executor struct {
 
 	started, finished, refused, panicked, abandoned atomic.Uint64
 
-	wmu     sync.Mutex
-	workers []*worker // indexed by slot; nil where no worker lives
-	free    []uint32  // free slots, reused so that slot numbers stay small
+	wmu         sync.Mutex
+	workers     []*worker // indexed by slot; nil where no worker lives
+	free        []uint32  // free slots, reused so that slot numbers stay small
+	idle        []*worker // parked workers, most recent last
+	epoch       uint64    // janitor ticks
+	janitorRuns bool
+	closing     bool // draining: workers exit instead of parking
 
 	stackMu  sync.Mutex // guards stackBuf
 	stackBuf []runtime.StackRecord
@@ -174,7 +177,6 @@ func New(opts Options) *Executor {
 		opts:     opts,
 		clock:    opts.Clock,
 		log:      opts.Logger,
-		work:     make(chan *call),
 		draining: make(chan struct{}),
 		done:     make(chan struct{}),
 	}
@@ -210,15 +212,19 @@ func (e *Executor) Call(ctx context.Context, name string, fn func(context.Contex
 	c.sig = sig
 	c.state.Store(callWaiting)
 	e.dispatch(c)
-	select {
-	case <-sig:
-	case <-ctx.Done():
-		if c.state.CompareAndSwap(callWaiting, callDetached) {
-			// The worker will not signal: sig is clean and can be reused.
-			e.signals.Put(sig)
-			return ctx.Err()
+	if done := ctx.Done(); done == nil {
+		<-sig // a plain receive is cheaper than a select
+	} else {
+		select {
+		case <-sig:
+		case <-done:
+			if c.state.CompareAndSwap(callWaiting, callDetached) {
+				// The worker will not signal: sig is clean and can be reused.
+				e.signals.Put(sig)
+				return ctx.Err()
+			}
+			<-sig // fn returned meanwhile; take its result instead
 		}
-		<-sig // fn returned meanwhile; take its result instead
 	}
 	err = c.err
 	e.signals.Put(sig)
@@ -363,6 +369,7 @@ func (e *Executor) beginDrain() {
 		// caller always finds Draining() closed.
 		close(e.draining)
 		inFlight := e.state.Or(drainingBit) & countMask
+		e.wakeIdle()
 
 		// Step 2: cancel the calls' contexts now if CancelAfter says so.
 		if e.opts.CancelAfter == 0 {
@@ -399,10 +406,11 @@ func (e *Executor) supervise(cancelTimer, reportTimer clock.Timer) {
 				return
 			default:
 			}
+			// Re-arm first: the schedule does not drift by the time a report takes.
+			reportTimer.Reset(e.opts.ReportEvery)
 			if e.waiters.Load() > 0 {
 				e.report()
 			}
-			reportTimer.Reset(e.opts.ReportEvery)
 		}
 	}
 }

@@ -54,23 +54,28 @@ type worker struct {
 	e      *Executor
 	slot   uint32               // index in Executor.workers, spelled on the stack (see spell)
 	digits int                  // hex digits of slot
+	wake   chan *call           // cap 1: the next call, or nil to exit
 	cur    atomic.Pointer[call] // the call running now, if any
+	epoch  uint64               // Executor.epoch when it parked; guarded by Executor.wmu
 	probe  []uintptr            // only for calibrate
 }
 
-// dispatch hands c to a parked worker, or starts a new one.
+// dispatch hands c to the most recently parked worker, or starts a new one.
+//
+// Why a stack of parked workers, each on its own channel, rather than one channel they all
+// receive from: a worker parks in a plain receive (no select with a timer, which costs a
+// timer heap update at every park), and the most recently used workers stay busy while the
+// others idle long enough for the janitor to retire them.
 func (e *Executor) dispatch(c *call) {
-	select {
-	case e.work <- c:
-	default:
-		w := e.newWorker()
-		go w.loop(c)
-	}
-}
-
-func (e *Executor) newWorker() *worker {
 	e.wmu.Lock()
-	defer e.wmu.Unlock()
+	if n := len(e.idle); n > 0 {
+		w := e.idle[n-1]
+		e.idle[n-1] = nil
+		e.idle = e.idle[:n-1]
+		e.wmu.Unlock()
+		w.wake <- c
+		return
+	}
 	var slot uint32
 	if n := len(e.free); n > 0 {
 		slot = e.free[n-1]
@@ -79,16 +84,88 @@ func (e *Executor) newWorker() *worker {
 		slot = uint32(len(e.workers))
 		e.workers = append(e.workers, nil)
 	}
-	w := &worker{e: e, slot: slot, digits: hexDigits(slot)}
+	w := &worker{e: e, slot: slot, digits: hexDigits(slot), wake: make(chan *call, 1)}
 	e.workers[slot] = w
-	return w
+	e.wmu.Unlock()
+	go w.loop(c)
 }
 
+// loop runs c, then every call handed to it, until it is told to exit.
+func (w *worker) loop(c *call) {
+	for c != nil {
+		w.spell(w.digits, c)
+		if !w.e.park(w) {
+			break
+		}
+		c = <-w.wake
+	}
+	w.e.retire(w)
+}
+
+// park puts w on the idle stack, unless the executor drains: then w should exit.
+func (e *Executor) park(w *worker) bool {
+	e.wmu.Lock()
+	defer e.wmu.Unlock()
+	if e.closing {
+		return false
+	}
+	w.epoch = e.epoch
+	e.idle = append(e.idle, w)
+	if !e.janitorRuns {
+		e.janitorRuns = true
+		go e.janitor()
+	}
+	return true
+}
+
+// retire forgets an exiting worker.
 func (e *Executor) retire(w *worker) {
 	e.wmu.Lock()
 	defer e.wmu.Unlock()
 	e.workers[w.slot] = nil
 	e.free = append(e.free, w.slot)
+}
+
+// janitor retires the workers idle for a whole idleTimeout. It runs only while some worker
+// is parked, so that an executor nobody drains leaves no goroutine behind for long.
+func (e *Executor) janitor() {
+	t := time.NewTimer(idleTimeout)
+	defer t.Stop()
+	for {
+		select {
+		case <-e.draining: // the drain wakes the idle workers itself
+			return
+		case <-t.C:
+		}
+		e.wmu.Lock()
+		e.epoch++
+		// The stack is ordered by epoch, oldest at the bottom. Those parked before the
+		// previous tick have been idle for at least idleTimeout.
+		n := 0
+		for n < len(e.idle) && e.idle[n].epoch+1 < e.epoch {
+			e.idle[n].wake <- nil
+			n++
+		}
+		e.idle = append(e.idle[:0], e.idle[n:]...)
+		if len(e.idle) == 0 {
+			e.janitorRuns = false
+			e.wmu.Unlock()
+			return
+		}
+		e.wmu.Unlock()
+		t.Reset(idleTimeout)
+	}
+}
+
+// wakeIdle makes every parked worker exit, and those still busy exit when done.
+func (e *Executor) wakeIdle() {
+	e.wmu.Lock()
+	defer e.wmu.Unlock()
+	e.closing = true
+	for _, w := range e.idle {
+		w.wake <- nil
+	}
+	e.idle = nil
 }
 
 func hexDigits(slot uint32) int {
@@ -97,34 +174,6 @@ func hexDigits(slot uint32) int {
 		n++
 	}
 	return n
-}
-
-// loop runs c, then every call handed over e.work, until the worker has been idle for
-// idleTimeout or the executor drains.
-func (w *worker) loop(c *call) {
-	defer w.e.retire(w)
-	// One timer per worker, re-armed only when it fires: resetting it per call would cost
-	// more than the rest of the handoff. A worker thus lives between one and two
-	// idleTimeouts after its last call.
-	idle := time.NewTimer(idleTimeout)
-	defer idle.Stop()
-	for {
-		w.spell(w.digits, c)
-		used := true
-		for c = nil; c == nil; {
-			select {
-			case c = <-w.e.work:
-			case <-w.e.draining:
-				return
-			case <-idle.C:
-				if !used {
-					return
-				}
-				used = false
-				idle.Reset(idleTimeout)
-			}
-		}
-	}
 }
 
 // spell runs c through n nested frames whose return addresses spell the worker's slot in

@@ -1,0 +1,58 @@
+package drain_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/quiesce-dev/quiesce/drain"
+)
+
+func ExampleExecutor_Call() {
+	ex := drain.New(drain.Options{})
+	defer ex.Drain(context.Background())
+
+	err := ex.Call(context.Background(), "greet", func(ctx context.Context) error {
+		fmt.Println("hello from a tracked goroutine")
+		return nil
+	})
+	fmt.Println("err:", err)
+	// Output:
+	// hello from a tracked goroutine
+	// err: <nil>
+}
+
+func ExampleExecutor_Drain() {
+	ex := drain.New(drain.Options{CancelAfter: -1})
+
+	release := make(chan struct{})
+	started := make(chan struct{})
+	ex.Go(context.Background(), "slow-handler", func(ctx context.Context) error {
+		close(started)
+		<-release
+		return nil
+	})
+	<-started
+
+	// A drain that runs out of time names what it still waits for.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	err := ex.Drain(ctx)
+	var pe *drain.PendingError
+	if errors.As(err, &pe) {
+		fmt.Println("still pending:", pe.Pending[0].Name, errors.Is(err, context.DeadlineExceeded))
+	}
+
+	// New calls are refused while it drains.
+	err = ex.Call(context.Background(), "late", func(context.Context) error { return nil })
+	fmt.Println("refused:", errors.Is(err, drain.ErrDraining))
+
+	// Once the call returns, Drain returns nil at once.
+	close(release)
+	fmt.Println("drained:", ex.Drain(context.Background()))
+	// Output:
+	// still pending: slow-handler true
+	// refused: true
+	// drained: <nil>
+}

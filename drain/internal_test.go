@@ -1,0 +1,105 @@
+package drain
+
+import (
+	"context"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// TestSlotsDecodeFromGoroutineProfile checks the trick reports rely on: each worker's slot
+// can be read back from its stack as runtime.GoroutineProfile records it.
+func TestSlotsDecodeFromGoroutineProfile(t *testing.T) {
+	m := calibrate()
+	if !m.ok {
+		t.Fatal("calibration failed: spell's return addresses are not distinct")
+	}
+	e := New(Options{CancelAfter: -1})
+	const n = 300 // slots of one, two and three hex digits
+	release := make(chan struct{})
+	var started sync.WaitGroup
+	started.Add(n)
+	for range n {
+		e.Go(context.Background(), "x", func(context.Context) error {
+			started.Done()
+			<-release
+			return nil
+		})
+	}
+	started.Wait()
+	seen := map[uint32]bool{}
+	e.stackMu.Lock()
+	for _, r := range e.captureStacks() {
+		if slot, ok := m.decodeSlot(r.Stack()); ok {
+			if seen[slot] {
+				t.Errorf("slot %d decoded twice", slot)
+			}
+			seen[slot] = true
+		}
+	}
+	e.stackMu.Unlock()
+	for slot := uint32(0); slot < n; slot++ {
+		if !seen[slot] {
+			t.Errorf("slot %d not found", slot)
+		}
+	}
+	close(release)
+	e.Drain(context.Background())
+}
+
+func TestWhereSkipsOwnCode(t *testing.T) {
+	for _, tc := range []struct {
+		pkg, file string
+		own, std  bool
+	}{
+		{"github.com/quiesce-dev/quiesce/drain", "/x/drain/worker.go", true, false},
+		{"github.com/quiesce-dev/quiesce/drain", "/x/drain/drain_test.go", false, false},
+		{"github.com/quiesce-dev/quiesce/drain_test", "/x/drain/drain_test.go", false, false},
+		{"github.com/quiesce-dev/quiesce/reconcilers", "/x/reconcilers/wrap.go", true, false},
+		{"github.com/quiesce-dev/quiesce/runnable", "/x/runnable/runnable.go", true, false},
+		{"github.com/quiesce-dev/quiesce/examples/demo", "/x/examples/demo/main.go", false, false},
+		{"net/http", "/go/src/net/http/client.go", false, true},
+		{"runtime", "/go/src/runtime/proc.go", false, true},
+		{"main", "/x/main.go", false, false},
+	} {
+		if got := isOwn(tc.pkg, tc.file); got != tc.own {
+			t.Errorf("isOwn(%s, %s) = %v", tc.pkg, tc.file, got)
+		}
+		if got := isStd(tc.pkg); got != tc.std {
+			t.Errorf("isStd(%s) = %v", tc.pkg, got)
+		}
+	}
+	if got := packagePath("github.com/quiesce-dev/quiesce/drain.(*worker).exec"); got != "github.com/quiesce-dev/quiesce/drain" {
+		t.Errorf("packagePath = %s", got)
+	}
+}
+
+// handler stands for a handler in a _test.go file of package drain: it must be shown.
+func handler(started chan<- int, release <-chan struct{}) {
+	_, _, line, _ := runtime.Caller(0)
+	started <- line + 2 // the line that blocks
+	<-release
+}
+
+func TestWhereShowsHandlerInOwnTestFile(t *testing.T) {
+	e := New(Options{CancelAfter: -1})
+	started := make(chan int, 1)
+	release := make(chan struct{})
+	e.Go(context.Background(), "x", func(context.Context) error {
+		handler(started, release)
+		return nil
+	})
+	line := <-started
+	p := e.snapshot()
+	e.fillWhere(p)
+	want := "drain.handler (internal_test.go:"
+	if len(p) != 1 || !strings.HasPrefix(p[0].Where, want) || !strings.HasSuffix(p[0].Where, ":"+itoa(line)+")") {
+		t.Errorf("Where = %+v, want %s%d)", p, want, line)
+	}
+	close(release)
+	e.Drain(context.Background())
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }

@@ -2,6 +2,7 @@ package drain_test
 
 import (
 	"context"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -197,4 +198,30 @@ func BenchmarkReport10k(b *testing.B) {
 	}
 	close(release)
 	<-drained
+}
+
+// BenchmarkReport10kCaptureFloor is the part of BenchmarkReport10k no design avoids: one
+// runtime.GoroutineProfile of the same 10,000 blocked goroutines.
+func BenchmarkReport10kCaptureFloor(b *testing.B) {
+	const pending = 10_000
+	ex := drain.New(drain.Options{CancelAfter: -1})
+	release := make(chan struct{})
+	var started sync.WaitGroup
+	started.Add(pending)
+	for range pending {
+		ex.Go(context.Background(), "blocked", func(context.Context) error {
+			started.Done()
+			<-release
+			return nil
+		})
+	}
+	started.Wait()
+	records := make([]runtime.StackRecord, pending+100)
+	for b.Loop() {
+		if _, ok := runtime.GoroutineProfile(records); !ok {
+			b.Fatal("too few records")
+		}
+	}
+	close(release)
+	ex.Drain(context.Background())
 }

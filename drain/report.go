@@ -18,19 +18,18 @@ type reportEntry struct {
 
 // report logs one line about the pending calls, if any.
 func (e *Executor) report() {
-	pending := e.snapshot()
-	if len(pending) == 0 {
+	total, shown := e.oldest(maxReported)
+	if total == 0 {
 		return
 	}
-	shown := pending[:min(len(pending), maxReported)]
 	e.fillWhere(shown)
 	now := e.clock.Now()
 	calls := make([]reportEntry, len(shown))
 	for i, p := range shown {
 		calls[i] = reportEntry{Name: p.Name, Age: age(now.Sub(p.Started)), Detached: p.Detached, Where: p.Where}
 	}
-	kv := []any{"pending", len(pending), "calls", calls}
-	if more := len(pending) - len(shown); more > 0 {
+	kv := []any{"pending", total, "calls", calls}
+	if more := total - len(shown); more > 0 {
 		kv = append(kv, "more", more)
 	}
 	e.log.Info("Waiting for pending calls", kv...)
@@ -60,8 +59,8 @@ func (e *Executor) fillWhere(pending []pendingCall) {
 	e.stackMu.Lock()
 	defer e.stackMu.Unlock()
 	records := e.captureStacks()
-	for _, r := range records {
-		stack := r.Stack()
+	for i := range records {
+		stack := records[i].Stack() // by index: a copy of the record would escape
 		slot, ok := marks.decodeSlot(stack)
 		if !ok {
 			continue

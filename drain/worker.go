@@ -1,6 +1,7 @@
 package drain
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -324,29 +325,53 @@ type pendingCall struct {
 
 // snapshot returns the running calls, oldest first.
 func (e *Executor) snapshot() []pendingCall {
+	_, out := e.oldest(-1)
+	return out
+}
+
+// oldest returns how many calls run, and the oldest limit of them (all if limit < 0),
+// oldest first. A report needs only a few: keeping those in one pass, instead of sorting
+// thousands, keeps a report with many pending calls cheap.
+func (e *Executor) oldest(limit int) (int, []pendingCall) {
+	var out []pendingCall
+	total := 0
 	e.wmu.Lock()
-	out := make([]pendingCall, 0, len(e.workers))
+	if limit < 0 {
+		out = make([]pendingCall, 0, len(e.workers))
+	}
 	for _, w := range e.workers {
 		if w == nil {
 			continue
 		}
-		if c := w.cur.Load(); c != nil {
-			out = append(out, pendingCall{
-				Pending: Pending{Name: c.name, Started: c.start, Detached: c.state.Load() == callDetached},
-				call:    c,
-				worker:  w,
-			})
+		c := w.cur.Load()
+		if c == nil {
+			continue
+		}
+		total++
+		if limit >= 0 && len(out) == limit && c.seq > out[limit-1].call.seq {
+			continue
+		}
+		p := pendingCall{
+			Pending: Pending{Name: c.name, Started: c.start, Detached: c.state.Load() == callDetached},
+			call:    c,
+			worker:  w,
+		}
+		if limit < 0 {
+			out = append(out, p)
+			continue
+		}
+		// Insert in order, dropping the youngest beyond limit.
+		i, _ := slices.BinarySearchFunc(out, c.seq, func(p pendingCall, seq uint64) int { return cmp.Compare(p.call.seq, seq) })
+		if len(out) < limit {
+			out = slices.Insert(out, i, p)
+		} else {
+			copy(out[i+1:], out[i:limit-1])
+			out[i] = p
 		}
 	}
 	e.wmu.Unlock()
-	slices.SortFunc(out, func(a, b pendingCall) int {
-		switch {
-		case a.call.seq < b.call.seq:
-			return -1
-		case a.call.seq > b.call.seq:
-			return 1
-		}
-		return 0
-	})
-	return out
+	if limit < 0 {
+		slices.SortFunc(out, func(a, b pendingCall) int { return cmp.Compare(a.call.seq, b.call.seq) })
+	}
+	return total, out
 }

@@ -44,6 +44,8 @@ func age(d time.Duration) string {
 }
 
 // fillWhere sets Where of each call that still runs, from one capture of all stacks.
+// runtime.GoroutineProfile keeps the innermost 32 frames of each goroutine: a call whose fn
+// is blocked more than about 25 frames deep loses the slot digits and keeps Where empty.
 func (e *Executor) fillWhere(pending []pendingCall) {
 	if len(pending) == 0 {
 		return

@@ -1,0 +1,293 @@
+package reconcilers_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+	"go.uber.org/goleak"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/quiesce-dev/quiesce/drain"
+	"github.com/quiesce-dev/quiesce/reconcilers"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func request(ns, name string) reconcile.Request {
+	return reconcile.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: name}}
+}
+
+// drained drains ex at the end of a test, so that no worker goroutine outlives it.
+func drained(t *testing.T, ex *drain.Executor) {
+	t.Helper()
+	t.Cleanup(func() {
+		if err := ex.Drain(context.Background()); err != nil {
+			t.Errorf("Drain: %v", err)
+		}
+	})
+}
+
+func names(ps []drain.Pending) []string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = p.Name
+	}
+	return out
+}
+
+func TestWrapNamesTheCallAndPassesResults(t *testing.T) {
+	ex := drain.New(drain.Options{})
+	drained(t, ex)
+	boom := errors.New("boom")
+	var seen []string
+	r := reconcilers.Wrap(ex, "cm", reconcile.Func(func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+		seen = names(ex.Pending())
+		return reconcile.Result{RequeueAfter: 7 * time.Second}, boom
+	}))
+
+	res, err := r.Reconcile(context.Background(), request("ns", "obj"))
+	if !errors.Is(err, boom) || res.RequeueAfter != 7*time.Second {
+		t.Fatalf("Reconcile = %+v, %v; want RequeueAfter 7s and boom", res, err)
+	}
+	if want := []string{"cm/ns/obj"}; strings.Join(seen, ",") != strings.Join(want, ",") {
+		t.Fatalf("pending during reconcile = %q, want %q", seen, want)
+	}
+
+	// Cluster-scoped objects have no namespace segment.
+	_, _ = r.Reconcile(context.Background(), request("", "node-1"))
+	if want := "cm/node-1"; len(seen) != 1 || seen[0] != want {
+		t.Fatalf("pending during cluster-scoped reconcile = %q, want %q", seen, want)
+	}
+	if s := ex.Stats(); s.Started != 2 || s.Finished != 2 {
+		t.Fatalf("stats = %+v, want 2 started and finished", s)
+	}
+}
+
+type key struct{ kind, id string }
+
+func (k key) String() string { return k.kind + ":" + k.id }
+
+type plain struct{ n int }
+
+func TestWrapTypedRendersTheRequest(t *testing.T) {
+	ex := drain.New(drain.Options{})
+	drained(t, ex)
+	var seen []string
+	kr := reconcilers.WrapTyped(ex, "typed", reconcile.TypedFunc[key](func(context.Context, key) (reconcile.Result, error) {
+		seen = names(ex.Pending())
+		return reconcile.Result{}, nil
+	}))
+	if _, err := kr.Reconcile(context.Background(), key{"a", "b"}); err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) != 1 || seen[0] != "typed/a:b" {
+		t.Fatalf("pending = %q, want [typed/a:b]", seen)
+	}
+	pr := reconcilers.WrapTyped(ex, "plain", reconcile.TypedFunc[plain](func(context.Context, plain) (reconcile.Result, error) {
+		seen = names(ex.Pending())
+		return reconcile.Result{}, nil
+	}))
+	if _, err := pr.Reconcile(context.Background(), plain{3}); err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) != 1 || seen[0] != "plain/{3}" {
+		t.Fatalf("pending = %q, want [plain/{3}]", seen)
+	}
+}
+
+func TestCallInsideAWrappedReconcileIsTracked(t *testing.T) {
+	ex := drain.New(drain.Options{})
+	drained(t, ex)
+	var inner, nested []string
+	r := reconcilers.Wrap(ex, "cm", reconcile.Func(func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+		err := reconcilers.Call(ctx, "fetch", func(ctx context.Context) error {
+			inner = names(ex.Pending())
+			return reconcilers.Call(ctx, "dial", func(context.Context) error {
+				nested = names(ex.Pending())
+				return nil
+			})
+		})
+		return reconcile.Result{}, err
+	}))
+	if _, err := r.Reconcile(context.Background(), request("ns", "obj")); err != nil {
+		t.Fatal(err)
+	}
+	if want := "cm/ns/obj,cm/ns/obj/fetch"; strings.Join(inner, ",") != want {
+		t.Fatalf("pending in handler = %q, want %s", inner, want)
+	}
+	if want := "cm/ns/obj,cm/ns/obj/fetch,cm/ns/obj/fetch/dial"; strings.Join(nested, ",") != want {
+		t.Fatalf("pending in nested handler = %q, want %s", nested, want)
+	}
+}
+
+func TestCallOutsideAWrappedReconcileRunsDirectly(t *testing.T) {
+	type ctxKey struct{}
+	ctx := context.WithValue(context.Background(), ctxKey{}, "v")
+	ran := false
+	err := reconcilers.Call(ctx, "direct", func(ctx context.Context) error {
+		ran = ctx.Value(ctxKey{}) == "v"
+		return nil
+	})
+	if err != nil || !ran {
+		t.Fatalf("Call = %v, ran with the caller's ctx = %v", err, ran)
+	}
+
+	err = reconcilers.Call(ctx, "boom", func(context.Context) error { panic("kaboom") })
+	var pe *drain.PanicError
+	if !errors.As(err, &pe) || pe.Name != "boom" || pe.Value != "kaboom" || len(pe.Stack) == 0 {
+		t.Fatalf("Call of a panicking fn = %v, want a *drain.PanicError", err)
+	}
+
+	if err := reconcilers.Call(ctx, "nil", nil); !errors.Is(err, drain.ErrInvalidCall) {
+		t.Fatalf("Call(nil fn) = %v, want ErrInvalidCall", err)
+	}
+	if err := reconcilers.Call(ctx, "", func(context.Context) error { return nil }); !errors.Is(err, drain.ErrInvalidCall) {
+		t.Fatalf("Call(empty name) = %v, want ErrInvalidCall", err)
+	}
+}
+
+func TestWrapWithNilExecutorOrReconcilerFailsTerminally(t *testing.T) {
+	r := reconcilers.Wrap(nil, "cm", reconcile.Func(func(context.Context, reconcile.Request) (reconcile.Result, error) {
+		t.Error("ran")
+		return reconcile.Result{}, nil
+	}))
+	if _, err := r.Reconcile(context.Background(), request("ns", "obj")); !errors.Is(err, reconcile.TerminalError(nil)) {
+		t.Fatalf("Reconcile = %v, want a terminal error", err)
+	}
+}
+
+// capture is a logr sink that records each line as "msg k=v ...".
+type capture struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (c *capture) logger(verbosity int) logr.Logger {
+	return funcr.New(func(prefix, args string) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.lines = append(c.lines, args)
+	}, funcr.Options{Verbosity: verbosity})
+}
+
+func (c *capture) all() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.lines...)
+}
+
+func TestRequestsAfterTheDrainBeganAreRequeuedNotRun(t *testing.T) {
+	ex := drain.New(drain.Options{})
+	if err := ex.Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var logs capture
+	ran := 0
+	r := reconcilers.Wrap(ex, "cm", reconcile.Func(func(context.Context, reconcile.Request) (reconcile.Result, error) {
+		ran++
+		return reconcile.Result{}, nil
+	}), reconcilers.WithRequeueAfter(3*time.Second))
+	ctx := log.IntoContext(context.Background(), logs.logger(1))
+	for range 3 {
+		res, err := r.Reconcile(ctx, request("ns", "obj"))
+		if err != nil || res.RequeueAfter != 3*time.Second {
+			t.Fatalf("Reconcile = %+v, %v; want RequeueAfter 3s, no error", res, err)
+		}
+	}
+	if ran != 0 {
+		t.Fatalf("the reconciler ran %d times after the drain began", ran)
+	}
+	lines := logs.all()
+	if len(lines) != 1 || !strings.Contains(lines[0], "Executor is draining") || !strings.Contains(lines[0], `"level"=1`) {
+		t.Fatalf("log = %q, want one V(1) line", lines)
+	}
+	if s := ex.Stats(); s.Refused != 3 {
+		t.Fatalf("refused = %d, want 3", s.Refused)
+	}
+}
+
+func TestContextOfAWrappedReconcile(t *testing.T) {
+	t.Run("not driven: controller-runtime's context ends it", func(t *testing.T) {
+		ex := drain.New(drain.Options{})
+		drained(t, ex)
+		ctx, cancel := context.WithCancel(context.Background())
+		r := reconcilers.Wrap(ex, "cm", reconcile.Func(func(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+			cancel()
+			<-ctx.Done()
+			return reconcile.Result{}, ctx.Err()
+		}))
+		if _, err := r.Reconcile(ctx, request("ns", "obj")); !errors.Is(err, context.Canceled) {
+			t.Fatalf("Reconcile = %v, want context.Canceled", err)
+		}
+	})
+
+	t.Run("driven: the drain ends it at CancelAfter, not the caller", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			ex := drain.New(drain.Options{CancelAfter: 10 * time.Second})
+			ex.SetDriven(true)
+			ctx, cancel := context.WithCancel(context.Background())
+			var live bool
+			started := make(chan struct{})
+			r := reconcilers.Wrap(ex, "cm", reconcile.Func(func(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+				close(started)
+				time.Sleep(3 * time.Second) // the reconcile's own work: fake time in the bubble
+				live = ctx.Err() == nil
+				return reconcile.Result{}, nil
+			}))
+			done := make(chan error, 1)
+			go func() {
+				_, err := r.Reconcile(ctx, request("ns", "obj"))
+				done <- err
+			}()
+			<-started
+			cancel() // controller-runtime's shutdown
+			drainErr := make(chan error, 1)
+			go func() { drainErr <- ex.Drain(context.Background()) }()
+			if err := <-done; err != nil {
+				t.Fatalf("Reconcile = %v, want nil", err)
+			}
+			if !live {
+				t.Fatal("the reconcile's context ended before CancelAfter")
+			}
+			if err := <-drainErr; err != nil {
+				t.Fatal(err)
+			}
+		})
+	})
+
+	t.Run("driven: CancelAfter cancels a reconcile that outlives it", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			ex := drain.New(drain.Options{CancelAfter: 10 * time.Second})
+			ex.SetDriven(true)
+			start := time.Now()
+			r := reconcilers.Wrap(ex, "cm", reconcile.Func(func(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+				<-ctx.Done()
+				return reconcile.Result{}, ctx.Err()
+			}))
+			done := make(chan error, 1)
+			go func() {
+				_, err := r.Reconcile(context.Background(), request("ns", "obj"))
+				done <- err
+			}()
+			synctest.Wait()
+			if err := ex.Drain(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-done; !errors.Is(err, context.Canceled) {
+				t.Fatalf("Reconcile = %v, want context.Canceled", err)
+			}
+			if took := time.Since(start); took != 10*time.Second {
+				t.Fatalf("the reconcile was cancelled after %v, want 10s", took)
+			}
+		})
+	})
+}

@@ -15,11 +15,19 @@ set -euo pipefail
 
 ENVTEST_K8S_VERSION="${ENVTEST_K8S_VERSION:-1.37.2}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
-SETUP_ENVTEST_VERSION="${SETUP_ENVTEST_VERSION:-release-0.23}"
+SETUP_ENVTEST_VERSION="${SETUP_ENVTEST_VERSION:-v0.25.1}"
 SETUP_ENVTEST_TIMEOUT="${SETUP_ENVTEST_TIMEOUT:-60}"
 
 log() { printf 'setup-envtest: %s\n' "$*" >&2; }
-fail() { log "FAILED: $*"; exit 1; }
+fail() {
+	log "FAILED: $*"
+	if [[ -s "${steplog:-}" ]]; then
+		log "last lines of the step's output (${steplog}):"
+		tail -n 30 "${steplog}" >&2
+		cp "${steplog}" "${TMPDIR:-/tmp}/setup-envtest-failed.log" 2>/dev/null || true
+	fi
+	exit 1
+}
 has_bins() { [[ -n "$1" && -x "$1/kube-apiserver" && -x "$1/etcd" ]]; }
 
 # 1. An explicit KUBEBUILDER_ASSETS wins.
@@ -63,6 +71,8 @@ log "setup-envtest could not download the binaries; building them from source in
 # 4. Build from source through the Go module proxy.
 work="$(mktemp -d "${root}/k8s/.build-XXXXXX")"
 trap 'rm -rf "${work}"' EXIT
+# Each step's output goes to a log, shown only if the step fails.
+steplog="${work}/step.log"
 mkdir -p "${work}/out"
 unset GOFLAGS
 export GOFLAGS="-mod=mod" GOWORK=off CGO_ENABLED=0
@@ -83,11 +93,11 @@ import (
 
 func main() { etcdmain.Main(os.Args) }
 GO
-	go mod init quiesce.local/etcd >/dev/null 2>&1
-	go get "go.etcd.io/etcd/server/v3@${ETCD_VERSION}" >/dev/null 2>&1
-	go mod tidy >/dev/null 2>&1
+	go mod init quiesce.local/etcd
+	go get "go.etcd.io/etcd/server/v3@${ETCD_VERSION}"
+	go mod tidy
 	go build -trimpath -ldflags "-s -w" -o "${work}/out/etcd" .
-) >&2 || fail "build etcd ${ETCD_VERSION}"
+) >"${steplog}" 2>&1 || fail "build etcd ${ETCD_VERSION}"
 log "built etcd in $((SECONDS - start))s"
 
 log "step 3/3: building kube-apiserver v${ENVTEST_K8S_VERSION} (cold: ~10 min on 2 cores)"
@@ -111,17 +121,17 @@ mkdir -p "${work}/apiserver"
 		sed -n 's#^[[:space:]]*\(k8s\.io/[^[:space:]]*\) => \./staging/src/k8s\.io/.*#\t\1 => \1 '"${staging}"'#p' "${gomod}"
 		echo ")"
 	} >go.mod
-	go get "k8s.io/kubernetes/cmd/kube-apiserver@v${ENVTEST_K8S_VERSION}" >/dev/null
+	go get "k8s.io/kubernetes/cmd/kube-apiserver@v${ENVTEST_K8S_VERSION}"
 	go build -trimpath -o "${work}/out/kube-apiserver" -ldflags "-s -w \
 		-X k8s.io/component-base/version.gitVersion=v${ENVTEST_K8S_VERSION} \
 		-X k8s.io/component-base/version.gitMajor=1 \
 		-X k8s.io/component-base/version.gitMinor=${minor} \
 		-X k8s.io/component-base/version.gitTreeState=clean" \
 		k8s.io/kubernetes/cmd/kube-apiserver
-) >&2 || fail "build kube-apiserver v${ENVTEST_K8S_VERSION}"
+) >"${steplog}" 2>&1 || fail "build kube-apiserver v${ENVTEST_K8S_VERSION}"
 log "built kube-apiserver in $((SECONDS - start))s"
 
-"${work}/out/kube-apiserver" --version >&2 || fail "run the built kube-apiserver"
+"${work}/out/kube-apiserver" --version >/dev/null || fail "run the built kube-apiserver"
 "${work}/out/etcd" --version >/dev/null || fail "run the built etcd"
 
 # Atomic: the cache directory appears whole or not at all.

@@ -3,6 +3,9 @@ package suite_test
 import (
 	"context"
 
+	"go.uber.org/goleak"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
+
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
@@ -51,4 +54,16 @@ func startManager(mgr manager.Manager) (stop context.CancelFunc, done <-chan err
 	}()
 	DeferCleanup(cancel)
 	return cancel, ch
+}
+
+// expectNoLeaks closes the clients' idle keep-alive connections (they would time out after
+// a while anyway), then waits until no goroutine is left beyond those in cur.
+func expectNoLeaks(cur goleak.Option) {
+	GinkgoHelper()
+	transportsMu.Lock()
+	for _, rt := range transports {
+		utilnet.CloseIdleConnectionsFor(rt)
+	}
+	transportsMu.Unlock()
+	Eventually(func() error { return goleak.Find(cur) }).Should(Succeed())
 }

@@ -42,6 +42,6 @@ var _ = Describe("A plain manager on the envtest control plane", func() {
 
 		stop()
 		Eventually(done).Should(Receive(BeNil()), "mgr.Start returns nil")
-		Eventually(func() error { return goleak.Find(cur) }).Should(Succeed())
+		expectNoLeaks(cur)
 	})
 })

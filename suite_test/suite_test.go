@@ -1,7 +1,9 @@
 package suite_test
 
 import (
+	"net/http"
 	"os"
+	"sync"
 	"testing"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -18,6 +20,9 @@ var (
 	testEnv   *envtest.Environment
 	cfg       *rest.Config
 	k8sClient client.Client
+
+	transportsMu sync.Mutex
+	transports   []http.RoundTripper
 )
 
 func TestSuite(t *testing.T) {
@@ -37,6 +42,14 @@ var _ = BeforeSuite(func() {
 	cfg, err = testEnv.Start()
 	Expect(err).NotTo(HaveOccurred())
 	Expect(cfg).NotTo(BeNil())
+	// Remember every client transport, so that specs can close their idle connections
+	// before looking for leaked goroutines.
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+		transportsMu.Lock()
+		defer transportsMu.Unlock()
+		transports = append(transports, rt)
+		return rt
+	}
 
 	k8sClient, err = client.New(cfg, client.Options{Scheme: scheme.Scheme})
 	Expect(err).NotTo(HaveOccurred())

@@ -1,0 +1,201 @@
+package runnable_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+	"go.uber.org/goleak"
+	"k8s.io/utils/ptr"
+
+	"github.com/quiesce-dev/quiesce/drain"
+	"github.com/quiesce-dev/quiesce/runnable"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// capture records each log line as funcr renders it.
+type capture struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (c *capture) logger() logr.Logger {
+	return funcr.New(func(_, args string) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.lines = append(c.lines, args)
+	}, funcr.Options{})
+}
+
+func (c *capture) all() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.lines...)
+}
+
+// messages returns the "msg" of each line, in order.
+func messages(lines []string) []string {
+	out := make([]string, len(lines))
+	for i, l := range lines {
+		_, rest, _ := strings.Cut(l, `"msg"="`)
+		out[i], _, _ = strings.Cut(rest, `"`)
+	}
+	return out
+}
+
+func TestNeedLeaderElection(t *testing.T) {
+	if !runnable.New(runnable.Options{}).NeedLeaderElection() {
+		t.Error("default NeedLeaderElection = false, want true")
+	}
+	if runnable.New(runnable.Options{NeedLeaderElection: ptr.To(false)}).NeedLeaderElection() {
+		t.Error("NeedLeaderElection with the option false = true")
+	}
+}
+
+func TestStartDrainsWhenAllCallsReturnInTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs capture
+		r := runnable.New(runnable.Options{Options: drain.Options{Logger: logs.logger(), CancelAfter: -1}, GracePeriod: 10 * time.Second})
+		ctx, stop := context.WithCancel(context.Background())
+		started := make(chan error, 1)
+		go func() { started <- r.Start(ctx) }()
+		synctest.Wait()
+		if !r.Executor().Driven() {
+			t.Fatal("a started Runnable does not drive its executor")
+		}
+		if err := r.ReadyzCheck(nil); err != nil {
+			t.Fatalf("ReadyzCheck before the drain = %v", err)
+		}
+		if err := r.Executor().Go(context.Background(), "job", func(context.Context) error {
+			time.Sleep(3 * time.Second)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+
+		begin := time.Now()
+		stop()
+		synctest.Wait()
+		if err := r.ReadyzCheck(nil); err == nil {
+			t.Fatal("ReadyzCheck while draining = nil, want an error")
+		}
+		select {
+		case <-r.Done():
+			t.Fatal("Start returned while a call was pending")
+		default:
+		}
+		if err := <-started; err != nil {
+			t.Fatalf("Start = %v, want nil", err)
+		}
+		if took := time.Since(begin); took != 3*time.Second {
+			t.Fatalf("Start returned %v after its ctx ended, want 3s (when the call returned)", took)
+		}
+		if err := r.Err(); err != nil {
+			t.Fatalf("Err = %v", err)
+		}
+		want := []string{"Draining executor", "Waiting for pending calls", "All calls returned"}
+		if got := messages(logs.all()); strings.Join(got, "|") != strings.Join(want, "|") {
+			t.Fatalf("log messages = %q, want %q", got, want)
+		}
+	})
+}
+
+func TestStartAbandonsCallsAfterTheGracePeriod(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs capture
+		r := runnable.New(runnable.Options{Options: drain.Options{Logger: logs.logger(), CancelAfter: -1}, GracePeriod: 4 * time.Second})
+		ctx, stop := context.WithCancel(context.Background())
+		result := make(chan error, 1)
+		go func() { result <- r.Start(ctx) }()
+		synctest.Wait()
+		release := make(chan struct{})
+		for _, name := range []string{"ctrl/ns/a/hang", "ctrl/ns/b/hang"} {
+			if err := r.Executor().Go(context.Background(), name, func(context.Context) error {
+				<-release // ignores its context
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		begin := time.Now()
+		stop()
+		err := <-result
+		if took := time.Since(begin); took != 4*time.Second {
+			t.Fatalf("Start returned %v after its ctx ended, want the 4s grace period", took)
+		}
+		var pe *drain.PendingError
+		if !errors.As(err, &pe) || len(pe.Pending) != 2 || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Start = %v, want a *drain.PendingError of 2 calls and DeadlineExceeded", err)
+		}
+		if !errors.Is(r.Err(), err) {
+			t.Fatalf("Err = %v, want what Start returned", r.Err())
+		}
+		lines := logs.all()
+		last := lines[len(lines)-1]
+		for _, want := range []string{`"msg"="Abandoned calls still running after the grace period"`, `"abandoned"=2`,
+			"ctrl/ns/a/hang at", "ctrl/ns/b/hang at", "runnable_test.TestStartAbandonsCallsAfterTheGracePeriod"} {
+			if !strings.Contains(last, want) {
+				t.Errorf("last log line %s\nlacks %s", last, want)
+			}
+		}
+		if s := r.Executor().Stats(); s.Abandoned != 2 {
+			t.Errorf("Abandoned = %d, want 2", s.Abandoned)
+		}
+		close(release)
+		// The abandoned calls still run: wait for them, or goleak would see them.
+		if err := r.Executor().Drain(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+func TestStartWithNothingPendingLogsNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs capture
+		r := runnable.New(runnable.Options{Options: drain.Options{Logger: logs.logger()}})
+		ctx, stop := context.WithCancel(context.Background())
+		stop()
+		if err := r.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if lines := logs.all(); len(lines) != 0 {
+			t.Fatalf("log = %q, want nothing at verbosity 0", lines)
+		}
+	})
+}
+
+func TestStartTwiceOrAfterTheDrainFails(t *testing.T) {
+	r := runnable.New(runnable.Options{})
+	ctx, stop := context.WithCancel(context.Background())
+	stop()
+	if err := r.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(ctx); err == nil || !strings.Contains(err.Error(), "already started") {
+		t.Fatalf("second Start = %v, want an 'already started' error", err)
+	}
+
+	r = runnable.New(runnable.Options{})
+	if err := r.Executor().Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(context.Background()); err == nil || !strings.Contains(err.Error(), "already drained") {
+		t.Fatalf("Start after the drain = %v, want an 'already drained' error", err)
+	}
+	if r.Err() == nil {
+		t.Fatal("Err after a failed Start = nil")
+	}
+}
+
+func TestAddWithNilManager(t *testing.T) {
+	if _, err := runnable.Add(nil, runnable.Options{}); err == nil {
+		t.Fatal("Add(nil) = nil error")
+	}
+}

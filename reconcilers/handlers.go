@@ -1,0 +1,518 @@
+package reconcilers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/quiesce-dev/quiesce/drain"
+	"github.com/quiesce-dev/quiesce/lifecycle"
+)
+
+// Defaults of HandlersOptions.
+const (
+	// DefaultBackoff is the delay before the first retry of a failed handler.
+	DefaultBackoff = time.Second
+	// DefaultMaxBackoff caps the delay between retries.
+	DefaultMaxBackoff = 5 * time.Minute
+	// DefaultNextCycle is how soon an object with handlers left to run is reconciled again.
+	DefaultNextCycle = 100 * time.Millisecond
+)
+
+// recordTimeout bounds the patch that records the outcome of a cycle. That patch runs on a
+// context detached from the reconcile's, so that a handler which finished while the drain
+// cancelled the reconcile still has its outcome recorded (see Handlers).
+const recordTimeout = 10 * time.Second
+
+// Event reasons of Handlers.
+const (
+	// ReasonProgressCorrupt: the progress annotation could not be decoded; all handlers
+	// start afresh.
+	ReasonProgressCorrupt = "ProgressCorrupt"
+	// ReasonHandlerError: a handler failed and will be retried after a backoff.
+	ReasonHandlerError = "HandlerError"
+	// ReasonHandlerFailed: a handler returned a reconcile.TerminalError; it is not retried
+	// for this generation of the object.
+	ReasonHandlerFailed = "HandlerFailed"
+)
+
+// ErrInvalidHandlers is wrapped by the errors of Handlers for bad input.
+var ErrInvalidHandlers = errors.New("invalid handlers")
+
+// Handler is one named handler of a Handlers reconciler.
+type Handler[T client.Object] struct {
+	// ID names the handler in the progress annotation, in the tracked call
+	// "<controller>/<namespace>/<name>/<ID>", in logs and in Events. It must be non-empty
+	// and unique among the handlers of one reconciler; keep it stable across releases, or
+	// the handler runs again on objects whose progress knows it by its old id.
+	ID string
+
+	// Fn does the handler's work on obj, a copy of the object owned by this call. It runs
+	// as a tracked call of the executor, so it may block; it should honour ctx, which ends
+	// when the drain cancels the call (drain.Options.CancelAfter). It returns nil on
+	// success, a reconcile.TerminalError to fail for good (for this generation), or any
+	// other error to be retried after a backoff. Fn may run more than once for a
+	// generation (after a failure, a shutdown, a lost patch): make it idempotent.
+	Fn func(ctx context.Context, obj T) error
+}
+
+// HandlersOptions configure Handlers. The zero value is valid: every zero field means the
+// documented default.
+type HandlersOptions struct {
+	// Lifecycle picks, on each reconcile, the handlers to run among those still to run.
+	// nil: lifecycle.ASAP.
+	Lifecycle lifecycle.Func
+
+	// Recorder, if set, receives Events about the object (ReasonProgressCorrupt,
+	// ReasonHandlerError, ReasonHandlerFailed). nil: no Events, only log lines. With a
+	// manager: mgr.GetEventRecorder("<controller>").
+	Recorder events.EventRecorder
+
+	// Annotation is the key of the annotation holding the progress. "":
+	// DefaultProgressAnnotation. It must be a valid annotation key.
+	Annotation string
+
+	// Backoff is the delay before the first retry of a failed handler; each further retry
+	// doubles it, up to MaxBackoff. 0 or negative: DefaultBackoff.
+	Backoff time.Duration
+
+	// MaxBackoff caps the retry delay. 0 or negative: DefaultMaxBackoff; below Backoff:
+	// Backoff.
+	MaxBackoff time.Duration
+
+	// NextCycle is the RequeueAfter of a reconcile that leaves handlers ready to run now,
+	// and of one that found a stale object (an optimistic-lock conflict). The patch that
+	// records a cycle usually triggers the next reconcile sooner. 0 or negative:
+	// DefaultNextCycle.
+	NextCycle time.Duration
+
+	// Clock stamps Started and Delayed in the progress and decides when a delay is over.
+	// nil: clock.RealClock{}.
+	Clock clock.PassiveClock
+
+	// Wrap are the options of the Wrap that Handlers applies to its reconciler.
+	Wrap []Option
+}
+
+func (o *HandlersOptions) setDefaults() {
+	if o.Lifecycle == nil {
+		o.Lifecycle = lifecycle.ASAP
+	}
+	if o.Annotation == "" {
+		o.Annotation = DefaultProgressAnnotation
+	}
+	if o.Backoff <= 0 {
+		o.Backoff = DefaultBackoff
+	}
+	if o.MaxBackoff <= 0 {
+		o.MaxBackoff = DefaultMaxBackoff
+	}
+	if o.MaxBackoff < o.Backoff {
+		o.MaxBackoff = o.Backoff
+	}
+	if o.NextCycle <= 0 {
+		o.NextCycle = DefaultNextCycle
+	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
+}
+
+// Handlers returns a reconciler that runs the named handlers on each object of type T,
+// resuming where it was after a shutdown: kopf's handlers, progress and lifecycles.
+//
+// The reconciler is Wrap'ped: each Reconcile is a tracked call of ex named
+// "<controller>/<namespace>/<name>", and each handler run inside it a tracked call named
+// "<controller>/<namespace>/<name>/<handler id>" (see Call). A drain therefore waits for
+// the handlers and names them in its reports, and, while a runnable.Runnable drives ex, the
+// reconcile's context ends by the drain (drain.Options.CancelAfter), not by
+// controller-runtime's shutdown.
+//
+// A Reconcile is one cycle:
+//
+//  1. Get the object with c (not found: nothing to do). newObj makes the empty object; nil:
+//     a new value of T's element type (T must then be a pointer to a struct).
+//  2. Read the progress from the annotation (HandlersOptions.Annotation, JSON, see
+//     Progress). Progress of another metadata.generation is dropped: every handler runs
+//     again for a new generation. An annotation that cannot be decoded is logged, reported
+//     by a Warning Event (ReasonProgressCorrupt), and dropped too: a fresh start.
+//  3. The handlers still to run are those not done, in registration order. Those waiting
+//     out a retry backoff are left out, as kopf does; if all wait, the reconcile is
+//     requeued when the first delay ends. The lifecycle picks among the others. It is
+//     called inline, on the reconcile's goroutine, and never through the executor: it is
+//     the framework's own instant decision, not blocking handler code (see package
+//     lifecycle).
+//  4. The picked handlers are marked started in the annotation by a merge patch with an
+//     optimistic lock. A conflict means the object read was stale (the cache lags behind
+//     the last patch): nothing runs, and the reconcile is requeued. So a handler never runs
+//     on progress older than the last recorded.
+//  5. The picked handlers run one after the other, in the lifecycle's order, each as a
+//     tracked call, each on its own copy of the object.
+//  6. The outcomes are recorded by a merge patch of the annotation alone (other
+//     annotations, labels and fields are left as they are): success marks the handler
+//     done; a reconcile.TerminalError marks it done and failed (logged, and a Warning Event
+//     ReasonHandlerFailed); another error counts a retry, keeps the message and delays the
+//     next run by the backoff (logged, and a Warning Event ReasonHandlerError).
+//  7. The reconcile is requeued after NextCycle if handlers are ready to run, after the
+//     shortest delay if all wait, and not at all once every handler is done.
+//
+// A handler interrupted by a shutdown, that is one that returned an error once the
+// reconcile's context had ended or the executor was draining, is not a failure: no retry
+// is counted and it is left started and not done, so the next manager runs it again. The
+// outcomes of the handlers that did finish are still recorded, by a patch on a context
+// detached from the cancelled one and bounded by a few seconds; the drain waits for it, as
+// it is part of the tracked reconcile.
+//
+// Handler failures are not returned as errors from Reconcile, so controller-runtime's rate
+// limiter does not override the backoff; Reconcile returns errors for failed reads and
+// patches, and terminal errors for a lifecycle that picks a handler that is not pending.
+//
+// Handlers returns an error wrapping ErrInvalidHandlers for a nil ex or c, an empty
+// controller, no handlers, a handler with an empty or duplicate id or a nil Fn, an invalid
+// annotation key, or a nil newObj with a T that is not a pointer to a struct.
+// The reconciler is safe for concurrent use by a controller's workers; controller-runtime
+// never reconciles one object on two workers at once.
+func Handlers[T client.Object](ex *drain.Executor, c client.Client, controller string, newObj func() T, handlers []Handler[T], opts HandlersOptions) (reconcile.Reconciler, error) {
+	if ex == nil {
+		return nil, fmt.Errorf("failed to create handlers: nil executor: %w", ErrInvalidHandlers)
+	}
+	if c == nil {
+		return nil, fmt.Errorf("failed to create handlers: nil client: %w", ErrInvalidHandlers)
+	}
+	if controller == "" {
+		return nil, fmt.Errorf("failed to create handlers: empty controller name: %w", ErrInvalidHandlers)
+	}
+	if len(handlers) == 0 {
+		return nil, fmt.Errorf("failed to create handlers: no handlers: %w", ErrInvalidHandlers)
+	}
+	index := make(map[string]int, len(handlers))
+	for i, h := range handlers {
+		if h.ID == "" {
+			return nil, fmt.Errorf("failed to create handlers: handler %d has an empty id: %w", i, ErrInvalidHandlers)
+		}
+		if _, dup := index[h.ID]; dup {
+			return nil, fmt.Errorf("failed to create handlers: duplicate handler id %q: %w", h.ID, ErrInvalidHandlers)
+		}
+		if h.Fn == nil {
+			return nil, fmt.Errorf("failed to create handlers: handler %q has a nil Fn: %w", h.ID, ErrInvalidHandlers)
+		}
+		index[h.ID] = i
+	}
+	opts.setDefaults()
+	if errs := validation.IsQualifiedName(opts.Annotation); len(errs) > 0 {
+		return nil, fmt.Errorf("failed to create handlers: annotation key %q: %s: %w", opts.Annotation, strings.Join(errs, "; "), ErrInvalidHandlers)
+	}
+	if newObj == nil {
+		var zero T
+		t := reflect.TypeOf(zero)
+		if t == nil || t.Kind() != reflect.Pointer || t.Elem().Kind() != reflect.Struct {
+			return nil, fmt.Errorf("failed to create handlers: nil newObj and %v is not a pointer to a struct: %w", t, ErrInvalidHandlers)
+		}
+		newObj = func() T { return reflect.New(t.Elem()).Interface().(T) }
+	}
+	r := &handlersReconciler[T]{
+		c:        c,
+		ex:       ex,
+		newObj:   newObj,
+		handlers: append([]Handler[T](nil), handlers...),
+		index:    index,
+		opts:     opts,
+	}
+	return Wrap(ex, controller, r, opts.Wrap...), nil
+}
+
+type handlersReconciler[T client.Object] struct {
+	c        client.Client
+	ex       *drain.Executor
+	newObj   func() T
+	handlers []Handler[T]
+	index    map[string]int
+	opts     HandlersOptions
+}
+
+// outcome kinds of one handler run.
+const (
+	ranOK = iota
+	ranFailed
+	ranTerminal
+	ranInterrupted
+)
+
+func (h *handlersReconciler[T]) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	logger := log.FromContext(ctx)
+
+	// 1. The object.
+	obj := h.newObj()
+	if isNil(obj) {
+		return reconcile.Result{}, reconcile.TerminalError(errors.New("failed to reconcile: newObj returned nil"))
+	}
+	if err := h.c.Get(ctx, req.NamespacedName, obj); err != nil {
+		if apierrors.IsNotFound(err) {
+			return reconcile.Result{}, nil
+		}
+		return reconcile.Result{}, fmt.Errorf("failed to get object: %w", err)
+	}
+
+	// 2. Its progress.
+	prog := h.read(ctx, obj)
+	now := h.opts.Clock.Now()
+
+	// 3. What to run now, picked inline.
+	todo, ready, wait := h.todo(prog, now)
+	if len(todo) == 0 {
+		logger.V(1).Info("All handlers are done", "generation", prog.Generation)
+		return reconcile.Result{}, nil
+	}
+	if len(ready) == 0 {
+		logger.V(1).Info("All pending handlers wait out a backoff", "requeueAfter", wait)
+		return reconcile.Result{RequeueAfter: wait}, nil
+	}
+	picked, err := h.pick(ready, prog)
+	if err != nil {
+		return reconcile.Result{}, reconcile.TerminalError(err)
+	}
+	if len(picked) == 0 {
+		logger.V(1).Info("The lifecycle picked no handler", "pending", ready)
+		return reconcile.Result{RequeueAfter: h.opts.NextCycle}, nil
+	}
+
+	// 4. Mark them started, with an optimistic lock against a stale read.
+	started := prog.clone()
+	at := now.UTC()
+	for _, id := range picked {
+		hp := started.Handlers[id]
+		hp.Started, hp.Delayed = &at, nil
+		started.Handlers[id] = hp
+	}
+	base, err := h.patch(ctx, obj, started, true)
+	switch {
+	case apierrors.IsConflict(err):
+		logger.V(1).Info("The object changed since it was read: reconciling it again", "requeueAfter", h.opts.NextCycle)
+		return reconcile.Result{RequeueAfter: h.opts.NextCycle}, nil
+	case apierrors.IsNotFound(err):
+		return reconcile.Result{}, nil
+	case err != nil:
+		return reconcile.Result{}, err
+	}
+	prog = started
+
+	// 5. Run them, each as a tracked call.
+	next := prog.clone()
+	recorded := false
+	for _, id := range picked {
+		kind, runErr := h.run(ctx, id, base)
+		hlog := logger.WithValues("handler", id)
+		hp := next.Handlers[id]
+		switch kind {
+		case ranOK:
+			hp.Done, hp.Failed, hp.Delayed, hp.Message = true, false, nil, ""
+			hlog.V(1).Info("Handler succeeded")
+		case ranTerminal:
+			hp.Done, hp.Failed, hp.Delayed, hp.Message = true, true, nil, runErr.Error()
+			hlog.Error(runErr, "Handler failed for good: not retried for this generation")
+			h.event(base, corev1.EventTypeWarning, ReasonHandlerFailed, "Handler %s failed for good: %s", id, runErr.Error())
+		case ranFailed:
+			hp.Retries++
+			delay := h.backoff(hp.Retries)
+			until := h.opts.Clock.Now().Add(delay).UTC()
+			hp.Delayed, hp.Message = &until, runErr.Error()
+			hlog.Error(runErr, "Handler failed: retrying after a backoff", "retries", hp.Retries, "retryAfter", delay)
+			h.event(base, corev1.EventTypeWarning, ReasonHandlerError, "Handler %s failed, retry %d after %s: %s", id, hp.Retries, delay, runErr.Error())
+		case ranInterrupted:
+			hlog.Info("Handler interrupted by a shutdown: it runs again on the next start", "reason", runErr.Error())
+		}
+		if kind == ranInterrupted {
+			// The remaining picked handlers would be interrupted too; leave them pending.
+			break
+		}
+		next.Handlers[id] = hp
+		recorded = true
+	}
+
+	// 6. Record the outcomes, even if the drain cancelled the reconcile meanwhile.
+	if recorded {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+		defer cancel()
+		if _, err := h.patch(rctx, base, next, false); err != nil {
+			if apierrors.IsNotFound(err) {
+				return reconcile.Result{}, nil
+			}
+			return reconcile.Result{}, err
+		}
+	}
+	if ctx.Err() != nil || h.draining() {
+		return reconcile.Result{RequeueAfter: h.opts.NextCycle}, nil
+	}
+
+	// 7. When to come back.
+	todo, ready, wait = h.todo(next, h.opts.Clock.Now())
+	switch {
+	case len(todo) == 0:
+		logger.V(1).Info("All handlers are done", "generation", next.Generation)
+		return reconcile.Result{}, nil
+	case len(ready) > 0:
+		return reconcile.Result{RequeueAfter: h.opts.NextCycle}, nil
+	default:
+		return reconcile.Result{RequeueAfter: wait}, nil
+	}
+}
+
+// read returns the object's progress for its current generation: fresh if there is none,
+// if it is of another generation, or if it cannot be decoded (then logged and an Event).
+func (h *handlersReconciler[T]) read(ctx context.Context, obj T) Progress {
+	gen := obj.GetGeneration()
+	fresh := Progress{Generation: gen, Handlers: map[string]HandlerProgress{}}
+	raw, ok := obj.GetAnnotations()[h.opts.Annotation]
+	if !ok {
+		return fresh
+	}
+	p, err := ParseProgress(raw)
+	if err != nil {
+		log.FromContext(ctx).Error(err, "Progress annotation is corrupt: all handlers start afresh", "annotation", h.opts.Annotation)
+		h.event(obj, corev1.EventTypeWarning, ReasonProgressCorrupt, "Annotation %s holds no valid progress, all handlers start afresh: %s", h.opts.Annotation, err.Error())
+		return fresh
+	}
+	if p.Generation != gen {
+		log.FromContext(ctx).V(1).Info("New generation: all handlers run again", "generation", gen, "progressGeneration", p.Generation)
+		return fresh
+	}
+	if p.Handlers == nil {
+		p.Handlers = map[string]HandlerProgress{}
+	}
+	return p
+}
+
+// todo returns the ids of the handlers not done, in registration order; those of them not
+// waiting out a backoff at now; and, if all wait, how long until the first may run.
+func (h *handlersReconciler[T]) todo(p Progress, now time.Time) (todo, ready []string, wait time.Duration) {
+	for _, hd := range h.handlers {
+		hp := p.Handlers[hd.ID]
+		if hp.Done {
+			continue
+		}
+		todo = append(todo, hd.ID)
+		if hp.Delayed != nil && now.Before(*hp.Delayed) {
+			if d := hp.Delayed.Sub(now); wait == 0 || d < wait {
+				wait = d
+			}
+			continue
+		}
+		ready = append(ready, hd.ID)
+	}
+	return todo, ready, wait
+}
+
+// pick calls the lifecycle inline and checks that it picked only ready handlers, once each.
+func (h *handlersReconciler[T]) pick(ready []string, p Progress) ([]string, error) {
+	picked := h.opts.Lifecycle(append([]string(nil), ready...), p.lifecycleProgress(ready))
+	ok := make(map[string]bool, len(ready))
+	for _, id := range ready {
+		ok[id] = true
+	}
+	for _, id := range picked {
+		if !ok[id] {
+			return nil, fmt.Errorf("failed to pick handlers: the lifecycle picked %q, which is not pending or picked twice (pending: %q)", id, ready)
+		}
+		ok[id] = false
+	}
+	return picked, nil
+}
+
+// run runs handler id on a copy of obj as a tracked call and classifies its outcome.
+func (h *handlersReconciler[T]) run(ctx context.Context, id string, obj T) (int, error) {
+	own, ok := obj.DeepCopyObject().(T)
+	if !ok {
+		return ranTerminal, reconcile.TerminalError(fmt.Errorf("failed to copy the object: DeepCopyObject of %T is not a %T", obj, own))
+	}
+	fn := h.handlers[h.index[id]].Fn
+	err := Call(ctx, id, func(ctx context.Context) error { return fn(ctx, own) })
+	switch {
+	case err == nil:
+		return ranOK, nil
+	case errors.Is(err, reconcile.TerminalError(nil)):
+		return ranTerminal, err
+	case errors.Is(err, drain.ErrDraining), ctx.Err() != nil,
+		h.draining() && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
+		return ranInterrupted, err
+	default:
+		return ranFailed, err
+	}
+}
+
+func (h *handlersReconciler[T]) draining() bool {
+	select {
+	case <-h.ex.Draining():
+		return true
+	default:
+		return false
+	}
+}
+
+// patch writes p into the annotation of a copy of obj with a merge patch computed against
+// obj, so that only the annotation is sent (with the resourceVersion if lock), and returns
+// the object as the API server returned it.
+func (h *handlersReconciler[T]) patch(ctx context.Context, obj T, p Progress, lock bool) (T, error) {
+	var zero T
+	val, err := p.Encode()
+	if err != nil {
+		return zero, err
+	}
+	mod, ok := obj.DeepCopyObject().(T)
+	if !ok {
+		return zero, reconcile.TerminalError(fmt.Errorf("failed to copy the object: DeepCopyObject of %T is not a %T", obj, mod))
+	}
+	ann := mod.GetAnnotations()
+	if ann == nil {
+		ann = map[string]string{}
+	}
+	ann[h.opts.Annotation] = val
+	mod.SetAnnotations(ann)
+	var from client.Patch = client.MergeFrom(obj)
+	if lock {
+		from = client.MergeFromWithOptions(obj, client.MergeFromWithOptimisticLock{})
+	}
+	if err := h.c.Patch(ctx, mod, from); err != nil {
+		return zero, fmt.Errorf("failed to patch progress: %w", err)
+	}
+	return mod, nil
+}
+
+// backoff returns the delay before the next run of a handler that failed retries times.
+func (h *handlersReconciler[T]) backoff(retries int) time.Duration {
+	d := h.opts.Backoff
+	for i := 1; i < retries && d < h.opts.MaxBackoff; i++ {
+		d *= 2
+	}
+	return min(d, h.opts.MaxBackoff)
+}
+
+func (h *handlersReconciler[T]) event(obj T, typ, reason, note string, args ...any) {
+	if h.opts.Recorder == nil {
+		return
+	}
+	h.opts.Recorder.Eventf(obj, nil, typ, reason, "Reconcile", note, args...)
+}
+
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	rv := reflect.ValueOf(v)
+	switch rv.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Interface, reflect.Slice:
+		return rv.IsNil()
+	}
+	return false
+}

@@ -1,0 +1,571 @@
+package reconcilers_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/quiesce-dev/quiesce/drain"
+	"github.com/quiesce-dev/quiesce/lifecycle"
+	"github.com/quiesce-dev/quiesce/reconcilers"
+)
+
+var epoch = time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+
+// configMap is the test object: generation 1, a label and an annotation of someone else's.
+func configMap(ns, name string) *corev1.ConfigMap {
+	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
+		Namespace:   ns,
+		Name:        name,
+		Generation:  1,
+		Labels:      map[string]string{"app": "demo"},
+		Annotations: map[string]string{"other.example/keep": "yes"},
+	}}
+}
+
+// journal records handler runs, in order.
+type journal struct {
+	mu   sync.Mutex
+	runs []string
+}
+
+func (j *journal) add(s string) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.runs = append(j.runs, s)
+}
+
+func (j *journal) all() []string {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return append([]string(nil), j.runs...)
+}
+
+// ok is a handler that records its run and succeeds.
+func ok(j *journal, id string) reconcilers.Handler[*corev1.ConfigMap] {
+	return reconcilers.Handler[*corev1.ConfigMap]{ID: id, Fn: func(context.Context, *corev1.ConfigMap) error {
+		j.add(id)
+		return nil
+	}}
+}
+
+type fixture struct {
+	t     *testing.T
+	ex    *drain.Executor
+	c     client.Client
+	rec   *events.FakeRecorder
+	clock *clocktesting.FakePassiveClock
+	r     reconcile.Reconciler
+}
+
+// newFixture makes a reconciler of hs on a fake client holding objs, with a fake clock and
+// a recorder, and opts' other fields as given.
+func newFixture(t *testing.T, hs []reconcilers.Handler[*corev1.ConfigMap], opts reconcilers.HandlersOptions, objs ...client.Object) *fixture {
+	t.Helper()
+	return newFixtureWith(t, fake.NewClientBuilder().WithObjects(objs...).Build(), hs, opts)
+}
+
+func newFixtureWith(t *testing.T, c client.Client, hs []reconcilers.Handler[*corev1.ConfigMap], opts reconcilers.HandlersOptions) *fixture {
+	t.Helper()
+	f := &fixture{t: t, ex: drain.New(drain.Options{}), c: c, rec: events.NewFakeRecorder(100), clock: clocktesting.NewFakePassiveClock(epoch)}
+	drained(t, f.ex)
+	if opts.Recorder == nil {
+		opts.Recorder = f.rec
+	}
+	if opts.Clock == nil {
+		opts.Clock = f.clock
+	}
+	r, err := reconcilers.Handlers(f.ex, f.c, "cm", nil, hs, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.r = r
+	return f
+}
+
+func (f *fixture) reconcile(name string) reconcile.Result {
+	f.t.Helper()
+	res, err := f.r.Reconcile(context.Background(), request("ns", name))
+	if err != nil {
+		f.t.Fatalf("Reconcile: %v", err)
+	}
+	return res
+}
+
+func (f *fixture) object(name string) *corev1.ConfigMap {
+	f.t.Helper()
+	var cm corev1.ConfigMap
+	if err := f.c.Get(context.Background(), types.NamespacedName{Namespace: "ns", Name: name}, &cm); err != nil {
+		f.t.Fatal(err)
+	}
+	return &cm
+}
+
+func (f *fixture) progress(name string) reconcilers.Progress {
+	f.t.Helper()
+	p, err := reconcilers.ParseProgress(f.object(name).Annotations[reconcilers.DefaultProgressAnnotation])
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return p
+}
+
+func (f *fixture) events() []string {
+	var out []string
+	for {
+		select {
+		case e := <-f.rec.Events:
+			out = append(out, e)
+		default:
+			return out
+		}
+	}
+}
+
+func TestHandlersRejectsBadInput(t *testing.T) {
+	ex := drain.New(drain.Options{})
+	c := fake.NewClientBuilder().Build()
+	fn := func(context.Context, *corev1.ConfigMap) error { return nil }
+	type H = reconcilers.Handler[*corev1.ConfigMap]
+	for _, tc := range []struct {
+		name string
+		ex   *drain.Executor
+		c    client.Client
+		ctrl string
+		hs   []H
+		opts reconcilers.HandlersOptions
+		want string
+	}{
+		{"nil executor", nil, c, "cm", []H{{"a", fn}}, reconcilers.HandlersOptions{}, "nil executor"},
+		{"nil client", ex, nil, "cm", []H{{"a", fn}}, reconcilers.HandlersOptions{}, "nil client"},
+		{"empty controller", ex, c, "", []H{{"a", fn}}, reconcilers.HandlersOptions{}, "empty controller"},
+		{"no handlers", ex, c, "cm", nil, reconcilers.HandlersOptions{}, "no handlers"},
+		{"empty id", ex, c, "cm", []H{{"a", fn}, {"", fn}}, reconcilers.HandlersOptions{}, "handler 1 has an empty id"},
+		{"duplicate id", ex, c, "cm", []H{{"a", fn}, {"a", fn}}, reconcilers.HandlersOptions{}, `duplicate handler id "a"`},
+		{"nil fn", ex, c, "cm", []H{{"a", nil}}, reconcilers.HandlersOptions{}, `handler "a" has a nil Fn`},
+		{"bad annotation", ex, c, "cm", []H{{"a", fn}}, reconcilers.HandlersOptions{Annotation: "not a key!"}, "annotation key"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := reconcilers.Handlers(tc.ex, tc.c, tc.ctrl, nil, tc.hs, tc.opts)
+			if r != nil || !errors.Is(err, reconcilers.ErrInvalidHandlers) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Handlers = %v, %v; want an ErrInvalidHandlers mentioning %q", r, err, tc.want)
+			}
+		})
+	}
+	// T not a pointer to a struct needs newObj.
+	_, err := reconcilers.Handlers(ex, c, "cm", nil, []reconcilers.Handler[client.Object]{{ID: "a", Fn: func(context.Context, client.Object) error { return nil }}}, reconcilers.HandlersOptions{})
+	if !errors.Is(err, reconcilers.ErrInvalidHandlers) || !strings.Contains(err.Error(), "newObj") {
+		t.Fatalf("Handlers[client.Object] without newObj = %v, want ErrInvalidHandlers", err)
+	}
+	_, err = reconcilers.Handlers(ex, c, "cm", func() client.Object { return &corev1.ConfigMap{} }, []reconcilers.Handler[client.Object]{{ID: "a", Fn: func(context.Context, client.Object) error { return nil }}}, reconcilers.HandlersOptions{})
+	if err != nil {
+		t.Fatalf("Handlers[client.Object] with newObj = %v", err)
+	}
+}
+
+func TestHandlersOneByOneRunsOneHandlerPerReconcile(t *testing.T) {
+	var j journal
+	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a"), ok(&j, "b"), ok(&j, "c")},
+		reconcilers.HandlersOptions{Lifecycle: lifecycle.OneByOne, NextCycle: 5 * time.Millisecond}, configMap("ns", "obj"))
+
+	for i, want := range []string{"a", "a,b", "a,b,c"} {
+		res := f.reconcile("obj")
+		if got := strings.Join(j.all(), ","); got != want {
+			t.Fatalf("after reconcile %d: runs %s, want %s", i+1, got, want)
+		}
+		wantRes := reconcile.Result{RequeueAfter: 5 * time.Millisecond}
+		if i == 2 {
+			wantRes = reconcile.Result{}
+		}
+		if res != wantRes {
+			t.Fatalf("reconcile %d = %+v, want %+v", i+1, res, wantRes)
+		}
+	}
+	// All done for the generation: nothing runs any more.
+	if res := f.reconcile("obj"); res != (reconcile.Result{}) {
+		t.Fatalf("reconcile when all done = %+v", res)
+	}
+	if got := strings.Join(j.all(), ","); got != "a,b,c" {
+		t.Fatalf("runs %s after all done", got)
+	}
+	p := f.progress("obj")
+	if p.Generation != 1 || len(p.Handlers) != 3 {
+		t.Fatalf("progress = %+v", p)
+	}
+	for _, id := range []string{"a", "b", "c"} {
+		h := p.Handlers[id]
+		if !h.Done || h.Failed || h.Retries != 0 || h.Started == nil || !h.Started.Equal(epoch) || h.Message != "" {
+			t.Fatalf("progress of %s = %+v, want done, started at %v", id, h, epoch)
+		}
+	}
+}
+
+func TestHandlersAllAtOnceRunsAllInOneReconcileInOrder(t *testing.T) {
+	var j journal
+	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a"), ok(&j, "b"), ok(&j, "c")},
+		reconcilers.HandlersOptions{Lifecycle: lifecycle.AllAtOnce}, configMap("ns", "obj"))
+	if res := f.reconcile("obj"); res != (reconcile.Result{}) {
+		t.Fatalf("Reconcile = %+v, want done", res)
+	}
+	if got := strings.Join(j.all(), ","); got != "a,b,c" {
+		t.Fatalf("runs %s, want a,b,c", got)
+	}
+}
+
+func TestHandlersDefaultLifecycleIsASAP(t *testing.T) {
+	// a fails once; with ASAP (fewest retries first), b and c run before a's retry.
+	var j journal
+	failed := false
+	a := reconcilers.Handler[*corev1.ConfigMap]{ID: "a", Fn: func(context.Context, *corev1.ConfigMap) error {
+		j.add("a")
+		if !failed {
+			failed = true
+			return errors.New("not yet")
+		}
+		return nil
+	}}
+	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{a, ok(&j, "b"), ok(&j, "c")},
+		reconcilers.HandlersOptions{Backoff: time.Nanosecond}, configMap("ns", "obj"))
+	for range 4 {
+		f.clock.SetTime(f.clock.Now().Add(time.Second)) // every backoff is over
+		f.reconcile("obj")
+	}
+	if got := strings.Join(j.all(), ","); got != "a,b,c,a" {
+		t.Fatalf("runs %s, want a,b,c,a", got)
+	}
+}
+
+// TestHandlersLifecycleNeverRunsThroughTheExecutor proves that the lifecycle is called
+// inline: while it runs, the executor tracks only the reconcile itself, and the executor
+// starts exactly one call per reconcile plus one per handler run.
+func TestHandlersLifecycleNeverRunsThroughTheExecutor(t *testing.T) {
+	var j journal
+	var ex *drain.Executor
+	var seen [][]string
+	inline := func(pending []string, p map[string]lifecycle.Progress) []string {
+		seen = append(seen, names(ex.Pending()))
+		return lifecycle.AllAtOnce(pending, p)
+	}
+	var during []string
+	hb := reconcilers.Handler[*corev1.ConfigMap]{ID: "b", Fn: func(context.Context, *corev1.ConfigMap) error {
+		during = names(ex.Pending())
+		return nil
+	}}
+	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a"), hb},
+		reconcilers.HandlersOptions{Lifecycle: inline}, configMap("ns", "obj"))
+	ex = f.ex
+	f.reconcile("obj")
+	f.reconcile("obj") // all done: the lifecycle is not even called
+
+	if want := [][]string{{"cm/ns/obj"}}; fmt.Sprint(seen) != fmt.Sprint(want) {
+		t.Fatalf("pending calls while the lifecycle ran = %q, want %q", seen, want)
+	}
+	if want := []string{"cm/ns/obj", "cm/ns/obj/b"}; !slices.Equal(during, want) {
+		t.Fatalf("pending calls while handler b ran = %q, want %q", during, want)
+	}
+	// 2 reconciles + 2 handler runs; no call for the lifecycle.
+	if s := f.ex.Stats(); s.Started != 4 || s.Finished != 4 {
+		t.Fatalf("executor stats = %+v, want 4 started and finished", s)
+	}
+}
+
+func TestHandlersRetriesWithBackoff(t *testing.T) {
+	fails := 0
+	boom := reconcilers.Handler[*corev1.ConfigMap]{ID: "flaky", Fn: func(context.Context, *corev1.ConfigMap) error {
+		fails++
+		if fails <= 4 {
+			return fmt.Errorf("failed to dial: attempt %d", fails)
+		}
+		return nil
+	}}
+	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{boom},
+		reconcilers.HandlersOptions{Backoff: time.Second, MaxBackoff: 5 * time.Second}, configMap("ns", "obj"))
+
+	// 1s, 2s, 4s, then capped at 5s.
+	for i, delay := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 5 * time.Second} {
+		res := f.reconcile("obj")
+		if res.RequeueAfter != delay {
+			t.Fatalf("failure %d: RequeueAfter %v, want %v", i+1, res.RequeueAfter, delay)
+		}
+		p := f.progress("obj").Handlers["flaky"]
+		if p.Retries != i+1 || p.Done || p.Delayed == nil || !p.Delayed.Equal(f.clock.Now().Add(delay)) ||
+			p.Message != fmt.Sprintf("failed to dial: attempt %d", i+1) {
+			t.Fatalf("failure %d: progress %+v", i+1, p)
+		}
+		// Before the delay is over (e.g. an event on the object), nothing runs.
+		f.clock.SetTime(f.clock.Now().Add(delay - time.Millisecond))
+		if res := f.reconcile("obj"); res.RequeueAfter != time.Millisecond || fails != i+1 {
+			t.Fatalf("reconcile during the backoff = %+v, ran %d times; want RequeueAfter 1ms, no run", res, fails)
+		}
+		f.clock.SetTime(f.clock.Now().Add(time.Millisecond))
+	}
+	if res := f.reconcile("obj"); res != (reconcile.Result{}) {
+		t.Fatalf("reconcile after the last failure = %+v, want done", res)
+	}
+	p := f.progress("obj").Handlers["flaky"]
+	if !p.Done || p.Retries != 4 || p.Delayed != nil || p.Message != "" {
+		t.Fatalf("final progress %+v, want done after 4 retries", p)
+	}
+	evs := f.events()
+	if len(evs) != 4 || !strings.HasPrefix(evs[0], "Warning HandlerError Handler flaky failed, retry 1 after 1s: failed to dial: attempt 1") {
+		t.Fatalf("events = %q, want 4 HandlerError warnings", evs)
+	}
+}
+
+func TestHandlersTerminalErrorFailsForGood(t *testing.T) {
+	var j journal
+	runs := 0
+	fatal := reconcilers.Handler[*corev1.ConfigMap]{ID: "fatal", Fn: func(context.Context, *corev1.ConfigMap) error {
+		runs++
+		return reconcile.TerminalError(errors.New("bad spec"))
+	}}
+	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{fatal, ok(&j, "after")},
+		reconcilers.HandlersOptions{Lifecycle: lifecycle.OneByOne}, configMap("ns", "obj"))
+	f.reconcile("obj")
+	f.reconcile("obj")
+	if res := f.reconcile("obj"); res != (reconcile.Result{}) || runs != 1 || strings.Join(j.all(), ",") != "after" {
+		t.Fatalf("Reconcile = %+v; fatal ran %d times, others %q; want done, 1 run, after ran", res, runs, j.all())
+	}
+	p := f.progress("obj").Handlers["fatal"]
+	if !p.Done || !p.Failed || p.Retries != 0 || p.Message != "terminal error: bad spec" {
+		t.Fatalf("progress = %+v, want done and failed for good", p)
+	}
+	if evs := f.events(); len(evs) != 1 || evs[0] != "Warning HandlerFailed Handler fatal failed for good: terminal error: bad spec" {
+		t.Fatalf("events = %q", evs)
+	}
+}
+
+func TestHandlersNewGenerationRunsAllAgain(t *testing.T) {
+	var j journal
+	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a"), ok(&j, "b")},
+		reconcilers.HandlersOptions{Lifecycle: lifecycle.AllAtOnce}, configMap("ns", "obj"))
+	f.reconcile("obj")
+	f.reconcile("obj")
+	cm := f.object("obj")
+	cm.Generation = 2 // what the API server does on a spec change
+	if err := f.c.Update(context.Background(), cm); err != nil {
+		t.Fatal(err)
+	}
+	f.reconcile("obj")
+	if got := strings.Join(j.all(), ","); got != "a,b,a,b" {
+		t.Fatalf("runs %s, want a,b,a,b", got)
+	}
+	if p := f.progress("obj"); p.Generation != 2 || !p.Handlers["a"].Done || !p.Handlers["b"].Done {
+		t.Fatalf("progress = %+v, want generation 2 all done", p)
+	}
+}
+
+func TestHandlersCorruptAnnotationStartsAfresh(t *testing.T) {
+	for _, raw := range []string{"{not json", `{"generation":1,"handlers":{"a":{"retries":-1}}}`, `{"gen":1}`, `{"generation":1} trailing`, ""} {
+		t.Run(raw, func(t *testing.T) {
+			var j journal
+			cm := configMap("ns", "obj")
+			cm.Annotations[reconcilers.DefaultProgressAnnotation] = raw
+			f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a"), ok(&j, "b")},
+				reconcilers.HandlersOptions{Lifecycle: lifecycle.AllAtOnce}, cm)
+			if res := f.reconcile("obj"); res != (reconcile.Result{}) {
+				t.Fatalf("Reconcile = %+v, want done", res)
+			}
+			if got := strings.Join(j.all(), ","); got != "a,b" {
+				t.Fatalf("runs %s, want a fresh start a,b", got)
+			}
+			evs := f.events()
+			if len(evs) != 1 || !strings.HasPrefix(evs[0], "Warning ProgressCorrupt Annotation quiesce.dev/progress holds no valid progress, all handlers start afresh: ") {
+				t.Fatalf("events = %q, want one ProgressCorrupt warning", evs)
+			}
+			if p := f.progress("obj"); !p.Handlers["a"].Done || !p.Handlers["b"].Done {
+				t.Fatalf("progress = %+v, want all done", p)
+			}
+		})
+	}
+}
+
+func TestHandlersPatchOnlyTheAnnotation(t *testing.T) {
+	var j journal
+	var c client.Client
+	// The handler changes the object on the server (a label, an annotation) and in its own
+	// copy; neither may be undone or sent by the progress patch.
+	edit := reconcilers.Handler[*corev1.ConfigMap]{ID: "edit", Fn: func(ctx context.Context, cm *corev1.ConfigMap) error {
+		j.add("edit")
+		server := cm.DeepCopy()
+		server.Labels["handler"] = "was-here"
+		server.Annotations["handler.example/note"] = "hi"
+		if err := c.Update(ctx, server); err != nil {
+			return err
+		}
+		cm.Labels["local"] = "only" // the handler's own copy: never written by the reconciler
+		return nil
+	}}
+	c = fake.NewClientBuilder().WithObjects(configMap("ns", "obj")).Build()
+	f := newFixtureWith(t, c, []reconcilers.Handler[*corev1.ConfigMap]{edit, ok(&j, "b")},
+		reconcilers.HandlersOptions{Lifecycle: lifecycle.AllAtOnce})
+	f.reconcile("obj")
+	cm := f.object("obj")
+	want := map[string]string{"app": "demo", "handler": "was-here"}
+	if fmt.Sprint(cm.Labels) != fmt.Sprint(want) {
+		t.Fatalf("labels = %v, want %v", cm.Labels, want)
+	}
+	if cm.Annotations["other.example/keep"] != "yes" || cm.Annotations["handler.example/note"] != "hi" || len(cm.Annotations) != 3 {
+		t.Fatalf("annotations = %v, want the others kept beside the progress", cm.Annotations)
+	}
+	if p := f.progress("obj"); !p.Handlers["edit"].Done || !p.Handlers["b"].Done {
+		t.Fatalf("progress = %+v", p)
+	}
+}
+
+func TestHandlersStaleReadRunsNothing(t *testing.T) {
+	var j journal
+	var stale *corev1.ConfigMap
+	base := fake.NewClientBuilder().WithObjects(configMap("ns", "obj")).Build()
+	// A lagging cache: Get returns the object as it was before the first reconcile.
+	c := interceptor.NewClient(base, interceptor.Funcs{Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+		if stale != nil {
+			stale.DeepCopyInto(obj.(*corev1.ConfigMap))
+			return nil
+		}
+		return c.Get(ctx, key, obj, opts...)
+	}})
+	f := newFixtureWith(t, c, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a"), ok(&j, "b")},
+		reconcilers.HandlersOptions{Lifecycle: lifecycle.OneByOne, NextCycle: time.Millisecond})
+	stale = &corev1.ConfigMap{}
+	if err := base.Get(context.Background(), types.NamespacedName{Namespace: "ns", Name: "obj"}, stale); err != nil {
+		t.Fatal(err)
+	}
+	f.reconcile("obj") // a runs
+	if res := f.reconcile("obj"); res.RequeueAfter != time.Millisecond || strings.Join(j.all(), ",") != "a" {
+		t.Fatalf("reconcile on a stale read = %+v, runs %q; want a requeue and no run", res, j.all())
+	}
+	stale = nil // the cache caught up
+	f.reconcile("obj")
+	if got := strings.Join(j.all(), ","); got != "a,b" {
+		t.Fatalf("runs %s, want a,b", got)
+	}
+}
+
+func TestHandlersObjectNotFound(t *testing.T) {
+	var j journal
+	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a")}, reconcilers.HandlersOptions{})
+	if res := f.reconcile("gone"); res != (reconcile.Result{}) || len(j.all()) != 0 {
+		t.Fatalf("Reconcile of a missing object = %+v, runs %q", res, j.all())
+	}
+}
+
+func TestHandlersLifecyclePickingANonPendingHandlerIsTerminal(t *testing.T) {
+	var j journal
+	bad := func([]string, map[string]lifecycle.Progress) []string { return []string{"zzz"} }
+	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a")}, reconcilers.HandlersOptions{Lifecycle: bad}, configMap("ns", "obj"))
+	_, err := f.r.Reconcile(context.Background(), request("ns", "obj"))
+	if !errors.Is(err, reconcile.TerminalError(nil)) || !strings.Contains(err.Error(), `picked "zzz"`) || len(j.all()) != 0 {
+		t.Fatalf("Reconcile = %v, runs %q; want a terminal error and no run", err, j.all())
+	}
+}
+
+func TestHandlersPanicIsARetryableFailure(t *testing.T) {
+	p := reconcilers.Handler[*corev1.ConfigMap]{ID: "p", Fn: func(context.Context, *corev1.ConfigMap) error { panic("kaboom") }}
+	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{p}, reconcilers.HandlersOptions{}, configMap("ns", "obj"))
+	if res := f.reconcile("obj"); res.RequeueAfter != reconcilers.DefaultBackoff {
+		t.Fatalf("Reconcile = %+v, want RequeueAfter %v", res, reconcilers.DefaultBackoff)
+	}
+	if h := f.progress("obj").Handlers["p"]; h.Retries != 1 || h.Done || !strings.Contains(h.Message, "kaboom") {
+		t.Fatalf("progress = %+v, want 1 retry with the panic", h)
+	}
+}
+
+// TestHandlersInterruptedByTheDrain: a handler cancelled by the drain is left started and
+// not done, without a retry, while the outcome of one that finished before is recorded.
+func TestHandlersInterruptedByTheDrain(t *testing.T) {
+	var j journal
+	running := make(chan struct{})
+	slow := reconcilers.Handler[*corev1.ConfigMap]{ID: "slow", Fn: func(ctx context.Context, _ *corev1.ConfigMap) error {
+		close(running)
+		<-ctx.Done()
+		return ctx.Err()
+	}}
+	c := fake.NewClientBuilder().WithObjects(configMap("ns", "obj")).Build()
+	f := &fixture{t: t, c: c, rec: events.NewFakeRecorder(10), clock: clocktesting.NewFakePassiveClock(epoch)}
+	f.ex = drain.New(drain.Options{CancelAfter: 0})
+	f.ex.SetDriven(true) // as a started runnable.Runnable does
+	r, err := reconcilers.Handlers(f.ex, c, "cm", nil, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a"), slow, ok(&j, "c")},
+		reconcilers.HandlersOptions{Lifecycle: lifecycle.AllAtOnce, Recorder: f.rec, Clock: f.clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		res reconcile.Result
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		res, err := r.Reconcile(context.Background(), request("ns", "obj"))
+		done <- result{res, err}
+	}()
+	<-running
+	if err := f.ex.Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	got := <-done
+	if got.err != nil {
+		t.Fatalf("Reconcile = %v, want no error", got.err)
+	}
+	p := f.progress("obj")
+	if h := p.Handlers["a"]; !h.Done {
+		t.Fatalf("a = %+v, want done", h)
+	}
+	if h := p.Handlers["slow"]; h.Done || h.Retries != 0 || h.Started == nil || h.Message != "" || h.Delayed != nil {
+		t.Fatalf("slow = %+v, want started, not done, no retry", h)
+	}
+	if h, ran := p.Handlers["c"]; h.Done || !slices.Equal(j.all(), []string{"a"}) {
+		t.Fatalf("c = %+v (in progress: %v), runs %q; want c not run", h, ran, j.all())
+	}
+	if evs := f.events(); len(evs) != 0 {
+		t.Fatalf("events = %q, want none for an interruption", evs)
+	}
+}
+
+func TestProgressRoundTrip(t *testing.T) {
+	started, delayed := epoch, epoch.Add(90*time.Second)
+	p := reconcilers.Progress{Generation: 7, Handlers: map[string]reconcilers.HandlerProgress{
+		"b": {Retries: 2, Started: &started, Delayed: &delayed, Message: "failed to dial: \"x\""},
+		"a": {Done: true, Started: &started},
+		"z": {Done: true, Failed: true, Message: "terminal error: bad"},
+	}}
+	s, err := p.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"generation":7,"handlers":{` +
+		`"a":{"retries":0,"done":true,"started":"2025-01-02T03:04:05Z"},` +
+		`"b":{"retries":2,"done":false,"started":"2025-01-02T03:04:05Z","delayed":"2025-01-02T03:05:35Z","message":"failed to dial: \"x\""},` +
+		`"z":{"retries":0,"done":true,"failed":true,"message":"terminal error: bad"}}}`
+	if s != want {
+		t.Fatalf("Encode =\n%s\nwant\n%s", s, want)
+	}
+	back, err := reconcilers.ParseProgress(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, _ := back.Encode()
+	if again != s || back.Generation != 7 || !back.Handlers["b"].Delayed.Equal(delayed) {
+		t.Fatalf("round trip = %+v (%s)", back, again)
+	}
+	for _, bad := range []string{"", "null x", "[]", `{"generation":"1"}`, `{"handlers":{"a":{"retries":-2}}}`, `{"generation":1,"extra":true}`} {
+		if _, err := reconcilers.ParseProgress(bad); err == nil {
+			t.Errorf("ParseProgress(%q) = nil error", bad)
+		}
+	}
+}

@@ -2,6 +2,8 @@ package suite_test
 
 import (
 	"context"
+	"sync"
+	"time"
 
 	"go.uber.org/goleak"
 	utilnet "k8s.io/apimachinery/pkg/util/net"
@@ -13,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -43,17 +46,41 @@ func newManager(mutate ...func(*manager.Options)) manager.Manager {
 	return mgr
 }
 
+// inNamespace restricts a manager's cache to ns, so that its controllers see only the
+// spec's own objects.
+func inNamespace(ns string) func(*manager.Options) {
+	return func(o *manager.Options) {
+		o.Cache = cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}}
+	}
+}
+
 // startManager starts mgr on its own context; stop cancels it (like SIGTERM), done receives
-// what mgr.Start returned.
+// what mgr.Start returned. Should the spec fail first, its cleanup stops mgr and waits for it,
+// so that no spec leaves a manager running into the next.
 func startManager(mgr manager.Manager) (stop context.CancelFunc, done <-chan error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	ch := make(chan error, 1)
+	exited := make(chan struct{})
 	go func() {
 		defer GinkgoRecover()
+		defer close(exited)
 		ch <- mgr.Start(ctx)
 	}()
-	DeferCleanup(cancel)
+	DeferCleanup(func() {
+		cancel()
+		Eventually(exited, time.Minute).Should(BeClosed())
+	})
 	return cancel, ch
+}
+
+// releaser returns a channel for a spec's handlers to block on, closed by release or,
+// should the spec fail first, by its cleanup.
+func releaser() (ch chan struct{}, release func()) {
+	ch = make(chan struct{})
+	var once sync.Once
+	release = func() { once.Do(func() { close(ch) }) }
+	DeferCleanup(release)
+	return ch, release
 }
 
 // expectNoLeaks closes the clients' idle keep-alive connections (they would time out after

@@ -21,7 +21,7 @@ var _ = Describe("A plain manager on the envtest control plane", func() {
 
 		var mu sync.Mutex
 		seen := map[types.NamespacedName]int{}
-		mgr := newManager()
+		mgr := newManager(inNamespace(ns))
 		Expect(ctrl.NewControllerManagedBy(mgr).For(&corev1.ConfigMap{}).Named("plain").
 			Complete(reconcile.Func(func(_ context.Context, req reconcile.Request) (reconcile.Result, error) {
 				mu.Lock()

@@ -1,0 +1,342 @@
+package suite_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"go.uber.org/goleak"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/quiesce-dev/quiesce/drain"
+	"github.com/quiesce-dev/quiesce/reconcilers"
+	"github.com/quiesce-dev/quiesce/runnable"
+)
+
+// logLines captures log lines as funcr renders them, and echoes them to GinkgoWriter.
+type logLines struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *logLines) logger() logr.Logger {
+	return funcr.New(func(prefix, args string) {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.lines = append(l.lines, args)
+		fmt.Fprintln(GinkgoWriter, prefix, args)
+	}, funcr.Options{})
+}
+
+func (l *logLines) all() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.lines...)
+}
+
+// messages returns each line's message, in order.
+func (l *logLines) messages() []string {
+	var out []string
+	for _, line := range l.all() {
+		_, rest, _ := strings.Cut(line, `"msg"="`)
+		msg, _, _ := strings.Cut(rest, `"`)
+		out = append(out, msg)
+	}
+	return out
+}
+
+// configMap creates a ConfigMap and returns its key.
+func configMap(ctx context.Context, ns, name string) types.NamespacedName {
+	GinkgoHelper()
+	Expect(k8sClient.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}})).To(Succeed())
+	return types.NamespacedName{Namespace: ns, Name: name}
+}
+
+// nextLine returns "file.go:line" of the line after its caller's.
+func nextLine() string {
+	_, file, line, _ := runtime.Caller(1)
+	return file[strings.LastIndexByte(file, '/')+1:] + ":" + strconv.Itoa(line+1)
+}
+
+// freeAddr returns a loopback address with a port that was free a moment ago.
+func freeAddr() string {
+	GinkgoHelper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	Expect(err).NotTo(HaveOccurred())
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func httpGet(url string) (int, string, error) {
+	resp, err := http.Get(url) //nolint:noctx // a test's loopback probe
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body), err
+}
+
+// metricValue reads one sample ("name" or `name{label="v"}`) from a scrape.
+func metricValue(scrape, sample string) float64 {
+	GinkgoHelper()
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(sample) + ` (\S+)$`).FindStringSubmatch(scrape)
+	if m == nil {
+		return 0
+	}
+	v, err := strconv.ParseFloat(m[1], 64)
+	Expect(err).NotTo(HaveOccurred())
+	return v
+}
+
+// gathered reads one sample from controller-runtime's metrics.Registry directly.
+func gathered(name string) float64 {
+	GinkgoHelper()
+	families, err := metrics.Registry.Gather()
+	Expect(err).NotTo(HaveOccurred())
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			switch {
+			case m.GetCounter() != nil:
+				return m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				return m.GetGauge().GetValue()
+			case m.GetHistogram() != nil:
+				return float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return 0
+}
+
+var _ = Describe("runnable.Runnable in a manager", func() {
+	It("should let an in-flight reconcile finish with a live context when the manager stops", func(ctx SpecContext) {
+		cur := goleak.IgnoreCurrent()
+		ns := newNamespace(ctx)
+		mgr := newManager(inNamespace(ns))
+		q, err := runnable.Add(mgr, runnable.Options{
+			Options:     drain.Options{CancelAfter: 10 * time.Second},
+			GracePeriod: 15 * time.Second,
+		})
+		Expect(err).NotTo(HaveOccurred())
+
+		started := make(chan struct{}, 1)
+		var ctxErrAtEnd error
+		Expect(ctrl.NewControllerManagedBy(mgr).For(&corev1.ConfigMap{}).Named("slow").
+			Complete(reconcilers.Wrap(q.Executor(), "slow", reconcile.Func(
+				func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+					if req.Namespace != ns {
+						return reconcile.Result{}, nil
+					}
+					started <- struct{}{}
+					time.Sleep(3 * time.Second) // the reconcile's work, at real time on a real server
+					ctxErrAtEnd = ctx.Err()
+					var cm corev1.ConfigMap
+					if err := mgr.GetClient().Get(ctx, req.NamespacedName, &cm); err != nil {
+						return reconcile.Result{}, err
+					}
+					patch := client.MergeFrom(cm.DeepCopy())
+					cm.Annotations = map[string]string{"quiesce.dev/finished": "true"}
+					return reconcile.Result{}, mgr.GetClient().Patch(ctx, &cm, patch)
+				})))).To(Succeed())
+		stop, done := startManager(mgr)
+		key := configMap(ctx, ns, "slow")
+
+		Eventually(started).Should(Receive())
+		By("stopping the manager mid-reconcile, as SIGTERM would")
+		stop()
+		Eventually(done, 20*time.Second).Should(Receive(BeNil()), "mgr.Start returns nil")
+		Expect(ctxErrAtEnd).NotTo(HaveOccurred(), "the reconcile's context was live at its end")
+		Expect(q.Err()).NotTo(HaveOccurred())
+
+		var cm corev1.ConfigMap
+		Expect(k8sClient.Get(ctx, key, &cm)).To(Succeed())
+		Expect(cm.Annotations).To(HaveKeyWithValue("quiesce.dev/finished", "true"))
+		expectNoLeaks(cur)
+	})
+
+	It("should report a hanging handler while it waits and name it when the grace period ends", func(ctx SpecContext) {
+		cur := goleak.IgnoreCurrent()
+		ns := newNamespace(ctx)
+		mgr := newManager(inNamespace(ns), func(o *manager.Options) { o.GracefulShutdownTimeout = ptr.To(30 * time.Second) })
+		var logs logLines
+		q, err := runnable.Add(mgr, runnable.Options{
+			Options:     drain.Options{Logger: logs.logger(), ReportAfter: 500 * time.Millisecond, ReportEvery: time.Second},
+			GracePeriod: 3 * time.Second,
+		})
+		Expect(err).NotTo(HaveOccurred())
+
+		hold, release := releaser()
+		handlerStarted := make(chan struct{}, 1)
+		var blockedAt string
+		Expect(ctrl.NewControllerManagedBy(mgr).For(&corev1.ConfigMap{}).Named("hang").
+			Complete(reconcilers.Wrap(q.Executor(), "hang", reconcile.Func(
+				func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+					if req.Namespace != ns {
+						return reconcile.Result{}, nil
+					}
+					return reconcile.Result{}, reconcilers.Call(ctx, "upload", func(context.Context) error {
+						handlerStarted <- struct{}{}
+						blockedAt = nextLine()
+						<-hold // a blocking call that ignores its context
+						return nil
+					})
+				})))).To(Succeed())
+		stop, done := startManager(mgr)
+		configMap(ctx, ns, "stuck")
+		Eventually(handlerStarted).Should(Receive())
+
+		By("stopping the manager while the handler hangs")
+		stopped := time.Now()
+		stop()
+		var startErr error
+		Eventually(done, 20*time.Second).Should(Receive(&startErr))
+		took := time.Since(stopped)
+		Expect(startErr).NotTo(HaveOccurred(), "controller-runtime does not return a runnable's error once stopping")
+		Expect(took).To(BeNumerically("<", 15*time.Second), "mgr.Start returns soon after the grace period, not after GracefulShutdownTimeout")
+
+		name := "hang/" + ns + "/stuck/upload"
+		var pe *drain.PendingError
+		Expect(q.Err()).To(BeAssignableToTypeOf(pe), "main learns that calls were abandoned")
+		pe = q.Err().(*drain.PendingError)
+		Expect(pe.Pending).To(ConsistOf(HaveField("Name", name)))
+
+		msgs := logs.messages()
+		Expect(msgs[0]).To(Equal("Draining executor"))
+		Expect(msgs[len(msgs)-1]).To(Equal("Abandoned calls still running after the grace period"))
+		reports := msgs[1 : len(msgs)-1]
+		Expect(len(reports)).To(BeNumerically(">=", 2), "a report at 0.5s, then every second until 3s")
+		Expect(reports).To(HaveEach("Waiting for pending calls"))
+		lines := logs.all()
+		for _, report := range lines[1 : len(lines)-1] {
+			Expect(report).To(ContainSubstring(`"name"="` + name + `"`))
+			Expect(report).To(ContainSubstring(`"detached"=true`))
+			Expect(report).To(ContainSubstring(blockedAt))
+			Expect(report).To(MatchRegexp(`"age"="\d+(ms|s)"`))
+		}
+		Expect(lines[len(lines)-1]).To(ContainSubstring(name + " at "))
+		Expect(lines[len(lines)-1]).To(ContainSubstring(blockedAt))
+
+		release()
+		Expect(q.Executor().Drain(ctx)).To(Succeed())
+		expectNoLeaks(cur)
+	})
+
+	It("should log no report when nothing is pending at stop", func(ctx SpecContext) {
+		cur := goleak.IgnoreCurrent()
+		ns := newNamespace(ctx)
+		mgr := newManager(inNamespace(ns))
+		var logs logLines
+		q, err := runnable.Add(mgr, runnable.Options{Options: drain.Options{Logger: logs.logger(), ReportAfter: time.Millisecond}})
+		Expect(err).NotTo(HaveOccurred())
+		reconciled := make(chan struct{}, 1)
+		Expect(ctrl.NewControllerManagedBy(mgr).For(&corev1.ConfigMap{}).Named("quiet").
+			Complete(reconcilers.Wrap(q.Executor(), "quiet", reconcile.Func(
+				func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+					if req.Namespace == ns {
+						reconciled <- struct{}{}
+					}
+					return reconcile.Result{}, nil
+				})))).To(Succeed())
+		stop, done := startManager(mgr)
+		configMap(ctx, ns, "quiet")
+		Eventually(reconciled).Should(Receive())
+		stop()
+		Eventually(done).Should(Receive(BeNil()))
+		Expect(q.Err()).NotTo(HaveOccurred())
+		Expect(logs.all()).To(BeEmpty())
+		expectNoLeaks(cur)
+	})
+
+	It("should turn not-ready when the drain begins, and export metrics that match the calls", func(ctx SpecContext) {
+		cur := goleak.IgnoreCurrent()
+		ns := newNamespace(ctx)
+		probeAddr, metricsAddr := freeAddr(), freeAddr()
+		mgr := newManager(inNamespace(ns), func(o *manager.Options) {
+			o.HealthProbeBindAddress = probeAddr
+			o.Metrics = metricsserver.Options{BindAddress: metricsAddr}
+		})
+		q, err := runnable.Add(mgr, runnable.Options{GracePeriod: 2 * time.Second})
+		Expect(err).NotTo(HaveOccurred())
+
+		hold, release := releaser()
+		hanging := make(chan struct{}, 1)
+		Expect(ctrl.NewControllerManagedBy(mgr).For(&corev1.ConfigMap{}).Named("metered").
+			Complete(reconcilers.Wrap(q.Executor(), "metered", reconcile.Func(
+				func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+					if req.Namespace != ns {
+						return reconcile.Result{}, nil
+					}
+					if err := reconcilers.Call(ctx, "quick", func(context.Context) error { return nil }); err != nil {
+						return reconcile.Result{}, err
+					}
+					return reconcile.Result{}, reconcilers.Call(ctx, "hang", func(context.Context) error {
+						hanging <- struct{}{}
+						<-hold
+						return nil
+					})
+				})))).To(Succeed())
+		stop, done := startManager(mgr)
+
+		readyz := "http://" + probeAddr + "/readyz"
+		Eventually(func() (int, error) { code, _, err := httpGet(readyz); return code, err }).Should(Equal(http.StatusOK))
+		scrape := func() string {
+			GinkgoHelper()
+			code, body, err := httpGet("http://" + metricsAddr + "/metrics")
+			Expect(err).NotTo(HaveOccurred())
+			Expect(code).To(Equal(http.StatusOK))
+			return body
+		}
+		before := scrape()
+		abandonedBefore := gathered("quiesce_calls_abandoned_total")
+		drainsBefore := gathered("quiesce_drain_duration_seconds")
+
+		configMap(ctx, ns, "metered")
+		Eventually(hanging).Should(Receive())
+		during := scrape()
+		Expect(metricValue(during, "quiesce_calls_started_total")-metricValue(before, "quiesce_calls_started_total")).
+			To(BeEquivalentTo(3), "the reconcile and its two handler calls")
+		Expect(metricValue(during, "quiesce_calls_in_flight")).To(BeEquivalentTo(2), "the reconcile and the hanging call")
+		Expect(metricValue(during, `quiesce_call_duration_seconds_count{controller="metered"}`)-
+			metricValue(before, `quiesce_call_duration_seconds_count{controller="metered"}`)).To(BeEquivalentTo(1), "the quick call ended")
+
+		By("stopping the manager: readyz fails while the drain waits for the hanging call")
+		stop()
+		Eventually(func() (int, error) { code, _, err := httpGet(readyz); return code, err }).
+			Should(Equal(http.StatusInternalServerError))
+		_, body, _ := httpGet(readyz + "?verbose=true")
+		Expect(body).To(ContainSubstring("[-]quiesce failed"))
+
+		Eventually(done, 10*time.Second).Should(Receive(BeNil()))
+		Expect(gathered("quiesce_calls_abandoned_total") - abandonedBefore).To(BeEquivalentTo(1))
+		Expect(gathered("quiesce_drain_duration_seconds") - drainsBefore).To(BeEquivalentTo(1))
+
+		release()
+		Expect(q.Executor().Drain(ctx)).To(Succeed())
+		expectNoLeaks(cur)
+	})
+})

@@ -1,0 +1,282 @@
+package suite_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"go.uber.org/goleak"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+
+	"github.com/quiesce-dev/quiesce/drain"
+	"github.com/quiesce-dev/quiesce/lifecycle"
+	"github.com/quiesce-dev/quiesce/reconcilers"
+	"github.com/quiesce-dev/quiesce/runnable"
+)
+
+// handlersCacheIn restricts a manager's cache to ns: a Handlers reconciler patches every
+// object it sees, and must see only the spec's own.
+func handlersCacheIn(ns string) func(*manager.Options) {
+	return func(o *manager.Options) {
+		o.Cache = cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}}
+	}
+}
+
+// handlerRuns counts the runs of each handler id.
+type handlerRuns struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (r *handlerRuns) add(id string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.n == nil {
+		r.n = map[string]int{}
+	}
+	r.n[id]++
+	return r.n[id]
+}
+
+func (r *handlerRuns) get() map[string]int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[string]int{}
+	for k, v := range r.n {
+		out[k] = v
+	}
+	return out
+}
+
+// progressOf reads the progress annotation of the ConfigMap key from the API server.
+func progressOf(ctx context.Context, key types.NamespacedName) (reconcilers.Progress, error) {
+	var cm corev1.ConfigMap
+	if err := k8sClient.Get(ctx, key, &cm); err != nil {
+		return reconcilers.Progress{}, err
+	}
+	return reconcilers.ParseProgress(cm.Annotations[reconcilers.DefaultProgressAnnotation])
+}
+
+// startHandlers makes a manager caching only ns, with a runnable.Runnable configured by
+// dopts, and a controller named name of the handlers hs on ConfigMaps; it starts the manager.
+func startHandlers(ns, name string, dopts drain.Options, hs []reconcilers.Handler[*corev1.ConfigMap], opts reconcilers.HandlersOptions) (q *runnable.Runnable, stop context.CancelFunc, done <-chan error) {
+	GinkgoHelper()
+	mgr, q := newHandlers(ns, name, dopts, hs, opts)
+	stop, done = startManager(mgr)
+	return q, stop, done
+}
+
+// newHandlers is startHandlers without the start.
+func newHandlers(ns, name string, dopts drain.Options, hs []reconcilers.Handler[*corev1.ConfigMap], opts reconcilers.HandlersOptions) (manager.Manager, *runnable.Runnable) {
+	GinkgoHelper()
+	mgr := newManager(handlersCacheIn(ns))
+	q, err := runnable.Add(mgr, runnable.Options{Options: dopts, GracePeriod: 20 * time.Second})
+	Expect(err).NotTo(HaveOccurred())
+	opts.Recorder = mgr.GetEventRecorder(name)
+	r, err := reconcilers.Handlers(q.Executor(), mgr.GetClient(), name, nil, hs, opts)
+	Expect(err).NotTo(HaveOccurred())
+	Expect(ctrl.NewControllerManagedBy(mgr).For(&corev1.ConfigMap{}).Named(name).Complete(r)).To(Succeed())
+	return mgr, q
+}
+
+var _ = Describe("The Handlers reconciler", func() {
+	It("should resume after a restart: a not run again, b retried, c run", func(ctx SpecContext) {
+		cur := goleak.IgnoreCurrent()
+		ns := newNamespace(ctx)
+		key := types.NamespacedName{Namespace: ns, Name: "resume"}
+
+		var runs handlerRuns
+		bRunning := make(chan struct{})
+		record := func(id string) reconcilers.Handler[*corev1.ConfigMap] {
+			return reconcilers.Handler[*corev1.ConfigMap]{ID: id, Fn: func(context.Context, *corev1.ConfigMap) error {
+				runs.add(id)
+				return nil
+			}}
+		}
+		b := reconcilers.Handler[*corev1.ConfigMap]{ID: "b", Fn: func(ctx context.Context, _ *corev1.ConfigMap) error {
+			if runs.add("b") == 1 {
+				// The first run is long: it lasts until the drain cancels it.
+				close(bRunning)
+				<-ctx.Done()
+				return ctx.Err()
+			}
+			return nil
+		}}
+		hs := []reconcilers.Handler[*corev1.ConfigMap]{record("a"), b, record("c")}
+		opts := reconcilers.HandlersOptions{Lifecycle: lifecycle.OneByOne}
+
+		By("running the handlers until b runs, on a first manager")
+		// CancelAfter 0: the drain cancels b's context at once.
+		_, stop, done := startHandlers(ns, "handlers-resume", drain.Options{CancelAfter: 0}, hs, opts)
+		Expect(k8sClient.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "resume"}})).To(Succeed())
+		Eventually(bRunning).Should(BeClosed())
+
+		By("stopping the first manager while b runs")
+		stop()
+		Eventually(done, time.Minute).Should(Receive(BeNil()))
+		Expect(runs.get()).To(Equal(map[string]int{"a": 1, "b": 1}))
+		p, err := progressOf(ctx, key)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(p.Handlers["a"].Done).To(BeTrue())
+		Expect(p.Handlers["b"].Started).NotTo(BeNil(), "b is recorded as started")
+		Expect(p.Handlers["b"].Done).To(BeFalse())
+		Expect(p.Handlers["b"].Retries).To(BeZero(), "an interruption is not a failure")
+		Expect(p.Handlers).NotTo(HaveKey("c"))
+
+		By("starting a new manager")
+		_, stop, done = startHandlers(ns, "handlers-resume", drain.Options{CancelAfter: 0}, hs, opts)
+		Eventually(func(g Gomega) {
+			p, err := progressOf(ctx, key)
+			g.Expect(err).NotTo(HaveOccurred())
+			for _, id := range []string{"a", "b", "c"} {
+				g.Expect(p.Handlers[id].Done).To(BeTrue(), "handler %s done", id)
+			}
+		}).Should(Succeed())
+		Expect(runs.get()).To(Equal(map[string]int{"a": 1, "b": 2, "c": 1}), "a not run again, b retried, c run")
+
+		var cm corev1.ConfigMap
+		Expect(k8sClient.Get(ctx, key, &cm)).To(Succeed())
+		p, err = reconcilers.ParseProgress(cm.Annotations[reconcilers.DefaultProgressAnnotation])
+		Expect(err).NotTo(HaveOccurred())
+		Expect(p.Generation).To(Equal(cm.Generation), "the progress is that of the object's generation")
+		for _, id := range []string{"a", "b", "c"} {
+			Expect(p.Handlers[id].Failed).To(BeFalse())
+			Expect(p.Handlers[id].Retries).To(BeZero())
+		}
+
+		stop()
+		Eventually(done, time.Minute).Should(Receive(BeNil()))
+		Consistently(runs.get).Should(Equal(map[string]int{"a": 1, "b": 2, "c": 1}))
+		expectNoLeaks(cur)
+	})
+
+	It("should retry a failing handler with backoff and record its retries", func(ctx SpecContext) {
+		cur := goleak.IgnoreCurrent()
+		ns := newNamespace(ctx)
+		key := types.NamespacedName{Namespace: ns, Name: "flaky"}
+
+		var runs handlerRuns
+		flaky := reconcilers.Handler[*corev1.ConfigMap]{ID: "flaky", Fn: func(context.Context, *corev1.ConfigMap) error {
+			if n := runs.add("flaky"); n <= 2 {
+				return fmt.Errorf("failed to reach the backend: attempt %d", n)
+			}
+			return nil
+		}}
+		_, stop, done := startHandlers(ns, "handlers-retry", drain.Options{}, []reconcilers.Handler[*corev1.ConfigMap]{flaky},
+			reconcilers.HandlersOptions{Backoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond})
+		Expect(k8sClient.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "flaky"}})).To(Succeed())
+
+		Eventually(func(g Gomega) {
+			p, err := progressOf(ctx, key)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(p.Handlers["flaky"].Done).To(BeTrue())
+		}).Should(Succeed())
+		p, err := progressOf(ctx, key)
+		Expect(err).NotTo(HaveOccurred())
+		h := p.Handlers["flaky"]
+		Expect(h.Retries).To(Equal(2))
+		Expect(h.Failed).To(BeFalse())
+		Expect(h.Message).To(BeEmpty(), "the last error is cleared on success")
+		Expect(runs.get()).To(Equal(map[string]int{"flaky": 3}))
+
+		By("reporting each failure as a Warning Event on the object")
+		Eventually(func(g Gomega) {
+			var evs eventsv1.EventList
+			g.Expect(k8sClient.List(ctx, &evs, client.InNamespace(ns))).To(Succeed())
+			var notes []string
+			for _, e := range evs.Items {
+				if e.Reason == reconcilers.ReasonHandlerError && e.Regarding.Name == "flaky" && e.Type == corev1.EventTypeWarning {
+					notes = append(notes, e.Note)
+				}
+			}
+			g.Expect(notes).To(ConsistOf(
+				HavePrefix("Handler flaky failed, retry 1 after 20ms: failed to reach the backend: attempt 1"),
+				HavePrefix("Handler flaky failed, retry 2 after 40ms: failed to reach the backend: attempt 2"),
+			))
+		}).Should(Succeed())
+
+		stop()
+		Eventually(done, time.Minute).Should(Receive(BeNil()))
+		expectNoLeaks(cur)
+	})
+
+	It("should call the lifecycle inline, never through the executor", func(ctx SpecContext) {
+		cur := goleak.IgnoreCurrent()
+		ns := newNamespace(ctx)
+		key := types.NamespacedName{Namespace: ns, Name: "inline"}
+		reconcileName := "handlers-inline/" + ns + "/inline"
+
+		var mu sync.Mutex
+		var calls []string          // every tracked call, as it returns
+		var lifecycleSaw [][]string // what the executor tracked while the lifecycle ran
+		var q *runnable.Runnable
+		inline := func(pending []string, p map[string]lifecycle.Progress) []string {
+			names := []string{}
+			for _, c := range q.Executor().Pending() {
+				names = append(names, c.Name)
+			}
+			mu.Lock()
+			lifecycleSaw = append(lifecycleSaw, names)
+			mu.Unlock()
+			return lifecycle.AllAtOnce(pending, p)
+		}
+		var runs handlerRuns
+		hs := []reconcilers.Handler[*corev1.ConfigMap]{}
+		for _, id := range []string{"a", "b"} {
+			hs = append(hs, reconcilers.Handler[*corev1.ConfigMap]{ID: id, Fn: func(context.Context, *corev1.ConfigMap) error {
+				runs.add(id)
+				return nil
+			}})
+		}
+		dopts := drain.Options{AfterCall: func(name string, _ time.Duration, _ error) {
+			mu.Lock()
+			defer mu.Unlock()
+			calls = append(calls, name)
+		}}
+		var mgr manager.Manager
+		mgr, q = newHandlers(ns, "handlers-inline", dopts, hs, reconcilers.HandlersOptions{Lifecycle: inline})
+		stop, done := startManager(mgr) // after q is set: the lifecycle reads it
+		Expect(k8sClient.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "inline"}})).To(Succeed())
+		Eventually(func(g Gomega) {
+			p, err := progressOf(ctx, key)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(p.Handlers["a"].Done && p.Handlers["b"].Done).To(BeTrue())
+		}).Should(Succeed())
+		stop()
+		Eventually(done, time.Minute).Should(Receive(BeNil()))
+
+		mu.Lock()
+		defer mu.Unlock()
+		Expect(lifecycleSaw).NotTo(BeEmpty())
+		for _, saw := range lifecycleSaw {
+			Expect(saw).To(Equal([]string{reconcileName}), "only the reconcile is tracked while the lifecycle runs")
+		}
+		reconciles, handlerCalls := 0, 0
+		for _, name := range calls {
+			switch name {
+			case reconcileName:
+				reconciles++
+			case reconcileName + "/a", reconcileName + "/b":
+				handlerCalls++
+			default:
+				Fail("unexpected tracked call " + name)
+			}
+		}
+		Expect(handlerCalls).To(Equal(2))
+		Expect(reconciles).To(BeNumerically(">=", 1))
+		s := q.Executor().Stats()
+		Expect(s.Started).To(Equal(uint64(reconciles+handlerCalls)), "the executor started only reconciles and handler calls")
+		Expect(runs.get()).To(Equal(map[string]int{"a": 1, "b": 1}))
+		expectNoLeaks(cur)
+	})
+})

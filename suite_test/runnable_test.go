@@ -73,10 +73,10 @@ func configMap(ctx context.Context, ns, name string) types.NamespacedName {
 	return types.NamespacedName{Namespace: ns, Name: name}
 }
 
-// nextLine returns "file.go:line" of the line after its caller's.
-func nextLine() string {
+// lineBelow returns "file.go:line" of the line n lines below its caller's.
+func lineBelow(n int) string {
 	_, file, line, _ := runtime.Caller(1)
-	return file[strings.LastIndexByte(file, '/')+1:] + ":" + strconv.Itoa(line+1)
+	return file[strings.LastIndexByte(file, '/')+1:] + ":" + strconv.Itoa(line+n)
 }
 
 // freeAddr returns a loopback address with a port that was free a moment ago.
@@ -200,8 +200,8 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 						return reconcile.Result{}, nil
 					}
 					return reconcile.Result{}, reconcilers.Call(ctx, "upload", func(context.Context) error {
+						blockedAt = lineBelow(2)
 						handlerStarted <- struct{}{}
-						blockedAt = nextLine()
 						<-hold // a blocking call that ignores its context
 						return nil
 					})

@@ -58,6 +58,10 @@ if has_bins "${dest}"; then
 	exit 0
 fi
 
+# A build killed outright (SIGKILL, power loss) leaves its temp dir behind, never a cache
+# entry: with the lock held, no other build runs, so any temp dir left is stale.
+rm -rf "${root}"/k8s/.build-*
+
 # 3. setup-envtest, where the internet is reachable.
 log "step 1/3: trying setup-envtest ${SETUP_ENVTEST_VERSION} (limit ${SETUP_ENVTEST_TIMEOUT}s)"
 if path="$(timeout "${SETUP_ENVTEST_TIMEOUT}" go run "sigs.k8s.io/controller-runtime/tools/setup-envtest@${SETUP_ENVTEST_VERSION}" \

@@ -1,0 +1,94 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/quiesce-dev/quiesce/reconcilers"
+)
+
+// SnapshotAnnotation records when the snapshot handler finished for a ConfigMap.
+const SnapshotAnnotation = "quiesce.dev/snapshot"
+
+// ConfigMapReconciler runs one handler per labelled ConfigMap: "snapshot", or
+// "legacy-export" for the ConfigMaps whose name starts with "hang".
+type ConfigMapReconciler struct {
+	client.Client
+	// Work is how long the snapshot handler takes.
+	Work time.Duration
+}
+
+// Reconcile runs the ConfigMap's handler once, then records it in SnapshotAnnotation.
+func (r *ConfigMapReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	logger := log.FromContext(ctx)
+	var cm corev1.ConfigMap
+	if err := r.Get(ctx, req.NamespacedName, &cm); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if _, done := cm.Annotations[SnapshotAnnotation]; done {
+		return ctrl.Result{}, nil
+	}
+
+	handler, fn := "snapshot", func(ctx context.Context) error { return r.snapshot(ctx) }
+	if strings.HasPrefix(cm.Name, "hang") {
+		handler, fn = "legacy-export", func(context.Context) error { return exportClient.Export(cm.Name) }
+	}
+	logger = logger.WithValues("handler", handler)
+	logger.Info("Handler started")
+	start := time.Now()
+	// quiesce: the handler runs as a tracked call named "demo/<namespace>/<name>/<handler>".
+	err := reconcilers.Call(ctx, handler, fn)
+	took := time.Since(start).Round(time.Millisecond).String()
+	if err != nil {
+		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+			// The drain cancelled our context; a handler that ignores it still runs, and the
+			// executor still tracks it.
+			logger.Info("Stopped waiting for handler: its context ended", "took", took)
+		}
+		return ctrl.Result{}, fmt.Errorf("failed to run handler %s: %w", handler, err)
+	}
+	logger.Info("Handler finished", "took", took)
+
+	patch := client.MergeFrom(cm.DeepCopy())
+	if cm.Annotations == nil {
+		cm.Annotations = map[string]string{}
+	}
+	cm.Annotations[SnapshotAnnotation] = time.Now().UTC().Format(time.RFC3339Nano)
+	if err := r.Patch(ctx, &cm, patch); err != nil {
+		return ctrl.Result{}, fmt.Errorf("failed to record the snapshot: %w", err)
+	}
+	return ctrl.Result{}, nil
+}
+
+// snapshot works for r.Work, or until ctx ends.
+func (r *ConfigMapReconciler) snapshot(ctx context.Context) error {
+	t := time.NewTimer(r.Work)
+	defer t.Stop()
+	select {
+	case <-t.C: // the snapshot is done
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("failed to take snapshot: %w", ctx.Err())
+	}
+}
+
+// legacyClient stands for an SDK whose calls take no context and have no timeout: a call
+// to a server that never answers blocks forever, and nothing can cancel it.
+type legacyClient struct {
+	replies chan error // nobody ever sends
+}
+
+var exportClient = &legacyClient{replies: make(chan error)}
+
+// Export blocks until the server replies.
+func (c *legacyClient) Export(name string) error {
+	return <-c.replies // blocks here: the server never replies
+}

@@ -1,0 +1,26 @@
+// Command demo-operator is a small operator that uses quiesce the way a kubebuilder
+// project would: runnable.Add in main, its reconciler wrapped with reconcilers.Wrap, and
+// each blocking handler run with reconcilers.Call.
+//
+// It reconciles the ConfigMaps labelled demo=quiesce. For each one it runs one handler:
+//
+//   - "snapshot" takes --work (3s by default) and honours its context. A reconcile in flight
+//     when the operator gets SIGTERM finishes it within the grace period, because the drain
+//     cancels contexts only after --cancel-after, and then records it in the annotation
+//     quiesce.dev/snapshot.
+//   - "legacy-export", for ConfigMaps whose name starts with "hang", calls a simulated SDK
+//     that takes no context and never answers. It cannot be stopped: the drain reports it
+//     with its age and the line where it blocks, and at the end of --grace-period the
+//     operator names it as abandoned.
+//
+// On SIGTERM or SIGINT the manager stops and the quiesce runnable drains the executor. A
+// second signal exits at once with code 1 (controller-runtime's signal handler). The exit
+// code is 0 when every tracked call returned, 1 when calls were abandoned or the manager
+// failed.
+//
+// `make demo` (see examples/demo) runs it against a real control plane. To run it against
+// a cluster of your own:
+//
+//	go run ./examples/demo-operator --kubeconfig ~/.kube/config
+//	kubectl create configmap hang-1 && kubectl label configmap hang-1 demo=quiesce
+package main

@@ -1,0 +1,160 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"time"
+
+	"go.uber.org/zap/zapcore"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/kubernetes/scheme"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/quiesce-dev/quiesce/drain"
+	"github.com/quiesce-dev/quiesce/reconcilers"
+	"github.com/quiesce-dev/quiesce/runnable"
+)
+
+// Label selects the ConfigMaps the operator reconciles.
+const (
+	labelKey   = "demo"
+	labelValue = "quiesce"
+)
+
+func main() {
+	var (
+		metricsAddr string
+		probeAddr   string
+		grace       time.Duration
+		reportAfter time.Duration
+		reportEvery time.Duration
+		cancelAfter time.Duration
+		work        time.Duration
+		workers     int
+	)
+	flag.StringVar(&metricsAddr, "metrics-bind-address", "0", "The address the metrics endpoint binds to; 0 disables it.")
+	flag.StringVar(&probeAddr, "health-probe-bind-address", "0", "The address the probe endpoint binds to; 0 disables it.")
+	flag.DurationVar(&grace, "grace-period", 6*time.Second, "How long, after SIGTERM, the operator waits for tracked calls to return.")
+	flag.DurationVar(&reportAfter, "report-after", time.Second, "When, after SIGTERM, the first report of pending calls is logged.")
+	flag.DurationVar(&reportEvery, "report-every", 2*time.Second, "The interval between later reports.")
+	flag.DurationVar(&cancelAfter, "cancel-after", 4*time.Second, "When, after SIGTERM, the contexts of calls still running are cancelled (0: at once, <0: never).")
+	flag.IntVar(&workers, "max-concurrent-reconciles", 10, "How many reconciles run at once: a hanging handler holds one until its context ends.")
+	flag.DurationVar(&work, "work", 3*time.Second, "How long the snapshot handler works.")
+	opts := zap.Options{
+		Development: true,
+		// Info, not Debug: the demo's log is meant to be read. -zap-log-level=debug shows more.
+		Level: zapcore.InfoLevel,
+		// No stack trace under error lines: quiesce's own lines say where calls block.
+		StacktraceLevel: zapcore.DPanicLevel,
+	}
+	opts.BindFlags(flag.CommandLine)
+	flag.Parse()
+
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
+	setupLog := ctrl.Log.WithName("setup")
+	os.Exit(run(setupLog, managerConfig{
+		metricsAddr: metricsAddr,
+		probeAddr:   probeAddr,
+		grace:       grace,
+		reportAfter: reportAfter,
+		reportEvery: reportEvery,
+		cancelAfter: cancelAfter,
+		work:        work,
+		workers:     workers,
+	}))
+}
+
+type managerConfig struct {
+	metricsAddr, probeAddr                       string
+	grace, reportAfter, reportEvery, cancelAfter time.Duration
+	work                                         time.Duration
+	workers                                      int
+}
+
+// run starts the manager and returns the process's exit code once it stopped.
+func run(setupLog interface {
+	Info(string, ...any)
+	Error(error, string, ...any)
+}, c managerConfig) int {
+	// The first SIGTERM or SIGINT cancels ctx: the manager stops and the quiesce runnable
+	// drains. controller-runtime's handler calls os.Exit(1) on a second signal, at once,
+	// without waiting for the drain: a second Ctrl-C is the way out of a long grace period.
+	ctx := ctrl.SetupSignalHandler()
+
+	// The manager must wait for its runnables a bit longer than the runnable waits for its
+	// calls, so that the runnable can name what it abandons before the manager gives up.
+	shutdownTimeout := c.grace + 2*time.Second
+	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
+		Scheme:                  scheme.Scheme,
+		Metrics:                 metricsserver.Options{BindAddress: c.metricsAddr},
+		HealthProbeBindAddress:  c.probeAddr,
+		GracefulShutdownTimeout: &shutdownTimeout,
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			&corev1.ConfigMap{}: {Label: labels.SelectorFromSet(labels.Set{labelKey: labelValue})},
+		}},
+	})
+	if err != nil {
+		setupLog.Error(err, "Failed to create manager")
+		return 1
+	}
+
+	// quiesce: one runnable owns the executor that tracks every reconcile and handler call,
+	// and drains it when the manager stops.
+	q, err := runnable.Add(mgr, runnable.Options{
+		GracePeriod: c.grace,
+		Options: drain.Options{
+			ReportAfter: c.reportAfter,
+			ReportEvery: c.reportEvery,
+			CancelAfter: c.cancelAfter,
+		},
+	})
+	if err != nil {
+		setupLog.Error(err, "Failed to add quiesce")
+		return 1
+	}
+
+	r := &ConfigMapReconciler{Client: mgr.GetClient(), Work: c.work}
+	err = ctrl.NewControllerManagedBy(mgr).
+		For(&corev1.ConfigMap{}).
+		Named("demo").
+		WithOptions(controller.Options{MaxConcurrentReconciles: c.workers}).
+		Complete(reconcilers.Wrap(q.Executor(), "demo", r)) // quiesce: track each reconcile
+	if err != nil {
+		setupLog.Error(err, "Failed to create controller", "controller", "demo")
+		return 1
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		setupLog.Error(err, "Failed to add health check")
+		return 1
+	}
+
+	setupLog.Info("Starting manager", "gracePeriod", c.grace.String(), "cancelAfter", c.cancelAfter.String(),
+		"gracefulShutdownTimeout", shutdownTimeout.String())
+	if err := mgr.Start(ctx); err != nil {
+		setupLog.Error(err, "Manager stopped with an error", "exitCode", 1)
+		return 1
+	}
+
+	// controller-runtime does not return a runnable's error from Start once it stops, so
+	// ask the runnable whether every call returned.
+	select {
+	case <-q.Done():
+	default:
+		setupLog.Error(fmt.Errorf("the manager gave up after %s", shutdownTimeout), "Quiesce runnable did not finish draining", "exitCode", 1)
+		return 1
+	}
+	if err := q.Err(); err != nil {
+		setupLog.Error(err, "Exiting: calls were still running at the end of the grace period", "exitCode", 1)
+		return 1
+	}
+	setupLog.Info("Exiting: every call returned", "exitCode", 0)
+	return 0
+}

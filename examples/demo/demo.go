@@ -1,0 +1,450 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+)
+
+// Names shared with examples/demo-operator.
+const (
+	operatorPackage    = "./examples/demo-operator"
+	namespace          = "demo"
+	labelKey           = "demo"
+	labelValue         = "quiesce"
+	snapshotAnnotation = "quiesce.dev/snapshot"
+	startedMessage     = "Handler started"
+)
+
+// How long the demo waits for things that take no time on an idle machine.
+const (
+	startTimeout = time.Minute      // from the operator's start to every handler started
+	exitMargin   = 30 * time.Second // beyond the operator's own shutdown timeout
+)
+
+// config is the demo's scenario. Zero fields take defaults (see setDefaults).
+type config struct {
+	GracePeriod time.Duration // the operator's --grace-period; default 6s
+	Work        time.Duration // how long the finishing handler works; default GracePeriod/3
+	CancelAfter time.Duration // default halfway between Work and GracePeriod
+	ReportEvery time.Duration // default GracePeriod/3
+	Objects     int           // ConfigMaps to create; default 3
+	Hanging     int           // how many of them hang; may be 0
+	Operator    string        // a demo-operator binary; empty: build one
+	BuildFlags  []string      // extra `go build` flags, e.g. -race
+	Out         io.Writer     // the demo's narration and the operator's log; nil: discard
+}
+
+func (c *config) setDefaults() error {
+	if c.GracePeriod <= 0 {
+		c.GracePeriod = 6 * time.Second
+	}
+	if c.Work <= 0 {
+		c.Work = c.GracePeriod / 3
+	}
+	if c.CancelAfter <= 0 {
+		c.CancelAfter = c.Work + (c.GracePeriod-c.Work)/2
+	}
+	if c.ReportEvery <= 0 {
+		c.ReportEvery = c.GracePeriod / 3
+	}
+	if c.Objects <= 0 {
+		c.Objects = 3
+	}
+	if c.Out == nil {
+		c.Out = io.Discard
+	}
+	switch {
+	case c.Hanging < 0 || c.Hanging > c.Objects:
+		return fmt.Errorf("invalid scenario: --hanging=%d must be between 0 and --objects=%d", c.Hanging, c.Objects)
+	case c.Work >= c.CancelAfter || c.CancelAfter >= c.GracePeriod:
+		return fmt.Errorf("invalid scenario: need --work (%s) < --cancel-after (%s) < --grace-period (%s), so that the finishing handlers finish within the grace period",
+			c.Work, c.CancelAfter, c.GracePeriod)
+	}
+	return nil
+}
+
+// operatorArgs are the operator's flags for the scenario.
+func (c *config) operatorArgs() []string {
+	return []string{
+		"--grace-period=" + c.GracePeriod.String(),
+		"--report-after=" + min(time.Second, c.ReportEvery).String(),
+		"--report-every=" + c.ReportEvery.String(),
+		"--cancel-after=" + c.CancelAfter.String(),
+		"--work=" + c.Work.String(),
+		// One worker per object: each handler starts at once, the hanging one included.
+		"--max-concurrent-reconciles=" + strconv.Itoa(c.Objects),
+	}
+}
+
+// result is what happened.
+type result struct {
+	Hanging   []string // the ConfigMaps whose handler hangs
+	Finishing []string // the others
+	Lines     []string // the operator's log, stdout and stderr
+	ExitCode  int      // the operator's; -1 if a signal killed it
+	SignalAt  time.Time
+	ExitAfter time.Duration        // from SIGTERM to the operator's exit
+	Snapshots map[string]time.Time // ConfigMap name → when its snapshot was recorded
+}
+
+// expectedExitCode is the operator's exit code when things go as designed: 1 when a
+// handler hangs, since the runnable abandons it; 0 when every call returns.
+func (r *result) expectedExitCode() int {
+	if len(r.Hanging) > 0 {
+		return 1
+	}
+	return 0
+}
+
+// check returns an error unless the demo went as expected: the operator exited with its
+// expected code, and every finishing handler recorded its snapshot after SIGTERM (it
+// finished within the grace period instead of failing with "context canceled").
+func (r *result) check() error {
+	var errs []error
+	if want := r.expectedExitCode(); r.ExitCode != want {
+		errs = append(errs, fmt.Errorf("the operator exited with code %d, expected %d", r.ExitCode, want))
+	}
+	for _, name := range r.Finishing {
+		at, ok := r.Snapshots[name]
+		switch {
+		case !ok:
+			errs = append(errs, fmt.Errorf("%s: no snapshot recorded", name))
+		case at.Before(r.SignalAt):
+			errs = append(errs, fmt.Errorf("%s: snapshot recorded before SIGTERM: the demo signalled too late to show a handler finishing during the drain", name))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (r *result) summary() string {
+	return fmt.Sprintf("the operator exited with code %d as expected: %d handler(s) finished after SIGTERM, %d abandoned",
+		r.ExitCode, len(r.Finishing), len(r.Hanging))
+}
+
+// run plays the scenario: control plane, operator, objects, SIGTERM, exit. It returns an
+// error when the demo could not run; whether it went as expected is result.check's call.
+// Whatever happens, it leaves no process running and removes its temporary files.
+func run(ctx context.Context, cfg config) (res result, err error) {
+	if err := cfg.setDefaults(); err != nil {
+		return res, err
+	}
+	out := &syncWriter{w: cfg.Out}
+	say := func(format string, args ...any) { fmt.Fprintf(out, "==> "+format+"\n", args...) }
+
+	assets := os.Getenv("KUBEBUILDER_ASSETS")
+	if assets == "" {
+		return res, errors.New("KUBEBUILDER_ASSETS is not set: run `make demo`, or export KUBEBUILDER_ASSETS=$(hack/setup-envtest.sh)")
+	}
+	dir, err := os.MkdirTemp("", "quiesce-demo-")
+	if err != nil {
+		return res, fmt.Errorf("failed to create a temporary directory: %w", err)
+	}
+	defer os.RemoveAll(dir)
+
+	// Build the operator while the control plane starts.
+	bin := cfg.Operator
+	built := make(chan error, 1)
+	if bin == "" {
+		bin = filepath.Join(dir, "demo-operator")
+		root, err := moduleRoot(ctx)
+		if err != nil {
+			return res, err
+		}
+		args := append(append([]string{"build", "-o", bin}, cfg.BuildFlags...), operatorPackage)
+		say("building the operator: go %s (in %s)", strings.Join(args, " "), root)
+		go func() { built <- goCmd(ctx, root, args...) }()
+	} else {
+		built <- nil
+	}
+	buildErr := func() error { // waits for the build, once
+		err, ok := <-built
+		if ok {
+			close(built)
+		}
+		return err
+	}
+	defer buildErr()
+
+	say("starting the control plane: kube-apiserver and etcd from %s", assets)
+	env := &envtest.Environment{}
+	restCfg, err := env.Start()
+	if err != nil {
+		return res, fmt.Errorf("failed to start the control plane: %w", err)
+	}
+	defer func() {
+		say("stopping the control plane")
+		if stopErr := env.Stop(); stopErr != nil && err == nil {
+			err = fmt.Errorf("failed to stop the control plane: %w", stopErr)
+		}
+	}()
+
+	// The operator gets a kubeconfig of its own, as it would in a cluster.
+	user, err := env.AddUser(envtest.User{Name: "demo-operator", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		return res, fmt.Errorf("failed to add the operator's user: %w", err)
+	}
+	kubeconfig, err := user.KubeConfig()
+	if err != nil {
+		return res, fmt.Errorf("failed to make the operator's kubeconfig: %w", err)
+	}
+	kubeconfigPath := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(kubeconfigPath, kubeconfig, 0o600); err != nil {
+		return res, fmt.Errorf("failed to write the operator's kubeconfig: %w", err)
+	}
+	c, err := client.New(restCfg, client.Options{})
+	if err != nil {
+		return res, fmt.Errorf("failed to create a client: %w", err)
+	}
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}); err != nil {
+		return res, fmt.Errorf("failed to create namespace %s: %w", namespace, err)
+	}
+
+	if err := buildErr(); err != nil {
+		return res, fmt.Errorf("failed to build the operator: %w", err)
+	}
+	op, err := startOperator(bin, cfg.operatorArgs(), kubeconfigPath, out, say)
+	if err != nil {
+		return res, err
+	}
+	defer op.kill() // on any early return; a no-op once it exited
+
+	for i := range cfg.Objects - cfg.Hanging {
+		res.Finishing = append(res.Finishing, fmt.Sprintf("job-%d", i+1))
+	}
+	for i := range cfg.Hanging {
+		res.Hanging = append(res.Hanging, fmt.Sprintf("hang-%d", i+1))
+	}
+	for _, name := range append(append([]string(nil), res.Finishing...), res.Hanging...) {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
+			Name: name, Namespace: namespace, Labels: map[string]string{labelKey: labelValue},
+		}}
+		if err := c.Create(ctx, cm); err != nil {
+			return res, fmt.Errorf("failed to create ConfigMap %s/%s: %w", namespace, name, err)
+		}
+	}
+	say("created ConfigMaps in namespace %q labelled %s=%s: %s (handler snapshot: finishes in %s), %s (handler legacy-export: hangs, ignoring its context)",
+		namespace, labelKey, labelValue, listOrNone(res.Finishing), cfg.Work, listOrNone(res.Hanging))
+
+	if err := op.waitFor(ctx, startedMessage, cfg.Objects, startTimeout); err != nil {
+		return res, err
+	}
+	say("all %d handlers started: sending SIGTERM to the operator (pid %d); it has %s to finish (contexts cancelled at %s)",
+		cfg.Objects, op.cmd.Process.Pid, cfg.GracePeriod, cfg.CancelAfter)
+	res.SignalAt = time.Now()
+	if err := op.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		return res, fmt.Errorf("failed to send SIGTERM to the operator: %w", err)
+	}
+
+	// The operator's manager waits GracePeriod+2s at most (see examples/demo-operator).
+	timeout := cfg.GracePeriod + 2*time.Second + exitMargin
+	select {
+	case <-op.exited:
+	case <-ctx.Done():
+		return res, fmt.Errorf("interrupted while the operator drained: %w", ctx.Err())
+	case <-time.After(timeout):
+		return res, fmt.Errorf("the operator did not exit within %s of SIGTERM", timeout)
+	}
+	res.ExitAfter = time.Since(res.SignalAt)
+	<-op.logDone
+	res.Lines = op.lines()
+	res.ExitCode = op.cmd.ProcessState.ExitCode()
+	say("the operator exited with code %d, %s after SIGTERM (%s)", res.ExitCode, res.ExitAfter.Round(10*time.Millisecond), op.cmd.ProcessState)
+
+	// What the finishing handlers left in the cluster.
+	res.Snapshots = map[string]time.Time{}
+	for _, name := range append(append([]string(nil), res.Finishing...), res.Hanging...) {
+		var cm corev1.ConfigMap
+		if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, &cm); err != nil {
+			return res, fmt.Errorf("failed to get ConfigMap %s/%s: %w", namespace, name, err)
+		}
+		v, ok := cm.Annotations[snapshotAnnotation]
+		if !ok {
+			say("%s: no snapshot recorded", name)
+			continue
+		}
+		at, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			return res, fmt.Errorf("failed to parse annotation %s of %s: %w", snapshotAnnotation, name, err)
+		}
+		res.Snapshots[name] = at
+		say("%s: snapshot recorded %s after SIGTERM", name, at.Sub(res.SignalAt).Round(10*time.Millisecond))
+	}
+	return res, nil
+}
+
+func listOrNone(names []string) string {
+	if len(names) == 0 {
+		return "none"
+	}
+	return strings.Join(names, ", ")
+}
+
+// operator is the demo operator's process and its log.
+type operator struct {
+	cmd     *exec.Cmd
+	exited  chan struct{} // closed once cmd.Wait returned
+	logDone chan struct{} // closed once its output reached EOF
+
+	mu      sync.Mutex
+	log     []string
+	changed chan struct{} // a token when a line was added or the operator exited
+}
+
+// startOperator runs bin with args and KUBECONFIG, and streams its output to out.
+func startOperator(bin string, args []string, kubeconfig string, out io.Writer, say func(string, ...any)) (*operator, error) {
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig) // the last value of a key wins
+	// A process group of its own: a Ctrl-C in the terminal reaches the demo only, which
+	// then kills the operator; the demo alone decides which signal the operator gets.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("failed to create a pipe: %w", err)
+	}
+	cmd.Stdout, cmd.Stderr = w, w // one stream, in the order written
+	say("starting the operator: %s %s", filepath.Base(bin), strings.Join(args, " "))
+	err = cmd.Start()
+	w.Close()
+	if err != nil {
+		r.Close()
+		return nil, fmt.Errorf("failed to start the operator: %w", err)
+	}
+	op := &operator{
+		cmd:     cmd,
+		exited:  make(chan struct{}),
+		logDone: make(chan struct{}),
+		changed: make(chan struct{}, 1),
+	}
+	go func() {
+		defer close(op.logDone)
+		defer r.Close()
+		sc := bufio.NewScanner(r)
+		sc.Buffer(make([]byte, 0, 64<<10), 4<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			fmt.Fprintln(out, line)
+			op.mu.Lock()
+			op.log = append(op.log, line)
+			op.mu.Unlock()
+			op.notify()
+		}
+		_, _ = io.Copy(io.Discard, r) // after a too long line: never block the operator
+	}()
+	go func() {
+		_ = cmd.Wait() // the exit status is in cmd.ProcessState
+		close(op.exited)
+		op.notify()
+	}()
+	return op, nil
+}
+
+func (op *operator) notify() {
+	select {
+	case op.changed <- struct{}{}:
+	default:
+	}
+}
+
+func (op *operator) lines() []string {
+	op.mu.Lock()
+	defer op.mu.Unlock()
+	return append([]string(nil), op.log...)
+}
+
+func (op *operator) count(substr string) int {
+	op.mu.Lock()
+	defer op.mu.Unlock()
+	n := 0
+	for _, l := range op.log {
+		if strings.Contains(l, substr) {
+			n++
+		}
+	}
+	return n
+}
+
+// waitFor waits until n lines of the operator's log contain substr.
+func (op *operator) waitFor(ctx context.Context, substr string, n int, timeout time.Duration) error {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for op.count(substr) < n {
+		select {
+		case <-op.changed:
+		case <-op.exited:
+			<-op.logDone
+			if op.count(substr) >= n {
+				return nil
+			}
+			return fmt.Errorf("the operator exited (%s) before %d log lines said %q", op.cmd.ProcessState, n, substr)
+		case <-ctx.Done():
+			return fmt.Errorf("interrupted while waiting for the operator: %w", ctx.Err())
+		case <-deadline.C:
+			return fmt.Errorf("timed out after %s waiting for %d log lines saying %q (got %d)", timeout, n, substr, op.count(substr))
+		}
+	}
+	return nil
+}
+
+// kill ends the operator at once unless it exited, and waits for it and its log.
+func (op *operator) kill() {
+	select {
+	case <-op.exited:
+	default:
+		_ = op.cmd.Process.Kill()
+		<-op.exited
+	}
+	<-op.logDone
+}
+
+// moduleRoot returns the directory of the main module's go.mod, as the go command sees it
+// from the working directory: the demo builds the operator from that module.
+func moduleRoot(ctx context.Context) (string, error) {
+	cmd := exec.CommandContext(ctx, "go", "env", "GOMOD")
+	b, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("failed to run go env GOMOD: %w", err)
+	}
+	gomod := strings.TrimSpace(string(b))
+	if gomod == "" || gomod == os.DevNull {
+		return "", errors.New("failed to find the quiesce module: run the demo from inside it (make demo does), or pass --operator")
+	}
+	return filepath.Dir(gomod), nil
+}
+
+// goCmd runs the go command in dir, returning its output in the error if it fails.
+func goCmd(ctx context.Context, dir string, args ...string) error {
+	cmd := exec.CommandContext(ctx, "go", args...)
+	cmd.Dir = dir
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, b)
+	}
+	return nil
+}
+
+// syncWriter serialises the demo's narration and the operator's log lines.
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}

@@ -1,3 +1,19 @@
 // Package reconcilers wraps controller-runtime reconcilers so that each Reconcile, and each
 // blocking handler call inside it, runs as a tracked call of a drain.Executor.
+//
+// Wrap and WrapTyped name each reconcile "<controller>/<namespace>/<name>"; Call, inside a
+// wrapped reconcile, runs a blocking handler as a tracked call named
+// "<controller>/<namespace>/<name>/<handler>" and waits for it (if the reconcile's context
+// ends first, Call returns and the handler stays tracked, reported as detached); outside one
+// it runs the handler directly. While a started runnable.Runnable drives the executor, a
+// wrapped reconcile's context ends when the drain cancels it (drain.Options.CancelAfter),
+// not when controller-runtime begins to stop. Once the executor drains, new requests are
+// requeued instead of run.
+//
+// Handlers builds a reconciler of several named handlers per object, kopf-style: a
+// lifecycle function picks which pending handlers run in each cycle (inline, never through
+// the executor), each handler runs as a tracked call, and progress is kept in an annotation
+// on the object, so that an operator stopped mid-way resumes where it was.
+//
+// The reconcilers returned are safe for concurrent use, as controller-runtime requires.
 package reconcilers

@@ -26,7 +26,7 @@ func ExampleAdd() {
 		return
 	}
 	q, err := runnable.Add(mgr, runnable.Options{
-		GracePeriod: 25 * time.Second,                         // below GracefulShutdownTimeout
+		GracePeriod: 25 * time.Second,                             // below GracefulShutdownTimeout
 		Options:     drain.Options{CancelAfter: 20 * time.Second}, // let reconciles finish
 	})
 	if err != nil {
@@ -36,7 +36,7 @@ func ExampleAdd() {
 	// ...Complete(reconcilers.Wrap(q.Executor(), "memcached", r))
 
 	ctx, stop := context.WithCancel(context.Background()) // ctrl.SetupSignalHandler()
-	stop()                                                 // as if SIGTERM came at once
+	stop()                                                // as if SIGTERM came at once
 	if err := mgr.Start(ctx); err != nil {
 		fmt.Println(err)
 	}

@@ -1,0 +1,24 @@
+// Package draintest helps users' own test suites check that no tracked call of a
+// drain.Executor is left running: a handler that ignored its context, a goroutine that
+// outlived its reconcile. Such a call would run on into the next test, or be cut off when
+// the process exits.
+//
+// After a test or spec stopped its manager (which drains the executor of a
+// runnable.Runnable), assert that nothing is pending, with plain testing:
+//
+//	draintest.VerifyNone(t, q.Executor())
+//
+// or with Gomega, polling until the calls returned:
+//
+//	Eventually(q).Should(draintest.HaveNoPendingCalls())
+//
+// A failure lists each pending call with its name, age, whether a caller still waits for
+// it, and the line where its goroutine is blocked. Locations need a stack capture, which the
+// executor makes only when it drains: they are listed when the executor is draining or has
+// drained, as it has once its manager stopped. Neither VerifyNone nor the matcher ever
+// starts a drain (see VerifyNone for why).
+//
+// Nothing in the package blocks. VerifyNone and HaveNoPendingCalls are safe to call
+// concurrently; a matcher returned by HaveNoPendingCalls keeps the snapshot of its last
+// Match for its failure message, so use one per assertion, as Gomega does.
+package draintest

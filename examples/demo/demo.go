@@ -45,9 +45,12 @@ type config struct {
 	ReportEvery time.Duration // default GracePeriod/3
 	Objects     int           // ConfigMaps to create; default 3
 	Hanging     int           // how many of them hang; may be 0
-	Operator    string        // a demo-operator binary; empty: build one
-	BuildFlags  []string      // extra `go build` flags, e.g. -race
-	Out         io.Writer     // the demo's narration and the operator's log; nil: discard
+	// SecondSignal, if > 0, is when after the first SIGTERM a second one is sent, if the
+	// operator still runs: it then exits at once with code 1, without finishing its drain.
+	SecondSignal time.Duration
+	Operator     string    // a demo-operator binary; empty: build one
+	BuildFlags   []string  // extra `go build` flags, e.g. -race
+	Out          io.Writer // the demo's narration and the operator's log; nil: discard
 }
 
 func (c *config) setDefaults() error {
@@ -99,6 +102,7 @@ type result struct {
 	Lines     []string // the operator's log, stdout and stderr
 	ExitCode  int      // the operator's; -1 if a signal killed it
 	SignalAt  time.Time
+	Second    bool                 // a second SIGTERM was sent
 	ExitAfter time.Duration        // from SIGTERM to the operator's exit
 	Snapshots map[string]time.Time // ConfigMap name → when its snapshot was recorded
 }
@@ -106,7 +110,7 @@ type result struct {
 // expectedExitCode is the operator's exit code when things go as designed: 1 when a
 // handler hangs, since the runnable abandons it; 0 when every call returns.
 func (r *result) expectedExitCode() int {
-	if len(r.Hanging) > 0 {
+	if len(r.Hanging) > 0 || r.Second {
 		return 1
 	}
 	return 0
@@ -114,11 +118,15 @@ func (r *result) expectedExitCode() int {
 
 // check returns an error unless the demo went as expected: the operator exited with its
 // expected code, and every finishing handler recorded its snapshot after SIGTERM (it
-// finished within the grace period instead of failing with "context canceled").
+// finished within the grace period instead of failing with "context canceled"), unless a
+// second SIGTERM cut the drain short.
 func (r *result) check() error {
 	var errs []error
 	if want := r.expectedExitCode(); r.ExitCode != want {
 		errs = append(errs, fmt.Errorf("the operator exited with code %d, expected %d", r.ExitCode, want))
+	}
+	if r.Second {
+		return errors.Join(errs...)
 	}
 	for _, name := range r.Finishing {
 		at, ok := r.Snapshots[name]
@@ -133,6 +141,10 @@ func (r *result) check() error {
 }
 
 func (r *result) summary() string {
+	if r.Second {
+		return fmt.Sprintf("the operator exited with code %d as expected, %s after the first SIGTERM: the second one cut its drain short",
+			r.ExitCode, r.ExitAfter.Round(10*time.Millisecond))
+	}
 	return fmt.Sprintf("the operator exited with code %d as expected: %d handler(s) finished after SIGTERM, %d abandoned",
 		r.ExitCode, len(r.Finishing), len(r.Hanging))
 }
@@ -252,13 +264,29 @@ func run(ctx context.Context, cfg config) (res result, err error) {
 	}
 
 	// The operator's manager waits GracePeriod+2s at most (see examples/demo-operator).
-	timeout := cfg.GracePeriod + 2*time.Second + exitMargin
-	select {
-	case <-op.exited:
-	case <-ctx.Done():
-		return res, fmt.Errorf("interrupted while the operator drained: %w", ctx.Err())
-	case <-time.After(timeout):
-		return res, fmt.Errorf("the operator did not exit within %s of SIGTERM", timeout)
+	timeout := time.NewTimer(cfg.GracePeriod + 2*time.Second + exitMargin)
+	defer timeout.Stop()
+	var second <-chan time.Time
+	if cfg.SecondSignal > 0 {
+		t := time.NewTimer(cfg.SecondSignal)
+		defer t.Stop()
+		second = t.C
+	}
+	for exited := false; !exited; {
+		select {
+		case <-op.exited:
+			exited = true
+		case <-second:
+			say("sending a second SIGTERM, %s after the first: the operator exits at once", cfg.SecondSignal)
+			res.Second = true
+			if err := op.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+				return res, fmt.Errorf("failed to send SIGTERM to the operator: %w", err)
+			}
+		case <-ctx.Done():
+			return res, fmt.Errorf("interrupted while the operator drained: %w", ctx.Err())
+		case <-timeout.C:
+			return res, fmt.Errorf("the operator did not exit within %s of SIGTERM", cfg.GracePeriod+2*time.Second+exitMargin)
+		}
 	}
 	res.ExitAfter = time.Since(res.SignalAt)
 	<-op.logDone

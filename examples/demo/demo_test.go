@@ -102,6 +102,25 @@ func TestDemo(t *testing.T) {
 			t.Errorf("the operator exited %s after SIGTERM, want it to exit once the snapshots finished, before the grace period (3s) ends", res.ExitAfter)
 		}
 	})
+
+	t.Run("a second SIGTERM exits at once", func(t *testing.T) {
+		res := runDemo(t, config{GracePeriod: time.Minute, Work: 20 * time.Second, CancelAfter: 40 * time.Second, Objects: 2, Hanging: 1, SecondSignal: time.Second})
+
+		if !res.Second || res.ExitCode != 1 {
+			t.Errorf("second SIGTERM sent: %v, operator exit code = %d; want true, 1", res.Second, res.ExitCode)
+		}
+		if err := res.check(); err != nil {
+			t.Errorf("check() = %v, want nil", err)
+		}
+		if res.ExitAfter > 10*time.Second {
+			t.Errorf("the operator exited %s after the first SIGTERM, want about 1s, at the second one", res.ExitAfter)
+		}
+		for _, msg := range []string{"Abandoned calls", "Handler finished", "Exiting"} {
+			if got := grep(res.Lines, msg); len(got) != 0 {
+				t.Errorf("want no line saying %q, got %q", msg, got)
+			}
+		}
+	})
 }
 
 // runDemo runs the scenario, the operator built with -race when the test is, and logs the

@@ -21,6 +21,7 @@ func main() {
 	flag.DurationVar(&cfg.Work, "work", 0, "How long the finishing handler works (default: a third of the grace period).")
 	flag.DurationVar(&cfg.CancelAfter, "cancel-after", 0, "When after SIGTERM the operator cancels the calls' contexts (default: between --work and --grace-period).")
 	flag.DurationVar(&cfg.ReportEvery, "report-every", 0, "The interval between the operator's reports (default: a third of the grace period).")
+	flag.DurationVar(&cfg.SecondSignal, "second-sigterm-after", 0, "If > 0, send a second SIGTERM this long after the first: the operator exits at once.")
 	flag.StringVar(&cfg.Operator, "operator", "", "A demo-operator binary to run instead of building examples/demo-operator.")
 	flag.Parse()
 	cfg.Out = os.Stdout

@@ -95,6 +95,62 @@ func BenchmarkCallParallelBaseline(b *testing.B) {
 	wg.Wait()
 }
 
+// nopFn is nop behind a variable, so that BenchmarkRunDirect calls it as Run does, not
+// inlined.
+var nopFn = nop
+
+// BenchmarkRun, BenchmarkRunDirect and BenchmarkCall compare a tracked call on the
+// caller's goroutine with calling fn directly and with a hand-off to a worker.
+func BenchmarkRun(b *testing.B) {
+	ex := drain.New(drain.Options{})
+	defer ex.Drain(context.Background())
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := ex.Run(ctx, "nop", nop); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkRunDirect(b *testing.B) {
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := nopFn(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkRunCancelable is Run with a caller ctx that can end, as a reconcile's can.
+func BenchmarkRunCancelable(b *testing.B) {
+	ex := drain.New(drain.Options{})
+	defer ex.Drain(context.Background())
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := ex.Run(ctx, "nop", nop); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkRunParallel(b *testing.B) {
+	ex := drain.New(drain.Options{})
+	defer ex.Drain(context.Background())
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if err := ex.Run(ctx, "nop", nop); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
 // BenchmarkGo and BenchmarkGoErrgroup compare Go with errgroup.Group.Go; each waits for
 // all its calls at the end.
 func BenchmarkGo(b *testing.B) {

@@ -28,8 +28,13 @@ var _ context.Context = (*call)(nil)
 // Deadline is the caller's deadline.
 func (c *call) Deadline() (time.Time, bool) { return c.parent.Deadline() }
 
-// Value is the caller's value.
-func (c *call) Value(key any) any { return c.parent.Value(key) }
+// Value is the caller's value; for callKey (see FromContext) it is the call itself.
+func (c *call) Value(key any) any {
+	if _, ok := key.(callKey); ok {
+		return c
+	}
+	return c.parent.Value(key)
+}
 
 // Err is nil until the context ended, then the caller's error, or context.Canceled when
 // the drain cancelled the call or fn returned.

@@ -141,6 +141,9 @@ type Executor struct {
 	janitorRuns bool
 	closing     bool // draining: workers exit instead of parking
 
+	rmu     sync.Mutex // guards runners
+	runners []*worker  // idle runners for Run (see borrowRunner); their slots stay taken
+
 	stackMu  sync.Mutex // guards stackBuf
 	stackBuf []runtime.StackRecord
 }

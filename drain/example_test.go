@@ -56,3 +56,19 @@ func ExampleExecutor_Drain() {
 	// refused: true
 	// drained: <nil>
 }
+
+func ExampleExecutor_Run() {
+	ex := drain.New(drain.Options{})
+	defer ex.Drain(context.Background())
+
+	// fn runs on this goroutine, tracked like a Call: Drain waits for it and reports it.
+	err := ex.Run(context.Background(), "reconcile", func(ctx context.Context) error {
+		_, name, _ := drain.FromContext(ctx)
+		fmt.Println("running", name)
+		return nil
+	})
+	fmt.Println("err:", err)
+	// Output:
+	// running reconcile
+	// err: <nil>
+}

@@ -224,10 +224,13 @@ func TestStress(t *testing.T) {
 					runtime.Gosched()
 					return nil
 				}
-				if i%2 == 0 {
+				switch i % 3 {
+				case 0:
 					results[i] = ex.Call(context.Background(), "call", fn)
-				} else {
+				case 1:
 					results[i] = ex.Go(context.Background(), "go", fn)
+				default:
+					results[i] = ex.Run(context.Background(), "run", fn)
 				}
 			})
 		}

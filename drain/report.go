@@ -63,21 +63,33 @@ func (e *Executor) fillWhere(pending []pendingCall) {
 	records := e.captureStacks()
 	for i := range records {
 		stack := records[i].Stack() // by index: a copy of the record would escape
-		slot, ok := marks.decodeSlot(stack)
-		if !ok {
-			continue
+		// A stack spells more than one slot when a call's fn made a Run on its own
+		// goroutine: every call on it is blocked at the same line.
+		var at string
+		for rest := stack; ; {
+			slot, ok, below := marks.nextSlot(rest)
+			if below == nil {
+				break
+			}
+			rest = below
+			if !ok {
+				continue
+			}
+			i, ok := bySlot[slot]
+			if !ok {
+				continue
+			}
+			p := &pending[i]
+			// The slot may have passed to another worker, or the worker to another call,
+			// since the snapshot. A call runs once, so if it still runs now it ran all along.
+			if p.worker.cur.Load() != p.call || e.workerAt(slot) != p.worker {
+				continue
+			}
+			if at == "" {
+				at = where(stack)
+			}
+			p.Where = at
 		}
-		i, ok := bySlot[slot]
-		if !ok {
-			continue
-		}
-		p := &pending[i]
-		// The slot may have passed to another worker, or the worker to another call,
-		// since the snapshot. A call runs once, so if it still runs now it ran all along.
-		if p.worker.cur.Load() != p.call || e.workerAt(slot) != p.worker {
-			continue
-		}
-		p.Where = where(stack)
 	}
 }
 
@@ -137,25 +149,33 @@ func calibrate() *slotMarks {
 	return &marks
 }
 
-// decodeSlot reads the worker slot that spell wrote on stack (innermost frame first).
-// It fails for goroutines that are not workers, and for stacks cut off within the digits.
+// decodeSlot reads the innermost slot that spell wrote on stack (innermost frame first).
+// It fails for goroutines that run no call, and for stacks cut off within the digits.
 func (m *slotMarks) decodeSlot(stack []uintptr) (uint32, bool) {
+	slot, ok, _ := m.nextSlot(stack)
+	return slot, ok
+}
+
+// nextSlot decodes the innermost slot spelled on stack, and returns the frames below its
+// digits, where more slots may be spelled (a Run inside a call's fn). below is nil when
+// stack spells no further slot, or its digits were cut off.
+func (m *slotMarks) nextSlot(stack []uintptr) (slot uint32, ok bool, below []uintptr) {
 	i := 0
 	for i < len(stack) && stack[i] != m.terminal {
 		i++
 	}
-	var slot uint32
 	n := 0
 	for i++; i < len(stack); i++ {
 		d, ok := m.digits[stack[i]]
 		if !ok {
-			// A frame below the digits (loop) was recorded: no digit was cut off.
-			return slot, n > 0
+			// A frame below the digits (loop, or Run's caller) was recorded: no digit
+			// was cut off.
+			return slot, n > 0, stack[i:]
 		}
 		slot |= d << (4 * n)
 		n++
 	}
-	return 0, false
+	return 0, false, nil
 }
 
 // where formats the first frame of stack that belongs to neither the Go runtime and

@@ -29,9 +29,9 @@ type call struct {
 	name   string
 	fn     func(context.Context) error
 
-	sig   chan struct{} // Call waits on it; nil for Go
+	sig   chan struct{} // Call waits on it; nil for Go and Run
 	state atomic.Uint32 // callWaiting, callDetached or callFinished
-	err   error         // fn's result, for Call; written before sig is signalled
+	err   error         // fn's result, for Call and Run; written before sig is signalled
 
 	// Written by the worker before it publishes the call (worker.cur), read after.
 	start time.Time
@@ -77,18 +77,22 @@ func (e *Executor) dispatch(c *call) {
 		w.wake <- c
 		return
 	}
-	var slot uint32
-	if n := len(e.free); n > 0 {
-		slot = e.free[n-1]
-		e.free = e.free[:n-1]
-	} else {
-		slot = uint32(len(e.workers))
-		e.workers = append(e.workers, nil)
-	}
+	slot := e.newSlot()
 	w := &worker{e: e, slot: slot, digits: hexDigits(slot), wake: make(chan *call, 1)}
 	e.workers[slot] = w
 	e.wmu.Unlock()
 	go w.loop(c)
+}
+
+// newSlot returns a free slot of e.workers. The caller holds e.wmu.
+func (e *Executor) newSlot() uint32 {
+	if n := len(e.free); n > 0 {
+		slot := e.free[n-1]
+		e.free = e.free[:n-1]
+		return slot
+	}
+	e.workers = append(e.workers, nil)
+	return uint32(len(e.workers) - 1)
 }
 
 // loop runs c, then every call handed to it, until it is told to exit.
@@ -285,7 +289,7 @@ func (w *worker) finish(c *call, err error) {
 		}
 	}
 	e.release()
-	if waited {
+	if waited && c.sig != nil { // nil for Run, which reads c.err on this goroutine
 		c.sig <- struct{}{}
 	}
 }

@@ -37,7 +37,7 @@ func (r *ConfigMapReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		return ctrl.Result{}, nil
 	}
 
-	handler, fn := "snapshot", func(ctx context.Context) error { return r.snapshot(ctx) }
+	handler, fn := "snapshot", r.snapshot
 	if strings.HasPrefix(cm.Name, "hang") {
 		handler, fn = "legacy-export", func(context.Context) error { return exportClient.Export(cm.Name) }
 	}
@@ -72,8 +72,8 @@ func (r *ConfigMapReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 func (r *ConfigMapReconciler) snapshot(ctx context.Context) error {
 	t := time.NewTimer(r.Work)
 	defer t.Stop()
-	select {
-	case <-t.C: // the snapshot is done
+	select { // the snapshot works here
+	case <-t.C:
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("failed to take snapshot: %w", ctx.Err())

@@ -4,7 +4,7 @@
 //
 // It reconciles the ConfigMaps labelled demo=quiesce. For each one it runs one handler:
 //
-//   - "snapshot" takes --work (3s by default) and honours its context. A reconcile in flight
+//   - "snapshot" takes --work (2s by default) and honours its context. A reconcile in flight
 //     when the operator gets SIGTERM finishes it within the grace period, because the drain
 //     cancels contexts only after --cancel-after, and then records it in the annotation
 //     quiesce.dev/snapshot.

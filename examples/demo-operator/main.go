@@ -6,6 +6,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/go-logr/logr"
 	"go.uber.org/zap/zapcore"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -47,7 +48,7 @@ func main() {
 	flag.DurationVar(&reportEvery, "report-every", 2*time.Second, "The interval between later reports.")
 	flag.DurationVar(&cancelAfter, "cancel-after", 4*time.Second, "When, after SIGTERM, the contexts of calls still running are cancelled (0: at once, <0: never).")
 	flag.IntVar(&workers, "max-concurrent-reconciles", 10, "How many reconciles run at once: a hanging handler holds one until its context ends.")
-	flag.DurationVar(&work, "work", 3*time.Second, "How long the snapshot handler works.")
+	flag.DurationVar(&work, "work", 2*time.Second, "How long the snapshot handler works.")
 	opts := zap.Options{
 		Development: true,
 		// Info, not Debug: the demo's log is meant to be read. -zap-log-level=debug shows more.
@@ -80,10 +81,7 @@ type managerConfig struct {
 }
 
 // run starts the manager and returns the process's exit code once it stopped.
-func run(setupLog interface {
-	Info(string, ...any)
-	Error(error, string, ...any)
-}, c managerConfig) int {
+func run(setupLog logr.Logger, c managerConfig) int {
 	// The first SIGTERM or SIGINT cancels ctx: the manager stops and the quiesce runnable
 	// drains. controller-runtime's handler calls os.Exit(1) on a second signal, at once,
 	// without waiting for the drain: a second Ctrl-C is the way out of a long grace period.

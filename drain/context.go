@@ -13,8 +13,8 @@ import (
 
 // ctxState is the cancellation state of fn's context.
 type ctxState struct {
-	ctxErr  atomic.Value // error, set once the context ended; read without the lock
-	ctxDone atomic.Value // chan struct{}, made by the first Done
+	ctxErr  atomic.Uint32 // errNone until the context ended; read without the lock
+	ctxDone atomic.Value  // chan struct{}, made by the first Done
 
 	mu         sync.Mutex
 	stopParent func() bool // stops watching the caller's ctx
@@ -22,6 +22,44 @@ type ctxState struct {
 }
 
 type afterFunc struct{ f func() }
+
+// Values of ctxState.ctxErr. A context's Err is Canceled or DeadlineExceeded, so a code
+// stores it without the cost of an atomic.Value. errOther: the caller's ctx broke that
+// rule, and Err asks it again.
+const (
+	errNone uint32 = iota
+	errCanceled
+	errDeadline
+	errOther
+)
+
+// loadErr returns the context's error, nil while it has not ended.
+func (c *call) loadErr() error {
+	switch c.ctxErr.Load() {
+	case errNone:
+		return nil
+	case errCanceled:
+		return context.Canceled
+	case errDeadline:
+		return context.DeadlineExceeded
+	}
+	if err := c.parent.Err(); err != nil {
+		return err
+	}
+	return context.Canceled
+}
+
+// setErr ends the context with err. The caller holds c.mu and saw errNone.
+func (c *call) setErr(err error) {
+	switch err {
+	case context.Canceled:
+		c.ctxErr.Store(errCanceled)
+	case context.DeadlineExceeded:
+		c.ctxErr.Store(errDeadline)
+	default: // only the caller's ctx gives other errors (see parentDone and Err)
+		c.ctxErr.Store(errOther)
+	}
+}
 
 var _ context.Context = (*call)(nil)
 
@@ -39,13 +77,13 @@ func (c *call) Value(key any) any {
 // Err is nil until the context ended, then the caller's error, or context.Canceled when
 // the drain cancelled the call or fn returned.
 func (c *call) Err() error {
-	if err, _ := c.ctxErr.Load().(error); err != nil {
+	if err := c.loadErr(); err != nil {
 		return err
 	}
 	// Done may never have been asked for, so nobody watches the caller's ctx: look now.
 	if err := c.parent.Err(); err != nil {
 		c.cancel(err)
-		return c.ctxErr.Load().(error)
+		return c.loadErr()
 	}
 	return nil
 }
@@ -64,7 +102,7 @@ func (c *call) Done() <-chan struct{} {
 	}
 	d = make(chan struct{})
 	c.ctxDone.Store(d)
-	if c.ctxErr.Load() != nil {
+	if c.ctxErr.Load() != errNone {
 		close(d)
 		c.mu.Unlock()
 		return d
@@ -84,7 +122,7 @@ func (c *call) parentDone() { c.cancel(c.parent.Err()) }
 func (c *call) AfterFunc(f func()) (stop func() bool) {
 	c.Done() // make sure the caller's ctx is watched
 	c.mu.Lock()
-	if c.ctxErr.Load() != nil {
+	if c.ctxErr.Load() != errNone {
 		c.mu.Unlock()
 		// The context package may hold a lock of its own that f takes: never run f here.
 		go f()
@@ -111,11 +149,11 @@ func (c *call) AfterFunc(f func()) (stop func() bool) {
 // cancel ends the context with err, unless it ended already.
 func (c *call) cancel(err error) {
 	c.mu.Lock()
-	if c.ctxErr.Load() != nil {
+	if c.ctxErr.Load() != errNone {
 		c.mu.Unlock()
 		return
 	}
-	c.ctxErr.Store(err)
+	c.setErr(err)
 	if d, _ := c.ctxDone.Load().(chan struct{}); d != nil {
 		close(d)
 	}

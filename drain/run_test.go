@@ -497,3 +497,44 @@ func TestRunStatsBalance(t *testing.T) {
 		t.Errorf("Stats = %+v", s)
 	}
 }
+
+// oddCtx ends with an error that is neither Canceled nor DeadlineExceeded.
+type oddCtx struct {
+	context.Context
+	done chan struct{}
+}
+
+var errOdd = errors.New("odd")
+
+func (c oddCtx) Done() <-chan struct{} { return c.done }
+func (c oddCtx) Err() error {
+	select {
+	case <-c.done:
+		return errOdd
+	default:
+		return nil
+	}
+}
+
+func TestFnContextKeepsAnOddCallerError(t *testing.T) {
+	ex := newExecutor(t, drain.Options{})
+	for _, useDone := range []bool{false, true} {
+		parent := oddCtx{context.Background(), make(chan struct{})}
+		err := ex.Run(parent, "odd", func(ctx context.Context) error {
+			if useDone {
+				ctx.Done() // watch the caller's ctx
+			}
+			close(parent.done)
+			if useDone {
+				<-ctx.Done()
+			}
+			if err := ctx.Err(); err != errOdd {
+				t.Errorf("Err = %v, want %v", err, errOdd)
+			}
+			return ctx.Err()
+		})
+		if err != errOdd {
+			t.Errorf("useDone %v: Run = %v, want %v", useDone, err, errOdd)
+		}
+	}
+}

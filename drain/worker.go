@@ -242,7 +242,7 @@ func (w *worker) exec(c *call) {
 		return
 	}
 	e := w.e
-	c.start = e.clock.Now()
+	c.start = e.now()
 	c.seq = e.started.Add(1)
 	w.cur.Store(c)
 	if e.cancelled.Load() {

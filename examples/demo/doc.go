@@ -13,7 +13,7 @@
 // The demo exits 0 when everything went as expected: the operator exited with code 1 if a
 // handler hangs (0 if none does), and every finishing handler recorded its snapshot after
 // SIGTERM. It exits 1 otherwise, and 2 when it could not run (no KUBEBUILDER_ASSETS, build
-// failure). Interrupt it and it kills the operator and stops the control plane.
+// failure), 130 when interrupted: it then kills the operator and stops the control plane.
 //
 //	make demo
 //	make demo DEMO_ARGS='--grace-period=10s --objects=5 --hanging=2'

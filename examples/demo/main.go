@@ -35,6 +35,9 @@ func main() {
 	res, err := run(ctx, cfg)
 	if err != nil {
 		fmt.Fprintf(os.Stdout, "==> FAILED: %v\n", err)
+		if ctx.Err() != nil {
+			os.Exit(130) // interrupted
+		}
 		os.Exit(2)
 	}
 	if err := res.check(); err != nil {

@@ -10,8 +10,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/quiesce-dev/quiesce/drain"
 	"github.com/quiesce-dev/quiesce/reconcilers"
 )
 
@@ -91,4 +93,15 @@ var exportClient = &legacyClient{replies: make(chan error)}
 // Export blocks until the server replies.
 func (c *legacyClient) Export(name string) error {
 	return <-c.replies // blocks here: the server never replies
+}
+
+// SetupWithManager adds the reconciler to mgr as the controller "demo", each reconcile a
+// tracked call of ex, with up to workers reconciles at once: a hanging handler holds one
+// until its context ends.
+func (r *ConfigMapReconciler) SetupWithManager(mgr ctrl.Manager, ex *drain.Executor, workers int) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&corev1.ConfigMap{}).
+		Named("demo").
+		WithOptions(controller.Options{MaxConcurrentReconciles: workers}).
+		Complete(reconcilers.Wrap(ex, "demo", r)) // quiesce: track each reconcile
 }

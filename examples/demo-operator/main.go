@@ -14,13 +14,11 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/quiesce-dev/quiesce/drain"
-	"github.com/quiesce-dev/quiesce/reconcilers"
 	"github.com/quiesce-dev/quiesce/runnable"
 )
 
@@ -120,12 +118,7 @@ func run(setupLog logr.Logger, c managerConfig) int {
 	}
 
 	r := &ConfigMapReconciler{Client: mgr.GetClient(), Work: c.work}
-	err = ctrl.NewControllerManagedBy(mgr).
-		For(&corev1.ConfigMap{}).
-		Named("demo").
-		WithOptions(controller.Options{MaxConcurrentReconciles: c.workers}).
-		Complete(reconcilers.Wrap(q.Executor(), "demo", r)) // quiesce: track each reconcile
-	if err != nil {
+	if err := r.SetupWithManager(mgr, q.Executor(), c.workers); err != nil {
 		setupLog.Error(err, "Failed to create controller", "controller", "demo")
 		return 1
 	}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -121,6 +122,29 @@ func TestDemo(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestREADMEMatchesSource keeps examples/README.md's captured run honest: every
+// controller.go line it shows is still one of the lines the reports name.
+func TestREADMEMatchesSource(t *testing.T) {
+	b, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const src = "../demo-operator/controller.go"
+	valid := map[string]bool{}
+	for _, marker := range []string{"blocks here", "the snapshot works here", "reconcilers.Call(ctx"} {
+		valid["controller.go:"+strconv.Itoa(sourceLine(t, src, marker))] = true
+	}
+	found := regexp.MustCompile(`controller\.go:\d+`).FindAllString(string(b), -1)
+	if len(found) == 0 {
+		t.Fatal("README.md shows no controller.go line")
+	}
+	for _, f := range found {
+		if !valid[f] {
+			t.Errorf("README.md shows %s, which is none of the lines the demo's reports name (%v): capture `make demo` again", f, valid)
+		}
+	}
 }
 
 // runDemo runs the scenario, the operator built with -race when the test is, and logs the

@@ -70,7 +70,7 @@ func VerifyNone(t TestingT, ex *drain.Executor, opts ...Option) {
 	if len(calls) == 0 {
 		return
 	}
-	t.Errorf("%s", describe(calls, o.clock.Now()))
+	t.Errorf("%s", describe(calls, draining(ex), o.clock.Now()))
 }
 
 // locate returns the calls of snapshot with Where filled in when ex drains, dropping those
@@ -106,13 +106,22 @@ func locate(ex *drain.Executor, snapshot []drain.Pending) []drain.Pending {
 	return out
 }
 
+func draining(ex *drain.Executor) bool {
+	select {
+	case <-ex.Draining():
+		return true
+	default:
+		return false
+	}
+}
+
 type callKey struct {
 	name    string
 	started time.Time
 }
 
-// describe lists calls, one per line.
-func describe(calls []drain.Pending, now time.Time) string {
+// describe lists calls, one per line. drained says whether their locations were asked for.
+func describe(calls []drain.Pending, drained bool, now time.Time) string {
 	var b strings.Builder
 	if len(calls) == 1 {
 		b.WriteString("1 tracked call still pending:")
@@ -125,9 +134,12 @@ func describe(calls []drain.Pending, now time.Time) string {
 		if p.Detached {
 			b.WriteString(", detached")
 		}
-		if p.Where != "" {
+		switch {
+		case p.Where != "":
 			b.WriteString(", at " + p.Where)
-		} else {
+		case drained: // the goroutine's stack was too deep to find the call's frame
+			b.WriteString(", at an unknown location")
+		default:
 			unknown = true
 		}
 	}

@@ -219,3 +219,37 @@ func TestHaveNoPendingCallsBadActual(t *testing.T) {
 		}
 	}
 }
+
+// deep blocks until release is closed, n frames down.
+func deep(n int, release <-chan struct{}) {
+	if n == 0 {
+		<-release
+		return
+	}
+	deep(n-1, release)
+}
+
+func TestVerifyNoneUnknownLocation(t *testing.T) {
+	ex, clk, release := newExecutor(t)
+	started := make(chan struct{})
+	err := ex.Go(context.Background(), "deep", func(context.Context) error {
+		close(started)
+		deep(64, release) // deeper than the stack capture keeps
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	stop(t, ex)
+
+	var ft fakeT
+	draintest.VerifyNone(&ft, ex, draintest.WithClock(clk))
+	if len(ft.failures) == 1 && strings.Contains(ft.failures[0], "at draintest_test.deep") {
+		t.Skip("the executor located a call 64 frames deep: no unknown location to list")
+	}
+	want := "1 tracked call still pending:\n\tdeep: age 0s, detached, at an unknown location"
+	if len(ft.failures) != 1 || ft.failures[0] != want {
+		t.Errorf("VerifyNone failures:\n%q\nwant one:\n%q", ft.failures, want)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/onsi/gomega"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/quiesce-dev/quiesce/drain"
@@ -46,5 +47,26 @@ func ExampleVerifyNone() {
 	draintest.VerifyNone(printT{}, ex) // passes: prints nothing
 	// Output:
 	// 1 tracked call still pending:
-	// 	demo/default/a/export: age 3s, detached, at draintest_test.ExampleVerifyNone.func1 (example_test.go:29)
+	// 	demo/default/a/export: age 3s, detached, at draintest_test.ExampleVerifyNone.func1 (example_test.go:30)
+}
+
+func ExampleHaveNoPendingCalls() {
+	ex := drain.New(drain.Options{})
+	release := make(chan struct{})
+	ex.Go(context.Background(), "demo/default/a/export", func(context.Context) error {
+		<-release
+		return nil
+	})
+
+	// In a Ginkgo spec or with gomega.NewWithT(t):
+	//	Eventually(q).Should(draintest.HaveNoPendingCalls())
+	// where q is the *runnable.Runnable, or its executor.
+	g := gomega.NewGomega(func(message string, _ ...int) { fmt.Println(message) })
+	go close(release) // the call returns soon
+	g.Eventually(ex).Should(draintest.HaveNoPendingCalls())
+	fmt.Println("no call pending")
+
+	ex.Drain(context.Background())
+	// Output:
+	// no call pending
 }

@@ -46,7 +46,8 @@ func (m *noPendingMatcher) FailureMessage(any) string {
 			calls = located
 		}
 	}
-	return "Expected no tracked call pending, found " + describe(calls, m.opts.clock.Now())
+	drained := m.ex != nil && draining(m.ex)
+	return "Expected no tracked call pending, found " + describe(calls, drained, m.opts.clock.Now())
 }
 
 func (m *noPendingMatcher) NegatedFailureMessage(any) string {

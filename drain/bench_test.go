@@ -256,8 +256,9 @@ func BenchmarkReport10k(b *testing.B) {
 	<-drained
 }
 
-// BenchmarkReport10kCaptureFloor is the part of BenchmarkReport10k no design avoids: one
-// runtime.GoroutineProfile of the same 10,000 blocked goroutines.
+// BenchmarkReport10kCaptureFloor is the part of BenchmarkReport10k that the report itself
+// cannot avoid: one runtime.GoroutineProfile of the same 10,000 blocked goroutines. Its
+// cost grows with the frames on those stacks, spell's included (see spell).
 func BenchmarkReport10kCaptureFloor(b *testing.B) {
 	const pending = 10_000
 	ex := drain.New(drain.Options{CancelAfter: -1})

@@ -17,7 +17,7 @@ func TestSlotsDecodeFromGoroutineProfile(t *testing.T) {
 		t.Fatal("calibration failed: spell's return addresses are not distinct")
 	}
 	e := New(Options{CancelAfter: -1})
-	const n = 300 // slots of one, two and three hex digits
+	const n = 300 // slots of one and two digits (base 256)
 	release := make(chan struct{})
 	var started sync.WaitGroup
 	started.Add(n)
@@ -47,6 +47,28 @@ func TestSlotsDecodeFromGoroutineProfile(t *testing.T) {
 	}
 	close(release)
 	e.Drain(context.Background())
+}
+
+// TestSlotsDecodeFromSpell checks slots of every number of digits, by a probe in exec.
+func TestSlotsDecodeFromSpell(t *testing.T) {
+	m := calibrate()
+	if !m.ok {
+		t.Fatal("calibration failed: spell's return addresses are not distinct")
+	}
+	for _, slot := range []uint32{0, 1, 17, 255, 256, 257, 4095, 0xffff, 0x10000, 0x123456, 0xff00ff, 1 << 24, 0x89abcdef, 0xffffffff} {
+		w := &worker{slot: slot, digits: spellDigits(slot), probe: make([]uintptr, 8)}
+		w.spell(w.digits, nil)
+		if got, ok := m.decodeSlot(w.probe); !ok || got != slot {
+			t.Errorf("slot %#x (%d frames): decoded %#x, %v", slot, w.digits, got, ok)
+		}
+		// Cut off within the digits: no slot, rather than a wrong one.
+		if w.digits > 1 {
+			if got, ok := m.decodeSlot(w.probe[:w.digits-1]); ok {
+				t.Errorf("slot %#x cut off: decoded %#x", slot, got)
+			}
+		}
+	}
+	t.Logf("marks table: %d entries", len(m.table))
 }
 
 func TestWhereSkipsOwnCode(t *testing.T) {

@@ -45,7 +45,7 @@ func age(d time.Duration) string {
 
 // fillWhere sets Where of each call that still runs, from one capture of all stacks.
 // runtime.GoroutineProfile keeps the innermost 32 frames of each goroutine: a call whose fn
-// is blocked more than about 25 frames deep loses the slot digits and keeps Where empty.
+// is blocked more than about 28 frames deep loses the slot digits and keeps Where empty.
 func (e *Executor) fillWhere(pending []pendingCall) {
 	if len(pending) == 0 {
 		return
@@ -114,12 +114,18 @@ func (e *Executor) captureStacks() []runtime.StackRecord {
 	}
 }
 
-// slotMarks are the return addresses that spell writes on a worker's stack.
+// slotMarks are the return addresses that spell writes on a call's stack, as a table
+// indexed by address: one cheap lookup per frame while thousands of stacks are decoded.
 type slotMarks struct {
-	ok       bool
-	terminal uintptr            // in spell, after the call of exec
-	digits   map[uintptr]uint32 // in spell, after the call in case d
+	ok    bool
+	base  uintptr  // the lowest mark
+	table []uint16 // by address - base: 0 for none, 1+d for a lowest digit d, 257+d for a higher one
 }
+
+const (
+	lowMark  = 1   // table value of the lowest digit 0: spell's call of exec in case 0
+	highMark = 257 // table value of a higher digit 0: spell's call of spell in case 0
+)
 
 var (
 	marksOnce sync.Once
@@ -129,24 +135,49 @@ var (
 // calibrate learns the return addresses of spell by running it with a probe.
 func calibrate() *slotMarks {
 	marksOnce.Do(func() {
-		m := slotMarks{ok: true, digits: make(map[uintptr]uint32, 16)}
-		for d := uint32(0); d < 16; d++ {
-			w := &worker{slot: d, probe: make([]uintptr, 2)}
+		var low, high [256]uintptr
+		ok := true
+		for d := range uint32(256) {
+			w := &worker{slot: d, probe: make([]uintptr, 1)}
 			w.spell(1, nil)
-			if d == 0 {
-				m.terminal = w.probe[0]
+			low[d] = w.probe[0]
+			w = &worker{slot: d << 8, probe: make([]uintptr, 2)}
+			w.spell(2, nil)
+			high[d] = w.probe[1]
+			if w.probe[0] != low[0] {
+				ok = false
 			}
-			if w.probe[0] != m.terminal || w.probe[1] == 0 || w.probe[1] == m.terminal {
-				m.ok = false
+		}
+		lo, hi := low[0], low[0]
+		for _, pc := range append(low[:], high[:]...) {
+			lo, hi = min(lo, pc), max(hi, pc)
+		}
+		if !ok || low[0] == 0 || hi-lo > 1<<20 {
+			return
+		}
+		m := slotMarks{ok: true, base: lo, table: make([]uint16, hi-lo+1)}
+		for d := range 256 {
+			for _, mark := range []struct {
+				pc    uintptr
+				value uint16
+			}{{low[d], lowMark + uint16(d)}, {high[d], highMark + uint16(d)}} {
+				if m.table[mark.pc-lo] != 0 {
+					return // two digits share a return address: no slot can be read
+				}
+				m.table[mark.pc-lo] = mark.value
 			}
-			if _, dup := m.digits[w.probe[1]]; dup {
-				m.ok = false
-			}
-			m.digits[w.probe[1]] = d
 		}
 		marks = m
 	})
 	return &marks
+}
+
+// mark returns the table value of pc: 0 unless spell wrote it.
+func (m *slotMarks) mark(pc uintptr) uint16 {
+	if off := pc - m.base; off < uintptr(len(m.table)) {
+		return m.table[off]
+	}
+	return 0
 }
 
 // decodeSlot reads the innermost slot that spell wrote on stack (innermost frame first).
@@ -161,19 +192,20 @@ func (m *slotMarks) decodeSlot(stack []uintptr) (uint32, bool) {
 // stack spells no further slot, or its digits were cut off.
 func (m *slotMarks) nextSlot(stack []uintptr) (slot uint32, ok bool, below []uintptr) {
 	i := 0
-	for i < len(stack) && stack[i] != m.terminal {
-		i++
+	for ; i < len(stack); i++ {
+		if v := m.mark(stack[i]); v != 0 && v < highMark {
+			slot = uint32(v - lowMark)
+			break
+		}
 	}
-	n := 0
-	for i++; i < len(stack); i++ {
-		d, ok := m.digits[stack[i]]
-		if !ok {
+	for i, n := i+1, 1; i < len(stack); i, n = i+1, n+1 {
+		v := m.mark(stack[i])
+		if v < highMark {
 			// A frame below the digits (loop, or Run's caller) was recorded: no digit
 			// was cut off.
-			return slot, n > 0, stack[i:]
+			return slot, true, stack[i:]
 		}
-		slot |= d << (4 * n)
-		n++
+		slot |= uint32(v-highMark) << (8 * n)
 	}
 	return 0, false, nil
 }

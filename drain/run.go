@@ -49,7 +49,7 @@ func (e *Executor) borrowRunner() *worker {
 	e.rmu.Unlock()
 	e.wmu.Lock()
 	slot := e.newSlot()
-	w := &worker{e: e, slot: slot, digits: hexDigits(slot)}
+	w := &worker{e: e, slot: slot, digits: spellDigits(slot)}
 	e.workers[slot] = w
 	e.wmu.Unlock()
 	return w

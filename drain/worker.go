@@ -54,7 +54,7 @@ const (
 type worker struct {
 	e      *Executor
 	slot   uint32               // index in Executor.workers, spelled on the stack (see spell)
-	digits int                  // hex digits of slot
+	digits int                  // spellDigits(slot)
 	wake   chan *call           // cap 1: the next call, or nil to exit
 	cur    atomic.Pointer[call] // the call running now, if any
 	epoch  uint64               // Executor.epoch when it parked; guarded by Executor.wmu
@@ -78,7 +78,7 @@ func (e *Executor) dispatch(c *call) {
 		return
 	}
 	slot := e.newSlot()
-	w := &worker{e: e, slot: slot, digits: hexDigits(slot), wake: make(chan *call, 1)}
+	w := &worker{e: e, slot: slot, digits: spellDigits(slot), wake: make(chan *call, 1)}
 	e.workers[slot] = w
 	e.wmu.Unlock()
 	go w.loop(c)
@@ -173,63 +173,15 @@ func (e *Executor) wakeIdle() {
 	e.idle = nil
 }
 
-func hexDigits(slot uint32) int {
+//go:generate go run gen_spell.go
+
+// spellDigits returns how many frames spell takes for slot: its base-256 digits.
+func spellDigits(slot uint32) int {
 	n := 1
-	for slot >>= 4; slot != 0; slot >>= 4 {
+	for slot >>= 8; slot != 0; slot >>= 8 {
 		n++
 	}
 	return n
-}
-
-// spell runs c through n nested frames whose return addresses spell the worker's slot in
-// hex, least significant digit on top, then the call itself (exec).
-//
-// Why: a report must say where each pending call's goroutine is blocked. The only stack
-// capture fast enough for thousands of goroutines is runtime.GoroutineProfile (PCs only;
-// about 15 ms for 10,000 goroutines here), which carries no goroutine id and no pprof
-// label. runtime.Stack(all) and the labelled pprof goroutine profile both took 140-400 ms.
-// So each worker's stack carries its own slot number, written in return addresses, right
-// below fn's frames; see decodeSlot. It costs a few nanoseconds per call.
-func (w *worker) spell(n int, c *call) {
-	if n == 0 {
-		w.exec(c)
-		return
-	}
-	n--
-	switch (w.slot >> (4 * n)) & 15 {
-	case 0:
-		w.spell(n, c)
-	case 1:
-		w.spell(n, c)
-	case 2:
-		w.spell(n, c)
-	case 3:
-		w.spell(n, c)
-	case 4:
-		w.spell(n, c)
-	case 5:
-		w.spell(n, c)
-	case 6:
-		w.spell(n, c)
-	case 7:
-		w.spell(n, c)
-	case 8:
-		w.spell(n, c)
-	case 9:
-		w.spell(n, c)
-	case 10:
-		w.spell(n, c)
-	case 11:
-		w.spell(n, c)
-	case 12:
-		w.spell(n, c)
-	case 13:
-		w.spell(n, c)
-	case 14:
-		w.spell(n, c)
-	case 15:
-		w.spell(n, c)
-	}
 }
 
 // exec runs c's fn and settles the call. It is never inlined: its frame and its caller's

@@ -22,7 +22,7 @@ import (
 	"github.com/quiesce-dev/quiesce/runnable"
 )
 
-// Label selects the ConfigMaps the operator reconciles.
+// The label labelKey=labelValue selects the ConfigMaps the operator reconciles.
 const (
 	labelKey   = "demo"
 	labelValue = "quiesce"

@@ -262,6 +262,9 @@ func (h *handlersReconciler[T]) Reconcile(ctx context.Context, req reconcile.Req
 		if apierrors.IsNotFound(err) {
 			return reconcile.Result{}, nil
 		}
+		if h.stopping(ctx) {
+			return h.stopped(ctx)
+		}
 		return reconcile.Result{}, fmt.Errorf("failed to get object: %w", err)
 	}
 
@@ -288,6 +291,10 @@ func (h *handlersReconciler[T]) Reconcile(ctx context.Context, req reconcile.Req
 		return reconcile.Result{RequeueAfter: h.opts.NextCycle}, nil
 	}
 
+	if h.stopping(ctx) {
+		return h.stopped(ctx)
+	}
+
 	// 4. Mark them started, with an optimistic lock against a stale read.
 	started := prog.clone()
 	at := now.UTC()
@@ -303,6 +310,8 @@ func (h *handlersReconciler[T]) Reconcile(ctx context.Context, req reconcile.Req
 		return reconcile.Result{RequeueAfter: h.opts.NextCycle}, nil
 	case apierrors.IsNotFound(err):
 		return reconcile.Result{}, nil
+	case err != nil && h.stopping(ctx):
+		return h.stopped(ctx)
 	case err != nil:
 		return reconcile.Result{}, err
 	}
@@ -352,7 +361,7 @@ func (h *handlersReconciler[T]) Reconcile(ctx context.Context, req reconcile.Req
 			return reconcile.Result{}, err
 		}
 	}
-	if ctx.Err() != nil || h.draining() {
+	if h.stopping(ctx) {
 		return reconcile.Result{RequeueAfter: h.opts.NextCycle}, nil
 	}
 
@@ -449,6 +458,21 @@ func (h *handlersReconciler[T]) run(ctx context.Context, id string, obj T) (int,
 	default:
 		return ranFailed, err
 	}
+}
+
+// stopping reports whether the reconcile is being stopped: its context ended (the drain
+// cancelled it, or controller-runtime did for an executor no Runnable drives) or the executor
+// drains.
+func (h *handlersReconciler[T]) stopping(ctx context.Context) bool {
+	return ctx.Err() != nil || h.draining()
+}
+
+// stopped ends a reconcile that a shutdown stopped before it ran a handler: nothing was
+// started, so there is nothing to record and nothing to report as an error; the next
+// manager reconciles the object again.
+func (h *handlersReconciler[T]) stopped(ctx context.Context) (reconcile.Result, error) {
+	log.FromContext(ctx).V(1).Info("Shutting down: leaving the handlers to the next start")
+	return reconcile.Result{RequeueAfter: h.opts.NextCycle}, nil
 }
 
 func (h *handlersReconciler[T]) draining() bool {

@@ -569,3 +569,41 @@ func TestProgressRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// TestHandlersShutdownBeforeAnyHandlerStartedIsQuiet: a reconcile stopped by the drain
+// before it started a handler records nothing, runs nothing, and returns no error.
+func TestHandlersShutdownBeforeAnyHandlerStartedIsQuiet(t *testing.T) {
+	var j journal
+	var f *fixture
+	var once sync.Once
+	drainErr := make(chan error, 1)
+	base := fake.NewClientBuilder().WithObjects(configMap("ns", "obj")).Build()
+	c := interceptor.NewClient(base, interceptor.Funcs{Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+		if err := c.Get(ctx, key, obj, opts...); err != nil {
+			return err
+		}
+		// The shutdown arrives while the object is read; CancelAfter 0 cancels at once.
+		once.Do(func() {
+			go func() { drainErr <- f.ex.Drain(context.Background()) }()
+			<-f.ex.Draining()
+			<-ctx.Done()
+		})
+		return nil
+	}})
+	f = newFixtureWith(t, c, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a")}, reconcilers.HandlersOptions{NextCycle: time.Millisecond})
+	f.ex.SetDriven(true)
+	res, err := f.r.Reconcile(context.Background(), request("ns", "obj"))
+	if err != nil || res.RequeueAfter != time.Millisecond || len(j.all()) != 0 {
+		t.Fatalf("Reconcile = %+v, %v, runs %q; want a requeue, no error, no run", res, err, j.all())
+	}
+	if err := <-drainErr; err != nil {
+		t.Fatal(err)
+	}
+	var cm corev1.ConfigMap
+	if err := base.Get(context.Background(), types.NamespacedName{Namespace: "ns", Name: "obj"}, &cm); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := cm.Annotations[reconcilers.DefaultProgressAnnotation]; ok {
+		t.Fatal("progress recorded for a reconcile stopped before it started a handler")
+	}
+}

@@ -2,6 +2,7 @@ package drain_test
 
 import (
 	"context"
+	"errors"
 	"runtime"
 	"sync"
 	"testing"
@@ -277,6 +278,34 @@ func BenchmarkReport10kCaptureFloor(b *testing.B) {
 	for b.Loop() {
 		if _, ok := runtime.GoroutineProfile(records); !ok {
 			b.Fatal("too few records")
+		}
+	}
+	close(release)
+	ex.Drain(context.Background())
+}
+
+// BenchmarkDrainGivesUp10k measures a Drain that gives up while 10,000 calls are pending:
+// the *PendingError names all of them, each with its Where.
+func BenchmarkDrainGivesUp10k(b *testing.B) {
+	const pending = 10_000
+	ex := drain.New(drain.Options{CancelAfter: -1})
+	release := make(chan struct{})
+	var started sync.WaitGroup
+	started.Add(pending)
+	for range pending {
+		ex.Go(context.Background(), "blocked", func(context.Context) error {
+			started.Done()
+			<-release
+			return nil
+		})
+	}
+	started.Wait()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for b.Loop() {
+		var pe *drain.PendingError
+		if err := ex.Drain(ctx); !errors.As(err, &pe) || len(pe.Pending) != pending || pe.Pending[pending-1].Where == "" {
+			b.Fatalf("Drain = %v", err)
 		}
 	}
 	close(release)

@@ -1,7 +1,9 @@
 package drain
 
 import (
+	"cmp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -54,10 +56,15 @@ func (e *Executor) fillWhere(pending []pendingCall) {
 	if !marks.ok {
 		return
 	}
-	bySlot := make(map[uint32]int, len(pending))
+	// pending's indexes by slot, for a binary search per decoded slot: no map to build.
+	bySlot := make([]slotIndex, len(pending))
 	for i, p := range pending {
-		bySlot[p.worker.slot] = i
+		bySlot[i] = slotIndex{p.worker.slot, i}
 	}
+	slices.SortFunc(bySlot, func(a, b slotIndex) int { return cmp.Compare(a.slot, b.slot) })
+	// Where is the same for every stack with the same frames above the slot marks, when
+	// it is found among them: 10,000 calls blocked at one line are formatted once.
+	var wheres map[[maxStack]uintptr]string
 	e.stackMu.Lock()
 	defer e.stackMu.Unlock()
 	records := e.captureStacks()
@@ -75,22 +82,53 @@ func (e *Executor) fillWhere(pending []pendingCall) {
 			if !ok {
 				continue
 			}
-			i, ok := bySlot[slot]
+			j, ok := slices.BinarySearchFunc(bySlot, slot, func(s slotIndex, slot uint32) int { return cmp.Compare(s.slot, slot) })
 			if !ok {
 				continue
 			}
-			p := &pending[i]
+			p := &pending[bySlot[j].i]
 			// The slot may have passed to another worker, or the worker to another call,
 			// since the snapshot. A call runs once, so if it still runs now it ran all along.
 			if p.worker.cur.Load() != p.call || e.workerAt(slot) != p.worker {
 				continue
 			}
 			if at == "" {
-				at = where(stack)
+				if wheres == nil {
+					wheres = make(map[[maxStack]uintptr]string)
+				}
+				at = cachedWhere(wheres, stack, marks)
 			}
 			p.Where = at
 		}
 	}
+}
+
+// maxStack is the depth of a runtime.StackRecord.
+const maxStack = len(runtime.StackRecord{}.Stack0)
+
+type slotIndex struct {
+	slot uint32
+	i    int
+}
+
+// cachedWhere returns where(stack), from cache when the frames above the first slot mark
+// gave it before.
+func cachedWhere(cache map[[maxStack]uintptr]string, stack []uintptr, marks *slotMarks) string {
+	top := 0
+	for top < len(stack) && marks.mark(stack[top]) == 0 {
+		top++
+	}
+	var key [maxStack]uintptr
+	copy(key[:], stack[:top])
+	if at, ok := cache[key]; ok {
+		return at
+	}
+	if at, found := scanWhere(stack[:top]); found {
+		// Found above the marks: the frames below cannot change it.
+		cache[key] = at
+		return at
+	}
+	return where(stack)
 }
 
 func (e *Executor) workerAt(slot uint32) *worker {
@@ -213,6 +251,16 @@ func (m *slotMarks) nextSlot(stack []uintptr) (slot uint32, ok bool, below []uin
 // where formats the first frame of stack that belongs to neither the Go runtime and
 // standard library nor quiesce's own executor and wrappers: "pkg.Func (file.go:123)".
 func where(stack []uintptr) string {
+	at, _ := scanWhere(stack)
+	return at
+}
+
+// scanWhere returns where's answer and whether it found such a frame; if not, it returns
+// the first frame outside the runtime, if any.
+func scanWhere(stack []uintptr) (at string, found bool) {
+	if len(stack) == 0 {
+		return "", false
+	}
 	var fallback string
 	frames := runtime.CallersFrames(stack)
 	for {
@@ -220,14 +268,14 @@ func where(stack []uintptr) string {
 		if f.Function != "" {
 			pkg := packagePath(f.Function)
 			if !isStd(pkg) && !isOwn(pkg, f.File) {
-				return formatFrame(f)
+				return formatFrame(f), true
 			}
 			if fallback == "" && pkg != "runtime" && !strings.HasPrefix(pkg, "runtime/") && !strings.HasPrefix(pkg, "internal/") {
 				fallback = formatFrame(f)
 			}
 		}
 		if !more {
-			return fallback
+			return fallback, false
 		}
 	}
 }

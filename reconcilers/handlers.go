@@ -36,15 +36,16 @@ const (
 // cancelled the reconcile still has its outcome recorded (see Handlers).
 const recordTimeout = 10 * time.Second
 
-// Event reasons of Handlers.
+// Reasons of the Events that Handlers records on the object (all of type Warning).
 const (
-	// ReasonProgressCorrupt: the progress annotation could not be decoded; all handlers
-	// start afresh.
+	// ReasonProgressCorrupt is the reason of the Event for a progress annotation that could
+	// not be decoded; all handlers start afresh.
 	ReasonProgressCorrupt = "ProgressCorrupt"
-	// ReasonHandlerError: a handler failed and will be retried after a backoff.
+	// ReasonHandlerError is the reason of the Event for a handler that failed and will be
+	// retried after a backoff.
 	ReasonHandlerError = "HandlerError"
-	// ReasonHandlerFailed: a handler returned a reconcile.TerminalError; it is not retried
-	// for this generation of the object.
+	// ReasonHandlerFailed is the reason of the Event for a handler that returned a
+	// reconcile.TerminalError; it is not retried for this generation of the object.
 	ReasonHandlerFailed = "HandlerFailed"
 )
 
@@ -178,6 +179,19 @@ func (o *HandlersOptions) setDefaults() {
 // Handler failures are not returned as errors from Reconcile, so controller-runtime's rate
 // limiter does not override the backoff; Reconcile returns errors for failed reads and
 // patches, and terminal errors for a lifecycle that picks a handler that is not pending.
+//
+// Things to know when deploying:
+//   - Progress is per metadata.generation, which the API server bumps on changes of the
+//     spec (and not of metadata or status). A handler that changes the spec therefore
+//     starts a new generation, and all handlers run again. Objects without a generation
+//     (it stays 0, as for ConfigMaps) get one round of handlers for their whole life.
+//   - Handlers does not manage finalizers: it runs the handlers of an object being deleted
+//     like those of any other, as long as the object exists.
+//   - With drain.Options.MaxConcurrent > 0, a reconcile and the handler it runs hold a
+//     slot each: keep MaxConcurrent above the controller's MaxConcurrentReconciles, or
+//     reconciles holding every slot wait, until their context ends, for a slot for their
+//     handlers.
+//   - Handler ids are kept in the annotation: renaming a handler makes it run again.
 //
 // Handlers returns an error wrapping ErrInvalidHandlers for a nil ex or c, an empty
 // controller, no handlers, a handler with an empty or duplicate id or a nil Fn, an invalid

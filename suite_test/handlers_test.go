@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/quiesce-dev/quiesce/drain"
 	"github.com/quiesce-dev/quiesce/lifecycle"
@@ -207,6 +208,50 @@ var _ = Describe("The Handlers reconciler", func() {
 
 		stop()
 		Eventually(done, time.Minute).Should(Receive(BeNil()))
+		expectNoLeaks(cur)
+	})
+
+	It("should fail a handler for good on a terminal error, and run the others", func(ctx SpecContext) {
+		cur := goleak.IgnoreCurrent()
+		ns := newNamespace(ctx)
+		key := types.NamespacedName{Namespace: ns, Name: "fatal"}
+
+		var runs handlerRuns
+		fatal := reconcilers.Handler[*corev1.ConfigMap]{ID: "fatal", Fn: func(context.Context, *corev1.ConfigMap) error {
+			runs.add("fatal")
+			return reconcile.TerminalError(fmt.Errorf("unsupported setting %q", "x"))
+		}}
+		after := reconcilers.Handler[*corev1.ConfigMap]{ID: "after", Fn: func(context.Context, *corev1.ConfigMap) error {
+			runs.add("after")
+			return nil
+		}}
+		_, stop, done := startHandlers(ns, "handlers-terminal", drain.Options{}, []reconcilers.Handler[*corev1.ConfigMap]{fatal, after},
+			reconcilers.HandlersOptions{Lifecycle: lifecycle.OneByOne})
+		Expect(k8sClient.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "fatal"}})).To(Succeed())
+
+		Eventually(func(g Gomega) {
+			p, err := progressOf(ctx, key)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(p.Handlers["after"].Done).To(BeTrue())
+		}).Should(Succeed())
+		p, err := progressOf(ctx, key)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(p.Handlers["fatal"]).To(And(
+			HaveField("Done", BeTrue()), HaveField("Failed", BeTrue()), HaveField("Retries", BeZero()),
+			HaveField("Message", Equal(`terminal error: unsupported setting "x"`))))
+		Eventually(func(g Gomega) {
+			var evs eventsv1.EventList
+			g.Expect(k8sClient.List(ctx, &evs, client.InNamespace(ns))).To(Succeed())
+			g.Expect(evs.Items).To(ContainElement(And(
+				HaveField("Reason", reconcilers.ReasonHandlerFailed),
+				HaveField("Type", corev1.EventTypeWarning),
+				HaveField("Regarding.Name", "fatal"),
+				HaveField("Note", `Handler fatal failed for good: terminal error: unsupported setting "x"`))))
+		}).Should(Succeed())
+
+		stop()
+		Eventually(done, time.Minute).Should(Receive(BeNil()))
+		Expect(runs.get()).To(Equal(map[string]int{"fatal": 1, "after": 1}), "the failed handler is not retried")
 		expectNoLeaks(cur)
 	})
 

@@ -57,97 +57,103 @@ func WrapTyped[R comparable](ex *drain.Executor, controller string, r reconcile.
 	for _, opt := range opts {
 		opt(&o)
 	}
-	return &wrapped[R]{ex: ex, controller: controller, r: r, opts: o}
+	w := &wrapped[R]{ex: ex, r: r, opts: o, name: namer[R](controller)}
+	w.invocations.New = func() any {
+		inv := &invocation[R]{r: r}
+		inv.fn = inv.run
+		return inv
+	}
+	return w
 }
 
 type wrapped[R comparable] struct {
-	ex         *drain.Executor
-	controller string
-	r          reconcile.TypedReconciler[R]
-	opts       options
-	refusedLog sync.Once
+	ex          *drain.Executor
+	r           reconcile.TypedReconciler[R]
+	opts        options
+	name        func(R) string
+	refusedLog  sync.Once
+	invocations sync.Pool // *invocation[R]
 }
 
-// outcome carries Reconcile's result out of the tracked call. Call may return before fn
-// when the caller's context ends, so the result is published under a lock, not a plain write.
-type outcome struct {
-	mu  sync.Mutex
+// invocation carries one Reconcile into the tracked call and its result out. It is pooled
+// with its fn bound once: a closure per reconcile would cost an allocation each.
+type invocation[R comparable] struct {
+	r   reconcile.TypedReconciler[R]
+	req R
 	res reconcile.Result
-	set bool
+	fn  func(context.Context) error // run
+}
+
+func (inv *invocation[R]) run(ctx context.Context) error {
+	var err error
+	inv.res, err = inv.r.Reconcile(ctx, inv.req)
+	return err
 }
 
 func (w *wrapped[R]) Reconcile(ctx context.Context, req R) (reconcile.Result, error) {
 	if w.ex == nil || w.r == nil {
 		return reconcile.Result{}, reconcile.TerminalError(errors.New("failed to reconcile: reconcilers.Wrap got a nil executor or reconciler"))
 	}
-	name := w.controller + "/" + render(req)
 	callCtx := ctx
 	if w.ex.Driven() {
 		// The drain, not controller-runtime's shutdown, ends this reconcile (DESIGN.md).
 		callCtx = context.WithoutCancel(ctx)
 	}
-	var out outcome
-	err := w.ex.Call(callCtx, name, func(ctx context.Context) error {
-		res, err := w.r.Reconcile(withScope(ctx, w.ex, name), req)
-		out.mu.Lock()
-		out.res, out.set = res, true
-		out.mu.Unlock()
-		return err
-	})
+	// Run, not Call: controller-runtime's worker waits for its reconcile anyway, so the
+	// reconcile runs on that goroutine, tracked, with no hand-off. Run never returns before
+	// fn, so inv is free again once it returned.
+	inv := w.invocations.Get().(*invocation[R])
+	inv.req = req
+	err := w.ex.Run(callCtx, w.name(req), inv.fn)
+	res := inv.res
+	var zero R
+	inv.req, inv.res = zero, reconcile.Result{}
+	w.invocations.Put(inv)
 	if errors.Is(err, drain.ErrDraining) {
 		w.refusedLog.Do(func() {
 			log.FromContext(ctx).V(1).Info("Executor is draining: requeueing requests instead of running them")
 		})
 		return reconcile.Result{RequeueAfter: w.opts.requeueAfter}, nil
 	}
-	out.mu.Lock()
-	defer out.mu.Unlock()
-	return out.res, err
+	return res, err
 }
 
-func render[R comparable](req R) string {
-	switch r := any(req).(type) {
-	case reconcile.Request:
-		if r.Namespace == "" {
-			return r.Name
-		}
-		return r.Namespace + "/" + r.Name
-	case fmt.Stringer:
-		return r.String()
-	default:
-		return fmt.Sprint(req)
+// namer returns the function naming the reconciles of controller, chosen once: a
+// reconcile.Request is rendered without going through an interface (no allocation).
+func namer[R comparable](controller string) func(R) string {
+	var zero R
+	if _, ok := any(zero).(reconcile.Request); ok {
+		return any(func(r reconcile.Request) string {
+			if r.Namespace == "" {
+				return controller + "/" + r.Name
+			}
+			return controller + "/" + r.Namespace + "/" + r.Name
+		}).(func(R) string)
 	}
-}
-
-type scopeKey struct{}
-
-// scope is what a wrapped reconcile puts in its context for Call.
-type scope struct {
-	ex   *drain.Executor
-	name string
-}
-
-func withScope(ctx context.Context, ex *drain.Executor, name string) context.Context {
-	return context.WithValue(ctx, scopeKey{}, scope{ex: ex, name: name})
+	return func(req R) string {
+		if s, ok := any(req).(fmt.Stringer); ok {
+			return controller + "/" + s.String()
+		}
+		return controller + "/" + fmt.Sprint(req)
+	}
 }
 
 // Call runs a blocking handler call from inside a wrapped reconciler as a tracked call
 // named "<reconcile name>/<name>", and waits for it like drain.Executor.Call: if ctx ends
 // first, Call returns ctx.Err() and fn stays tracked. Calls nest: a Call inside fn is named
-// "<reconcile name>/<name>/<inner name>". Outside a wrapped reconciler it runs fn(ctx)
-// directly. A panic in fn becomes a *drain.PanicError either way.
+// "<reconcile name>/<name>/<inner name>". Inside any other tracked call (drain.FromContext)
+// it is named after that call. Outside a tracked call it runs fn(ctx) directly. A panic in
+// fn becomes a *drain.PanicError either way; an empty name or a nil fn is an error wrapping
+// drain.ErrInvalidCall.
 func Call(ctx context.Context, name string, fn func(context.Context) error) error {
 	if name == "" {
 		return fmt.Errorf("failed to run call: empty name: %w", drain.ErrInvalidCall)
 	}
-	s, ok := ctx.Value(scopeKey{}).(scope)
+	ex, outer, ok := drain.FromContext(ctx)
 	if !ok {
 		return direct(ctx, name, fn)
 	}
-	full := s.name + "/" + name
-	return s.ex.Call(ctx, full, func(ctx context.Context) error {
-		return fn(withScope(ctx, s.ex, full))
-	})
+	return ex.Call(ctx, outer+"/"+name, fn)
 }
 
 // direct runs fn on the caller's goroutine, with the executor's guarantees for bad input

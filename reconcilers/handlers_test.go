@@ -607,3 +607,17 @@ func TestHandlersShutdownBeforeAnyHandlerStartedIsQuiet(t *testing.T) {
 		t.Fatal("progress recorded for a reconcile stopped before it started a handler")
 	}
 }
+
+func TestHandlersNewObjReturningNilIsTerminal(t *testing.T) {
+	ex := drain.New(drain.Options{})
+	drained(t, ex)
+	r, err := reconcilers.Handlers(ex, fake.NewClientBuilder().Build(), "cm", func() *corev1.ConfigMap { return nil },
+		[]reconcilers.Handler[*corev1.ConfigMap]{{ID: "a", Fn: func(context.Context, *corev1.ConfigMap) error { return nil }}},
+		reconcilers.HandlersOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Reconcile(context.Background(), request("ns", "obj")); !errors.Is(err, reconcile.TerminalError(nil)) {
+		t.Fatalf("Reconcile = %v, want a terminal error", err)
+	}
+}

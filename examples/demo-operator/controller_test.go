@@ -50,6 +50,7 @@ func TestSnapshotFinishesDuringShutdown(t *testing.T) {
 		Scheme:                 scheme.Scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
+		Cache:                  cacheOptions(), // only the labelled ConfigMaps, as in main
 		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	g.Expect(err).NotTo(HaveOccurred())
@@ -74,7 +75,7 @@ func TestSnapshotFinishesDuringShutdown(t *testing.T) {
 	g.Expect(c.Create(ctx, cm)).To(Succeed())
 
 	// Stop the manager, like SIGTERM, while the snapshot runs.
-	g.Eventually(q.Executor().Pending).Should(ContainElement(HaveField("Name", "demo/default/job-1/snapshot")))
+	g.Eventually(q.Executor().Pending).WithTimeout(time.Minute).Should(ContainElement(HaveField("Name", "demo/default/job-1/snapshot")))
 	stoppedAt := time.Now()
 	stop()
 	g.Eventually(stopped).WithTimeout(time.Minute).Should(Receive(Succeed()))

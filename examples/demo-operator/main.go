@@ -78,6 +78,13 @@ type managerConfig struct {
 	workers                                      int
 }
 
+// cacheOptions make the manager's cache hold only the ConfigMaps the operator reconciles.
+func cacheOptions() cache.Options {
+	return cache.Options{ByObject: map[client.Object]cache.ByObject{
+		&corev1.ConfigMap{}: {Label: labels.SelectorFromSet(labels.Set{labelKey: labelValue})},
+	}}
+}
+
 // run starts the manager and returns the process's exit code once it stopped.
 func run(setupLog logr.Logger, c managerConfig) int {
 	// The first SIGTERM or SIGINT cancels ctx: the manager stops and the quiesce runnable
@@ -93,9 +100,7 @@ func run(setupLog logr.Logger, c managerConfig) int {
 		Metrics:                 metricsserver.Options{BindAddress: c.metricsAddr},
 		HealthProbeBindAddress:  c.probeAddr,
 		GracefulShutdownTimeout: &shutdownTimeout,
-		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-			&corev1.ConfigMap{}: {Label: labels.SelectorFromSet(labels.Set{labelKey: labelValue})},
-		}},
+		Cache:                   cacheOptions(),
 	})
 	if err != nil {
 		setupLog.Error(err, "Failed to create manager")

@@ -439,7 +439,7 @@ func (e *Executor) supervise(cancelTimer, reportTimer clock.Timer) {
 // cancelCalls ends the contexts of all running calls, and of those that start later.
 func (e *Executor) cancelCalls() {
 	// Set the flag before looking at the workers; a worker publishes its call before
-	// reading the flag (see exec), so every call is cancelled by one side or the other.
+	// reading the flag (see worker.begin), so every call is cancelled by one side or the other.
 	e.cancelled.Store(true)
 	for _, c := range e.running() {
 		c.cancel(context.Canceled)

@@ -17,32 +17,62 @@ func main() {
 
 package drain
 
-// spell runs c through n nested frames whose return addresses spell the worker's slot in
-// base 256, then the call itself (exec). The innermost frame spells the lowest digit, by
-// the case from which it calls exec; each frame below it spells the next digit, by the
-// case from which it calls spell. A slot below 256 takes one frame, below 65536 two.
+// spell runs c in n nested frames whose return addresses spell the worker's slot in base
+// 256, and then, for a worker (not a runner), each call handed to it, until it exits.
+// The innermost frame spells the lowest digit by the case from which it calls fn; each
+// frame below it spells the next digit by the case from which it calls spell. So fn's
+// frame sits right on the digits: a slot below 256 adds one frame to fn's stack, below
+// 65,536 two, and no other frame of the executor.
 //
 // Why: a report must say where each pending call's goroutine is blocked. The only stack
 // capture fast enough for thousands of goroutines is runtime.GoroutineProfile (PCs only),
 // which carries no goroutine id and no pprof label; runtime.Stack(all) and the labelled
 // pprof goroutine profile both took 140-400 ms for 10,000 goroutines here. So each
 // call's stack carries its slot number, written in return addresses, right below fn's
-// frames; see calibrate and slotMarks.nextSlot. Base 256 keeps those frames few: the
-// profile's cost grows with the frames it unwinds, and it keeps only the innermost 32.
-// It costs a few nanoseconds per call.
+// frames; see calibrate and slotMarks.nextSlot. Few frames matter: the profile's cost
+// grows with the frames it unwinds, and it keeps only the innermost 32.
+//
+// A panic or runtime.Goexit in fn settles the call and ends spell; a worker's goroutine
+// then exits (the next call starts a new one), a runner returns to Run.
 func (w *worker) spell(n int, c *call) {
 	n--
-	if n == 0 {
-		switch w.slot & 255 {
+	if n > 0 {
+		switch (w.slot >> (8 * n)) & 255 {
 `)
-	for d := range 256 {
-		fmt.Fprintf(&b, "case %d:\nw.exec(c)\n", d)
-	}
-	b.WriteString("}\nreturn\n}\nswitch (w.slot >> (8 * n)) & 255 {\n")
 	for d := range 256 {
 		fmt.Fprintf(&b, "case %d:\nw.spell(n, c)\n", d)
 	}
-	b.WriteString("}\n}\n")
+	b.WriteString(`}
+		return
+	}
+	var err error
+	returned := true
+	defer func() {
+		if !returned {
+			// recover is nil after runtime.Goexit: the goroutine ends after this.
+			w.settle(c, recover())
+		}
+		if w.wake != nil {
+			w.e.retire(w)
+		}
+	}()
+	for {
+		w.begin(c)
+		returned = false
+		switch w.slot & 255 {
+`)
+	for d := range 256 {
+		fmt.Fprintf(&b, "case %d:\nerr = c.fn(c)\n", d)
+	}
+	b.WriteString(`}
+		returned = true
+		w.finish(c, err)
+		if c = w.next(); c == nil {
+			return
+		}
+	}
+}
+`)
 	src, err := format.Source(b.Bytes())
 	if err != nil {
 		log.Fatal(err)

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 )
 
 // TestSlotsDecodeFromGoroutineProfile checks the trick reports rely on: each worker's slot
@@ -49,24 +50,36 @@ func TestSlotsDecodeFromGoroutineProfile(t *testing.T) {
 	e.Drain(context.Background())
 }
 
-// TestSlotsDecodeFromSpell checks slots of every number of digits, by a probe in exec.
+// TestSlotsDecodeFromSpell checks slots of every number of digits, by a probe in fn.
 func TestSlotsDecodeFromSpell(t *testing.T) {
 	m := calibrate()
 	if !m.ok {
 		t.Fatal("calibration failed: spell's return addresses are not distinct")
 	}
+	e := New(Options{})
 	for _, slot := range []uint32{0, 1, 17, 255, 256, 257, 4095, 0xffff, 0x10000, 0x123456, 0xff00ff, 1 << 24, 0x89abcdef, 0xffffffff} {
-		w := &worker{slot: slot, digits: spellDigits(slot), probe: make([]uintptr, 8)}
-		w.spell(w.digits, nil)
-		if got, ok := m.decodeSlot(w.probe); !ok || got != slot {
+		probe := make([]uintptr, 8)
+		c, err := e.admit(context.Background(), "probe", func(context.Context) error {
+			runtime.Callers(2, probe) // from spell's innermost frame on
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := &worker{e: e, slot: slot, digits: spellDigits(slot)}
+		w.spell(w.digits, c)
+		if got, ok := m.decodeSlot(probe); !ok || got != slot {
 			t.Errorf("slot %#x (%d frames): decoded %#x, %v", slot, w.digits, got, ok)
 		}
 		// Cut off within the digits: no slot, rather than a wrong one.
 		if w.digits > 1 {
-			if got, ok := m.decodeSlot(w.probe[:w.digits-1]); ok {
+			if got, ok := m.decodeSlot(probe[:w.digits-1]); ok {
 				t.Errorf("slot %#x cut off: decoded %#x", slot, got)
 			}
 		}
+	}
+	if err := e.Drain(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 	t.Logf("marks table: %d entries", len(m.table))
 }
@@ -125,3 +138,28 @@ func TestWhereShowsHandlerInOwnTestFile(t *testing.T) {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// TestFnEndingItsGoroutineRetiresWorker: after a panic or runtime.Goexit in fn, the
+// worker's goroutine exits and gives its slot back.
+func TestFnEndingItsGoroutineRetiresWorker(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := New(Options{})
+		for _, fn := range []func(context.Context) error{
+			func(context.Context) error { panic("x") },
+			func(context.Context) error { runtime.Goexit(); return nil },
+		} {
+			if err := e.Call(context.Background(), "ends", fn); err == nil {
+				t.Error("Call = nil")
+			}
+			synctest.Wait()
+			e.wmu.Lock()
+			if len(e.workers) != 1 || e.workers[0] != nil || len(e.free) != 1 || len(e.idle) != 0 {
+				t.Errorf("workers %v, free %v, idle %v; want slot 0 free", e.workers, e.free, e.idle)
+			}
+			e.wmu.Unlock()
+		}
+		if err := e.Drain(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

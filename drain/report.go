@@ -2,6 +2,7 @@ package drain
 
 import (
 	"cmp"
+	"context"
 	"runtime"
 	"slices"
 	"strconv"
@@ -161,7 +162,7 @@ type slotMarks struct {
 }
 
 const (
-	lowMark  = 1   // table value of the lowest digit 0: spell's call of exec in case 0
+	lowMark  = 1   // table value of the lowest digit 0: spell's call of fn in case 0
 	highMark = 257 // table value of a higher digit 0: spell's call of spell in case 0
 )
 
@@ -170,19 +171,31 @@ var (
 	marks     slotMarks
 )
 
-// calibrate learns the return addresses of spell by running it with a probe.
+// calibrate learns the return addresses of spell by running calls through it, on an
+// executor of its own, whose fn records its caller's return addresses.
 func calibrate() *slotMarks {
 	marksOnce.Do(func() {
 		var low, high [256]uintptr
 		ok := true
+		e := New(Options{CancelAfter: -1})
+		probe := func(slot uint32, digits int) (pcs [2]uintptr) {
+			c, err := e.admit(context.Background(), "calibrate", func(context.Context) error {
+				runtime.Callers(2, pcs[:]) // skip Callers and this func: spell's frames
+				return nil
+			})
+			if err != nil {
+				ok = false
+				return pcs
+			}
+			w := &worker{e: e, slot: slot, digits: digits} // a runner: one call
+			w.spell(digits, c)
+			return pcs
+		}
 		for d := range uint32(256) {
-			w := &worker{slot: d, probe: make([]uintptr, 1)}
-			w.spell(1, nil)
-			low[d] = w.probe[0]
-			w = &worker{slot: d << 8, probe: make([]uintptr, 2)}
-			w.spell(2, nil)
-			high[d] = w.probe[1]
-			if w.probe[0] != low[0] {
+			low[d] = probe(d, 1)[0]
+			pcs := probe(d<<8, 2)
+			high[d] = pcs[1]
+			if pcs[0] != low[0] {
 				ok = false
 			}
 		}
@@ -239,7 +252,7 @@ func (m *slotMarks) nextSlot(stack []uintptr) (slot uint32, ok bool, below []uin
 	for i, n := i+1, 1; i < len(stack); i, n = i+1, n+1 {
 		v := m.mark(stack[i])
 		if v < highMark {
-			// A frame below the digits (loop, or Run's caller) was recorded: no digit
+			// A frame below the digits (the goroutine's start, or Run) was recorded: no digit
 			// was cut off.
 			return slot, true, stack[i:]
 		}

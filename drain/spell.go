@@ -2,1050 +2,1074 @@
 
 package drain
 
-// spell runs c through n nested frames whose return addresses spell the worker's slot in
-// base 256, then the call itself (exec). The innermost frame spells the lowest digit, by
-// the case from which it calls exec; each frame below it spells the next digit, by the
-// case from which it calls spell. A slot below 256 takes one frame, below 65536 two.
+// spell runs c in n nested frames whose return addresses spell the worker's slot in base
+// 256, and then, for a worker (not a runner), each call handed to it, until it exits.
+// The innermost frame spells the lowest digit by the case from which it calls fn; each
+// frame below it spells the next digit by the case from which it calls spell. So fn's
+// frame sits right on the digits: a slot below 256 adds one frame to fn's stack, below
+// 65,536 two, and no other frame of the executor.
 //
 // Why: a report must say where each pending call's goroutine is blocked. The only stack
 // capture fast enough for thousands of goroutines is runtime.GoroutineProfile (PCs only),
 // which carries no goroutine id and no pprof label; runtime.Stack(all) and the labelled
 // pprof goroutine profile both took 140-400 ms for 10,000 goroutines here. So each
 // call's stack carries its slot number, written in return addresses, right below fn's
-// frames; see calibrate and slotMarks.nextSlot. Base 256 keeps those frames few: the
-// profile's cost grows with the frames it unwinds, and it keeps only the innermost 32.
-// It costs a few nanoseconds per call.
+// frames; see calibrate and slotMarks.nextSlot. Few frames matter: the profile's cost
+// grows with the frames it unwinds, and it keeps only the innermost 32.
+//
+// A panic or runtime.Goexit in fn settles the call and ends spell; a worker's goroutine
+// then exits (the next call starts a new one), a runner returns to Run.
 func (w *worker) spell(n int, c *call) {
 	n--
-	if n == 0 {
-		switch w.slot & 255 {
+	if n > 0 {
+		switch (w.slot >> (8 * n)) & 255 {
 		case 0:
-			w.exec(c)
+			w.spell(n, c)
 		case 1:
-			w.exec(c)
+			w.spell(n, c)
 		case 2:
-			w.exec(c)
+			w.spell(n, c)
 		case 3:
-			w.exec(c)
+			w.spell(n, c)
 		case 4:
-			w.exec(c)
+			w.spell(n, c)
 		case 5:
-			w.exec(c)
+			w.spell(n, c)
 		case 6:
-			w.exec(c)
+			w.spell(n, c)
 		case 7:
-			w.exec(c)
+			w.spell(n, c)
 		case 8:
-			w.exec(c)
+			w.spell(n, c)
 		case 9:
-			w.exec(c)
+			w.spell(n, c)
 		case 10:
-			w.exec(c)
+			w.spell(n, c)
 		case 11:
-			w.exec(c)
+			w.spell(n, c)
 		case 12:
-			w.exec(c)
+			w.spell(n, c)
 		case 13:
-			w.exec(c)
+			w.spell(n, c)
 		case 14:
-			w.exec(c)
+			w.spell(n, c)
 		case 15:
-			w.exec(c)
+			w.spell(n, c)
 		case 16:
-			w.exec(c)
+			w.spell(n, c)
 		case 17:
-			w.exec(c)
+			w.spell(n, c)
 		case 18:
-			w.exec(c)
+			w.spell(n, c)
 		case 19:
-			w.exec(c)
+			w.spell(n, c)
 		case 20:
-			w.exec(c)
+			w.spell(n, c)
 		case 21:
-			w.exec(c)
+			w.spell(n, c)
 		case 22:
-			w.exec(c)
+			w.spell(n, c)
 		case 23:
-			w.exec(c)
+			w.spell(n, c)
 		case 24:
-			w.exec(c)
+			w.spell(n, c)
 		case 25:
-			w.exec(c)
+			w.spell(n, c)
 		case 26:
-			w.exec(c)
+			w.spell(n, c)
 		case 27:
-			w.exec(c)
+			w.spell(n, c)
 		case 28:
-			w.exec(c)
+			w.spell(n, c)
 		case 29:
-			w.exec(c)
+			w.spell(n, c)
 		case 30:
-			w.exec(c)
+			w.spell(n, c)
 		case 31:
-			w.exec(c)
+			w.spell(n, c)
 		case 32:
-			w.exec(c)
+			w.spell(n, c)
 		case 33:
-			w.exec(c)
+			w.spell(n, c)
 		case 34:
-			w.exec(c)
+			w.spell(n, c)
 		case 35:
-			w.exec(c)
+			w.spell(n, c)
 		case 36:
-			w.exec(c)
+			w.spell(n, c)
 		case 37:
-			w.exec(c)
+			w.spell(n, c)
 		case 38:
-			w.exec(c)
+			w.spell(n, c)
 		case 39:
-			w.exec(c)
+			w.spell(n, c)
 		case 40:
-			w.exec(c)
+			w.spell(n, c)
 		case 41:
-			w.exec(c)
+			w.spell(n, c)
 		case 42:
-			w.exec(c)
+			w.spell(n, c)
 		case 43:
-			w.exec(c)
+			w.spell(n, c)
 		case 44:
-			w.exec(c)
+			w.spell(n, c)
 		case 45:
-			w.exec(c)
+			w.spell(n, c)
 		case 46:
-			w.exec(c)
+			w.spell(n, c)
 		case 47:
-			w.exec(c)
+			w.spell(n, c)
 		case 48:
-			w.exec(c)
+			w.spell(n, c)
 		case 49:
-			w.exec(c)
+			w.spell(n, c)
 		case 50:
-			w.exec(c)
+			w.spell(n, c)
 		case 51:
-			w.exec(c)
+			w.spell(n, c)
 		case 52:
-			w.exec(c)
+			w.spell(n, c)
 		case 53:
-			w.exec(c)
+			w.spell(n, c)
 		case 54:
-			w.exec(c)
+			w.spell(n, c)
 		case 55:
-			w.exec(c)
+			w.spell(n, c)
 		case 56:
-			w.exec(c)
+			w.spell(n, c)
 		case 57:
-			w.exec(c)
+			w.spell(n, c)
 		case 58:
-			w.exec(c)
+			w.spell(n, c)
 		case 59:
-			w.exec(c)
+			w.spell(n, c)
 		case 60:
-			w.exec(c)
+			w.spell(n, c)
 		case 61:
-			w.exec(c)
+			w.spell(n, c)
 		case 62:
-			w.exec(c)
+			w.spell(n, c)
 		case 63:
-			w.exec(c)
+			w.spell(n, c)
 		case 64:
-			w.exec(c)
+			w.spell(n, c)
 		case 65:
-			w.exec(c)
+			w.spell(n, c)
 		case 66:
-			w.exec(c)
+			w.spell(n, c)
 		case 67:
-			w.exec(c)
+			w.spell(n, c)
 		case 68:
-			w.exec(c)
+			w.spell(n, c)
 		case 69:
-			w.exec(c)
+			w.spell(n, c)
 		case 70:
-			w.exec(c)
+			w.spell(n, c)
 		case 71:
-			w.exec(c)
+			w.spell(n, c)
 		case 72:
-			w.exec(c)
+			w.spell(n, c)
 		case 73:
-			w.exec(c)
+			w.spell(n, c)
 		case 74:
-			w.exec(c)
+			w.spell(n, c)
 		case 75:
-			w.exec(c)
+			w.spell(n, c)
 		case 76:
-			w.exec(c)
+			w.spell(n, c)
 		case 77:
-			w.exec(c)
+			w.spell(n, c)
 		case 78:
-			w.exec(c)
+			w.spell(n, c)
 		case 79:
-			w.exec(c)
+			w.spell(n, c)
 		case 80:
-			w.exec(c)
+			w.spell(n, c)
 		case 81:
-			w.exec(c)
+			w.spell(n, c)
 		case 82:
-			w.exec(c)
+			w.spell(n, c)
 		case 83:
-			w.exec(c)
+			w.spell(n, c)
 		case 84:
-			w.exec(c)
+			w.spell(n, c)
 		case 85:
-			w.exec(c)
+			w.spell(n, c)
 		case 86:
-			w.exec(c)
+			w.spell(n, c)
 		case 87:
-			w.exec(c)
+			w.spell(n, c)
 		case 88:
-			w.exec(c)
+			w.spell(n, c)
 		case 89:
-			w.exec(c)
+			w.spell(n, c)
 		case 90:
-			w.exec(c)
+			w.spell(n, c)
 		case 91:
-			w.exec(c)
+			w.spell(n, c)
 		case 92:
-			w.exec(c)
+			w.spell(n, c)
 		case 93:
-			w.exec(c)
+			w.spell(n, c)
 		case 94:
-			w.exec(c)
+			w.spell(n, c)
 		case 95:
-			w.exec(c)
+			w.spell(n, c)
 		case 96:
-			w.exec(c)
+			w.spell(n, c)
 		case 97:
-			w.exec(c)
+			w.spell(n, c)
 		case 98:
-			w.exec(c)
+			w.spell(n, c)
 		case 99:
-			w.exec(c)
+			w.spell(n, c)
 		case 100:
-			w.exec(c)
+			w.spell(n, c)
 		case 101:
-			w.exec(c)
+			w.spell(n, c)
 		case 102:
-			w.exec(c)
+			w.spell(n, c)
 		case 103:
-			w.exec(c)
+			w.spell(n, c)
 		case 104:
-			w.exec(c)
+			w.spell(n, c)
 		case 105:
-			w.exec(c)
+			w.spell(n, c)
 		case 106:
-			w.exec(c)
+			w.spell(n, c)
 		case 107:
-			w.exec(c)
+			w.spell(n, c)
 		case 108:
-			w.exec(c)
+			w.spell(n, c)
 		case 109:
-			w.exec(c)
+			w.spell(n, c)
 		case 110:
-			w.exec(c)
+			w.spell(n, c)
 		case 111:
-			w.exec(c)
+			w.spell(n, c)
 		case 112:
-			w.exec(c)
+			w.spell(n, c)
 		case 113:
-			w.exec(c)
+			w.spell(n, c)
 		case 114:
-			w.exec(c)
+			w.spell(n, c)
 		case 115:
-			w.exec(c)
+			w.spell(n, c)
 		case 116:
-			w.exec(c)
+			w.spell(n, c)
 		case 117:
-			w.exec(c)
+			w.spell(n, c)
 		case 118:
-			w.exec(c)
+			w.spell(n, c)
 		case 119:
-			w.exec(c)
+			w.spell(n, c)
 		case 120:
-			w.exec(c)
+			w.spell(n, c)
 		case 121:
-			w.exec(c)
+			w.spell(n, c)
 		case 122:
-			w.exec(c)
+			w.spell(n, c)
 		case 123:
-			w.exec(c)
+			w.spell(n, c)
 		case 124:
-			w.exec(c)
+			w.spell(n, c)
 		case 125:
-			w.exec(c)
+			w.spell(n, c)
 		case 126:
-			w.exec(c)
+			w.spell(n, c)
 		case 127:
-			w.exec(c)
+			w.spell(n, c)
 		case 128:
-			w.exec(c)
+			w.spell(n, c)
 		case 129:
-			w.exec(c)
+			w.spell(n, c)
 		case 130:
-			w.exec(c)
+			w.spell(n, c)
 		case 131:
-			w.exec(c)
+			w.spell(n, c)
 		case 132:
-			w.exec(c)
+			w.spell(n, c)
 		case 133:
-			w.exec(c)
+			w.spell(n, c)
 		case 134:
-			w.exec(c)
+			w.spell(n, c)
 		case 135:
-			w.exec(c)
+			w.spell(n, c)
 		case 136:
-			w.exec(c)
+			w.spell(n, c)
 		case 137:
-			w.exec(c)
+			w.spell(n, c)
 		case 138:
-			w.exec(c)
+			w.spell(n, c)
 		case 139:
-			w.exec(c)
+			w.spell(n, c)
 		case 140:
-			w.exec(c)
+			w.spell(n, c)
 		case 141:
-			w.exec(c)
+			w.spell(n, c)
 		case 142:
-			w.exec(c)
+			w.spell(n, c)
 		case 143:
-			w.exec(c)
+			w.spell(n, c)
 		case 144:
-			w.exec(c)
+			w.spell(n, c)
 		case 145:
-			w.exec(c)
+			w.spell(n, c)
 		case 146:
-			w.exec(c)
+			w.spell(n, c)
 		case 147:
-			w.exec(c)
+			w.spell(n, c)
 		case 148:
-			w.exec(c)
+			w.spell(n, c)
 		case 149:
-			w.exec(c)
+			w.spell(n, c)
 		case 150:
-			w.exec(c)
+			w.spell(n, c)
 		case 151:
-			w.exec(c)
+			w.spell(n, c)
 		case 152:
-			w.exec(c)
+			w.spell(n, c)
 		case 153:
-			w.exec(c)
+			w.spell(n, c)
 		case 154:
-			w.exec(c)
+			w.spell(n, c)
 		case 155:
-			w.exec(c)
+			w.spell(n, c)
 		case 156:
-			w.exec(c)
+			w.spell(n, c)
 		case 157:
-			w.exec(c)
+			w.spell(n, c)
 		case 158:
-			w.exec(c)
+			w.spell(n, c)
 		case 159:
-			w.exec(c)
+			w.spell(n, c)
 		case 160:
-			w.exec(c)
+			w.spell(n, c)
 		case 161:
-			w.exec(c)
+			w.spell(n, c)
 		case 162:
-			w.exec(c)
+			w.spell(n, c)
 		case 163:
-			w.exec(c)
+			w.spell(n, c)
 		case 164:
-			w.exec(c)
+			w.spell(n, c)
 		case 165:
-			w.exec(c)
+			w.spell(n, c)
 		case 166:
-			w.exec(c)
+			w.spell(n, c)
 		case 167:
-			w.exec(c)
+			w.spell(n, c)
 		case 168:
-			w.exec(c)
+			w.spell(n, c)
 		case 169:
-			w.exec(c)
+			w.spell(n, c)
 		case 170:
-			w.exec(c)
+			w.spell(n, c)
 		case 171:
-			w.exec(c)
+			w.spell(n, c)
 		case 172:
-			w.exec(c)
+			w.spell(n, c)
 		case 173:
-			w.exec(c)
+			w.spell(n, c)
 		case 174:
-			w.exec(c)
+			w.spell(n, c)
 		case 175:
-			w.exec(c)
+			w.spell(n, c)
 		case 176:
-			w.exec(c)
+			w.spell(n, c)
 		case 177:
-			w.exec(c)
+			w.spell(n, c)
 		case 178:
-			w.exec(c)
+			w.spell(n, c)
 		case 179:
-			w.exec(c)
+			w.spell(n, c)
 		case 180:
-			w.exec(c)
+			w.spell(n, c)
 		case 181:
-			w.exec(c)
+			w.spell(n, c)
 		case 182:
-			w.exec(c)
+			w.spell(n, c)
 		case 183:
-			w.exec(c)
+			w.spell(n, c)
 		case 184:
-			w.exec(c)
+			w.spell(n, c)
 		case 185:
-			w.exec(c)
+			w.spell(n, c)
 		case 186:
-			w.exec(c)
+			w.spell(n, c)
 		case 187:
-			w.exec(c)
+			w.spell(n, c)
 		case 188:
-			w.exec(c)
+			w.spell(n, c)
 		case 189:
-			w.exec(c)
+			w.spell(n, c)
 		case 190:
-			w.exec(c)
+			w.spell(n, c)
 		case 191:
-			w.exec(c)
+			w.spell(n, c)
 		case 192:
-			w.exec(c)
+			w.spell(n, c)
 		case 193:
-			w.exec(c)
+			w.spell(n, c)
 		case 194:
-			w.exec(c)
+			w.spell(n, c)
 		case 195:
-			w.exec(c)
+			w.spell(n, c)
 		case 196:
-			w.exec(c)
+			w.spell(n, c)
 		case 197:
-			w.exec(c)
+			w.spell(n, c)
 		case 198:
-			w.exec(c)
+			w.spell(n, c)
 		case 199:
-			w.exec(c)
+			w.spell(n, c)
 		case 200:
-			w.exec(c)
+			w.spell(n, c)
 		case 201:
-			w.exec(c)
+			w.spell(n, c)
 		case 202:
-			w.exec(c)
+			w.spell(n, c)
 		case 203:
-			w.exec(c)
+			w.spell(n, c)
 		case 204:
-			w.exec(c)
+			w.spell(n, c)
 		case 205:
-			w.exec(c)
+			w.spell(n, c)
 		case 206:
-			w.exec(c)
+			w.spell(n, c)
 		case 207:
-			w.exec(c)
+			w.spell(n, c)
 		case 208:
-			w.exec(c)
+			w.spell(n, c)
 		case 209:
-			w.exec(c)
+			w.spell(n, c)
 		case 210:
-			w.exec(c)
+			w.spell(n, c)
 		case 211:
-			w.exec(c)
+			w.spell(n, c)
 		case 212:
-			w.exec(c)
+			w.spell(n, c)
 		case 213:
-			w.exec(c)
+			w.spell(n, c)
 		case 214:
-			w.exec(c)
+			w.spell(n, c)
 		case 215:
-			w.exec(c)
+			w.spell(n, c)
 		case 216:
-			w.exec(c)
+			w.spell(n, c)
 		case 217:
-			w.exec(c)
+			w.spell(n, c)
 		case 218:
-			w.exec(c)
+			w.spell(n, c)
 		case 219:
-			w.exec(c)
+			w.spell(n, c)
 		case 220:
-			w.exec(c)
+			w.spell(n, c)
 		case 221:
-			w.exec(c)
+			w.spell(n, c)
 		case 222:
-			w.exec(c)
+			w.spell(n, c)
 		case 223:
-			w.exec(c)
+			w.spell(n, c)
 		case 224:
-			w.exec(c)
+			w.spell(n, c)
 		case 225:
-			w.exec(c)
+			w.spell(n, c)
 		case 226:
-			w.exec(c)
+			w.spell(n, c)
 		case 227:
-			w.exec(c)
+			w.spell(n, c)
 		case 228:
-			w.exec(c)
+			w.spell(n, c)
 		case 229:
-			w.exec(c)
+			w.spell(n, c)
 		case 230:
-			w.exec(c)
+			w.spell(n, c)
 		case 231:
-			w.exec(c)
+			w.spell(n, c)
 		case 232:
-			w.exec(c)
+			w.spell(n, c)
 		case 233:
-			w.exec(c)
+			w.spell(n, c)
 		case 234:
-			w.exec(c)
+			w.spell(n, c)
 		case 235:
-			w.exec(c)
+			w.spell(n, c)
 		case 236:
-			w.exec(c)
+			w.spell(n, c)
 		case 237:
-			w.exec(c)
+			w.spell(n, c)
 		case 238:
-			w.exec(c)
+			w.spell(n, c)
 		case 239:
-			w.exec(c)
+			w.spell(n, c)
 		case 240:
-			w.exec(c)
+			w.spell(n, c)
 		case 241:
-			w.exec(c)
+			w.spell(n, c)
 		case 242:
-			w.exec(c)
+			w.spell(n, c)
 		case 243:
-			w.exec(c)
+			w.spell(n, c)
 		case 244:
-			w.exec(c)
+			w.spell(n, c)
 		case 245:
-			w.exec(c)
+			w.spell(n, c)
 		case 246:
-			w.exec(c)
+			w.spell(n, c)
 		case 247:
-			w.exec(c)
+			w.spell(n, c)
 		case 248:
-			w.exec(c)
+			w.spell(n, c)
 		case 249:
-			w.exec(c)
+			w.spell(n, c)
 		case 250:
-			w.exec(c)
+			w.spell(n, c)
 		case 251:
-			w.exec(c)
+			w.spell(n, c)
 		case 252:
-			w.exec(c)
+			w.spell(n, c)
 		case 253:
-			w.exec(c)
+			w.spell(n, c)
 		case 254:
-			w.exec(c)
+			w.spell(n, c)
 		case 255:
-			w.exec(c)
+			w.spell(n, c)
 		}
 		return
 	}
-	switch (w.slot >> (8 * n)) & 255 {
-	case 0:
-		w.spell(n, c)
-	case 1:
-		w.spell(n, c)
-	case 2:
-		w.spell(n, c)
-	case 3:
-		w.spell(n, c)
-	case 4:
-		w.spell(n, c)
-	case 5:
-		w.spell(n, c)
-	case 6:
-		w.spell(n, c)
-	case 7:
-		w.spell(n, c)
-	case 8:
-		w.spell(n, c)
-	case 9:
-		w.spell(n, c)
-	case 10:
-		w.spell(n, c)
-	case 11:
-		w.spell(n, c)
-	case 12:
-		w.spell(n, c)
-	case 13:
-		w.spell(n, c)
-	case 14:
-		w.spell(n, c)
-	case 15:
-		w.spell(n, c)
-	case 16:
-		w.spell(n, c)
-	case 17:
-		w.spell(n, c)
-	case 18:
-		w.spell(n, c)
-	case 19:
-		w.spell(n, c)
-	case 20:
-		w.spell(n, c)
-	case 21:
-		w.spell(n, c)
-	case 22:
-		w.spell(n, c)
-	case 23:
-		w.spell(n, c)
-	case 24:
-		w.spell(n, c)
-	case 25:
-		w.spell(n, c)
-	case 26:
-		w.spell(n, c)
-	case 27:
-		w.spell(n, c)
-	case 28:
-		w.spell(n, c)
-	case 29:
-		w.spell(n, c)
-	case 30:
-		w.spell(n, c)
-	case 31:
-		w.spell(n, c)
-	case 32:
-		w.spell(n, c)
-	case 33:
-		w.spell(n, c)
-	case 34:
-		w.spell(n, c)
-	case 35:
-		w.spell(n, c)
-	case 36:
-		w.spell(n, c)
-	case 37:
-		w.spell(n, c)
-	case 38:
-		w.spell(n, c)
-	case 39:
-		w.spell(n, c)
-	case 40:
-		w.spell(n, c)
-	case 41:
-		w.spell(n, c)
-	case 42:
-		w.spell(n, c)
-	case 43:
-		w.spell(n, c)
-	case 44:
-		w.spell(n, c)
-	case 45:
-		w.spell(n, c)
-	case 46:
-		w.spell(n, c)
-	case 47:
-		w.spell(n, c)
-	case 48:
-		w.spell(n, c)
-	case 49:
-		w.spell(n, c)
-	case 50:
-		w.spell(n, c)
-	case 51:
-		w.spell(n, c)
-	case 52:
-		w.spell(n, c)
-	case 53:
-		w.spell(n, c)
-	case 54:
-		w.spell(n, c)
-	case 55:
-		w.spell(n, c)
-	case 56:
-		w.spell(n, c)
-	case 57:
-		w.spell(n, c)
-	case 58:
-		w.spell(n, c)
-	case 59:
-		w.spell(n, c)
-	case 60:
-		w.spell(n, c)
-	case 61:
-		w.spell(n, c)
-	case 62:
-		w.spell(n, c)
-	case 63:
-		w.spell(n, c)
-	case 64:
-		w.spell(n, c)
-	case 65:
-		w.spell(n, c)
-	case 66:
-		w.spell(n, c)
-	case 67:
-		w.spell(n, c)
-	case 68:
-		w.spell(n, c)
-	case 69:
-		w.spell(n, c)
-	case 70:
-		w.spell(n, c)
-	case 71:
-		w.spell(n, c)
-	case 72:
-		w.spell(n, c)
-	case 73:
-		w.spell(n, c)
-	case 74:
-		w.spell(n, c)
-	case 75:
-		w.spell(n, c)
-	case 76:
-		w.spell(n, c)
-	case 77:
-		w.spell(n, c)
-	case 78:
-		w.spell(n, c)
-	case 79:
-		w.spell(n, c)
-	case 80:
-		w.spell(n, c)
-	case 81:
-		w.spell(n, c)
-	case 82:
-		w.spell(n, c)
-	case 83:
-		w.spell(n, c)
-	case 84:
-		w.spell(n, c)
-	case 85:
-		w.spell(n, c)
-	case 86:
-		w.spell(n, c)
-	case 87:
-		w.spell(n, c)
-	case 88:
-		w.spell(n, c)
-	case 89:
-		w.spell(n, c)
-	case 90:
-		w.spell(n, c)
-	case 91:
-		w.spell(n, c)
-	case 92:
-		w.spell(n, c)
-	case 93:
-		w.spell(n, c)
-	case 94:
-		w.spell(n, c)
-	case 95:
-		w.spell(n, c)
-	case 96:
-		w.spell(n, c)
-	case 97:
-		w.spell(n, c)
-	case 98:
-		w.spell(n, c)
-	case 99:
-		w.spell(n, c)
-	case 100:
-		w.spell(n, c)
-	case 101:
-		w.spell(n, c)
-	case 102:
-		w.spell(n, c)
-	case 103:
-		w.spell(n, c)
-	case 104:
-		w.spell(n, c)
-	case 105:
-		w.spell(n, c)
-	case 106:
-		w.spell(n, c)
-	case 107:
-		w.spell(n, c)
-	case 108:
-		w.spell(n, c)
-	case 109:
-		w.spell(n, c)
-	case 110:
-		w.spell(n, c)
-	case 111:
-		w.spell(n, c)
-	case 112:
-		w.spell(n, c)
-	case 113:
-		w.spell(n, c)
-	case 114:
-		w.spell(n, c)
-	case 115:
-		w.spell(n, c)
-	case 116:
-		w.spell(n, c)
-	case 117:
-		w.spell(n, c)
-	case 118:
-		w.spell(n, c)
-	case 119:
-		w.spell(n, c)
-	case 120:
-		w.spell(n, c)
-	case 121:
-		w.spell(n, c)
-	case 122:
-		w.spell(n, c)
-	case 123:
-		w.spell(n, c)
-	case 124:
-		w.spell(n, c)
-	case 125:
-		w.spell(n, c)
-	case 126:
-		w.spell(n, c)
-	case 127:
-		w.spell(n, c)
-	case 128:
-		w.spell(n, c)
-	case 129:
-		w.spell(n, c)
-	case 130:
-		w.spell(n, c)
-	case 131:
-		w.spell(n, c)
-	case 132:
-		w.spell(n, c)
-	case 133:
-		w.spell(n, c)
-	case 134:
-		w.spell(n, c)
-	case 135:
-		w.spell(n, c)
-	case 136:
-		w.spell(n, c)
-	case 137:
-		w.spell(n, c)
-	case 138:
-		w.spell(n, c)
-	case 139:
-		w.spell(n, c)
-	case 140:
-		w.spell(n, c)
-	case 141:
-		w.spell(n, c)
-	case 142:
-		w.spell(n, c)
-	case 143:
-		w.spell(n, c)
-	case 144:
-		w.spell(n, c)
-	case 145:
-		w.spell(n, c)
-	case 146:
-		w.spell(n, c)
-	case 147:
-		w.spell(n, c)
-	case 148:
-		w.spell(n, c)
-	case 149:
-		w.spell(n, c)
-	case 150:
-		w.spell(n, c)
-	case 151:
-		w.spell(n, c)
-	case 152:
-		w.spell(n, c)
-	case 153:
-		w.spell(n, c)
-	case 154:
-		w.spell(n, c)
-	case 155:
-		w.spell(n, c)
-	case 156:
-		w.spell(n, c)
-	case 157:
-		w.spell(n, c)
-	case 158:
-		w.spell(n, c)
-	case 159:
-		w.spell(n, c)
-	case 160:
-		w.spell(n, c)
-	case 161:
-		w.spell(n, c)
-	case 162:
-		w.spell(n, c)
-	case 163:
-		w.spell(n, c)
-	case 164:
-		w.spell(n, c)
-	case 165:
-		w.spell(n, c)
-	case 166:
-		w.spell(n, c)
-	case 167:
-		w.spell(n, c)
-	case 168:
-		w.spell(n, c)
-	case 169:
-		w.spell(n, c)
-	case 170:
-		w.spell(n, c)
-	case 171:
-		w.spell(n, c)
-	case 172:
-		w.spell(n, c)
-	case 173:
-		w.spell(n, c)
-	case 174:
-		w.spell(n, c)
-	case 175:
-		w.spell(n, c)
-	case 176:
-		w.spell(n, c)
-	case 177:
-		w.spell(n, c)
-	case 178:
-		w.spell(n, c)
-	case 179:
-		w.spell(n, c)
-	case 180:
-		w.spell(n, c)
-	case 181:
-		w.spell(n, c)
-	case 182:
-		w.spell(n, c)
-	case 183:
-		w.spell(n, c)
-	case 184:
-		w.spell(n, c)
-	case 185:
-		w.spell(n, c)
-	case 186:
-		w.spell(n, c)
-	case 187:
-		w.spell(n, c)
-	case 188:
-		w.spell(n, c)
-	case 189:
-		w.spell(n, c)
-	case 190:
-		w.spell(n, c)
-	case 191:
-		w.spell(n, c)
-	case 192:
-		w.spell(n, c)
-	case 193:
-		w.spell(n, c)
-	case 194:
-		w.spell(n, c)
-	case 195:
-		w.spell(n, c)
-	case 196:
-		w.spell(n, c)
-	case 197:
-		w.spell(n, c)
-	case 198:
-		w.spell(n, c)
-	case 199:
-		w.spell(n, c)
-	case 200:
-		w.spell(n, c)
-	case 201:
-		w.spell(n, c)
-	case 202:
-		w.spell(n, c)
-	case 203:
-		w.spell(n, c)
-	case 204:
-		w.spell(n, c)
-	case 205:
-		w.spell(n, c)
-	case 206:
-		w.spell(n, c)
-	case 207:
-		w.spell(n, c)
-	case 208:
-		w.spell(n, c)
-	case 209:
-		w.spell(n, c)
-	case 210:
-		w.spell(n, c)
-	case 211:
-		w.spell(n, c)
-	case 212:
-		w.spell(n, c)
-	case 213:
-		w.spell(n, c)
-	case 214:
-		w.spell(n, c)
-	case 215:
-		w.spell(n, c)
-	case 216:
-		w.spell(n, c)
-	case 217:
-		w.spell(n, c)
-	case 218:
-		w.spell(n, c)
-	case 219:
-		w.spell(n, c)
-	case 220:
-		w.spell(n, c)
-	case 221:
-		w.spell(n, c)
-	case 222:
-		w.spell(n, c)
-	case 223:
-		w.spell(n, c)
-	case 224:
-		w.spell(n, c)
-	case 225:
-		w.spell(n, c)
-	case 226:
-		w.spell(n, c)
-	case 227:
-		w.spell(n, c)
-	case 228:
-		w.spell(n, c)
-	case 229:
-		w.spell(n, c)
-	case 230:
-		w.spell(n, c)
-	case 231:
-		w.spell(n, c)
-	case 232:
-		w.spell(n, c)
-	case 233:
-		w.spell(n, c)
-	case 234:
-		w.spell(n, c)
-	case 235:
-		w.spell(n, c)
-	case 236:
-		w.spell(n, c)
-	case 237:
-		w.spell(n, c)
-	case 238:
-		w.spell(n, c)
-	case 239:
-		w.spell(n, c)
-	case 240:
-		w.spell(n, c)
-	case 241:
-		w.spell(n, c)
-	case 242:
-		w.spell(n, c)
-	case 243:
-		w.spell(n, c)
-	case 244:
-		w.spell(n, c)
-	case 245:
-		w.spell(n, c)
-	case 246:
-		w.spell(n, c)
-	case 247:
-		w.spell(n, c)
-	case 248:
-		w.spell(n, c)
-	case 249:
-		w.spell(n, c)
-	case 250:
-		w.spell(n, c)
-	case 251:
-		w.spell(n, c)
-	case 252:
-		w.spell(n, c)
-	case 253:
-		w.spell(n, c)
-	case 254:
-		w.spell(n, c)
-	case 255:
-		w.spell(n, c)
+	var err error
+	returned := true
+	defer func() {
+		if !returned {
+			// recover is nil after runtime.Goexit: the goroutine ends after this.
+			w.settle(c, recover())
+		}
+		if w.wake != nil {
+			w.e.retire(w)
+		}
+	}()
+	for {
+		w.begin(c)
+		returned = false
+		switch w.slot & 255 {
+		case 0:
+			err = c.fn(c)
+		case 1:
+			err = c.fn(c)
+		case 2:
+			err = c.fn(c)
+		case 3:
+			err = c.fn(c)
+		case 4:
+			err = c.fn(c)
+		case 5:
+			err = c.fn(c)
+		case 6:
+			err = c.fn(c)
+		case 7:
+			err = c.fn(c)
+		case 8:
+			err = c.fn(c)
+		case 9:
+			err = c.fn(c)
+		case 10:
+			err = c.fn(c)
+		case 11:
+			err = c.fn(c)
+		case 12:
+			err = c.fn(c)
+		case 13:
+			err = c.fn(c)
+		case 14:
+			err = c.fn(c)
+		case 15:
+			err = c.fn(c)
+		case 16:
+			err = c.fn(c)
+		case 17:
+			err = c.fn(c)
+		case 18:
+			err = c.fn(c)
+		case 19:
+			err = c.fn(c)
+		case 20:
+			err = c.fn(c)
+		case 21:
+			err = c.fn(c)
+		case 22:
+			err = c.fn(c)
+		case 23:
+			err = c.fn(c)
+		case 24:
+			err = c.fn(c)
+		case 25:
+			err = c.fn(c)
+		case 26:
+			err = c.fn(c)
+		case 27:
+			err = c.fn(c)
+		case 28:
+			err = c.fn(c)
+		case 29:
+			err = c.fn(c)
+		case 30:
+			err = c.fn(c)
+		case 31:
+			err = c.fn(c)
+		case 32:
+			err = c.fn(c)
+		case 33:
+			err = c.fn(c)
+		case 34:
+			err = c.fn(c)
+		case 35:
+			err = c.fn(c)
+		case 36:
+			err = c.fn(c)
+		case 37:
+			err = c.fn(c)
+		case 38:
+			err = c.fn(c)
+		case 39:
+			err = c.fn(c)
+		case 40:
+			err = c.fn(c)
+		case 41:
+			err = c.fn(c)
+		case 42:
+			err = c.fn(c)
+		case 43:
+			err = c.fn(c)
+		case 44:
+			err = c.fn(c)
+		case 45:
+			err = c.fn(c)
+		case 46:
+			err = c.fn(c)
+		case 47:
+			err = c.fn(c)
+		case 48:
+			err = c.fn(c)
+		case 49:
+			err = c.fn(c)
+		case 50:
+			err = c.fn(c)
+		case 51:
+			err = c.fn(c)
+		case 52:
+			err = c.fn(c)
+		case 53:
+			err = c.fn(c)
+		case 54:
+			err = c.fn(c)
+		case 55:
+			err = c.fn(c)
+		case 56:
+			err = c.fn(c)
+		case 57:
+			err = c.fn(c)
+		case 58:
+			err = c.fn(c)
+		case 59:
+			err = c.fn(c)
+		case 60:
+			err = c.fn(c)
+		case 61:
+			err = c.fn(c)
+		case 62:
+			err = c.fn(c)
+		case 63:
+			err = c.fn(c)
+		case 64:
+			err = c.fn(c)
+		case 65:
+			err = c.fn(c)
+		case 66:
+			err = c.fn(c)
+		case 67:
+			err = c.fn(c)
+		case 68:
+			err = c.fn(c)
+		case 69:
+			err = c.fn(c)
+		case 70:
+			err = c.fn(c)
+		case 71:
+			err = c.fn(c)
+		case 72:
+			err = c.fn(c)
+		case 73:
+			err = c.fn(c)
+		case 74:
+			err = c.fn(c)
+		case 75:
+			err = c.fn(c)
+		case 76:
+			err = c.fn(c)
+		case 77:
+			err = c.fn(c)
+		case 78:
+			err = c.fn(c)
+		case 79:
+			err = c.fn(c)
+		case 80:
+			err = c.fn(c)
+		case 81:
+			err = c.fn(c)
+		case 82:
+			err = c.fn(c)
+		case 83:
+			err = c.fn(c)
+		case 84:
+			err = c.fn(c)
+		case 85:
+			err = c.fn(c)
+		case 86:
+			err = c.fn(c)
+		case 87:
+			err = c.fn(c)
+		case 88:
+			err = c.fn(c)
+		case 89:
+			err = c.fn(c)
+		case 90:
+			err = c.fn(c)
+		case 91:
+			err = c.fn(c)
+		case 92:
+			err = c.fn(c)
+		case 93:
+			err = c.fn(c)
+		case 94:
+			err = c.fn(c)
+		case 95:
+			err = c.fn(c)
+		case 96:
+			err = c.fn(c)
+		case 97:
+			err = c.fn(c)
+		case 98:
+			err = c.fn(c)
+		case 99:
+			err = c.fn(c)
+		case 100:
+			err = c.fn(c)
+		case 101:
+			err = c.fn(c)
+		case 102:
+			err = c.fn(c)
+		case 103:
+			err = c.fn(c)
+		case 104:
+			err = c.fn(c)
+		case 105:
+			err = c.fn(c)
+		case 106:
+			err = c.fn(c)
+		case 107:
+			err = c.fn(c)
+		case 108:
+			err = c.fn(c)
+		case 109:
+			err = c.fn(c)
+		case 110:
+			err = c.fn(c)
+		case 111:
+			err = c.fn(c)
+		case 112:
+			err = c.fn(c)
+		case 113:
+			err = c.fn(c)
+		case 114:
+			err = c.fn(c)
+		case 115:
+			err = c.fn(c)
+		case 116:
+			err = c.fn(c)
+		case 117:
+			err = c.fn(c)
+		case 118:
+			err = c.fn(c)
+		case 119:
+			err = c.fn(c)
+		case 120:
+			err = c.fn(c)
+		case 121:
+			err = c.fn(c)
+		case 122:
+			err = c.fn(c)
+		case 123:
+			err = c.fn(c)
+		case 124:
+			err = c.fn(c)
+		case 125:
+			err = c.fn(c)
+		case 126:
+			err = c.fn(c)
+		case 127:
+			err = c.fn(c)
+		case 128:
+			err = c.fn(c)
+		case 129:
+			err = c.fn(c)
+		case 130:
+			err = c.fn(c)
+		case 131:
+			err = c.fn(c)
+		case 132:
+			err = c.fn(c)
+		case 133:
+			err = c.fn(c)
+		case 134:
+			err = c.fn(c)
+		case 135:
+			err = c.fn(c)
+		case 136:
+			err = c.fn(c)
+		case 137:
+			err = c.fn(c)
+		case 138:
+			err = c.fn(c)
+		case 139:
+			err = c.fn(c)
+		case 140:
+			err = c.fn(c)
+		case 141:
+			err = c.fn(c)
+		case 142:
+			err = c.fn(c)
+		case 143:
+			err = c.fn(c)
+		case 144:
+			err = c.fn(c)
+		case 145:
+			err = c.fn(c)
+		case 146:
+			err = c.fn(c)
+		case 147:
+			err = c.fn(c)
+		case 148:
+			err = c.fn(c)
+		case 149:
+			err = c.fn(c)
+		case 150:
+			err = c.fn(c)
+		case 151:
+			err = c.fn(c)
+		case 152:
+			err = c.fn(c)
+		case 153:
+			err = c.fn(c)
+		case 154:
+			err = c.fn(c)
+		case 155:
+			err = c.fn(c)
+		case 156:
+			err = c.fn(c)
+		case 157:
+			err = c.fn(c)
+		case 158:
+			err = c.fn(c)
+		case 159:
+			err = c.fn(c)
+		case 160:
+			err = c.fn(c)
+		case 161:
+			err = c.fn(c)
+		case 162:
+			err = c.fn(c)
+		case 163:
+			err = c.fn(c)
+		case 164:
+			err = c.fn(c)
+		case 165:
+			err = c.fn(c)
+		case 166:
+			err = c.fn(c)
+		case 167:
+			err = c.fn(c)
+		case 168:
+			err = c.fn(c)
+		case 169:
+			err = c.fn(c)
+		case 170:
+			err = c.fn(c)
+		case 171:
+			err = c.fn(c)
+		case 172:
+			err = c.fn(c)
+		case 173:
+			err = c.fn(c)
+		case 174:
+			err = c.fn(c)
+		case 175:
+			err = c.fn(c)
+		case 176:
+			err = c.fn(c)
+		case 177:
+			err = c.fn(c)
+		case 178:
+			err = c.fn(c)
+		case 179:
+			err = c.fn(c)
+		case 180:
+			err = c.fn(c)
+		case 181:
+			err = c.fn(c)
+		case 182:
+			err = c.fn(c)
+		case 183:
+			err = c.fn(c)
+		case 184:
+			err = c.fn(c)
+		case 185:
+			err = c.fn(c)
+		case 186:
+			err = c.fn(c)
+		case 187:
+			err = c.fn(c)
+		case 188:
+			err = c.fn(c)
+		case 189:
+			err = c.fn(c)
+		case 190:
+			err = c.fn(c)
+		case 191:
+			err = c.fn(c)
+		case 192:
+			err = c.fn(c)
+		case 193:
+			err = c.fn(c)
+		case 194:
+			err = c.fn(c)
+		case 195:
+			err = c.fn(c)
+		case 196:
+			err = c.fn(c)
+		case 197:
+			err = c.fn(c)
+		case 198:
+			err = c.fn(c)
+		case 199:
+			err = c.fn(c)
+		case 200:
+			err = c.fn(c)
+		case 201:
+			err = c.fn(c)
+		case 202:
+			err = c.fn(c)
+		case 203:
+			err = c.fn(c)
+		case 204:
+			err = c.fn(c)
+		case 205:
+			err = c.fn(c)
+		case 206:
+			err = c.fn(c)
+		case 207:
+			err = c.fn(c)
+		case 208:
+			err = c.fn(c)
+		case 209:
+			err = c.fn(c)
+		case 210:
+			err = c.fn(c)
+		case 211:
+			err = c.fn(c)
+		case 212:
+			err = c.fn(c)
+		case 213:
+			err = c.fn(c)
+		case 214:
+			err = c.fn(c)
+		case 215:
+			err = c.fn(c)
+		case 216:
+			err = c.fn(c)
+		case 217:
+			err = c.fn(c)
+		case 218:
+			err = c.fn(c)
+		case 219:
+			err = c.fn(c)
+		case 220:
+			err = c.fn(c)
+		case 221:
+			err = c.fn(c)
+		case 222:
+			err = c.fn(c)
+		case 223:
+			err = c.fn(c)
+		case 224:
+			err = c.fn(c)
+		case 225:
+			err = c.fn(c)
+		case 226:
+			err = c.fn(c)
+		case 227:
+			err = c.fn(c)
+		case 228:
+			err = c.fn(c)
+		case 229:
+			err = c.fn(c)
+		case 230:
+			err = c.fn(c)
+		case 231:
+			err = c.fn(c)
+		case 232:
+			err = c.fn(c)
+		case 233:
+			err = c.fn(c)
+		case 234:
+			err = c.fn(c)
+		case 235:
+			err = c.fn(c)
+		case 236:
+			err = c.fn(c)
+		case 237:
+			err = c.fn(c)
+		case 238:
+			err = c.fn(c)
+		case 239:
+			err = c.fn(c)
+		case 240:
+			err = c.fn(c)
+		case 241:
+			err = c.fn(c)
+		case 242:
+			err = c.fn(c)
+		case 243:
+			err = c.fn(c)
+		case 244:
+			err = c.fn(c)
+		case 245:
+			err = c.fn(c)
+		case 246:
+			err = c.fn(c)
+		case 247:
+			err = c.fn(c)
+		case 248:
+			err = c.fn(c)
+		case 249:
+			err = c.fn(c)
+		case 250:
+			err = c.fn(c)
+		case 251:
+			err = c.fn(c)
+		case 252:
+			err = c.fn(c)
+		case 253:
+			err = c.fn(c)
+		case 254:
+			err = c.fn(c)
+		case 255:
+			err = c.fn(c)
+		}
+		returned = true
+		w.finish(c, err)
+		if c = w.next(); c == nil {
+			return
+		}
 	}
 }

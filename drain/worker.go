@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"runtime/debug"
 	"slices"
 	"sync/atomic"
@@ -58,7 +57,6 @@ type worker struct {
 	wake   chan *call           // cap 1: the next call, or nil to exit
 	cur    atomic.Pointer[call] // the call running now, if any
 	epoch  uint64               // Executor.epoch when it parked; guarded by Executor.wmu
-	probe  []uintptr            // only for calibrate
 }
 
 // dispatch hands c to the most recently parked worker, or starts a new one.
@@ -81,7 +79,7 @@ func (e *Executor) dispatch(c *call) {
 	w := &worker{e: e, slot: slot, digits: spellDigits(slot), wake: make(chan *call, 1)}
 	e.workers[slot] = w
 	e.wmu.Unlock()
-	go w.loop(c)
+	go w.spell(w.digits, c)
 }
 
 // newSlot returns a free slot of e.workers. The caller holds e.wmu.
@@ -95,16 +93,13 @@ func (e *Executor) newSlot() uint32 {
 	return uint32(len(e.workers) - 1)
 }
 
-// loop runs c, then every call handed to it, until it is told to exit.
-func (w *worker) loop(c *call) {
-	for c != nil {
-		w.spell(w.digits, c)
-		if !w.e.park(w) {
-			break
-		}
-		c = <-w.wake
+// next parks w until it is handed its next call; nil: w should exit (a runner, or a
+// worker of a draining executor or idle too long).
+func (w *worker) next() *call {
+	if w.wake == nil || !w.e.park(w) {
+		return nil
 	}
-	w.e.retire(w)
+	return <-w.wake
 }
 
 // park puts w on the idle stack, unless the executor drains: then w should exit.
@@ -184,15 +179,8 @@ func spellDigits(slot uint32) int {
 	return n
 }
 
-// exec runs c's fn and settles the call. It is never inlined: its frame and its caller's
-// return address must look the same in calibrate as in a real call.
-//
-//go:noinline
-func (w *worker) exec(c *call) {
-	if c == nil { // calibrate: record the return addresses in spell
-		runtime.Callers(2, w.probe)
-		return
-	}
+// begin publishes c as w's running call, just before spell calls its fn.
+func (w *worker) begin(c *call) {
 	e := w.e
 	c.start = e.now()
 	c.seq = e.started.Add(1)
@@ -200,23 +188,18 @@ func (w *worker) exec(c *call) {
 	if e.cancelled.Load() {
 		c.cancel(context.Canceled)
 	}
+}
+
+// settle finishes a call whose fn panicked with v, or called runtime.Goexit (v nil).
+func (w *worker) settle(c *call, v any) {
 	var err error
-	returned := false
-	defer func() {
-		if !returned {
-			// fn panicked, or called runtime.Goexit: then recover returns nil, and this
-			// goroutine ends after the deferred calls; loop's defer retires the worker.
-			if v := recover(); v != nil {
-				err = &PanicError{Name: c.name, Value: v, Stack: debug.Stack()}
-				e.panicked.Add(1)
-			} else {
-				err = fmt.Errorf("failed to run call %q: %w", c.name, errGoexit)
-			}
-		}
-		w.finish(c, err)
-	}()
-	err = c.fn(c)
-	returned = true
+	if v != nil {
+		err = &PanicError{Name: c.name, Value: v, Stack: debug.Stack()}
+		w.e.panicked.Add(1)
+	} else {
+		err = fmt.Errorf("failed to run call %q: %w", c.name, errGoexit)
+	}
+	w.finish(c, err)
 }
 
 // finish settles a call whose fn returned with err.

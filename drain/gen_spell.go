@@ -17,19 +17,19 @@ func main() {
 
 package drain
 
-// spell runs c in n nested frames whose return addresses spell the worker's slot in base
+// spell runs c in n nested frames whose return addresses spell the worker's id in base
 // 256, and then, for a worker (not a runner), each call handed to it, until it exits.
 // The innermost frame spells the lowest digit by the case from which it calls fn; each
 // frame below it spells the next digit by the case from which it calls spell. So fn's
-// frame sits right on the digits: a slot below 256 adds one frame to fn's stack, below
+// frame sits right on the digits: an id below 256 adds one frame to fn's stack, below
 // 65,536 two, and no other frame of the executor.
 //
 // Why: a report must say where each pending call's goroutine is blocked. The only stack
 // capture fast enough for thousands of goroutines is runtime.GoroutineProfile (PCs only),
 // which carries no goroutine id and no pprof label; runtime.Stack(all) and the labelled
 // pprof goroutine profile both took 140-400 ms for 10,000 goroutines here. So each
-// call's stack carries its slot number, written in return addresses, right below fn's
-// frames; see calibrate and slotMarks.nextSlot. Few frames matter: the profile's cost
+// call's stack carries its worker's id, written in return addresses, right below fn's
+// frames; see calibrate and slotMarks.nextID. Few frames matter: the profile's cost
 // grows with the frames it unwinds, and it keeps only the innermost 32.
 //
 // A panic or runtime.Goexit in fn settles the call and ends spell; a worker's goroutine
@@ -37,7 +37,7 @@ package drain
 func (w *worker) spell(n int, c *call) {
 	n--
 	if n > 0 {
-		switch (w.slot >> (8 * n)) & 255 {
+		switch (w.id >> (8 * n)) & 255 {
 `)
 	for d := range 256 {
 		fmt.Fprintf(&b, "case %d:\nw.spell(n, c)\n", d)
@@ -59,7 +59,7 @@ func (w *worker) spell(n int, c *call) {
 	for {
 		w.begin(c)
 		returned = false
-		switch w.slot & 255 {
+		switch w.id & 255 {
 `)
 	for d := range 256 {
 		fmt.Fprintf(&b, "case %d:\nerr = c.fn(c)\n", d)

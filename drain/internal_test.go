@@ -10,15 +10,15 @@ import (
 	"testing/synctest"
 )
 
-// TestSlotsDecodeFromGoroutineProfile checks the trick reports rely on: each worker's slot
+// TestIDsDecodeFromGoroutineProfile checks the trick reports rely on: each worker's id
 // can be read back from its stack as runtime.GoroutineProfile records it.
-func TestSlotsDecodeFromGoroutineProfile(t *testing.T) {
+func TestIDsDecodeFromGoroutineProfile(t *testing.T) {
 	m := calibrate()
 	if !m.ok {
 		t.Fatal("calibration failed: spell's return addresses are not distinct")
 	}
 	e := New(Options{CancelAfter: -1})
-	const n = 300 // slots of one and two digits (base 256)
+	const n = 300 // ids of one and two digits (base 256)
 	release := make(chan struct{})
 	var started sync.WaitGroup
 	started.Add(n)
@@ -30,34 +30,43 @@ func TestSlotsDecodeFromGoroutineProfile(t *testing.T) {
 		})
 	}
 	started.Wait()
+	want := map[uint32]bool{}
+	e.wmu.Lock()
+	for _, w := range e.workers {
+		want[w.id] = true
+	}
+	e.wmu.Unlock()
+	if len(want) != n {
+		t.Fatalf("%d distinct ids for %d workers", len(want), n)
+	}
 	seen := map[uint32]bool{}
 	e.stackMu.Lock()
 	for _, r := range e.captureStacks() {
-		if slot, ok := m.decodeSlot(r.Stack()); ok {
-			if seen[slot] {
-				t.Errorf("slot %d decoded twice", slot)
+		if id, ok := m.decodeID(r.Stack()); ok {
+			if seen[id] {
+				t.Errorf("id %d decoded twice", id)
 			}
-			seen[slot] = true
+			seen[id] = true
 		}
 	}
 	e.stackMu.Unlock()
-	for slot := uint32(0); slot < n; slot++ {
-		if !seen[slot] {
-			t.Errorf("slot %d not found", slot)
+	for id := range want {
+		if !seen[id] {
+			t.Errorf("id %d not found", id)
 		}
 	}
 	close(release)
 	e.Drain(context.Background())
 }
 
-// TestSlotsDecodeFromSpell checks slots of every number of digits, by a probe in fn.
-func TestSlotsDecodeFromSpell(t *testing.T) {
+// TestIDsDecodeFromSpell checks ids of every number of digits, by a probe in fn.
+func TestIDsDecodeFromSpell(t *testing.T) {
 	m := calibrate()
 	if !m.ok {
 		t.Fatal("calibration failed: spell's return addresses are not distinct")
 	}
 	e := New(Options{})
-	for _, slot := range []uint32{0, 1, 17, 255, 256, 257, 4095, 0xffff, 0x10000, 0x123456, 0xff00ff, 1 << 24, 0x89abcdef, 0xffffffff} {
+	for _, id := range []uint32{0, 1, 17, 255, 256, 257, 4095, 0xffff, 0x10000, 0x123456, 0xff00ff, 1 << 24, 0x89abcdef, 0xffffffff} {
 		probe := make([]uintptr, 8)
 		c, err := e.admit(context.Background(), "probe", func(context.Context) error {
 			runtime.Callers(2, probe) // from spell's innermost frame on
@@ -66,15 +75,15 @@ func TestSlotsDecodeFromSpell(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		w := &worker{e: e, slot: slot, digits: spellDigits(slot)}
+		w := &worker{e: e, id: id, digits: spellDigits(id)}
 		w.spell(w.digits, c)
-		if got, ok := m.decodeSlot(probe); !ok || got != slot {
-			t.Errorf("slot %#x (%d frames): decoded %#x, %v", slot, w.digits, got, ok)
+		if got, ok := m.decodeID(probe); !ok || got != id {
+			t.Errorf("id %#x (%d frames): decoded %#x, %v", id, w.digits, got, ok)
 		}
-		// Cut off within the digits: no slot, rather than a wrong one.
+		// Cut off within the digits: no id, rather than a wrong one.
 		if w.digits > 1 {
-			if got, ok := m.decodeSlot(probe[:w.digits-1]); ok {
-				t.Errorf("slot %#x cut off: decoded %#x", slot, got)
+			if got, ok := m.decodeID(probe[:w.digits-1]); ok {
+				t.Errorf("id %#x cut off: decoded %#x", id, got)
 			}
 		}
 	}

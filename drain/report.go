@@ -48,7 +48,7 @@ func age(d time.Duration) string {
 
 // fillWhere sets Where of each call that still runs, from one capture of all stacks.
 // runtime.GoroutineProfile keeps the innermost 32 frames of each goroutine: a call whose fn
-// is blocked more than about 28 frames deep loses the slot digits and keeps Where empty.
+// is blocked more than about 28 frames deep loses the id digits and keeps Where empty.
 func (e *Executor) fillWhere(pending []pendingCall) {
 	if len(pending) == 0 {
 		return
@@ -57,13 +57,13 @@ func (e *Executor) fillWhere(pending []pendingCall) {
 	if !marks.ok {
 		return
 	}
-	// pending's indexes by slot, for a binary search per decoded slot: no map to build.
-	bySlot := make([]slotIndex, len(pending))
+	// pending's indexes by worker id, for a binary search per decoded id: no map to build.
+	byID := make([]idIndex, len(pending))
 	for i, p := range pending {
-		bySlot[i] = slotIndex{p.worker.slot, i}
+		byID[i] = idIndex{p.worker.id, i}
 	}
-	slices.SortFunc(bySlot, func(a, b slotIndex) int { return cmp.Compare(a.slot, b.slot) })
-	// Where is the same for every stack with the same frames above the slot marks, when
+	slices.SortFunc(byID, func(a, b idIndex) int { return cmp.Compare(a.id, b.id) })
+	// Where is the same for every stack with the same frames above the id marks, when
 	// it is found among them: 10,000 calls blocked at one line are formatted once.
 	var wheres map[[maxStack]uintptr]string
 	e.stackMu.Lock()
@@ -71,11 +71,11 @@ func (e *Executor) fillWhere(pending []pendingCall) {
 	records := e.captureStacks()
 	for i := range records {
 		stack := records[i].Stack() // by index: a copy of the record would escape
-		// A stack spells more than one slot when a call's fn made a Run on its own
+		// A stack spells more than one id when a call's fn made a Run on its own
 		// goroutine: every call on it is blocked at the same line.
 		var at string
 		for rest := stack; ; {
-			slot, ok, below := marks.nextSlot(rest)
+			id, ok, below := marks.nextID(rest)
 			if below == nil {
 				break
 			}
@@ -83,14 +83,15 @@ func (e *Executor) fillWhere(pending []pendingCall) {
 			if !ok {
 				continue
 			}
-			j, ok := slices.BinarySearchFunc(bySlot, slot, func(s slotIndex, slot uint32) int { return cmp.Compare(s.slot, slot) })
+			j, ok := slices.BinarySearchFunc(byID, id, func(x idIndex, id uint32) int { return cmp.Compare(x.id, id) })
 			if !ok {
 				continue
 			}
-			p := &pending[bySlot[j].i]
-			// The slot may have passed to another worker, or the worker to another call,
-			// since the snapshot. A call runs once, so if it still runs now it ran all along.
-			if p.worker.cur.Load() != p.call || e.workerAt(slot) != p.worker {
+			p := &pending[byID[j].i]
+			// The worker may have finished the call, exited and given its id to another
+			// worker since the snapshot. A call runs once, so if it still runs now it ran
+			// all along, on the worker that owns the id.
+			if p.worker.cur.Load() != p.call {
 				continue
 			}
 			if at == "" {
@@ -107,14 +108,14 @@ func (e *Executor) fillWhere(pending []pendingCall) {
 // maxStack is the depth of a runtime.StackRecord.
 const maxStack = len(runtime.StackRecord{}.Stack0)
 
-type slotIndex struct {
-	slot uint32
-	i    int
+type idIndex struct {
+	id uint32
+	i  int
 }
 
-// cachedWhere returns where(stack), from cache when the frames above the first slot mark
+// cachedWhere returns where(stack), from cache when the frames above the first id mark
 // gave it before.
-func cachedWhere(cache map[[maxStack]uintptr]string, stack []uintptr, marks *slotMarks) string {
+func cachedWhere(cache map[[maxStack]uintptr]string, stack []uintptr, marks *idMarks) string {
 	top := 0
 	for top < len(stack) && marks.mark(stack[top]) == 0 {
 		top++
@@ -132,15 +133,6 @@ func cachedWhere(cache map[[maxStack]uintptr]string, stack []uintptr, marks *slo
 	return where(stack)
 }
 
-func (e *Executor) workerAt(slot uint32) *worker {
-	e.wmu.Lock()
-	defer e.wmu.Unlock()
-	if int(slot) < len(e.workers) {
-		return e.workers[slot]
-	}
-	return nil
-}
-
 // captureStacks returns the stacks of all goroutines, reusing e.stackBuf.
 // The caller holds e.stackMu.
 func (e *Executor) captureStacks() []runtime.StackRecord {
@@ -153,9 +145,9 @@ func (e *Executor) captureStacks() []runtime.StackRecord {
 	}
 }
 
-// slotMarks are the return addresses that spell writes on a call's stack, as a table
+// idMarks are the return addresses that spell writes on a call's stack, as a table
 // indexed by address: one cheap lookup per frame while thousands of stacks are decoded.
-type slotMarks struct {
+type idMarks struct {
 	ok    bool
 	base  uintptr  // the lowest mark
 	table []uint16 // by address - base: 0 for none, 1+d for a lowest digit d, 257+d for a higher one
@@ -168,17 +160,17 @@ const (
 
 var (
 	marksOnce sync.Once
-	marks     slotMarks
+	marks     idMarks
 )
 
 // calibrate learns the return addresses of spell by running calls through it, on an
 // executor of its own, whose fn records its caller's return addresses.
-func calibrate() *slotMarks {
+func calibrate() *idMarks {
 	marksOnce.Do(func() {
 		var low, high [256]uintptr
 		ok := true
 		e := New(Options{CancelAfter: -1})
-		probe := func(slot uint32, digits int) (pcs [2]uintptr) {
+		probe := func(id uint32, digits int) (pcs [2]uintptr) {
 			c, err := e.admit(context.Background(), "calibrate", func(context.Context) error {
 				runtime.Callers(2, pcs[:]) // skip Callers and this func: spell's frames
 				return nil
@@ -187,7 +179,7 @@ func calibrate() *slotMarks {
 				ok = false
 				return pcs
 			}
-			w := &worker{e: e, slot: slot, digits: digits} // a runner: one call
+			w := &worker{e: e, id: id, digits: digits} // a runner: one call
 			w.spell(digits, c)
 			return pcs
 		}
@@ -206,14 +198,14 @@ func calibrate() *slotMarks {
 		if !ok || low[0] == 0 || hi-lo > 1<<20 {
 			return
 		}
-		m := slotMarks{ok: true, base: lo, table: make([]uint16, hi-lo+1)}
+		m := idMarks{ok: true, base: lo, table: make([]uint16, hi-lo+1)}
 		for d := range 256 {
 			for _, mark := range []struct {
 				pc    uintptr
 				value uint16
 			}{{low[d], lowMark + uint16(d)}, {high[d], highMark + uint16(d)}} {
 				if m.table[mark.pc-lo] != 0 {
-					return // two digits share a return address: no slot can be read
+					return // two digits share a return address: no id can be read
 				}
 				m.table[mark.pc-lo] = mark.value
 			}
@@ -224,28 +216,29 @@ func calibrate() *slotMarks {
 }
 
 // mark returns the table value of pc: 0 unless spell wrote it.
-func (m *slotMarks) mark(pc uintptr) uint16 {
+func (m *idMarks) mark(pc uintptr) uint16 {
 	if off := pc - m.base; off < uintptr(len(m.table)) {
 		return m.table[off]
 	}
 	return 0
 }
 
-// decodeSlot reads the innermost slot that spell wrote on stack (innermost frame first).
-// It fails for goroutines that run no call, and for stacks cut off within the digits.
-func (m *slotMarks) decodeSlot(stack []uintptr) (uint32, bool) {
-	slot, ok, _ := m.nextSlot(stack)
-	return slot, ok
+// decodeID reads the innermost worker id that spell wrote on stack (innermost frame
+// first). It fails for goroutines that run no call, and for stacks cut off within the
+// digits.
+func (m *idMarks) decodeID(stack []uintptr) (uint32, bool) {
+	id, ok, _ := m.nextID(stack)
+	return id, ok
 }
 
-// nextSlot decodes the innermost slot spelled on stack, and returns the frames below its
-// digits, where more slots may be spelled (a Run inside a call's fn). below is nil when
-// stack spells no further slot, or its digits were cut off.
-func (m *slotMarks) nextSlot(stack []uintptr) (slot uint32, ok bool, below []uintptr) {
+// nextID decodes the innermost worker id spelled on stack, and returns the frames below
+// its digits, where more ids may be spelled (a Run inside a call's fn). below is nil when
+// stack spells no further id, or its digits were cut off.
+func (m *idMarks) nextID(stack []uintptr) (id uint32, ok bool, below []uintptr) {
 	i := 0
 	for ; i < len(stack); i++ {
 		if v := m.mark(stack[i]); v != 0 && v < highMark {
-			slot = uint32(v - lowMark)
+			id = uint32(v - lowMark)
 			break
 		}
 	}
@@ -254,9 +247,9 @@ func (m *slotMarks) nextSlot(stack []uintptr) (slot uint32, ok bool, below []uin
 		if v < highMark {
 			// A frame below the digits (the goroutine's start, or Run) was recorded: no digit
 			// was cut off.
-			return slot, true, stack[i:]
+			return id, true, stack[i:]
 		}
-		slot |= uint32(v-highMark) << (8 * n)
+		id |= uint32(v-highMark) << (8 * n)
 	}
 	return 0, false, nil
 }

@@ -32,12 +32,11 @@ func (e *Executor) Run(ctx context.Context, name string, fn func(context.Context
 	return c.err
 }
 
-// A runner is a worker without a goroutine of its own: Run borrows one to spell its slot
-// on the caller's goroutine. Runners hold their slot in Executor.workers for the
-// executor's life, so a slot never names a runner and a worker goroutine in turn; there
-// are as many as Runs ever ran at once.
+// A runner is a worker without a goroutine of its own: Run borrows one to spell its id
+// on the caller's goroutine. Runners keep their slot in Executor.workers and their id for
+// the executor's life; there are as many as Runs ever ran at once.
 
-// borrowRunner takes an idle runner, or makes one with a slot of its own.
+// borrowRunner takes an idle runner, or makes one with a slot and an id of its own.
 func (e *Executor) borrowRunner() *worker {
 	e.rmu.Lock()
 	if n := len(e.runners); n > 0 {
@@ -48,8 +47,8 @@ func (e *Executor) borrowRunner() *worker {
 	}
 	e.rmu.Unlock()
 	e.wmu.Lock()
-	slot := e.newSlot()
-	w := &worker{e: e, slot: slot, digits: spellDigits(slot)}
+	slot, id := e.newSlot(), newID()
+	w := &worker{e: e, slot: slot, id: id, digits: spellDigits(id)}
 	e.workers[slot] = w
 	e.wmu.Unlock()
 	return w

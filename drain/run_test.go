@@ -538,3 +538,46 @@ func TestFnContextKeepsAnOddCallerError(t *testing.T) {
 		}
 	}
 }
+
+// TestWhereWithTwoExecutors: each executor's report shows its own calls' lines, though
+// both run calls on workers (or runners) of the same slot numbers.
+func TestWhereWithTwoExecutors(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		exA := drain.New(drain.Options{CancelAfter: -1})
+		exB := drain.New(drain.Options{CancelAfter: -1})
+		release := make(chan struct{})
+		started := make(chan string, 1)
+		blockingB := func(context.Context) error {
+			started <- lineBelow()
+			<-release
+			return nil
+		}
+		exA.Go(context.Background(), "a", blocking(started, release))
+		whereA := <-started
+		exB.Go(context.Background(), "b", blockingB)
+		whereB := <-started
+		go exA.Run(context.Background(), "runA", blocking(started, release))
+		whereRunA := <-started
+		go exB.Run(context.Background(), "runB", blockingB)
+		<-started
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		for _, tc := range []struct {
+			ex    *drain.Executor
+			where []string
+		}{{exA, []string{whereA, whereRunA}}, {exB, []string{whereB, whereB}}} {
+			var pe *drain.PendingError
+			if err := tc.ex.Drain(ctx); !errors.As(err, &pe) || len(pe.Pending) != 2 {
+				t.Fatalf("Drain = %v", err)
+			}
+			for i, p := range pe.Pending {
+				if p.Where != tc.where[i] {
+					t.Errorf("%s: Where = %q, want %q", p.Name, p.Where, tc.where[i])
+				}
+			}
+		}
+		close(release)
+		exA.Drain(context.Background())
+		exB.Drain(context.Background())
+	})
+}

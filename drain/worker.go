@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -52,8 +53,9 @@ const (
 // so that a call costs a channel handoff instead of a new goroutine.
 type worker struct {
 	e      *Executor
-	slot   uint32               // index in Executor.workers, spelled on the stack (see spell)
-	digits int                  // spellDigits(slot)
+	slot   uint32               // index in Executor.workers
+	id     uint32               // spelled on the stack (see spell); unique in the process
+	digits int                  // spellDigits(id)
 	wake   chan *call           // cap 1: the next call, or nil to exit
 	cur    atomic.Pointer[call] // the call running now, if any
 	epoch  uint64               // Executor.epoch when it parked; guarded by Executor.wmu
@@ -75,8 +77,8 @@ func (e *Executor) dispatch(c *call) {
 		w.wake <- c
 		return
 	}
-	slot := e.newSlot()
-	w := &worker{e: e, slot: slot, digits: spellDigits(slot), wake: make(chan *call, 1)}
+	slot, id := e.newSlot(), newID()
+	w := &worker{e: e, slot: slot, id: id, digits: spellDigits(id), wake: make(chan *call, 1)}
 	e.workers[slot] = w
 	e.wmu.Unlock()
 	go w.spell(w.digits, c)
@@ -124,6 +126,7 @@ func (e *Executor) retire(w *worker) {
 	defer e.wmu.Unlock()
 	e.workers[w.slot] = nil
 	e.free = append(e.free, w.slot)
+	freeID(w.id)
 }
 
 // janitor retires the workers idle for a whole idleTimeout. It runs only while some worker
@@ -170,13 +173,40 @@ func (e *Executor) wakeIdle() {
 
 //go:generate go run gen_spell.go
 
-// spellDigits returns how many frames spell takes for slot: its base-256 digits.
-func spellDigits(slot uint32) int {
+// spellDigits returns how many frames spell takes for id: its base-256 digits.
+func spellDigits(id uint32) int {
 	n := 1
-	for slot >>= 8; slot != 0; slot >>= 8 {
+	for id >>= 8; id != 0; id >>= 8 {
 		n++
 	}
 	return n
+}
+
+// ids numbers the workers and runners of all executors: a goroutine profile holds the
+// stacks of the whole process, and an id read on a stack must name one worker of one
+// executor. Freed ids are reused, smallest digits first, so ids stay small.
+var ids struct {
+	sync.Mutex
+	next uint32
+	free []uint32
+}
+
+func newID() uint32 {
+	ids.Lock()
+	defer ids.Unlock()
+	if n := len(ids.free); n > 0 {
+		id := ids.free[n-1]
+		ids.free = ids.free[:n-1]
+		return id
+	}
+	ids.next++
+	return ids.next - 1
+}
+
+func freeID(id uint32) {
+	ids.Lock()
+	ids.free = append(ids.free, id)
+	ids.Unlock()
 }
 
 // begin publishes c as w's running call, just before spell calls its fn.

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/quiesce-dev/quiesce/drain"
+	"github.com/quiesce-dev/quiesce/drain/draintest"
 	"github.com/quiesce-dev/quiesce/reconcilers"
 	"github.com/quiesce-dev/quiesce/runnable"
 )
@@ -93,6 +94,8 @@ var _ = Describe("Leader election with two managers", func() {
 		Expect(runs[0].manager).To(Equal("a"))
 		Expect(runs[1].manager).To(Equal("b"))
 		Expect(runs[1].start).To(BeTemporally(">=", runs[0].end), "b started the handler only after a's one finished")
+		draintest.VerifyNone(GinkgoT(), qa.Executor())
+		draintest.VerifyNone(GinkgoT(), qb.Executor())
 		expectNoLeaks(cur)
 	})
 })

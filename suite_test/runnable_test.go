@@ -30,6 +30,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/quiesce-dev/quiesce/drain"
+	"github.com/quiesce-dev/quiesce/drain/draintest"
 	"github.com/quiesce-dev/quiesce/reconcilers"
 	"github.com/quiesce-dev/quiesce/runnable"
 )
@@ -176,6 +177,7 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 		var cm corev1.ConfigMap
 		Expect(k8sClient.Get(ctx, key, &cm)).To(Succeed())
 		Expect(cm.Annotations).To(HaveKeyWithValue("quiesce.dev/finished", "true"))
+		draintest.VerifyNone(GinkgoT(), q.Executor())
 		expectNoLeaks(cur)
 	})
 
@@ -242,7 +244,7 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 		Expect(lines[len(lines)-1]).To(ContainSubstring(blockedAt))
 
 		release()
-		Expect(q.Executor().Drain(ctx)).To(Succeed())
+		Eventually(q).Should(draintest.HaveNoPendingCalls())
 		expectNoLeaks(cur)
 	})
 
@@ -269,6 +271,7 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 		Eventually(done).Should(Receive(BeNil()))
 		Expect(q.Err()).NotTo(HaveOccurred())
 		Expect(logs.all()).To(BeEmpty())
+		draintest.VerifyNone(GinkgoT(), q.Executor())
 		expectNoLeaks(cur)
 	})
 
@@ -336,7 +339,7 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 		Expect(gathered("quiesce_drain_duration_seconds") - drainsBefore).To(BeEquivalentTo(1))
 
 		release()
-		Expect(q.Executor().Drain(ctx)).To(Succeed())
+		Eventually(q).Should(draintest.HaveNoPendingCalls())
 		expectNoLeaks(cur)
 	})
 })

@@ -343,3 +343,18 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 		expectNoLeaks(cur)
 	})
 })
+
+var _ = Describe("runnable.Add", func() {
+	It("should refuse a manager that already stopped, with a clear error", func(ctx SpecContext) {
+		cur := goleak.IgnoreCurrent()
+		ns := newNamespace(ctx)
+		mgr := newManager(inNamespace(ns))
+		stop, done := startManager(mgr)
+		stop()
+		Eventually(done).Should(Receive(BeNil()))
+
+		_, err := runnable.Add(mgr, runnable.Options{})
+		Expect(err).To(MatchError(ContainSubstring("failed to add quiesce")))
+		expectNoLeaks(cur)
+	})
+})

@@ -44,10 +44,10 @@ func (r *ConfigMapReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		handler, fn = "legacy-export", func(context.Context) error { return exportClient.Export(cm.Name) }
 	}
 	logger = logger.WithValues("handler", handler)
-	logger.Info("Handler started")
 	start := time.Now()
-	// quiesce: the handler runs as a tracked call named "demo/<namespace>/<name>/<handler>".
-	err := reconcilers.Call(ctx, handler, fn)
+	// quiesce: a tracked call "demo/<namespace>/<name>/<handler>"; it says so once admitted.
+	started := func(ctx context.Context) error { logger.Info("Handler started"); return fn(ctx) }
+	err := reconcilers.Call(ctx, handler, started)
 	took := time.Since(start).Round(time.Millisecond).String()
 	if err != nil {
 		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {

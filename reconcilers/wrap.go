@@ -44,7 +44,8 @@ func WithRequeueAfter(d time.Duration) Option {
 // context is the one controller-runtime passed.
 //
 // Once ex drains, new requests are not run: they are requeued (see WithRequeueAfter), with
-// one V(1) log line, not an error per request.
+// one V(1) log line, not an error per request. So is a reconcile that returns an error
+// wrapping drain.ErrDraining: one whose handler Call the drain refused.
 func Wrap(ex *drain.Executor, controller string, r reconcile.Reconciler, opts ...Option) reconcile.Reconciler {
 	return WrapTyped(ex, controller, r, opts...)
 }

@@ -3,6 +3,7 @@ package reconcilers_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -290,4 +291,27 @@ func TestContextOfAWrappedReconcile(t *testing.T) {
 			}
 		})
 	})
+}
+
+func TestAReconcileWhoseHandlerIsRefusedIsRequeued(t *testing.T) {
+	// CancelAfter leaves the reconcile's context live, so its handler is refused, not cancelled.
+	ex := drain.New(drain.Options{CancelAfter: time.Minute})
+	drained(t, ex)
+	ran := false
+	r := reconcilers.Wrap(ex, "cm", reconcile.Func(func(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+		go func() { _ = ex.Drain(context.Background()) }()
+		<-ex.Draining() // the drain begins while the reconcile runs
+		err := reconcilers.Call(ctx, "upload", func(context.Context) error {
+			ran = true
+			return nil
+		})
+		return reconcile.Result{}, fmt.Errorf("failed to upload: %w", err)
+	}), reconcilers.WithRequeueAfter(2*time.Second))
+	res, err := r.Reconcile(context.Background(), request("ns", "obj"))
+	if err != nil || res.RequeueAfter != 2*time.Second {
+		t.Fatalf("Reconcile = %+v, %v; want RequeueAfter 2s and no error", res, err)
+	}
+	if ran {
+		t.Fatal("the handler ran after the drain began")
+	}
 }

@@ -44,6 +44,7 @@ type Runnable struct {
 	log     logr.Logger
 	grace   time.Duration
 	elected bool
+	metered bool // added by Add: its drain is in the metrics
 
 	started atomic.Bool
 	stopped chan struct{} // closed when Start returned
@@ -87,6 +88,7 @@ func Add(mgr manager.Manager, opts Options) (*Runnable, error) {
 	}
 	opts.AfterCall = observeCall(opts.AfterCall)
 	r := New(opts)
+	r.metered = true // before mgr.Add, which may start r at once
 	if err := mgr.Add(r); err != nil {
 		return nil, fmt.Errorf("failed to add quiesce runnable: %w", err)
 	}
@@ -147,27 +149,26 @@ func (r *Runnable) Start(ctx context.Context) error {
 func (r *Runnable) drain() error {
 	pending := r.ex.Stats().InFlight
 	log := r.log.WithValues("gracePeriod", r.grace.String())
+	// Say nothing at the default verbosity when nothing is pending, as the reports do.
+	info := log.V(1)
+	if pending > 0 {
+		info = log
+	}
 
 	// Step 1: refuse new calls and wait for the tracked ones, within the grace period.
 	// Reports of pending calls come from the executor while it waits.
-	if pending > 0 {
-		log.Info("Draining executor", "pending", pending)
-	} else {
-		log.V(1).Info("Draining executor", "pending", pending)
-	}
+	info.Info("Draining executor", "pending", pending)
 	ctx, cancel := context.WithTimeout(context.Background(), r.grace)
 	defer cancel()
 	start := time.Now()
 	err := r.ex.Drain(ctx)
-	drainSeconds.Observe(time.Since(start).Seconds())
+	if r.metered {
+		drainSeconds.Observe(time.Since(start).Seconds())
+	}
 
 	// Step 2: every call returned: done.
 	if err == nil {
-		if pending > 0 {
-			log.Info("All calls returned")
-		} else {
-			log.V(1).Info("All calls returned")
-		}
+		info.Info("All calls returned")
 		return nil
 	}
 

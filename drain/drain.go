@@ -608,6 +608,6 @@ func init() {
 		if !ok {
 			return nil, internal.CallOptions{}, false
 		}
-		return c.e, internal.CallOptions{Name: c.name, Controller: c.controller, Shield: c.shield}, true
+		return c.e, internal.CallOptions{Name: [4]string{c.Name()}, Controller: c.controller, Shield: c.shield}, true
 	}
 }

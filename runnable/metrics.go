@@ -1,7 +1,6 @@
 package runnable
 
 import (
-	"strings"
 	"sync"
 	"time"
 
@@ -44,15 +43,9 @@ func init() {
 	metrics.Registry.MustRegister(callSeconds, drainSeconds, stats)
 }
 
-// observeCall returns an AfterCall hook that records the call's duration, then calls next.
-func observeCall(next func(string, time.Duration, error)) func(string, time.Duration, error) {
-	return func(name string, took time.Duration, err error) {
-		controller, _, _ := strings.Cut(name, "/")
-		callSeconds.WithLabelValues(controller).Observe(took.Seconds())
-		if next != nil {
-			next(name, took, err)
-		}
-	}
+// observeCall records a call's duration.
+func observeCall(controller string, took time.Duration, _ error) {
+	callSeconds.WithLabelValues(controller).Observe(took.Seconds())
 }
 
 // statsCollector turns the executors' counters into metrics when they are scraped, so that

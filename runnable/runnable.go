@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/quiesce-dev/quiesce/drain"
+	"github.com/quiesce-dev/quiesce/internal"
 )
 
 // Options configure a Runnable. The zero value is valid: every zero field means the
@@ -66,8 +67,12 @@ func New(opts Options) *Runnable {
 	if opts.NeedLeaderElection != nil {
 		elected = *opts.NeedLeaderElection
 	}
+	ex := drain.New(opts.Options)
+	// Fixed here, before the executor is shared: a reconcile gets the same context policy
+	// whether it starts before or after the manager starts the Runnable.
+	internal.SettingsOf(ex).Driven = true
 	r := &Runnable{
-		ex:      drain.New(opts.Options),
+		ex:      ex,
 		log:     opts.Logger,
 		grace:   opts.GracePeriod,
 		elected: elected,
@@ -86,8 +91,8 @@ func Add(mgr manager.Manager, opts Options) (*Runnable, error) {
 	if opts.Logger.GetSink() == nil {
 		opts.Logger = mgr.GetLogger().WithName("quiesce")
 	}
-	opts.AfterCall = observeCall(opts.AfterCall)
 	r := New(opts)
+	internal.SettingsOf(r.ex).AfterCall = observeCall
 	r.metered = true // before mgr.Add, which may start r at once
 	if err := mgr.Add(r); err != nil {
 		return nil, fmt.Errorf("failed to add quiesce runnable: %w", err)
@@ -139,7 +144,6 @@ func (r *Runnable) Start(ctx context.Context) error {
 		return r.err
 	default:
 	}
-	r.ex.SetDriven(true)
 	<-ctx.Done()
 	r.finish(r.drain())
 	return r.err

@@ -15,6 +15,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/quiesce-dev/quiesce/drain"
+	"github.com/quiesce-dev/quiesce/internal"
 	"github.com/quiesce-dev/quiesce/runnable"
 )
 
@@ -67,8 +68,8 @@ func TestStartDrainsWhenAllCallsReturnInTime(t *testing.T) {
 		started := make(chan error, 1)
 		go func() { started <- r.Start(ctx) }()
 		synctest.Wait()
-		if !r.Executor().Driven() {
-			t.Fatal("a started Runnable does not drive its executor")
+		if !internal.SettingsOf(r.Executor()).Driven {
+			t.Fatal("a Runnable does not drive its executor")
 		}
 		if err := r.ReadyzCheck(nil); err != nil {
 			t.Fatalf("ReadyzCheck before the drain = %v", err)

@@ -179,8 +179,8 @@ type Executor struct {
 	draining  chan struct{} // closed when Drain begins
 	done      chan struct{} // closed when draining and nothing is in flight
 	drainOnce sync.Once
-	waiters   atomic.Int32 // Drain calls waiting; reports are logged only while one waits
-	logging   atomic.Bool  // a report is being logged (see logAsync)
+	waiters   atomic.Int32  // Drain calls waiting; reports are logged only while one waits
+	logging   atomic.Bool   // a report is being logged (see logAsync)
 	unknown   atomic.Uint32 // reasons for an unknown location already logged (bits)
 
 	started, finished, refused, panicked, abandoned atomic.Uint64

@@ -3,13 +3,15 @@ package drain_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"runtime"
+	"runtime/pprof"
 	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sync/errgroup"
-	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/quiesce-dev/quiesce/drain"
 )
@@ -216,72 +218,78 @@ func BenchmarkDrainWake(b *testing.B) {
 	b.ReportMetric(float64(baseline.Nanoseconds())/float64(b.N), "baseline-ns")
 }
 
-// BenchmarkReport10k measures one report while 10,000 calls are pending: snapshot, sort,
-// one stack capture of every goroutine, and the log line.
-func BenchmarkReport10k(b *testing.B) {
-	const pending = 10_000
-	lines := make(chan struct{}, 1)
-	fake := clocktesting.NewFakeClock(time.Now())
-	ex := drain.New(drain.Options{
-		Clock:       fake,
-		CancelAfter: -1,
-		ReportEvery: time.Second,
-		Logger: (&logs{}).loggerFunc(func(l logLine) {
-			if l.Pending != pending || len(l.Calls) != 20 || l.Calls[0].Where == "" {
-				b.Errorf("report: pending %d, %d calls, where %q", l.Pending, len(l.Calls), l.Calls[0].Where)
-			}
-			lines <- struct{}{}
-		}),
-	})
-	release := make(chan struct{})
+// blockedCalls starts n calls on ex that block until the returned func is called.
+func blockedCalls(b *testing.B, ex *drain.Executor, n int) (release func()) {
+	ch := make(chan struct{})
 	var started sync.WaitGroup
-	started.Add(pending)
-	for range pending {
-		ex.Go(context.Background(), "blocked", func(context.Context) error {
+	started.Add(n)
+	for range n {
+		if err := ex.Go(context.Background(), "blocked", func(context.Context) error {
 			started.Done()
-			<-release
+			<-ch
 			return nil
-		})
-	}
-	started.Wait()
-	drained := make(chan error)
-	go func() { drained <- ex.Drain(context.Background()) }()
-	<-ex.Draining()
-	fake.Step(time.Second) // the first report (ReportAfter)
-	<-lines
-	for b.Loop() {
-		fake.Step(time.Second)
-		<-lines
-	}
-	close(release)
-	<-drained
-}
-
-// BenchmarkReport10kCaptureFloor is the part of BenchmarkReport10k that the report itself
-// cannot avoid: one runtime.GoroutineProfile of the same 10,000 blocked goroutines. Its
-// cost grows with the frames on those stacks, spell's included (see spell).
-func BenchmarkReport10kCaptureFloor(b *testing.B) {
-	const pending = 10_000
-	ex := drain.New(drain.Options{CancelAfter: -1})
-	release := make(chan struct{})
-	var started sync.WaitGroup
-	started.Add(pending)
-	for range pending {
-		ex.Go(context.Background(), "blocked", func(context.Context) error {
-			started.Done()
-			<-release
-			return nil
-		})
-	}
-	started.Wait()
-	records := make([]runtime.StackRecord, pending+100)
-	for b.Loop() {
-		if _, ok := runtime.GoroutineProfile(records); !ok {
-			b.Fatal("too few records")
+		}); err != nil {
+			b.Fatal(err)
 		}
 	}
-	close(release)
-	ex.Drain(context.Background())
+	started.Wait()
+	return func() { close(ch) }
+}
+
+// BenchmarkReport measures one drain report while 100 or 10,000 calls are pending:
+// snapshot, one goroutine profile with labels, and the log line. Its floor is
+// BenchmarkReportCaptureFloor.
+func BenchmarkReport(b *testing.B) {
+	for _, pending := range []int{100, 10_000} {
+		b.Run(fmt.Sprint(pending), func(b *testing.B) {
+			lines := 0
+			ex := drain.New(drain.Options{
+				CancelAfter: -1,
+				Logger: (&logs{}).loggerFunc(func(l logLine) {
+					if l.Pending != pending || len(l.Calls) != 20 || l.Calls[0].Handler == drain.Unknown {
+						b.Errorf("report: pending %d, %d calls, %+v", l.Pending, len(l.Calls), l.Calls[0])
+					}
+					lines++
+				}),
+			})
+			release := blockedCalls(b, ex, pending)
+			for b.Loop() {
+				drain.ReportPending(ex)
+			}
+			if lines != b.N {
+				b.Errorf("%d reports logged, want %d", lines, b.N)
+			}
+			release()
+			ex.Drain(context.Background())
+		})
+	}
+}
+
+// BenchmarkReportCaptureFloor is the part of a report that it cannot avoid: one goroutine
+// profile, with labels, of the same pending goroutines ("pprof"), and for comparison the
+// label-less runtime.GoroutineProfile ("runtime"), which keeps 32 frames and no labels.
+func BenchmarkReportCaptureFloor(b *testing.B) {
+	for _, pending := range []int{100, 10_000} {
+		ex := drain.New(drain.Options{CancelAfter: -1})
+		release := blockedCalls(b, ex, pending)
+		b.Run(fmt.Sprint("pprof/", pending), func(b *testing.B) {
+			for b.Loop() {
+				if err := pprof.Lookup("goroutine").WriteTo(io.Discard, 1); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(fmt.Sprint("runtime/", pending), func(b *testing.B) {
+			records := make([]runtime.StackRecord, pending+100)
+			for b.Loop() {
+				if _, ok := runtime.GoroutineProfile(records); !ok {
+					b.Fatal("too few records")
+				}
+			}
+		})
+		release()
+		ex.Drain(context.Background())
+	}
 }
 
 // BenchmarkDrainGivesUp10k measures a Drain that gives up while 10,000 calls are pending:
@@ -289,25 +297,15 @@ func BenchmarkReport10kCaptureFloor(b *testing.B) {
 func BenchmarkDrainGivesUp10k(b *testing.B) {
 	const pending = 10_000
 	ex := drain.New(drain.Options{CancelAfter: -1})
-	release := make(chan struct{})
-	var started sync.WaitGroup
-	started.Add(pending)
-	for range pending {
-		ex.Go(context.Background(), "blocked", func(context.Context) error {
-			started.Done()
-			<-release
-			return nil
-		})
-	}
-	started.Wait()
+	release := blockedCalls(b, ex, pending)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	for b.Loop() {
 		var pe *drain.PendingError
-		if err := ex.Drain(ctx); !errors.As(err, &pe) || len(pe.Pending) != pending || pe.Pending[pending-1].Where == "" {
+		if err := ex.Drain(ctx); !errors.As(err, &pe) || len(pe.Pending) != pending || pe.Pending[pending-1].Where == drain.Unknown {
 			b.Fatalf("Drain = %v", err)
 		}
 	}
-	close(release)
+	release()
 	ex.Drain(context.Background())
 }

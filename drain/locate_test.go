@@ -249,7 +249,7 @@ func TestLocateInADotlessModuleWithoutOptimizations(t *testing.T) {
 	files := map[string]string{
 		"go.mod": "module myoperator\n\ngo 1.26\n\nrequire github.com/quiesce-dev/quiesce v0.0.0\n\n" +
 			"replace github.com/quiesce-dev/quiesce => " + root + "\n",
-		"main.go": dotlessMain,
+		"main.go":                    dotlessMain,
 		"controllers/controllers.go": dotlessControllers,
 	}
 	for name, text := range files {

@@ -1,0 +1,4 @@
+package drain
+
+// ReportPending logs one drain report at once, for benchmarks.
+var ReportPending = (*Executor).reportPending

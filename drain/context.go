@@ -2,6 +2,7 @@ package drain
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,6 +19,7 @@ type ctxState struct {
 
 	mu         sync.Mutex
 	stopParent func() bool // stops watching the caller's ctx
+	deadline   *time.Timer // shielded: ends the context at the caller's deadline
 	afterFuncs []*afterFunc
 }
 
@@ -43,10 +45,23 @@ func (c *call) loadErr() error {
 	case errDeadline:
 		return context.DeadlineExceeded
 	}
-	if err := c.parent.Err(); err != nil {
+	if err := c.parentErr(); err != nil {
 		return err
 	}
 	return context.Canceled
+}
+
+// parentErr is the caller's ctx's error as fn's context sees it: a shielded call ignores
+// the caller's cancellation, not its deadline.
+func (c *call) parentErr() error {
+	err := c.parent.Err()
+	if err == nil || !c.shield || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	if d, ok := c.parent.Deadline(); ok && !time.Now().Before(d) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // setErr ends the context with err. The caller holds c.mu and saw errNone.
@@ -56,7 +71,7 @@ func (c *call) setErr(err error) {
 		c.ctxErr.Store(errCanceled)
 	case context.DeadlineExceeded:
 		c.ctxErr.Store(errDeadline)
-	default: // only the caller's ctx gives other errors (see parentDone and Err)
+	default: // only the caller's ctx gives other errors (see parentErr)
 		c.ctxErr.Store(errOther)
 	}
 }
@@ -66,10 +81,17 @@ var _ context.Context = (*call)(nil)
 // Deadline is the caller's deadline.
 func (c *call) Deadline() (time.Time, bool) { return c.parent.Deadline() }
 
-// Value is the caller's value; for callKey (see FromContext) it is the call itself.
+// Value is the caller's value; for callKey (see FromContext) it is the call itself, and
+// for pprof's label key the labels of fn's goroutine: so pprof.Do inside fn keeps them,
+// and a Run inside fn restores them.
 func (c *call) Value(key any) any {
 	if _, ok := key.(callKey); ok {
 		return c
+	}
+	if r := c.runner.Load(); r != nil {
+		if v := r.labels.Value(key); v != nil {
+			return v
+		}
 	}
 	return c.parent.Value(key)
 }
@@ -81,7 +103,7 @@ func (c *call) Err() error {
 		return err
 	}
 	// Done may never have been asked for, so nobody watches the caller's ctx: look now.
-	if err := c.parent.Err(); err != nil {
+	if err := c.parentErr(); err != nil {
 		c.cancel(err)
 		return c.loadErr()
 	}
@@ -114,7 +136,23 @@ func (c *call) Done() <-chan struct{} {
 	return d
 }
 
-func (c *call) parentDone() { c.cancel(c.parent.Err()) }
+// parentDone follows the caller's ctx when it ends. A shielded call ignores a
+// cancellation, but still ends at the caller's deadline, on a timer of its own.
+func (c *call) parentDone() {
+	if err := c.parentErr(); err != nil {
+		c.cancel(err)
+		return
+	}
+	d, ok := c.parent.Deadline()
+	if !ok {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ctxErr.Load() == errNone {
+		c.deadline = time.AfterFunc(time.Until(d), func() { c.cancel(context.DeadlineExceeded) })
+	}
+}
 
 // AfterFunc lets contexts derived from fn's context (context.WithCancel and friends)
 // register with it, as they do with the standard library's contexts, instead of starting
@@ -157,11 +195,14 @@ func (c *call) cancel(err error) {
 	if d, _ := c.ctxDone.Load().(chan struct{}); d != nil {
 		close(d)
 	}
-	stop, funcs := c.stopParent, c.afterFuncs
-	c.stopParent, c.afterFuncs = nil, nil
+	stop, funcs, deadline := c.stopParent, c.afterFuncs, c.deadline
+	c.stopParent, c.afterFuncs, c.deadline = nil, nil, nil
 	c.mu.Unlock()
 	if stop != nil {
 		stop()
+	}
+	if deadline != nil {
+		deadline.Stop()
 	}
 	// Outside the lock: these funcs cancel derived contexts, which read this one's Err.
 	for _, af := range funcs {
@@ -170,4 +211,4 @@ func (c *call) cancel(err error) {
 }
 
 // String names the context, as the standard library's contexts do.
-func (c *call) String() string { return "drain.Call(" + c.name + ")" }
+func (c *call) String() string { return "drain.Call(" + c.Name() + ")" }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/quiesce-dev/quiesce/drain"
+	"github.com/quiesce-dev/quiesce/internal"
 )
 
 func TestMaxConcurrent(t *testing.T) {
@@ -39,8 +40,12 @@ func TestMaxConcurrent(t *testing.T) {
 		if n := running.Load(); n != 2 {
 			t.Errorf("%d running, want 2", n)
 		}
-		if s := ex.Stats(); s.InFlight != 5 || s.Started != 2 {
-			t.Errorf("Stats = %+v, want 5 in flight (3 waiting for a slot), 2 started", s)
+		// Callers waiting for a slot are not admitted yet: not in flight, not pending.
+		if s := ex.Stats(); s.InFlight != 2 || s.Started != 2 {
+			t.Errorf("Stats = %+v, want 2 in flight and started (3 waiting for a slot)", s)
+		}
+		if n := len(ex.Pending()); n != 2 {
+			t.Errorf("%d pending, want 2", n)
 		}
 
 		// A waiting caller honours its ctx.
@@ -147,17 +152,18 @@ func TestAfterCall(t *testing.T) {
 		}
 		var got []seen
 		var mu sync.Mutex
-		ex := drain.New(drain.Options{AfterCall: func(name string, took time.Duration, err error) {
+		ex := drain.New(drain.Options{})
+		internal.SettingsOf(ex).AfterCall = func(controller string, took time.Duration, err error) {
 			mu.Lock()
-			got = append(got, seen{name, took, err})
+			got = append(got, seen{controller, took, err})
 			mu.Unlock()
-		}})
+		}
 		boom := errors.New("boom")
-		ex.Call(context.Background(), "sleeps", func(context.Context) error { time.Sleep(3 * time.Second); return boom })
+		internal.Call(ex, context.Background(), internal.CallOptions{Name: [4]string{"sleeps"}, Controller: "c1"}, func(context.Context) error { time.Sleep(3 * time.Second); return boom })
 		ex.Call(context.Background(), "panics", func(context.Context) error { panic(1) })
 		ex.Drain(context.Background())
 		var pe *drain.PanicError
-		if len(got) != 2 || got[0] != (seen{"sleeps", 3 * time.Second, boom}) || got[1].name != "panics" || !errors.As(got[1].err, &pe) {
+		if len(got) != 2 || got[0] != (seen{"c1", 3 * time.Second, boom}) || got[1].name != "" || !errors.As(got[1].err, &pe) {
 			t.Errorf("AfterCall saw %+v", got)
 		}
 	})
@@ -165,7 +171,8 @@ func TestAfterCall(t *testing.T) {
 
 func TestAfterCallPanicIsContained(t *testing.T) {
 	lines := &logs{}
-	ex := newExecutor(t, drain.Options{Logger: lines.logger(t), AfterCall: func(string, time.Duration, error) { panic("bad hook") }})
+	ex := newExecutor(t, drain.Options{Logger: lines.logger(t)})
+	internal.SettingsOf(ex).AfterCall = func(string, time.Duration, error) { panic("bad hook") }
 	if err := ex.Call(context.Background(), "x", func(context.Context) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
@@ -186,17 +193,6 @@ func TestGoexit(t *testing.T) {
 	}
 	if s := ex.Stats(); s.Finished != 2 || s.InFlight != 0 {
 		t.Errorf("Stats = %+v", s)
-	}
-}
-
-func TestDriven(t *testing.T) {
-	ex := newExecutor(t, drain.Options{})
-	if ex.Driven() {
-		t.Error("new executor is driven")
-	}
-	ex.SetDriven(true)
-	if !ex.Driven() {
-		t.Error("SetDriven(true) did not stick")
 	}
 }
 

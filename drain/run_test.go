@@ -16,6 +16,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/quiesce-dev/quiesce/drain"
+	"github.com/quiesce-dev/quiesce/internal"
 )
 
 // goid returns the id of the calling goroutine, from its stack header.
@@ -270,8 +271,8 @@ func TestRunMaxConcurrent(t *testing.T) {
 		result := make(chan error, 1)
 		go func() { result <- ex.Run(context.Background(), "waits", fn) }()
 		synctest.Wait()
-		if s := ex.Stats(); s.InFlight != 2 || s.Started != 1 {
-			t.Errorf("Stats = %+v, want 2 in flight (1 waiting for the slot), 1 started", s)
+		if s := ex.Stats(); s.InFlight != 1 || s.Started != 1 {
+			t.Errorf("Stats = %+v, want 1 in flight and started (1 waiting for the slot)", s)
 		}
 		drained := make(chan error, 1)
 		go func() { drained <- ex.Drain(context.Background()) }()
@@ -294,7 +295,8 @@ func TestRunMaxConcurrent(t *testing.T) {
 func TestRunPanics(t *testing.T) {
 	lines := &logs{}
 	var afterErr error
-	ex := newExecutor(t, drain.Options{Logger: lines.logger(t), AfterCall: func(_ string, _ time.Duration, err error) { afterErr = err }})
+	ex := newExecutor(t, drain.Options{Logger: lines.logger(t)})
+	internal.SettingsOf(ex).AfterCall = func(_ string, _ time.Duration, err error) { afterErr = err }
 	err := ex.Run(context.Background(), "panics", func(context.Context) error { panic("oops") })
 	var pe *drain.PanicError
 	if !errors.As(err, &pe) || pe.Name != "panics" || pe.Value != "oops" || !strings.Contains(string(pe.Stack), "drain_test.TestRunPanics") {
@@ -319,13 +321,14 @@ func TestRunAfterCall(t *testing.T) {
 			err  error
 		}
 		var got []seen
-		ex := drain.New(drain.Options{AfterCall: func(name string, took time.Duration, err error) {
-			got = append(got, seen{name, took, err})
-		}})
+		ex := drain.New(drain.Options{})
+		internal.SettingsOf(ex).AfterCall = func(controller string, took time.Duration, err error) {
+			got = append(got, seen{controller, took, err})
+		}
 		boom := errors.New("boom")
-		ex.Run(context.Background(), "sleeps", func(context.Context) error { time.Sleep(3 * time.Second); return boom })
+		internal.Run(ex, context.Background(), internal.CallOptions{Name: [4]string{"c", "ns", "obj"}, Controller: "c"}, func(context.Context) error { time.Sleep(3 * time.Second); return boom })
 		ex.Drain(context.Background())
-		if len(got) != 1 || got[0] != (seen{"sleeps", 3 * time.Second, boom}) {
+		if len(got) != 1 || got[0] != (seen{"c", 3 * time.Second, boom}) {
 			t.Errorf("AfterCall saw %+v", got)
 		}
 	})

@@ -57,7 +57,7 @@ var (
 	// Call is drain.Executor.Call on ex (a *drain.Executor), shaped by o (Repanic aside).
 	Call func(ex any, ctx context.Context, o CallOptions, fn func(context.Context) error) error
 
-	// CallOf returns the options of the innermost tracked call whose fn's context ctx is
-	// (or derives from): its executor and its options with Name complete.
+	// CallOf returns the innermost tracked call whose fn's context ctx is (or derives
+	// from): its executor, and its options with the whole name in Name[0].
 	CallOf func(ctx context.Context) (ex any, o CallOptions, ok bool)
 )

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/quiesce-dev/quiesce/drain"
+	"github.com/quiesce-dev/quiesce/internal"
 	"github.com/quiesce-dev/quiesce/reconcilers"
 )
 
@@ -29,7 +30,7 @@ func BenchmarkReconcileLoop(b *testing.B) {
 	b.Run("wrapped", func(b *testing.B) {
 		ex := drain.New(drain.Options{})
 		defer func() { _ = ex.Drain(context.Background()) }()
-		ex.SetDriven(true) // as under a started runnable.Runnable
+		internal.SettingsOf(ex).Driven = true // as under a started runnable.Runnable
 		benchLoop(b, func(r reconcile.Reconciler) reconcile.Reconciler {
 			return reconcilers.Wrap(ex, "bench", r)
 		})

@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/quiesce-dev/quiesce/drain"
+	"github.com/quiesce-dev/quiesce/internal"
 	"github.com/quiesce-dev/quiesce/lifecycle"
 	"github.com/quiesce-dev/quiesce/reconcilers"
 )
@@ -499,7 +500,7 @@ func TestHandlersInterruptedByTheDrain(t *testing.T) {
 	c := fake.NewClientBuilder().WithObjects(configMap("ns", "obj")).Build()
 	f := &fixture{t: t, c: c, rec: events.NewFakeRecorder(10), clock: clocktesting.NewFakePassiveClock(epoch)}
 	f.ex = drain.New(drain.Options{CancelAfter: 0})
-	f.ex.SetDriven(true) // as a started runnable.Runnable does
+	internal.SettingsOf(f.ex).Driven = true // as a started runnable.Runnable does
 	r, err := reconcilers.Handlers(f.ex, c, "cm", nil, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a"), slow, ok(&j, "c")},
 		reconcilers.HandlersOptions{Lifecycle: lifecycle.AllAtOnce, Recorder: f.rec, Clock: f.clock})
 	if err != nil {
@@ -591,7 +592,7 @@ func TestHandlersShutdownBeforeAnyHandlerStartedIsQuiet(t *testing.T) {
 		return nil
 	}})
 	f = newFixtureWith(t, c, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a")}, reconcilers.HandlersOptions{NextCycle: time.Millisecond})
-	f.ex.SetDriven(true)
+	internal.SettingsOf(f.ex).Driven = true
 	res, err := f.r.Reconcile(context.Background(), request("ns", "obj"))
 	if err != nil || res.RequeueAfter != time.Millisecond || len(j.all()) != 0 {
 		t.Fatalf("Reconcile = %+v, %v, runs %q; want a requeue, no error, no run", res, err, j.all())

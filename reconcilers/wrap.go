@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/quiesce-dev/quiesce/drain"
+	"github.com/quiesce-dev/quiesce/internal"
 )
 
 // Option configures Wrap and WrapTyped.
@@ -35,13 +36,17 @@ func WithRequeueAfter(d time.Duration) Option {
 }
 
 // Wrap runs each Reconcile of r as a tracked call of ex named "<controller>/<namespace>/<name>"
-// ("<controller>/<name>" for cluster-scoped objects). Inside it, Call runs blocking handler
-// calls as tracked calls too.
+// ("<controller>/<name>" for cluster-scoped objects), on controller-runtime's worker
+// goroutine. Inside it, Call runs blocking handler calls as tracked calls too.
 //
-// While ex is driven by a started runnable.Runnable, the reconcile's context is shielded
-// from controller-runtime's shutdown: it ends when the drain cancels it (drain.Options
-// CancelAfter), so a reconcile in flight can finish within the grace period. Otherwise the
-// context is the one controller-runtime passed.
+// The reconcile keeps what controller-runtime gives it: its context's values and deadline
+// (ReconciliationTimeout still ends it), and its panics, which reach controller-runtime
+// (RecoverPanic, the panic metric and log) with their original stack, once the executor
+// settled and counted the call. What changes: while ex is owned by a runnable.Runnable, the
+// reconcile's context ignores controller-runtime's cancellation at shutdown and ends when
+// the drain cancels it (drain.Options.CancelAfter), so a reconcile in flight can finish
+// within the grace period. With an executor no Runnable owns, the context is the one
+// controller-runtime passed, deadline and cancellation alike.
 //
 // Once ex drains, new requests are not run: they are requeued (see WithRequeueAfter), with
 // one V(1) log line, not an error per request. So is a reconcile that returns an error
@@ -58,7 +63,7 @@ func WrapTyped[R comparable](ex *drain.Executor, controller string, r reconcile.
 	for _, opt := range opts {
 		opt(&o)
 	}
-	w := &wrapped[R]{ex: ex, r: r, opts: o, name: namer[R](controller)}
+	w := &wrapped[R]{ex: ex, r: r, opts: o, controller: controller, name: namer[R](controller)}
 	w.invocations.New = func() any {
 		inv := &invocation[R]{r: r}
 		inv.fn = inv.run
@@ -71,7 +76,8 @@ type wrapped[R comparable] struct {
 	ex          *drain.Executor
 	r           reconcile.TypedReconciler[R]
 	opts        options
-	name        func(R) string
+	controller  string
+	name        func(R) [4]string
 	refusedLog  sync.Once
 	invocations sync.Pool // *invocation[R]
 }
@@ -95,17 +101,17 @@ func (w *wrapped[R]) Reconcile(ctx context.Context, req R) (reconcile.Result, er
 	if w.ex == nil || w.r == nil {
 		return reconcile.Result{}, reconcile.TerminalError(errors.New("failed to reconcile: reconcilers.Wrap got a nil executor or reconciler"))
 	}
-	callCtx := ctx
-	if w.ex.Driven() {
-		// The drain, not controller-runtime's shutdown, ends this reconcile (DESIGN.md).
-		callCtx = context.WithoutCancel(ctx)
-	}
 	// Run, not Call: controller-runtime's worker waits for its reconcile anyway, so the
 	// reconcile runs on that goroutine, tracked, with no hand-off. Run never returns before
-	// fn, so inv is free again once it returned.
+	// fn, so inv is free again once it returned; if fn panics, inv is simply not reused.
 	inv := w.invocations.Get().(*invocation[R])
 	inv.req = req
-	err := w.ex.Run(callCtx, w.name(req), inv.fn)
+	err := internal.Run(w.ex, ctx, internal.CallOptions{
+		Name:       w.name(req),
+		Controller: w.controller,
+		Shield:     true,
+		Repanic:    true,
+	}, inv.fn)
 	res := inv.res
 	var zero R
 	inv.req, inv.res = zero, reconcile.Result{}
@@ -119,23 +125,21 @@ func (w *wrapped[R]) Reconcile(ctx context.Context, req R) (reconcile.Result, er
 	return res, err
 }
 
-// namer returns the function naming the reconciles of controller, chosen once: a
-// reconcile.Request is rendered without going through an interface (no allocation).
-func namer[R comparable](controller string) func(R) string {
+// namer returns the function giving the parts of a reconcile's name, chosen once: a
+// reconcile.Request is split without going through an interface (no allocation), and the
+// executor joins the parts only when a report or Pending needs the name.
+func namer[R comparable](controller string) func(R) [4]string {
 	var zero R
 	if _, ok := any(zero).(reconcile.Request); ok {
-		return any(func(r reconcile.Request) string {
-			if r.Namespace == "" {
-				return controller + "/" + r.Name
-			}
-			return controller + "/" + r.Namespace + "/" + r.Name
-		}).(func(R) string)
+		return any(func(r reconcile.Request) [4]string {
+			return [4]string{controller, r.Namespace, r.Name}
+		}).(func(R) [4]string)
 	}
-	return func(req R) string {
+	return func(req R) [4]string {
 		if s, ok := any(req).(fmt.Stringer); ok {
-			return controller + "/" + s.String()
+			return [4]string{controller, s.String()}
 		}
-		return controller + "/" + fmt.Sprint(req)
+		return [4]string{controller, fmt.Sprint(req)}
 	}
 }
 
@@ -150,11 +154,14 @@ func Call(ctx context.Context, name string, fn func(context.Context) error) erro
 	if name == "" {
 		return fmt.Errorf("failed to run call: empty name: %w", drain.ErrInvalidCall)
 	}
-	ex, outer, ok := drain.FromContext(ctx)
+	ex, outer, ok := internal.CallOf(ctx)
 	if !ok {
 		return direct(ctx, name, fn)
 	}
-	return ex.Call(ctx, outer+"/"+name, fn)
+	return internal.Call(ex, ctx, internal.CallOptions{
+		Name:       [4]string{outer.Name[0], name},
+		Controller: outer.Controller,
+	}, fn)
 }
 
 // direct runs fn on the caller's goroutine, with the executor's guarantees for bad input

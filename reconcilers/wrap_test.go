@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/quiesce-dev/quiesce/drain"
+	"github.com/quiesce-dev/quiesce/internal"
 	"github.com/quiesce-dev/quiesce/reconcilers"
 )
 
@@ -234,7 +235,7 @@ func TestContextOfAWrappedReconcile(t *testing.T) {
 	t.Run("driven: the drain ends it at CancelAfter, not the caller", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			ex := drain.New(drain.Options{CancelAfter: 10 * time.Second})
-			ex.SetDriven(true)
+			internal.SettingsOf(ex).Driven = true
 			ctx, cancel := context.WithCancel(context.Background())
 			var live bool
 			started := make(chan struct{})
@@ -268,7 +269,7 @@ func TestContextOfAWrappedReconcile(t *testing.T) {
 	t.Run("driven: CancelAfter cancels a reconcile that outlives it", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			ex := drain.New(drain.Options{CancelAfter: 10 * time.Second})
-			ex.SetDriven(true)
+			internal.SettingsOf(ex).Driven = true
 			start := time.Now()
 			r := reconcilers.Wrap(ex, "cm", reconcile.Func(func(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
 				<-ctx.Done()

@@ -20,7 +20,7 @@ type call struct {
 }
 
 func callOf(p drain.Pending, now time.Time) call {
-	return call{Name: p.Name, Age: age(now.Sub(p.Started)), Detached: p.Detached, Where: p.Where, Handler: handlerOf(p)}
+	return call{Name: p.Name, Age: age(now.Sub(p.Started)), Detached: p.Detached, Where: p.Where, Handler: p.Handler}
 }
 
 // age rounds d for reading as the executor's reports do: whole seconds from 1s on,
@@ -66,12 +66,9 @@ func (r *Runnable) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		limit = n
 	}
 	state := debugState{Draining: r.draining()}
-	pending := located(r.ex)
+	pending, total := r.ex.Locate(limit)
 	now := r.clock.Now()
-	state.Count = len(pending)
-	if limit >= 0 && limit < len(pending) {
-		pending = pending[:limit]
-	}
+	state.Count = total
 	state.Calls = make([]call, len(pending))
 	for i, p := range pending {
 		state.Calls[i] = callOf(p, now)

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"testing"
 	"testing/synctest"
 
@@ -68,8 +69,11 @@ func TestServeHTTP(t *testing.T) {
 		if got := names(body.Calls); body.Draining || body.Count != 3 || !slices.Equal(got, want) {
 			t.Fatalf("body = %+v, want not draining, count 3, calls %q oldest first", body, want)
 		}
-		if !body.Calls[0].Detached {
-			t.Errorf("a call started with Go is not shown detached: %+v", body.Calls[0])
+		for _, c := range body.Calls {
+			const at = "runnable_test.hangAll.func1 (runnable_test.go:"
+			if !c.Detached || !strings.HasPrefix(c.Where, at) || !strings.HasPrefix(c.Handler, at) {
+				t.Errorf("call %+v, want detached (started with Go), where and handler in hangAll", c)
+			}
 		}
 
 		_, body = serve(t, r, http.MethodGet, "/debug/quiesce?limit=2")

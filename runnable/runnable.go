@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/quiesce-dev/quiesce/drain"
+	"github.com/quiesce-dev/quiesce/internal"
 )
 
 // Options configure a Runnable. The zero value is valid: every zero field means the
@@ -87,13 +88,21 @@ func newRunnable(opts Options, metered bool) *Runnable {
 	if opts.Clock != nil {
 		clk = opts.Clock
 	}
-	slowAfter := slowAfterOf(opts.Options)
+	slowAfter := opts.SlowAfter
 	if slowAfter == 0 {
 		slowAfter = defaultSlowAfter
 	}
+	ex := drain.New(opts.Options)
+	// Fixed here, before the executor is shared: a reconcile gets the same context policy
+	// whether it starts before or after the manager starts the Runnable, and every call of
+	// a metered executor is observed.
+	settings := internal.SettingsOf(ex)
+	settings.Driven = true
+	if metered {
+		settings.AfterCall = observeCall
+	}
 	return &Runnable{
-		// The executor's settings are fixed here, before it is shared.
-		ex:        newExecutor(opts.Options, metered),
+		ex:        ex,
 		log:       opts.Logger,
 		clock:     clk,
 		slowAfter: slowAfter,

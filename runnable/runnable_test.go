@@ -16,6 +16,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/quiesce-dev/quiesce/drain"
+	"github.com/quiesce-dev/quiesce/internal"
 	"github.com/quiesce-dev/quiesce/runnable"
 )
 
@@ -68,8 +69,8 @@ func TestStartDrainsWhenAllCallsReturnInTime(t *testing.T) {
 		started := make(chan error, 1)
 		go func() { started <- r.Start(ctx) }()
 		synctest.Wait()
-		if !r.Executor().Driven() {
-			t.Fatal("a started Runnable does not drive its executor")
+		if !internal.SettingsOf(r.Executor()).Driven {
+			t.Fatal("a Runnable does not drive its executor")
 		}
 		if err := r.ReadyzCheck(nil); err != nil {
 			t.Fatalf("ReadyzCheck before the drain = %v", err)
@@ -252,7 +253,9 @@ func TestAbandonedCallsAreListedOnceAndBounded(t *testing.T) {
 		line := listing[0]
 		for _, want := range []string{`"msg"="Abandoned calls still running after the grace period"`, `"abandoned"=25`, `"more"=5`,
 			// The oldest first, aged since they started, up to the 20th.
-			`"calls"=[{"name"="ctrl/ns/00/hang" "age"="27s" "detached"=true`, `"name"="ctrl/ns/19/hang" "age"="8s"`} {
+			`"calls"=[{"name"="ctrl/ns/00/hang" "age"="27s" "detached"=true`, `"name"="ctrl/ns/19/hang" "age"="8s"`,
+			// Where each waits, and the line of its own function (here the same).
+			`"where"="runnable_test.hangAll.func1 (runnable_test.go:`, `"handler"="runnable_test.hangAll.func1 (runnable_test.go:`} {
 			if !strings.Contains(line, want) {
 				t.Errorf("abandoned line %s\nlacks %s", line, want)
 			}

@@ -170,8 +170,9 @@ func (r *Runnable) ReadyzCheck(*http.Request) error {
 // still waits for. It returns nil when every call returned. Otherwise it logs the calls it
 // abandoned as one error line (the oldest 20, and how many more) and returns an error
 // that counts them, refers to that line, and wraps the *drain.PendingError listing them
-// all (errors.As), itself wrapping context.DeadlineExceeded. A Runnable starts once: a
-// second Start, or a Start after its executor drained, returns an error at once.
+// all (errors.As), itself wrapping context.DeadlineExceeded; with no Logger, it logs
+// nothing and returns the *drain.PendingError itself. A Runnable starts once: a second
+// Start, or a Start after its executor drained, returns an error at once.
 func (r *Runnable) Start(ctx context.Context) error {
 	if !r.started.CompareAndSwap(false, true) {
 		return errors.New("failed to start quiesce runnable: already started")

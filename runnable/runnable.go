@@ -169,7 +169,7 @@ func (r *Runnable) ReadyzCheck(*http.Request) error {
 // waits up to GracePeriod for the tracked ones to return, while the executor logs what it
 // still waits for. It returns nil when every call returned. Otherwise it logs the calls it
 // abandoned as one error line (the oldest 20, and how many more) and returns an error
-// that counts them, refers to that line, and wraps the *drain.PendingError listing them
+// that counts them, points at the log, and wraps the *drain.PendingError listing them
 // all (errors.As), itself wrapping context.DeadlineExceeded; with no Logger, it logs
 // nothing and returns the *drain.PendingError itself. A Runnable starts once: a second
 // Start, or a Start after its executor drained, returns an error at once.
@@ -235,8 +235,9 @@ const abandonedMsg = "Abandoned calls still running after the grace period"
 // received after stop sequence was engaged"), plus once more when main logs Err. This line
 // reads best: it comes right after the reports, in their format (name, age, detached,
 // where, handler), under a message that says what happened. So the error only counts the
-// calls and refers to this line; the complete list stays in the *drain.PendingError it
-// wraps, for code. With no logger (New without Options.Logger) there is no such line, and
+// calls and says that the log lists them (without quoting this line's message, so that a
+// search for it finds this line alone); the complete list stays in the *drain.PendingError
+// it wraps, for code. With no logger (New without Options.Logger) there is no such line, and
 // Start returns pe itself, whose text lists them.
 func (r *Runnable) abandon(log logr.Logger, pe *drain.PendingError) error {
 	if r.log.GetSink() == nil {
@@ -266,8 +267,8 @@ type abandonedError struct {
 }
 
 func (e *abandonedError) Error() string {
-	return fmt.Sprintf("failed to drain quiesce executor: %v: %d call(s) still running after the grace period of %v, listed in the log line %q",
-		e.pending.Err, len(e.pending.Pending), e.grace, abandonedMsg)
+	return fmt.Sprintf("failed to drain quiesce executor: %v: %d call(s) still running after the grace period of %v, listed in quiesce's log",
+		e.pending.Err, len(e.pending.Pending), e.grace)
 }
 
 // Unwrap returns the *drain.PendingError that lists every abandoned call.

@@ -27,6 +27,7 @@ type logLine struct {
 	Msg     string      `json:"msg"`
 	Error   string      `json:"error"`
 	Pending int         `json:"pending"`
+	Slow    int         `json:"slow"`
 	More    int         `json:"more"`
 	Calls   []reportRow `json:"calls"`
 	Call    string      `json:"call"`
@@ -40,6 +41,7 @@ type reportRow struct {
 	Age      string `json:"age"`
 	Detached bool   `json:"detached"`
 	Where    string `json:"where"`
+	Handler  string `json:"handler"`
 }
 
 // logs captures log lines; lines, if set, also receives each one.

@@ -55,16 +55,16 @@ func TestReportSchedule(t *testing.T) {
 		time.Sleep(time.Second - time.Nanosecond)
 		expectNone(3*time.Second - time.Nanosecond)
 		time.Sleep(time.Nanosecond)
-		expect(3*time.Second, reportRow{"a", "3s", true, whereA}, reportRow{"b", "1s", true, whereB})
+		expect(3*time.Second, reportRow{"a", "3s", true, whereA, whereA}, reportRow{"b", "1s", true, whereB, whereB})
 		time.Sleep(5*time.Second - time.Nanosecond)
 		expectNone(8*time.Second - time.Nanosecond)
 		time.Sleep(time.Nanosecond)
-		expect(8*time.Second, reportRow{"a", "8s", true, whereA}, reportRow{"b", "6s", true, whereB})
+		expect(8*time.Second, reportRow{"a", "8s", true, whereA, whereA}, reportRow{"b", "6s", true, whereB, whereB})
 		time.Sleep(2 * time.Second)
 		close(releaseA)
 		expectNone(10 * time.Second)
 		time.Sleep(3 * time.Second)
-		expect(13*time.Second, reportRow{"b", "11s", true, whereB})
+		expect(13*time.Second, reportRow{"b", "11s", true, whereB, whereB})
 		time.Sleep(time.Second)
 		close(releaseB)
 		if err := <-drained; err != nil {
@@ -87,7 +87,7 @@ func TestReportShowsWaitingCaller(t *testing.T) {
 		time.Sleep(time.Minute)
 		synctest.Wait()
 		got := lines.get()
-		want := fmt.Sprint([]reportRow{{"waited", "1m0s", false, where}})
+		want := fmt.Sprint([]reportRow{{"waited", "1m0s", false, where, where}})
 		if len(got) != 1 || fmt.Sprint(got[0].Calls) != want {
 			t.Errorf("reports %+v, want one with %s", got, want)
 		}
@@ -193,7 +193,7 @@ func TestReportOnFakeClock(t *testing.T) {
 	<-ex.Draining()
 	fake.Step(2 * time.Second)
 	line := <-lines.lines
-	if want := fmt.Sprint([]reportRow{{"x", "2s", true, where}}); fmt.Sprint(line.Calls) != want {
+	if want := fmt.Sprint([]reportRow{{"x", "2s", true, where, where}}); fmt.Sprint(line.Calls) != want {
 		t.Errorf("report %s, want calls %s", line.raw, want)
 	}
 	close(release)

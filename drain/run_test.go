@@ -369,17 +369,22 @@ func TestReportShowsRun(t *testing.T) {
 		for i := range 3 {
 			name := fmt.Sprint("go-", i)
 			ex.Go(context.Background(), name, blocking(started, release))
-			want = append(want, reportRow{name, "", true, <-started})
+			at := <-started
+			want = append(want, reportRow{name, "", true, at, at})
 			name = fmt.Sprint("run-", i)
 			go ex.Run(context.Background(), name, runBlocking)
-			want = append(want, reportRow{name, "", false, <-started})
+			at = <-started
+			want = append(want, reportRow{name, "", false, at, at})
 		}
-		// A Run inside a worker's call: both calls are blocked at the same line.
+		// A Run inside a Go call's fn: both calls are blocked at the same line, each in
+		// its own handler.
+		var outerHandler string
 		ex.Go(context.Background(), "outer", func(ctx context.Context) error {
+			outerHandler = lineBelow()
 			return ex.Run(ctx, "inner", runBlocking)
 		})
 		at := <-started
-		want = append(want, reportRow{"outer", "", true, at}, reportRow{"inner", "", false, at})
+		want = append(want, reportRow{"outer", "", true, at, outerHandler}, reportRow{"inner", "", false, at, at})
 
 		go ex.Drain(context.Background())
 		time.Sleep(time.Minute)

@@ -9,6 +9,7 @@ import (
 	"runtime/pprof"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	. "github.com/onsi/gomega"
@@ -241,4 +242,23 @@ func TestVerifyNoneUnknownLocation(t *testing.T) {
 	if len(ft.failures) != 1 || ft.failures[0] != want {
 		t.Errorf("VerifyNone failures:\n%q\nwant one:\n%q", ft.failures, want)
 	}
+}
+
+func TestVerifyNoneSeesACallFromAdmission(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ex := drain.New(drain.Options{})
+		if err := ex.Go(context.Background(), "admitted", func(context.Context) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+		// fn's goroutine has not run yet in the bubble: the call is pending all the same.
+		var ft fakeT
+		draintest.VerifyNone(&ft, ex)
+		want := "1 tracked call still pending:\n\tadmitted: age 0s, detached, not started yet"
+		if len(ft.failures) != 1 || ft.failures[0] != want {
+			t.Errorf("VerifyNone failures:\n%q\nwant one:\n%q", ft.failures, want)
+		}
+		if err := ex.Drain(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
 }

@@ -4,14 +4,26 @@
 // Add it to a manager with Add, before mgr.Start; pass its Executor to reconcilers.Wrap.
 // Start blocks until the manager stops, then drains: it refuses new calls, waits up to
 // GracePeriod for the tracked ones while the executor logs what it still waits for, and
-// returns nil, or the *drain.PendingError naming the calls it abandoned (also logged as one
-// error line). Err tells main, after mgr.Start returned, whether calls were abandoned.
+// returns nil. If calls are still running when GracePeriod ends, it lists them in one
+// error line, "Abandoned calls still running after the grace period" (the oldest 20 with
+// name, age, detached, where and handler, and how many more), and returns an error that
+// counts them and wraps the *drain.PendingError naming each one. Err tells main, after
+// mgr.Start returned, whether calls were abandoned.
 //
-// All methods are safe for concurrent use. A Runnable starts once.
+// All methods are safe for concurrent use; none blocks but Start. A Runnable starts once.
 //
-// Add also registers a readyz check ("quiesce", failing from the moment the drain begins)
-// and process-wide Prometheus metrics in controller-runtime's metrics.Registry:
-// quiesce_calls_in_flight, quiesce_calls_started_total, quiesce_calls_refused_total,
-// quiesce_calls_panicked_total, quiesce_calls_abandoned_total,
-// quiesce_call_duration_seconds{controller} and quiesce_drain_duration_seconds.
+// Add also registers:
+//   - a readyz check, "quiesce", failing from the moment the drain begins;
+//   - the Runnable's ServeHTTP at /debug/quiesce on the manager's metrics server, behind
+//     its FilterProvider like /metrics: the pending calls as JSON;
+//   - process-wide Prometheus metrics in controller-runtime's metrics.Registry:
+//     quiesce_calls_in_flight, quiesce_calls_started_total, quiesce_calls_refused_total,
+//     quiesce_calls_panicked_total, quiesce_calls_abandoned_total,
+//     quiesce_oldest_call_age_seconds, quiesce_calls_slow,
+//     quiesce_call_duration_seconds{controller} (the controller given to reconcilers.Wrap;
+//     "" for every other call) and quiesce_drain_duration_seconds.
+//
+// The metrics sum the executors of the Runnables that Add created and whose Start has not
+// returned, plus the counters of those whose Start returned: these are kept as totals,
+// and their executors are not held.
 package runnable

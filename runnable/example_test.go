@@ -2,10 +2,14 @@ package runnable_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"time"
 
 	"k8s.io/client-go/rest"
+	clocktesting "k8s.io/utils/clock/testing"
 	ctrl "sigs.k8s.io/controller-runtime"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -42,4 +46,41 @@ func ExampleAdd() {
 	}
 	fmt.Println("abandoned calls:", q.Err() != nil)
 	// Output: abandoned calls: false
+}
+
+// ServeHTTP lists the pending calls, oldest first; Add serves it at /debug/quiesce on the
+// manager's metrics server (curl it where you scrape /metrics).
+func ExampleRunnable_ServeHTTP() {
+	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	q := runnable.New(runnable.Options{Options: drain.Options{Clock: clk}})
+	release := make(chan struct{})
+	_ = q.Executor().Go(context.Background(), "backup", func(context.Context) error {
+		<-release // a call that takes a while
+		return nil
+	})
+	clk.Step(3 * time.Second)
+
+	rec := httptest.NewRecorder()
+	q.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/debug/quiesce?limit=10", nil))
+	var body struct {
+		Draining bool
+		Count    int
+		Calls    []struct {
+			Name, Age, Where, Handler string
+			Detached                  bool
+		}
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+		fmt.Println(err)
+	}
+	fmt.Println(rec.Code, "draining:", body.Draining, "count:", body.Count)
+	for _, c := range body.Calls {
+		fmt.Println(c.Name, c.Age, "detached:", c.Detached) // Where, Handler: the lines it waits on
+	}
+
+	close(release)
+	_ = q.Executor().Drain(context.Background())
+	// Output:
+	// 200 draining: false count: 1
+	// backup 3s detached: true
 }

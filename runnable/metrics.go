@@ -11,12 +11,13 @@ import (
 )
 
 // The metrics are process-wide, like controller-runtime's own: one set in metrics.Registry,
-// summed over every executor a Runnable owns (a process usually has one). Labels stay
-// low-cardinality: the only label is the controller, the call name's first segment.
+// summed over the executors of the Runnables that Add created (a process usually has one).
+// Labels stay low-cardinality: the only label is the controller given to reconcilers.Wrap.
 var (
 	callSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    "quiesce_call_duration_seconds",
-		Help:    "How long tracked calls ran, by controller (the first segment of the call name).",
+		Name: "quiesce_call_duration_seconds",
+		Help: "How long tracked calls ran, by the controller given to reconcilers.Wrap " +
+			`("" for calls outside a wrapped reconciler).`,
 		Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
 	}, []string{"controller"})
 
@@ -27,38 +28,83 @@ var (
 	})
 
 	statsDescs = struct {
-		inFlight, started, refused, panicked, abandoned *prometheus.Desc
+		inFlight, started, refused, panicked, abandoned, oldest, slow *prometheus.Desc
 	}{
 		inFlight:  prometheus.NewDesc("quiesce_calls_in_flight", "Tracked calls admitted and not yet returned.", nil, nil),
 		started:   prometheus.NewDesc("quiesce_calls_started_total", "Tracked calls started.", nil, nil),
 		refused:   prometheus.NewDesc("quiesce_calls_refused_total", "Calls refused because the executor was draining.", nil, nil),
 		panicked:  prometheus.NewDesc("quiesce_calls_panicked_total", "Tracked calls that panicked.", nil, nil),
 		abandoned: prometheus.NewDesc("quiesce_calls_abandoned_total", "Tracked calls still running when the grace period ended.", nil, nil),
+		oldest:    prometheus.NewDesc("quiesce_oldest_call_age_seconds", "Age of the oldest tracked call still running; 0 when none runs.", nil, nil),
+		slow:      prometheus.NewDesc("quiesce_calls_slow", "Tracked calls running for longer than their executor's SlowAfter.", nil, nil),
 	}
 
-	stats = &statsCollector{}
+	stats = newStatsCollector()
 )
+
+// otherCalls is the controller label of the calls that belong to no controller given to
+// reconcilers.Wrap. Empty, it cannot clash with a controller's name (controller-runtime
+// refuses empty names), and Prometheus treats it as the label's absence.
+const otherCalls = ""
 
 func init() {
 	metrics.Registry.MustRegister(callSeconds, drainSeconds, stats)
 }
 
-// observeCall records a call's duration.
+// observeCall records a call's duration; it is the AfterCall of the executors Add creates.
 func observeCall(controller string, took time.Duration, _ error) {
 	callSeconds.WithLabelValues(controller).Observe(took.Seconds())
 }
 
-// statsCollector turns the executors' counters into metrics when they are scraped, so that
-// the hot path of a call touches no Prometheus code.
+// statsCollector turns the executors' counters and pending calls into metrics when they are
+// scraped, so that a call touches no Prometheus code but its duration's histogram.
+//
+// It holds the Runnables that Add created until their Start returns. Then it folds the
+// counters of their executor into process-wide totals and forgets them, so that an
+// executor is not kept alive by its metrics: a process (or a test suite) that adds and
+// stops many Runnables holds only the ones still running. The counters stay monotonic
+// across a fold; what a drained executor counts after its Runnable stopped (its abandoned
+// calls ending, calls it refuses) is not counted, and its abandoned calls leave the
+// in-flight and age gauges.
 type statsCollector struct {
-	mu        sync.Mutex
-	executors []*drain.Executor // every executor ever owned: counters must not go down
+	mu     sync.Mutex
+	live   map[*Runnable]struct{}
+	folded drain.Stats // totals of the Runnables that stopped; InFlight unused
 }
 
-func registerStats(ex *drain.Executor) {
-	stats.mu.Lock()
-	defer stats.mu.Unlock()
-	stats.executors = append(stats.executors, ex)
+func newStatsCollector() *statsCollector {
+	return &statsCollector{live: make(map[*Runnable]struct{})}
+}
+
+// track adds r's executor to the metrics until fold.
+func (c *statsCollector) track(r *Runnable) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.live[r] = struct{}{}
+}
+
+// fold adds the counters of r's executor to the totals and forgets r. Folding a Runnable
+// not tracked does nothing.
+func (c *statsCollector) fold(r *Runnable) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.live[r]; !ok {
+		return
+	}
+	delete(c.live, r)
+	s := r.ex.Stats()
+	c.folded.Started += s.Started
+	c.folded.Finished += s.Finished
+	c.folded.Refused += s.Refused
+	c.folded.Panicked += s.Panicked
+	c.folded.Abandoned += s.Abandoned
+}
+
+// tracked returns how many Runnables c holds.
+func (c *statsCollector) tracked() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.live)
 }
 
 func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -67,18 +113,36 @@ func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- statsDescs.refused
 	ch <- statsDescs.panicked
 	ch <- statsDescs.abandoned
+	ch <- statsDescs.oldest
+	ch <- statsDescs.slow
 }
 
 func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
+	var oldest time.Duration
+	slow := 0
 	c.mu.Lock()
-	var sum drain.Stats
-	for _, ex := range c.executors {
-		s := ex.Stats()
+	sum := c.folded
+	for r := range c.live {
+		s := r.ex.Stats()
 		sum.InFlight += s.InFlight
 		sum.Started += s.Started
 		sum.Refused += s.Refused
 		sum.Panicked += s.Panicked
 		sum.Abandoned += s.Abandoned
+		if s.InFlight == 0 {
+			continue
+		}
+		// Pending is oldest first: the ages decrease along it.
+		for i, p := range r.ex.Pending() {
+			age := r.clock.Since(p.Started)
+			if i == 0 {
+				oldest = max(oldest, age)
+			}
+			if r.slowAfter < 0 || age <= r.slowAfter {
+				break
+			}
+			slow++
+		}
 	}
 	c.mu.Unlock()
 	ch <- prometheus.MustNewConstMetric(statsDescs.inFlight, prometheus.GaugeValue, float64(sum.InFlight))
@@ -86,4 +150,6 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(statsDescs.refused, prometheus.CounterValue, float64(sum.Refused))
 	ch <- prometheus.MustNewConstMetric(statsDescs.panicked, prometheus.CounterValue, float64(sum.Panicked))
 	ch <- prometheus.MustNewConstMetric(statsDescs.abandoned, prometheus.CounterValue, float64(sum.Abandoned))
+	ch <- prometheus.MustNewConstMetric(statsDescs.oldest, prometheus.GaugeValue, oldest.Seconds())
+	ch <- prometheus.MustNewConstMetric(statsDescs.slow, prometheus.GaugeValue, float64(slow))
 }

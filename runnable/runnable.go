@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/quiesce-dev/quiesce/drain"
@@ -41,25 +42,41 @@ const DefaultGracePeriod = 25 * time.Second
 // Runnable is a manager.Runnable that owns a drain.Executor and drains it when the manager
 // stops. Create it with New or Add; all its methods are safe for concurrent use.
 type Runnable struct {
-	ex      *drain.Executor
-	log     logr.Logger
-	grace   time.Duration
-	elected bool
-	metered bool // added by Add: its drain is in the metrics
+	ex        *drain.Executor
+	log       logr.Logger
+	clock     clock.PassiveClock // the executor's: calls are stamped with it
+	slowAfter time.Duration      // the executor's SlowAfter, defaulted; <0: off
+	grace     time.Duration
+	elected   bool
+	metered   bool // created by Add: in the metrics until Start returns
 
 	started atomic.Bool
 	stopped chan struct{} // closed when Start returned
 	err     error         // what Start returned; written before stopped is closed
 }
 
+// defaultSlowAfter is drain's default Options.SlowAfter, which quiesce_calls_slow counts
+// against when Options leave it zero.
+const defaultSlowAfter = time.Minute
+
+// DebugPath is where Add serves ServeHTTP on the manager's metrics server.
+const DebugPath = "/debug/quiesce"
+
 var (
 	_ manager.Runnable               = (*Runnable)(nil)
 	_ manager.LeaderElectionRunnable = (*Runnable)(nil)
+	_ http.Handler                   = (*Runnable)(nil)
 )
 
 // New returns a Runnable owning a new executor configured by opts.Options. It is not added
-// to a manager: Add does that, with its readyz check and metrics.
-func New(opts Options) *Runnable {
+// to a manager: Add does that, with its readyz check, metrics and debug handler.
+//
+// The executor is driven from the start: while the Runnable exists, the contexts of the
+// reconciles wrapped with reconcilers.Wrap end by its drain, not by their caller's
+// cancellation (see Options.CancelAfter).
+func New(opts Options) *Runnable { return newRunnable(opts, false) }
+
+func newRunnable(opts Options, metered bool) *Runnable {
 	if opts.GracePeriod <= 0 {
 		opts.GracePeriod = DefaultGracePeriod
 	}
@@ -67,23 +84,41 @@ func New(opts Options) *Runnable {
 	if opts.NeedLeaderElection != nil {
 		elected = *opts.NeedLeaderElection
 	}
+	var clk clock.PassiveClock = clock.RealClock{}
+	if opts.Clock != nil {
+		clk = opts.Clock
+	}
+	slowAfter := opts.SlowAfter
+	if slowAfter == 0 {
+		slowAfter = defaultSlowAfter
+	}
 	ex := drain.New(opts.Options)
 	// Fixed here, before the executor is shared: a reconcile gets the same context policy
-	// whether it starts before or after the manager starts the Runnable.
-	internal.SettingsOf(ex).Driven = true
-	r := &Runnable{
-		ex:      ex,
-		log:     opts.Logger,
-		grace:   opts.GracePeriod,
-		elected: elected,
-		stopped: make(chan struct{}),
+	// whether it starts before or after the manager starts the Runnable, and every call of
+	// a metered executor is observed.
+	settings := internal.SettingsOf(ex)
+	settings.Driven = true
+	if metered {
+		settings.AfterCall = observeCall
 	}
-	return r
+	return &Runnable{
+		ex:        ex,
+		log:       opts.Logger,
+		clock:     clk,
+		slowAfter: slowAfter,
+		grace:     opts.GracePeriod,
+		elected:   elected,
+		metered:   metered,
+		stopped:   make(chan struct{}),
+	}
 }
 
-// Add creates a Runnable with New and adds it to mgr, with ReadyzCheck as the readyz check
-// "quiesce" and the executor's metrics in controller-runtime's metrics.Registry. It must be
-// called before mgr.Start.
+// Add creates a Runnable as New does and adds it to mgr, with ReadyzCheck as the readyz
+// check "quiesce", the executor's metrics in controller-runtime's metrics.Registry, and
+// the Runnable itself (ServeHTTP) at DebugPath on the manager's metrics server, behind its
+// FilterProvider like /metrics. It must be called before mgr.Start, once per manager.
+//
+// The metrics hold the executor until Start returns, then keep only its counters.
 func Add(mgr manager.Manager, opts Options) (*Runnable, error) {
 	if mgr == nil {
 		return nil, errors.New("failed to add quiesce runnable: nil manager")
@@ -91,16 +126,20 @@ func Add(mgr manager.Manager, opts Options) (*Runnable, error) {
 	if opts.Logger.GetSink() == nil {
 		opts.Logger = mgr.GetLogger().WithName("quiesce")
 	}
-	r := New(opts)
-	internal.SettingsOf(r.ex).AfterCall = observeCall
-	r.metered = true // before mgr.Add, which may start r at once
+	r := newRunnable(opts, true)
+	// Tracked before mgr.Add, which may start r at once: a Start that returned before it
+	// was tracked would leave it tracked for good.
+	stats.track(r)
 	if err := mgr.Add(r); err != nil {
+		stats.fold(r)
 		return nil, fmt.Errorf("failed to add quiesce runnable: %w", err)
 	}
 	if err := mgr.AddReadyzCheck("quiesce", r.ReadyzCheck); err != nil {
 		return nil, fmt.Errorf("failed to add quiesce readyz check: %w", err)
 	}
-	registerStats(r.ex)
+	if err := mgr.AddMetricsServerExtraHandler(DebugPath, r); err != nil {
+		return nil, fmt.Errorf("failed to add quiesce debug handler: %w", err)
+	}
 	return r, nil
 }
 
@@ -120,20 +159,20 @@ func (r *Runnable) NeedLeaderElection() bool { return r.elected }
 // ReadyzCheck is a healthz.Checker that fails from the moment the executor drains, so that
 // a Service stops sending work to a pod that is shutting down.
 func (r *Runnable) ReadyzCheck(*http.Request) error {
-	select {
-	case <-r.ex.Draining():
+	if r.draining() {
 		return errors.New("quiesce executor is draining")
-	default:
-		return nil
 	}
+	return nil
 }
 
-// Start marks the executor as driven and blocks until ctx ends. Then it drains the
-// executor: it refuses new calls and waits up to GracePeriod for the tracked ones to
-// return, while the executor logs what it still waits for. It returns nil when every call
-// returned, or the *drain.PendingError naming the calls it abandoned, after logging them
-// as one error line. A Runnable starts once: a second Start, or a Start after its
-// executor drained, returns an error at once.
+// Start blocks until ctx ends. Then it drains the executor: it refuses new calls and
+// waits up to GracePeriod for the tracked ones to return, while the executor logs what it
+// still waits for. It returns nil when every call returned. Otherwise it logs the calls it
+// abandoned as one error line (the oldest 20, and how many more) and returns an error
+// that counts them, points at the log, and wraps the *drain.PendingError listing them
+// all (errors.As), itself wrapping context.DeadlineExceeded; with no Logger, it logs
+// nothing and returns the *drain.PendingError itself. A Runnable starts once: a second
+// Start, or a Start after its executor drained, returns an error at once.
 func (r *Runnable) Start(ctx context.Context) error {
 	if !r.started.CompareAndSwap(false, true) {
 		return errors.New("failed to start quiesce runnable: already started")
@@ -176,26 +215,72 @@ func (r *Runnable) drain() error {
 		return nil
 	}
 
-	// Step 3: the grace period ran out: name every call abandoned, in one line, since
-	// controller-runtime logs a runnable's error only in its own generic terms.
+	// Step 3: the grace period ran out: name the calls abandoned, in one line.
 	var pe *drain.PendingError
-	if errors.As(err, &pe) {
-		names := make([]string, len(pe.Pending))
-		for i, p := range pe.Pending {
-			names[i] = p.Name
-			if p.Where != "" {
-				names[i] += " at " + p.Where
-			}
-		}
-		log.Error(err, "Abandoned calls still running after the grace period", "abandoned", len(names), "calls", names)
-	} else {
+	if !errors.As(err, &pe) {
 		log.Error(err, "Failed to drain executor")
+		return err
 	}
-	return err
+	return r.abandon(log, pe)
 }
 
+// abandonedMsg is the message of the line that lists the abandoned calls.
+const abandonedMsg = "Abandoned calls still running after the grace period"
+
+// abandon logs the calls of pe, bounded like the executor's reports, and returns the error
+// for Start.
+//
+// The list appears once in the log, on this line. Before, it appeared three times: this
+// line's list, this line's error, and controller-runtime's copy of Start's error ("error
+// received after stop sequence was engaged"), plus once more when main logs Err. This line
+// reads best: it comes right after the reports, in their format (name, age, detached,
+// where, handler), under a message that says what happened. So the error only counts the
+// calls and says that the log lists them (without quoting this line's message, so that a
+// search for it finds this line alone); the complete list stays in the *drain.PendingError
+// it wraps, for code. With no logger (New without Options.Logger) there is no such line, and
+// Start returns pe itself, whose text lists them.
+func (r *Runnable) abandon(log logr.Logger, pe *drain.PendingError) error {
+	if r.log.GetSink() == nil {
+		return pe
+	}
+	now := r.clock.Now()
+	n := min(len(pe.Pending), maxListed)
+	calls := make([]call, n)
+	for i, p := range pe.Pending[:n] {
+		calls[i] = callOf(p, now)
+	}
+	kv := []any{"abandoned", len(pe.Pending), "calls", calls}
+	if more := len(pe.Pending) - n; more > 0 {
+		kv = append(kv, "more", more)
+	}
+	log.Error(pe.Err, abandonedMsg, kv...)
+	return &abandonedError{pending: pe, grace: r.grace}
+}
+
+// maxListed bounds how many abandoned calls the log line lists, as drain bounds its reports.
+const maxListed = 20
+
+// abandonedError is Start's error when calls were abandoned and logged.
+type abandonedError struct {
+	pending *drain.PendingError
+	grace   time.Duration
+}
+
+func (e *abandonedError) Error() string {
+	return fmt.Sprintf("failed to drain quiesce executor: %v: %d call(s) still running after the grace period of %v, listed in quiesce's log",
+		e.pending.Err, len(e.pending.Pending), e.grace)
+}
+
+// Unwrap returns the *drain.PendingError that lists every abandoned call.
+func (e *abandonedError) Unwrap() error { return e.pending }
+
+// finish records Start's result, and, for a Runnable created by Add, folds its executor's
+// counters into the metrics' totals so that they no longer hold it.
 func (r *Runnable) finish(err error) {
 	r.err = err
+	if r.metered {
+		stats.fold(r)
+	}
 	close(r.stopped)
 }
 
@@ -203,7 +288,8 @@ func (r *Runnable) finish(err error) {
 func (r *Runnable) Done() <-chan struct{} { return r.stopped }
 
 // Err returns what Start returned, once Done is closed: nil when every call returned, or
-// the *drain.PendingError naming the abandoned calls. Before that it returns nil.
+// an error wrapping the *drain.PendingError naming the abandoned calls (see Start). Before
+// that it returns nil.
 //
 // controller-runtime does not return a runnable's error from mgr.Start once the manager
 // is stopping, so main uses Err to learn that calls were abandoned, e.g. to exit non-zero:

@@ -3,6 +3,7 @@ package runnable_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -141,10 +142,21 @@ func TestStartAbandonsCallsAfterTheGracePeriod(t *testing.T) {
 		lines := logs.all()
 		last := lines[len(lines)-1]
 		for _, want := range []string{`"msg"="Abandoned calls still running after the grace period"`, `"abandoned"=2`,
-			"ctrl/ns/a/hang at", "ctrl/ns/b/hang at", "runnable_test.TestStartAbandonsCallsAfterTheGracePeriod"} {
+			`"error"="context deadline exceeded"`, `"name"="ctrl/ns/a/hang"`, `"name"="ctrl/ns/b/hang"`, `"age"="4s"`,
+			"runnable_test.TestStartAbandonsCallsAfterTheGracePeriod"} {
 			if !strings.Contains(last, want) {
 				t.Errorf("last log line %s\nlacks %s", last, want)
 			}
+		}
+		// The error counts the calls and points at the log that lists them.
+		for _, want := range []string{"failed to drain quiesce executor", "2 call(s) still running after the grace period of 4s",
+			"listed in quiesce's log"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("Start's error %q lacks %q", err, want)
+			}
+		}
+		if strings.Contains(err.Error(), "ctrl/ns/a/hang") || strings.Contains(err.Error(), "Abandoned calls") {
+			t.Errorf("Start's error %q names the calls the log already lists, or quotes the line's message", err)
 		}
 		if s := r.Executor().Stats(); s.Abandoned != 2 {
 			t.Errorf("Abandoned = %d, want 2", s.Abandoned)
@@ -199,4 +211,94 @@ func TestAddWithNilManager(t *testing.T) {
 	if _, err := runnable.Add(nil, runnable.Options{}); err == nil {
 		t.Fatal("Add(nil) = nil error")
 	}
+}
+
+// hangAll starts n calls on r's executor that return once release is closed, named
+// "ctrl/ns/<i>/hang", one second apart (on synctest's clock): the first is the oldest.
+func hangAll(t *testing.T, r *runnable.Runnable, n int, release <-chan struct{}) {
+	t.Helper()
+	for i := range n {
+		if err := r.Executor().Go(context.Background(), fmt.Sprintf("ctrl/ns/%02d/hang", i), func(context.Context) error {
+			<-release // ignores its context
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+func TestAbandonedCallsAreListedOnceAndBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs capture
+		r := runnable.New(runnable.Options{Options: drain.Options{Logger: logs.logger(), CancelAfter: -1, ReportEvery: time.Hour}, GracePeriod: 2 * time.Second})
+		ctx, stop := context.WithCancel(context.Background())
+		result := make(chan error, 1)
+		go func() { result <- r.Start(ctx) }()
+		release := make(chan struct{})
+		hangAll(t, r, 25, release)
+		stop()
+		err := <-result
+
+		// Outside the executor's reports, one line names calls: the abandoned line.
+		var listing []string
+		for _, l := range logs.all() {
+			if strings.Contains(l, "ctrl/ns/") && !strings.Contains(l, `"msg"="Waiting for pending calls"`) {
+				listing = append(listing, l)
+			}
+		}
+		if len(listing) != 1 {
+			t.Fatalf("%d lines name abandoned calls, want 1:\n%s", len(listing), strings.Join(listing, "\n"))
+		}
+		line := listing[0]
+		for _, want := range []string{`"msg"="Abandoned calls still running after the grace period"`, `"abandoned"=25`, `"more"=5`,
+			// The oldest first, aged since they started, up to the 20th.
+			`"calls"=[{"name"="ctrl/ns/00/hang" "age"="27s" "detached"=true`, `"name"="ctrl/ns/19/hang" "age"="8s"`,
+			// Where each waits, and the line of its own function (here the same).
+			`"where"="runnable_test.hangAll.func1 (runnable_test.go:`, `"handler"="runnable_test.hangAll.func1 (runnable_test.go:`} {
+			if !strings.Contains(line, want) {
+				t.Errorf("abandoned line %s\nlacks %s", line, want)
+			}
+		}
+		if got := strings.Count(line, `"name"=`); got != 20 {
+			t.Errorf("abandoned line lists %d calls, want 20", got)
+		}
+		if strings.Contains(line, "ctrl/ns/20/hang") {
+			t.Errorf("abandoned line lists the 21st call: %s", line)
+		}
+
+		// What controller-runtime and main log of the error does not list them again.
+		if strings.Contains(err.Error(), "ctrl/ns/") || !strings.Contains(err.Error(), "25 call(s)") {
+			t.Errorf("Start's error = %q, want the count and no names", err)
+		}
+		var pe *drain.PendingError
+		if !errors.As(err, &pe) || len(pe.Pending) != 25 || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Start = %v, want a *drain.PendingError of every call, and DeadlineExceeded", err)
+		}
+		close(release)
+		if err := r.Executor().Drain(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// Without a logger there is no abandoned line: the error itself lists the calls.
+func TestAbandonedCallsWithoutLoggerAreInTheError(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := runnable.New(runnable.Options{Options: drain.Options{CancelAfter: -1}, GracePeriod: time.Second})
+		ctx, stop := context.WithCancel(context.Background())
+		result := make(chan error, 1)
+		go func() { result <- r.Start(ctx) }()
+		release := make(chan struct{})
+		hangAll(t, r, 1, release)
+		stop()
+		err := <-result
+		if _, ok := err.(*drain.PendingError); !ok || !strings.Contains(err.Error(), "ctrl/ns/00/hang") {
+			t.Fatalf("Start = %#v, want the *drain.PendingError naming the call", err)
+		}
+		close(release)
+		if err := r.Executor().Drain(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
 }

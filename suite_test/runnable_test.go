@@ -2,6 +2,8 @@ package suite_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -223,9 +225,9 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 
 		name := "hang/" + ns + "/stuck/upload"
 		var pe *drain.PendingError
-		Expect(q.Err()).To(BeAssignableToTypeOf(pe), "main learns that calls were abandoned")
-		pe = q.Err().(*drain.PendingError)
+		Expect(errors.As(q.Err(), &pe)).To(BeTrue(), "main learns that calls were abandoned: %v", q.Err())
 		Expect(pe.Pending).To(ConsistOf(HaveField("Name", name)))
+		Expect(q.Err().Error()).NotTo(ContainSubstring(name), "the error counts the calls; the log line lists them")
 
 		msgs := logs.messages()
 		Expect(msgs[0]).To(Equal("Draining executor"))
@@ -240,7 +242,8 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 			Expect(report).To(ContainSubstring(blockedAt))
 			Expect(report).To(MatchRegexp(`"age"="\d+(ms|s)"`))
 		}
-		Expect(lines[len(lines)-1]).To(ContainSubstring(name + " at "))
+		Expect(lines[len(lines)-1]).To(ContainSubstring(`"abandoned"=1`))
+		Expect(lines[len(lines)-1]).To(ContainSubstring(`"name"="` + name + `"`))
 		Expect(lines[len(lines)-1]).To(ContainSubstring(blockedAt))
 
 		release()
@@ -326,6 +329,22 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 		Expect(metricValue(during, "quiesce_calls_in_flight")).To(BeEquivalentTo(2), "the reconcile and the hanging call")
 		Expect(metricValue(during, `quiesce_call_duration_seconds_count{controller="metered"}`)-
 			metricValue(before, `quiesce_call_duration_seconds_count{controller="metered"}`)).To(BeEquivalentTo(1), "the quick call ended")
+		Expect(metricValue(during, "quiesce_oldest_call_age_seconds")).To(BeNumerically(">", 0))
+
+		By("listing the pending calls at /debug/quiesce, on the metrics server")
+		debugCode, debugBody, err := httpGet("http://" + metricsAddr + "/debug/quiesce?limit=1")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(debugCode).To(Equal(http.StatusOK))
+		var debug struct {
+			Draining bool
+			Count    int
+			Calls    []struct{ Name, Handler string }
+		}
+		Expect(json.Unmarshal([]byte(debugBody), &debug)).To(Succeed())
+		Expect(debug.Draining).To(BeFalse())
+		Expect(debug.Count).To(Equal(2), "the reconcile and the hanging call")
+		Expect(debug.Calls).To(ConsistOf(HaveField("Name", "metered/"+ns+"/metered")), "the oldest: the reconcile")
+		Expect(debug.Calls[0].Handler).To(ContainSubstring("runnable_test.go:"), "the line in the reconciler where it waits")
 
 		By("stopping the manager: readyz fails while the drain waits for the hanging call")
 		stop()

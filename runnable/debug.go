@@ -1,0 +1,89 @@
+package runnable
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/quiesce-dev/quiesce/drain"
+)
+
+// call is one pending call, as the abandoned line and ServeHTTP show it: the fields of
+// the executor's reports, and the user's own frame where the call waits.
+type call struct {
+	Name     string `json:"name"`
+	Age      string `json:"age"`
+	Detached bool   `json:"detached"`
+	Where    string `json:"where"`
+	Handler  string `json:"handler"`
+}
+
+func callOf(p drain.Pending, now time.Time) call {
+	return call{Name: p.Name, Age: age(now.Sub(p.Started)), Detached: p.Detached, Where: p.Where, Handler: p.Handler}
+}
+
+// age rounds d for reading as the executor's reports do: whole seconds from 1s on,
+// milliseconds below.
+func age(d time.Duration) string {
+	if d >= time.Second {
+		return d.Round(time.Second).String()
+	}
+	return d.Round(time.Millisecond).String()
+}
+
+// debugState is the body of ServeHTTP.
+type debugState struct {
+	Draining bool   `json:"draining"`
+	Count    int    `json:"count"`
+	Calls    []call `json:"calls"`
+}
+
+// ServeHTTP serves the executor's pending calls as JSON, for GET only (405 otherwise):
+//
+//	{"draining": false, "count": 2, "calls": [{"name": "memcached/ns/a", "age": "3s",
+//	  "detached": false, "where": "...", "handler": "..."}, ...]}
+//
+// count is the number of pending calls; calls lists them oldest first, all of them or the
+// oldest N with the query ?limit=N (N >= 0; anything else gives 400). Finding where each
+// call waits captures the goroutines' stacks, once per request, so the handler is meant for
+// a person or an occasional probe, not a tight loop. Add serves it at DebugPath on the
+// manager's metrics server, behind the server's FilterProvider (authentication and
+// authorization when SecureServing is set) like /metrics.
+func (r *Runnable) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	if req.Method != http.MethodGet {
+		w.Header().Set("Allow", http.MethodGet)
+		http.Error(w, "method not allowed: use GET", http.StatusMethodNotAllowed)
+		return
+	}
+	limit := -1
+	if q := req.URL.Query(); q.Has("limit") {
+		n, err := strconv.Atoi(q.Get("limit"))
+		if err != nil || n < 0 {
+			http.Error(w, "invalid limit: want a non-negative integer", http.StatusBadRequest)
+			return
+		}
+		limit = n
+	}
+	state := debugState{Draining: r.draining()}
+	pending, total := r.ex.Locate(limit)
+	now := r.clock.Now()
+	state.Count = total
+	state.Calls = make([]call, len(pending))
+	for i, p := range pending {
+		state.Calls[i] = callOf(p, now)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	_ = json.NewEncoder(w).Encode(state) // an error here is the client's going away
+}
+
+// draining reports whether the executor's drain began.
+func (r *Runnable) draining() bool {
+	select {
+	case <-r.ex.Draining():
+		return true
+	default:
+		return false
+	}
+}

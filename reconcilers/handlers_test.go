@@ -371,7 +371,8 @@ func TestHandlersNewGenerationRunsAllAgain(t *testing.T) {
 }
 
 func TestHandlersCorruptAnnotationStartsAfresh(t *testing.T) {
-	for _, raw := range []string{"{not json", `{"generation":1,"handlers":{"a":{"retries":-1}}}`, `{"gen":1}`, `{"generation":1} trailing`, ""} {
+	for _, raw := range []string{"{not json", `{"generation":1,"handlers":{"a":{"retries":-1}}}`, `{"gen":1}`, `{"generation":1} trailing`, "",
+		"null", `{"generation":1,"handlers":{"a":{"done":"yes"}}}`} {
 		t.Run(raw, func(t *testing.T) {
 			var j journal
 			cm := configMap("ns", "obj")
@@ -563,10 +564,50 @@ func TestProgressRoundTrip(t *testing.T) {
 	if again != s || back.Generation != 7 || !back.Handlers["b"].Delayed.Equal(delayed) {
 		t.Fatalf("round trip = %+v (%s)", back, again)
 	}
-	for _, bad := range []string{"", "null x", "[]", `{"generation":"1"}`, `{"handlers":{"a":{"retries":-2}}}`, `{"generation":1,"extra":true}`} {
+	for _, bad := range []string{"", "null", "null x", "[]", "{}", `{"gen":1}`, `{"generation":null}`, `{"generation":"1"}`,
+		`{"generation":1}}`, `{"generation":1} {}`, `{"generation":1,"handlers":[]}`, `{"generation":1,"handlers":{"a":{"retries":"2"}}}`,
+		`{"generation":1,"handlers":{"a":{"retries":-2}}}`} {
 		if _, err := reconcilers.ParseProgress(bad); err == nil {
 			t.Errorf("ParseProgress(%q) = nil error", bad)
 		}
+	}
+}
+
+// TestProgressToleratesUnknownFields: progress written by a newer version, with fields this
+// one does not know, is read, not taken for corruption.
+func TestProgressToleratesUnknownFields(t *testing.T) {
+	p, err := reconcilers.ParseProgress(`{"generation":3,"schema":2,"handlers":{` +
+		`"a":{"retries":1,"done":true,"started":"2025-01-02T03:04:05Z","attempts":[1,2],"took":"2s"},` +
+		`"b":{"retries":2,"done":false,"message":"failed to dial","cause":{"code":503}}},"owner":"v2"}`)
+	if err != nil {
+		t.Fatalf("ParseProgress = %v, want unknown fields ignored", err)
+	}
+	a, b := p.Handlers["a"], p.Handlers["b"]
+	if p.Generation != 3 || len(p.Handlers) != 2 || !a.Done || a.Retries != 1 || a.Started == nil || !a.Started.Equal(epoch) ||
+		b.Done || b.Retries != 2 || b.Message != "failed to dial" {
+		t.Fatalf("ParseProgress = %+v", p)
+	}
+}
+
+// TestHandlersKeepProgressWithUnknownFields: after a rollback to an older version, the
+// progress a newer one wrote still counts: done handlers do not run again.
+func TestHandlersKeepProgressWithUnknownFields(t *testing.T) {
+	var j journal
+	cm := configMap("ns", "obj")
+	cm.Annotations[reconcilers.DefaultProgressAnnotation] = `{"generation":1,"schema":2,"handlers":{"a":{"retries":0,"done":true,"took":"2s"}}}`
+	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a"), ok(&j, "b")},
+		reconcilers.HandlersOptions{Lifecycle: lifecycle.AllAtOnce}, cm)
+	if res := f.reconcile("obj"); res != (reconcile.Result{}) {
+		t.Fatalf("Reconcile = %+v, want done", res)
+	}
+	if got := strings.Join(j.all(), ","); got != "b" {
+		t.Fatalf("runs %s, want only b", got)
+	}
+	if evs := f.events(); len(evs) != 0 {
+		t.Fatalf("events = %q, want none", evs)
+	}
+	if p := f.progress("obj"); !p.Handlers["a"].Done || !p.Handlers["b"].Done {
+		t.Fatalf("progress = %+v, want all done", p)
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/quiesce-dev/quiesce/lifecycle"
@@ -62,26 +61,34 @@ type HandlerProgress struct {
 var errNoProgress = errors.New("no progress")
 
 // ParseProgress decodes the value of a progress annotation. It returns an error for a value
-// that is empty or not a progress: unknown fields, trailing data or a negative retry count.
+// that is not a progress: empty, not a JSON object, without a generation, with a field of
+// the wrong type, with trailing data, or with a negative retry count.
+//
+// Fields it does not know are ignored, at the top level and in each handler's progress: a
+// newer version of this package may add some, and an operator rolled back to an older one
+// must still read the progress rather than run every handler again. The older version drops
+// those fields when it records its next cycle.
 func ParseProgress(s string) (Progress, error) {
 	if s == "" {
 		return Progress{}, errNoProgress
 	}
-	var p Progress
-	dec := json.NewDecoder(strings.NewReader(s))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&p); err != nil {
+	// Every version writes the generation: without one, the value is some other JSON.
+	var w struct {
+		Generation *int64                     `json:"generation"`
+		Handlers   map[string]HandlerProgress `json:"handlers"`
+	}
+	if err := json.Unmarshal([]byte(s), &w); err != nil {
 		return Progress{}, fmt.Errorf("failed to decode progress: %w", err)
 	}
-	if dec.More() {
-		return Progress{}, errors.New("failed to decode progress: trailing data after the JSON object")
+	if w.Generation == nil {
+		return Progress{}, errors.New("failed to decode progress: no generation")
 	}
-	for id, h := range p.Handlers {
+	for id, h := range w.Handlers {
 		if h.Retries < 0 {
 			return Progress{}, fmt.Errorf("failed to decode progress: handler %q has %d retries", id, h.Retries)
 		}
 	}
-	return p, nil
+	return Progress{Generation: *w.Generation, Handlers: w.Handlers}, nil
 }
 
 // Encode returns p as the value of a progress annotation. Map keys are sorted (encoding/json),

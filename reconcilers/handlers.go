@@ -402,14 +402,14 @@ func (h *handlersReconciler[T]) record(ctx context.Context, obj T, id string, hp
 		hp.Done, hp.Failed, hp.Delayed, hp.Message = true, false, nil, ""
 		logger.V(1).Info("Handler succeeded")
 	case ranTerminal:
-		hp.Done, hp.Failed, hp.Delayed, hp.Message = true, true, nil, err.Error()
+		hp.Done, hp.Failed, hp.Delayed, hp.Message = true, true, nil, truncateMessage(err.Error())
 		logger.Error(err, "Handler failed for good: not retried for this generation")
 		h.event(obj, corev1.EventTypeWarning, ReasonHandlerFailed, "Handler %s failed for good: %s", id, err.Error())
 	case ranFailed:
 		hp.Retries++
 		delay := h.backoff(hp.Retries)
 		until := h.opts.Clock.Now().Add(delay).UTC()
-		hp.Delayed, hp.Message = &until, err.Error()
+		hp.Delayed, hp.Message = &until, truncateMessage(err.Error())
 		logger.Error(err, "Handler failed: retrying after a backoff", "retries", hp.Retries, "retryAfter", delay)
 		h.event(obj, corev1.EventTypeWarning, ReasonHandlerError, "Handler %s failed, retry %d after %s: %s", id, hp.Retries, delay, err.Error())
 	}
@@ -597,11 +597,12 @@ func (h *handlersReconciler[T]) backoff(retries int) time.Duration {
 	return min(d, h.opts.MaxBackoff)
 }
 
+// event records an Event on obj, its note cut to the 1 KiB the API server accepts.
 func (h *handlersReconciler[T]) event(obj T, typ, reason, note string, args ...any) {
 	if h.opts.Recorder == nil {
 		return
 	}
-	h.opts.Recorder.Eventf(obj, nil, typ, reason, "Reconcile", note, args...)
+	h.opts.Recorder.Eventf(obj, nil, typ, reason, "Reconcile", "%s", truncateMessage(fmt.Sprintf(note, args...)))
 }
 
 func isNil(v any) bool {

@@ -9,10 +9,15 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apivalidation "k8s.io/apimachinery/pkg/api/validation"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/tools/events"
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -660,5 +665,81 @@ func TestHandlersNewObjReturningNilIsTerminal(t *testing.T) {
 	}
 	if _, err := r.Reconcile(context.Background(), request("ns", "obj")); !errors.Is(err, reconcile.TerminalError(nil)) {
 		t.Fatalf("Reconcile = %v, want a terminal error", err)
+	}
+}
+
+// annotationLimits is a client that, as the API server does, rejects a patch that leaves the
+// object's annotations over their total limit of 256 KiB.
+func annotationLimits(objs ...client.Object) client.Client {
+	return interceptor.NewClient(fake.NewClientBuilder().WithObjects(objs...).Build(), interceptor.Funcs{
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			if errs := apivalidation.ValidateAnnotations(obj.GetAnnotations(), field.NewPath("metadata", "annotations")); len(errs) > 0 {
+				return apierrors.NewInvalid(schema.GroupKind{Kind: "ConfigMap"}, obj.GetName(), errs)
+			}
+			return c.Patch(ctx, obj, patch, opts...)
+		},
+	})
+}
+
+// TestHandlersTruncateLongErrors: a handler's 300 KiB error is stored cut to 1 KiB, so the
+// progress patch stays far below the API server's limit on annotations, and the Event's note
+// within the 1 KiB the API server accepts.
+func TestHandlersTruncateLongErrors(t *testing.T) {
+	huge := "failed to apply: " + strings.Repeat("x", 300<<10)
+
+	// The client rejects what a whole message made: a 307 KB annotation.
+	c := annotationLimits(configMap("ns", "probe"))
+	whole := configMap("ns", "probe")
+	whole.Annotations[reconcilers.DefaultProgressAnnotation] = huge
+	if err := c.Patch(context.Background(), whole, client.MergeFrom(configMap("ns", "probe"))); !apierrors.IsInvalid(err) {
+		t.Fatalf("Patch of a %d-byte annotation = %v, want Invalid", len(huge), err)
+	}
+
+	for _, tc := range []struct {
+		name, event string
+		err         error
+	}{
+		{"retryable", "Warning HandlerError ", errors.New(huge)},
+		{"terminal", "Warning HandlerFailed ", reconcile.TerminalError(errors.New(huge))},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			big := reconcilers.Handler[*corev1.ConfigMap]{ID: "big", Fn: func(context.Context, *corev1.ConfigMap) error { return tc.err }}
+			f := newFixtureWith(t, annotationLimits(configMap("ns", "obj")), []reconcilers.Handler[*corev1.ConfigMap]{big}, reconcilers.HandlersOptions{})
+			f.reconcile("obj") // fails the test if the progress patch fails
+
+			if ann := f.object("obj").Annotations[reconcilers.DefaultProgressAnnotation]; len(ann) > 1200 {
+				t.Fatalf("progress annotation of %d bytes, want at most 1200", len(ann))
+			}
+			msg := f.progress("obj").Handlers["big"].Message
+			want := tc.err.Error()[:1024-len("... (truncated)")] + "... (truncated)"
+			if msg != want {
+				t.Fatalf("stored message of %d bytes = %.40q...%q, want the first %d bytes of the error and a mark",
+					len(msg), msg, msg[max(0, len(msg)-20):], len(want))
+			}
+			evs := f.events()
+			if len(evs) != 1 || !strings.HasPrefix(evs[0], tc.event) || len(evs[0]) > len(tc.event)+1024 ||
+				!strings.HasSuffix(evs[0], "... (truncated)") {
+				t.Fatalf("events %.200q, want one with a note of at most 1 KiB", evs)
+			}
+		})
+	}
+}
+
+// TestHandlersTruncateOnARuneBoundary: a long message is cut between UTF-8 characters, never
+// inside one.
+func TestHandlersTruncateOnARuneBoundary(t *testing.T) {
+	for _, r := range []string{"é", "世", "😀"} {
+		t.Run(r, func(t *testing.T) {
+			text := strings.Repeat(r, 2000)
+			bad := reconcilers.Handler[*corev1.ConfigMap]{ID: "bad", Fn: func(context.Context, *corev1.ConfigMap) error { return errors.New(text) }}
+			f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{bad}, reconcilers.HandlersOptions{}, configMap("ns", "obj"))
+			f.reconcile("obj")
+			msg := f.progress("obj").Handlers["bad"].Message
+			kept, found := strings.CutSuffix(msg, "... (truncated)")
+			if !found || !utf8.ValidString(msg) || len(msg) > 1024 || len(msg) <= 1024-len(r) || !strings.HasPrefix(text, kept) {
+				t.Fatalf("stored message of %d bytes (valid UTF-8: %v) ending %q, want at most 1024, whole characters, marked",
+					len(msg), utf8.ValidString(msg), msg[max(0, len(msg)-24):])
+			}
+		})
 	}
 }

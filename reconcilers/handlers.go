@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"reflect"
 	"strings"
 	"time"
@@ -11,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -23,13 +25,25 @@ import (
 
 // Defaults of HandlersOptions.
 const (
-	// DefaultBackoff is the delay before the first retry of a failed handler.
+	// DefaultBackoff is the delay before the first retry of a failed handler, before the
+	// jitter shortens it by up to 10%.
 	DefaultBackoff = time.Second
 	// DefaultMaxBackoff caps the delay between retries.
 	DefaultMaxBackoff = 5 * time.Minute
 	// DefaultNextCycle is how soon an object with handlers left to run is reconciled again.
 	DefaultNextCycle = 100 * time.Millisecond
 )
+
+// backoffJitter is the largest fraction of a retry delay that the jitter takes off it.
+const backoffJitter = 0.1
+
+// backoffCeiling bounds Backoff and MaxBackoff. A century is "never" for a retry, and it
+// stays far enough below time.Duration's limit (292 years) for wait.Backoff, which doubles
+// delays in float64 and overflows to a negative delay with a cap near that limit.
+const backoffCeiling = 100 * 365 * 24 * time.Hour
+
+// jitterRand returns the random number in [0, 1) that picks each jitter. Tests replace it.
+var jitterRand = rand.Float64
 
 // recordTimeout bounds the patch that records the outcome of a cycle. That patch runs on a
 // context detached from the reconcile's, so that a handler which finished while the drain
@@ -86,11 +100,13 @@ type HandlersOptions struct {
 	Annotation string
 
 	// Backoff is the delay before the first retry of a failed handler; each further retry
-	// doubles it, up to MaxBackoff. 0 or negative: DefaultBackoff.
+	// doubles it, up to MaxBackoff. A random jitter then shortens each delay by up to 10%,
+	// so that objects that failed together (say, while a dependency was down) do not all
+	// retry at the same moment. 0 or negative: DefaultBackoff; above 100 years: 100 years.
 	Backoff time.Duration
 
-	// MaxBackoff caps the retry delay. 0 or negative: DefaultMaxBackoff; below Backoff:
-	// Backoff.
+	// MaxBackoff caps the retry delay; the jitter never lengthens a delay beyond it. 0 or
+	// negative: DefaultMaxBackoff; below Backoff: Backoff; above 100 years: 100 years.
 	MaxBackoff time.Duration
 
 	// NextCycle is the RequeueAfter of a reconcile that leaves handlers ready to run now,
@@ -120,9 +136,8 @@ func (o *HandlersOptions) setDefaults() {
 	if o.MaxBackoff <= 0 {
 		o.MaxBackoff = DefaultMaxBackoff
 	}
-	if o.MaxBackoff < o.Backoff {
-		o.MaxBackoff = o.Backoff
-	}
+	o.Backoff = min(o.Backoff, backoffCeiling)
+	o.MaxBackoff = min(max(o.MaxBackoff, o.Backoff), backoffCeiling)
 	if o.NextCycle <= 0 {
 		o.NextCycle = DefaultNextCycle
 	}
@@ -165,7 +180,8 @@ func (o *HandlersOptions) setDefaults() {
 //     annotations, labels and fields are left as they are): success marks the handler
 //     done; a reconcile.TerminalError marks it done and failed (logged, and a Warning Event
 //     ReasonHandlerFailed); another error counts a retry, keeps the message and delays the
-//     next run by the backoff (logged, and a Warning Event ReasonHandlerError).
+//     next run by the backoff (logged, and a Warning Event ReasonHandlerError). Messages
+//     are kept to their first KiB.
 //  7. The reconcile is requeued after NextCycle if handlers are ready to run, after the
 //     shortest delay if all wait, and not at all once every handler is done.
 //
@@ -322,14 +338,14 @@ func (h *handlersReconciler[T]) load(ctx context.Context, req reconcile.Request)
 // out a backoff, or the lifecycle picked none.
 func (h *handlersReconciler[T]) selectHandlers(ctx context.Context, prog Progress) ([]string, *halt) {
 	logger := log.FromContext(ctx)
-	todo, ready, wait := h.todo(prog, h.opts.Clock.Now())
+	todo, ready, soonest := h.todo(prog, h.opts.Clock.Now())
 	switch {
 	case len(todo) == 0:
 		logger.V(1).Info("All handlers are done", "generation", prog.Generation)
 		return nil, &halt{}
 	case len(ready) == 0:
-		logger.V(1).Info("All pending handlers wait out a backoff", "requeueAfter", wait)
-		return nil, &halt{res: reconcile.Result{RequeueAfter: wait}}
+		logger.V(1).Info("All pending handlers wait out a backoff", "requeueAfter", soonest)
+		return nil, &halt{res: reconcile.Result{RequeueAfter: soonest}}
 	}
 	picked, err := h.pick(ready, prog)
 	if err != nil {
@@ -441,7 +457,7 @@ func (h *handlersReconciler[T]) requeue(ctx context.Context, next Progress) reco
 		// reconciles the object anyway.
 		return reconcile.Result{RequeueAfter: h.opts.NextCycle}
 	}
-	todo, ready, wait := h.todo(next, h.opts.Clock.Now())
+	todo, ready, soonest := h.todo(next, h.opts.Clock.Now())
 	switch {
 	case len(todo) == 0:
 		log.FromContext(ctx).V(1).Info("All handlers are done", "generation", next.Generation)
@@ -449,7 +465,7 @@ func (h *handlersReconciler[T]) requeue(ctx context.Context, next Progress) reco
 	case len(ready) > 0:
 		return reconcile.Result{RequeueAfter: h.opts.NextCycle}
 	default:
-		return reconcile.Result{RequeueAfter: wait}
+		return reconcile.Result{RequeueAfter: soonest}
 	}
 }
 
@@ -480,7 +496,7 @@ func (h *handlersReconciler[T]) read(ctx context.Context, obj T) Progress {
 
 // todo returns the ids of the handlers not done, in registration order; those of them not
 // waiting out a backoff at now; and, if all wait, how long until the first may run.
-func (h *handlersReconciler[T]) todo(p Progress, now time.Time) (todo, ready []string, wait time.Duration) {
+func (h *handlersReconciler[T]) todo(p Progress, now time.Time) (todo, ready []string, soonest time.Duration) {
 	for _, hd := range h.handlers {
 		hp := p.Handlers[hd.ID]
 		if hp.Done {
@@ -488,14 +504,14 @@ func (h *handlersReconciler[T]) todo(p Progress, now time.Time) (todo, ready []s
 		}
 		todo = append(todo, hd.ID)
 		if hp.Delayed != nil && now.Before(*hp.Delayed) {
-			if d := hp.Delayed.Sub(now); wait == 0 || d < wait {
-				wait = d
+			if d := hp.Delayed.Sub(now); soonest == 0 || d < soonest {
+				soonest = d
 			}
 			continue
 		}
 		ready = append(ready, hd.ID)
 	}
-	return todo, ready, wait
+	return todo, ready, soonest
 }
 
 // pick calls the lifecycle inline and checks that it picked only ready handlers, once each.
@@ -588,13 +604,19 @@ func (h *handlersReconciler[T]) patch(ctx context.Context, obj T, p Progress, lo
 	return mod, nil
 }
 
-// backoff returns the delay before the next run of a handler that failed retries times.
+// backoff returns the delay before the next run of a handler that failed retries times:
+// Backoff doubled at each retry after the first, capped at MaxBackoff, less the jitter. The
+// jitter shortens the delay rather than lengthens it, so that MaxBackoff stays a cap.
 func (h *handlersReconciler[T]) backoff(retries int) time.Duration {
-	d := h.opts.Backoff
-	for i := 1; i < retries && d < h.opts.MaxBackoff; i++ {
-		d *= 2
+	// 63 doublings take any delay from 1ns past the ceiling: a handler's retries (not
+	// bounded) need no more steps than that.
+	const steps = 64
+	b := wait.Backoff{Duration: h.opts.Backoff, Factor: 2, Steps: steps, Cap: h.opts.MaxBackoff}
+	var d time.Duration
+	for range min(max(retries, 1), steps) {
+		d = b.Step()
 	}
-	return min(d, h.opts.MaxBackoff)
+	return d - time.Duration(jitterRand()*backoffJitter*float64(d))
 }
 
 // event records an Event on obj, its note cut to the 1 KiB the API server accepts.

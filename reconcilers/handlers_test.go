@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -301,12 +302,15 @@ func TestHandlersRetriesWithBackoff(t *testing.T) {
 	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{boom},
 		reconcilers.HandlersOptions{Backoff: time.Second, MaxBackoff: 5 * time.Second}, configMap("ns", "obj"))
 
-	// 1s, 2s, 4s, then capped at 5s.
-	for i, delay := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 5 * time.Second} {
+	// 1s, 2s, 4s, then capped at 5s; each less a jitter of up to 10%.
+	var evs []string
+	for i, upper := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 5 * time.Second} {
 		res := f.reconcile("obj")
-		if res.RequeueAfter != delay {
-			t.Fatalf("failure %d: RequeueAfter %v, want %v", i+1, res.RequeueAfter, delay)
+		delay := res.RequeueAfter
+		if delay <= upper-upper/10 || delay > upper {
+			t.Fatalf("failure %d: RequeueAfter %v, want in (%v, %v]", i+1, delay, upper-upper/10, upper)
 		}
+		evs = append(evs, fmt.Sprintf("Warning HandlerError Handler flaky failed, retry %d after %v: failed to dial: attempt %d", i+1, delay, i+1))
 		p := f.progress("obj").Handlers["flaky"]
 		if p.Retries != i+1 || p.Done || p.Delayed == nil || !p.Delayed.Equal(f.clock.Now().Add(delay)) ||
 			p.Message != fmt.Sprintf("failed to dial: attempt %d", i+1) {
@@ -326,9 +330,74 @@ func TestHandlersRetriesWithBackoff(t *testing.T) {
 	if !p.Done || p.Retries != 4 || p.Delayed != nil || p.Message != "" {
 		t.Fatalf("final progress %+v, want done after 4 retries", p)
 	}
-	evs := f.events()
-	if len(evs) != 4 || !strings.HasPrefix(evs[0], "Warning HandlerError Handler flaky failed, retry 1 after 1s: failed to dial: attempt 1") {
-		t.Fatalf("events = %q, want 4 HandlerError warnings", evs)
+	if got := f.events(); !slices.Equal(got, evs) {
+		t.Fatalf("events = %q, want %q", got, evs)
+	}
+}
+
+// century is the ceiling of Backoff and MaxBackoff.
+const century = 100 * 365 * 24 * time.Hour
+
+// TestHandlersBackoffGrowsToTheCapWithoutOverflow: with a cap near time.Duration's limit,
+// the delays double (less the jitter) up to the cap and stay there, 45 failures on: none
+// overflows into an immediate retry.
+func TestHandlersBackoffGrowsToTheCapWithoutOverflow(t *testing.T) {
+	fail := reconcilers.Handler[*corev1.ConfigMap]{ID: "fail", Fn: func(context.Context, *corev1.ConfigMap) error { return errors.New("down") }}
+	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{fail},
+		reconcilers.HandlersOptions{Backoff: time.Second, MaxBackoff: math.MaxInt64}, configMap("ns", "obj"))
+	var prev time.Duration
+	for n := 1; n <= 45; n++ {
+		delay := f.reconcile("obj").RequeueAfter
+		upper := century
+		if n <= 32 { // 2^32 s is over a century
+			upper = time.Second << (n - 1)
+		}
+		if delay <= upper-upper/10 || delay > upper {
+			t.Fatalf("failure %d: RequeueAfter %v, want in (%v, %v]", n, delay, upper-upper/10, upper)
+		}
+		if upper < century && delay <= prev {
+			t.Fatalf("failure %d: RequeueAfter %v, not above the previous %v", n, delay, prev)
+		}
+		h := f.progress("obj").Handlers["fail"]
+		if h.Retries != n || h.Delayed == nil || !h.Delayed.Equal(f.clock.Now().Add(delay)) {
+			t.Fatalf("failure %d: progress %+v, want %d retries, delayed by %v", n, h, n, delay)
+		}
+		prev = delay
+		f.clock.SetTime(*h.Delayed)
+	}
+}
+
+// TestHandlersBackoffAfterManyRetries: however many retries the progress counts, and however
+// large Backoff and MaxBackoff, the delay is within the jitter of the cap.
+func TestHandlersBackoffAfterManyRetries(t *testing.T) {
+	for _, tc := range []struct {
+		backoff, maxBackoff time.Duration
+		retries             int
+		cap                 time.Duration
+	}{
+		{time.Second, 50 * 365 * 24 * time.Hour, 40, 50 * 365 * 24 * time.Hour},
+		{time.Second, math.MaxInt64, 40, century},
+		{time.Second, math.MaxInt64, 63, century},
+		{time.Nanosecond, math.MaxInt64, 64, century},
+		{time.Second, math.MaxInt64, 1000, century},
+		{time.Second, math.MaxInt64, math.MaxInt32, century},
+		{math.MaxInt64, 0, 0, century},
+		{math.MaxInt64, math.MaxInt64, 40, century},
+		{time.Second, 5 * time.Minute, 40, 5 * time.Minute},
+	} {
+		t.Run(fmt.Sprintf("%v-%v-%d", tc.backoff, tc.maxBackoff, tc.retries), func(t *testing.T) {
+			cm := configMap("ns", "obj")
+			cm.Annotations[reconcilers.DefaultProgressAnnotation] = fmt.Sprintf(`{"generation":1,"handlers":{"fail":{"retries":%d,"done":false}}}`, tc.retries)
+			fail := reconcilers.Handler[*corev1.ConfigMap]{ID: "fail", Fn: func(context.Context, *corev1.ConfigMap) error { return errors.New("down") }}
+			f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{fail},
+				reconcilers.HandlersOptions{Backoff: tc.backoff, MaxBackoff: tc.maxBackoff}, cm)
+			if delay := f.reconcile("obj").RequeueAfter; delay <= tc.cap-tc.cap/10 || delay > tc.cap {
+				t.Fatalf("retry %d: RequeueAfter %v, want in (%v, %v]", tc.retries+1, delay, tc.cap-tc.cap/10, tc.cap)
+			}
+			if h := f.progress("obj").Handlers["fail"]; h.Retries != tc.retries+1 || h.Delayed == nil || !h.Delayed.After(f.clock.Now()) {
+				t.Fatalf("progress %+v, want %d retries, delayed", h, tc.retries+1)
+			}
+		})
 	}
 }
 
@@ -484,8 +553,8 @@ func TestHandlersLifecyclePickingANonPendingHandlerIsTerminal(t *testing.T) {
 func TestHandlersPanicIsARetryableFailure(t *testing.T) {
 	p := reconcilers.Handler[*corev1.ConfigMap]{ID: "p", Fn: func(context.Context, *corev1.ConfigMap) error { panic("kaboom") }}
 	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{p}, reconcilers.HandlersOptions{}, configMap("ns", "obj"))
-	if res := f.reconcile("obj"); res.RequeueAfter != reconcilers.DefaultBackoff {
-		t.Fatalf("Reconcile = %+v, want RequeueAfter %v", res, reconcilers.DefaultBackoff)
+	if res := f.reconcile("obj"); res.RequeueAfter <= reconcilers.DefaultBackoff*9/10 || res.RequeueAfter > reconcilers.DefaultBackoff {
+		t.Fatalf("Reconcile = %+v, want RequeueAfter %v less up to 10%%", res, reconcilers.DefaultBackoff)
 	}
 	if h := f.progress("obj").Handlers["p"]; h.Retries != 1 || h.Done || !strings.Contains(h.Message, "kaboom") {
 		t.Fatalf("progress = %+v, want 1 retry with the panic", h)

@@ -84,5 +84,5 @@ func ExampleParseProgress() {
 	fmt.Println(err)
 	// Output:
 	// 2 true 3 failed to dial: timeout
-	// failed to decode progress: unexpected EOF
+	// failed to decode progress: unexpected end of JSON input
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"reflect"
 	"strings"
 	"time"
@@ -11,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -23,13 +25,25 @@ import (
 
 // Defaults of HandlersOptions.
 const (
-	// DefaultBackoff is the delay before the first retry of a failed handler.
+	// DefaultBackoff is the delay before the first retry of a failed handler, before the
+	// jitter shortens it by up to 10%.
 	DefaultBackoff = time.Second
 	// DefaultMaxBackoff caps the delay between retries.
 	DefaultMaxBackoff = 5 * time.Minute
 	// DefaultNextCycle is how soon an object with handlers left to run is reconciled again.
 	DefaultNextCycle = 100 * time.Millisecond
 )
+
+// backoffJitter is the largest fraction of a retry delay that the jitter takes off it.
+const backoffJitter = 0.1
+
+// backoffCeiling bounds Backoff and MaxBackoff. A century is "never" for a retry, and it
+// stays far enough below time.Duration's limit (292 years) for wait.Backoff, which doubles
+// delays in float64 and overflows to a negative delay with a cap near that limit.
+const backoffCeiling = 100 * 365 * 24 * time.Hour
+
+// jitterRand returns the random number in [0, 1) that picks each jitter. Tests replace it.
+var jitterRand = rand.Float64
 
 // recordTimeout bounds the patch that records the outcome of a cycle. That patch runs on a
 // context detached from the reconcile's, so that a handler which finished while the drain
@@ -86,11 +100,13 @@ type HandlersOptions struct {
 	Annotation string
 
 	// Backoff is the delay before the first retry of a failed handler; each further retry
-	// doubles it, up to MaxBackoff. 0 or negative: DefaultBackoff.
+	// doubles it, up to MaxBackoff. A random jitter then shortens each delay by up to 10%,
+	// so that objects that failed together (say, while a dependency was down) do not all
+	// retry at the same moment. 0 or negative: DefaultBackoff; above 100 years: 100 years.
 	Backoff time.Duration
 
-	// MaxBackoff caps the retry delay. 0 or negative: DefaultMaxBackoff; below Backoff:
-	// Backoff.
+	// MaxBackoff caps the retry delay; the jitter never lengthens a delay beyond it. 0 or
+	// negative: DefaultMaxBackoff; below Backoff: Backoff; above 100 years: 100 years.
 	MaxBackoff time.Duration
 
 	// NextCycle is the RequeueAfter of a reconcile that leaves handlers ready to run now,
@@ -120,9 +136,8 @@ func (o *HandlersOptions) setDefaults() {
 	if o.MaxBackoff <= 0 {
 		o.MaxBackoff = DefaultMaxBackoff
 	}
-	if o.MaxBackoff < o.Backoff {
-		o.MaxBackoff = o.Backoff
-	}
+	o.Backoff = min(o.Backoff, backoffCeiling)
+	o.MaxBackoff = min(max(o.MaxBackoff, o.Backoff), backoffCeiling)
 	if o.NextCycle <= 0 {
 		o.NextCycle = DefaultNextCycle
 	}
@@ -165,7 +180,8 @@ func (o *HandlersOptions) setDefaults() {
 //     annotations, labels and fields are left as they are): success marks the handler
 //     done; a reconcile.TerminalError marks it done and failed (logged, and a Warning Event
 //     ReasonHandlerFailed); another error counts a retry, keeps the message and delays the
-//     next run by the backoff (logged, and a Warning Event ReasonHandlerError).
+//     next run by the backoff (logged, and a Warning Event ReasonHandlerError). Messages
+//     are kept to their first KiB.
 //  7. The reconcile is requeued after NextCycle if handlers are ready to run, after the
 //     shortest delay if all wait, and not at all once every handler is done.
 //
@@ -256,139 +272,200 @@ type handlersReconciler[T client.Object] struct {
 	opts     HandlersOptions
 }
 
-// outcome kinds of one handler run.
+// outcome is how one run of a handler ended.
+type outcome int
+
 const (
-	ranOK = iota
-	ranFailed
-	ranTerminal
-	ranInterrupted
+	ranOK          outcome = iota // succeeded
+	ranFailed                     // failed with a retryable error
+	ranTerminal                   // failed for good: a reconcile.TerminalError
+	ranInterrupted                // stopped by a shutdown: not the handler's failure
 )
 
-func (h *handlersReconciler[T]) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
-	logger := log.FromContext(ctx)
+// halt ends a cycle before its last step, with what Reconcile returns.
+type halt struct {
+	res reconcile.Result
+	err error
+}
 
-	// 1. The object.
+func (s *halt) result() (reconcile.Result, error) { return s.res, s.err }
+
+func (h *handlersReconciler[T]) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	obj, stop := h.load(ctx, req)
+	if stop != nil {
+		return stop.result()
+	}
+	prog := h.read(ctx, obj)
+	picked, stop := h.selectHandlers(ctx, prog)
+	if stop != nil {
+		return stop.result()
+	}
+	obj, prog, stop = h.start(ctx, obj, prog, picked)
+	if stop != nil {
+		return stop.result()
+	}
+	next, ran := h.runPicked(ctx, obj, prog, picked)
+	if ran {
+		if stop := h.save(ctx, obj, next); stop != nil {
+			return stop.result()
+		}
+	}
+	return h.requeue(ctx, next), nil
+}
+
+// load gets the object. A missing object is not an error: it was deleted, and there is
+// nothing left to run its handlers on.
+func (h *handlersReconciler[T]) load(ctx context.Context, req reconcile.Request) (T, *halt) {
 	obj := h.newObj()
 	if isNil(obj) {
-		return reconcile.Result{}, reconcile.TerminalError(errors.New("failed to reconcile: newObj returned nil"))
+		return obj, &halt{err: reconcile.TerminalError(errors.New("failed to reconcile: newObj returned nil"))}
 	}
-	if err := h.c.Get(ctx, req.NamespacedName, obj); err != nil {
-		if apierrors.IsNotFound(err) {
-			return reconcile.Result{}, nil
-		}
-		if h.stopping(ctx) {
-			return h.stopped(ctx)
-		}
-		return reconcile.Result{}, fmt.Errorf("failed to get object: %w", err)
+	err := h.c.Get(ctx, req.NamespacedName, obj)
+	switch {
+	case err == nil:
+		return obj, nil
+	case apierrors.IsNotFound(err):
+		return obj, &halt{}
+	case h.stopping(ctx):
+		return obj, h.stopped(ctx)
+	default:
+		return obj, &halt{err: fmt.Errorf("failed to get object: %w", err)}
 	}
+}
 
-	// 2. Its progress.
-	prog := h.read(ctx, obj)
-	now := h.opts.Clock.Now()
-
-	// 3. What to run now, picked inline.
-	todo, ready, wait := h.todo(prog, now)
-	if len(todo) == 0 {
+// selectHandlers asks the lifecycle which of the handlers ready to run should run now. It
+// halts the cycle when nothing is to run now: every handler is done, every one left waits
+// out a backoff, or the lifecycle picked none.
+func (h *handlersReconciler[T]) selectHandlers(ctx context.Context, prog Progress) ([]string, *halt) {
+	logger := log.FromContext(ctx)
+	todo, ready, soonest := h.todo(prog, h.opts.Clock.Now())
+	switch {
+	case len(todo) == 0:
 		logger.V(1).Info("All handlers are done", "generation", prog.Generation)
-		return reconcile.Result{}, nil
-	}
-	if len(ready) == 0 {
-		logger.V(1).Info("All pending handlers wait out a backoff", "requeueAfter", wait)
-		return reconcile.Result{RequeueAfter: wait}, nil
+		return nil, &halt{}
+	case len(ready) == 0:
+		logger.V(1).Info("All pending handlers wait out a backoff", "requeueAfter", soonest)
+		return nil, &halt{res: reconcile.Result{RequeueAfter: soonest}}
 	}
 	picked, err := h.pick(ready, prog)
 	if err != nil {
-		return reconcile.Result{}, reconcile.TerminalError(err)
+		return nil, &halt{err: reconcile.TerminalError(err)}
 	}
 	if len(picked) == 0 {
 		logger.V(1).Info("The lifecycle picked no handler", "pending", ready)
-		return reconcile.Result{RequeueAfter: h.opts.NextCycle}, nil
+		return nil, &halt{res: reconcile.Result{RequeueAfter: h.opts.NextCycle}}
 	}
+	return picked, nil
+}
 
+// start marks the picked handlers started, and returns the object as patched and the
+// progress it now holds. The patch carries an optimistic lock because the object read may be
+// stale (the cache lags behind the last patch): running handlers on it could run a handler
+// already recorded as done, so a conflict runs nothing and reconciles the object again.
+func (h *handlersReconciler[T]) start(ctx context.Context, obj T, prog Progress, picked []string) (T, Progress, *halt) {
 	if h.stopping(ctx) {
-		return h.stopped(ctx)
+		return obj, prog, h.stopped(ctx)
 	}
-
-	// 4. Mark them started, with an optimistic lock against a stale read.
 	started := prog.clone()
-	at := now.UTC()
+	at := h.opts.Clock.Now().UTC()
 	for _, id := range picked {
 		hp := started.Handlers[id]
 		hp.Started, hp.Delayed = &at, nil
 		started.Handlers[id] = hp
 	}
-	base, err := h.patch(ctx, obj, started, true)
+	patched, err := h.patch(ctx, obj, started, true)
 	switch {
+	case err == nil:
+		return patched, started, nil
 	case apierrors.IsConflict(err):
-		logger.V(1).Info("The object changed since it was read: reconciling it again", "requeueAfter", h.opts.NextCycle)
-		return reconcile.Result{RequeueAfter: h.opts.NextCycle}, nil
+		log.FromContext(ctx).V(1).Info("The object changed since it was read: reconciling it again", "requeueAfter", h.opts.NextCycle)
+		return obj, prog, &halt{res: reconcile.Result{RequeueAfter: h.opts.NextCycle}}
 	case apierrors.IsNotFound(err):
-		return reconcile.Result{}, nil
-	case err != nil && h.stopping(ctx):
-		return h.stopped(ctx)
-	case err != nil:
-		return reconcile.Result{}, err
+		return obj, prog, &halt{}
+	case h.stopping(ctx):
+		return obj, prog, h.stopped(ctx)
+	default:
+		return obj, prog, &halt{err: err}
 	}
-	prog = started
+}
 
-	// 5. Run them, each as a tracked call.
+// runPicked runs the picked handlers one after the other, in the lifecycle's order, and
+// returns prog with their outcomes, and whether it holds any outcome to save. It stops at
+// the first handler a shutdown interrupted: the ones after it would be interrupted too. An
+// interrupted handler keeps its progress (started, not done, no retry counted), so that the
+// next manager runs it again.
+func (h *handlersReconciler[T]) runPicked(ctx context.Context, obj T, prog Progress, picked []string) (Progress, bool) {
 	next := prog.clone()
-	recorded := false
+	ran := false
 	for _, id := range picked {
-		kind, runErr := h.run(ctx, id, base)
-		hlog := logger.WithValues("handler", id)
-		hp := next.Handlers[id]
-		switch kind {
-		case ranOK:
-			hp.Done, hp.Failed, hp.Delayed, hp.Message = true, false, nil, ""
-			hlog.V(1).Info("Handler succeeded")
-		case ranTerminal:
-			hp.Done, hp.Failed, hp.Delayed, hp.Message = true, true, nil, runErr.Error()
-			hlog.Error(runErr, "Handler failed for good: not retried for this generation")
-			h.event(base, corev1.EventTypeWarning, ReasonHandlerFailed, "Handler %s failed for good: %s", id, runErr.Error())
-		case ranFailed:
-			hp.Retries++
-			delay := h.backoff(hp.Retries)
-			until := h.opts.Clock.Now().Add(delay).UTC()
-			hp.Delayed, hp.Message = &until, runErr.Error()
-			hlog.Error(runErr, "Handler failed: retrying after a backoff", "retries", hp.Retries, "retryAfter", delay)
-			h.event(base, corev1.EventTypeWarning, ReasonHandlerError, "Handler %s failed, retry %d after %s: %s", id, hp.Retries, delay, runErr.Error())
-		case ranInterrupted:
-			hlog.Info("Handler interrupted by a shutdown: it runs again on the next start", "reason", runErr.Error())
-		}
+		kind, err := h.run(ctx, id, obj)
 		if kind == ranInterrupted {
-			// The remaining picked handlers would be interrupted too; leave them pending.
+			log.FromContext(ctx).Info("Handler interrupted by a shutdown: it runs again on the next start", "handler", id, "reason", err.Error())
 			break
 		}
-		next.Handlers[id] = hp
-		recorded = true
+		next.Handlers[id] = h.record(ctx, obj, id, next.Handlers[id], kind, err)
+		ran = true
 	}
+	return next, ran
+}
 
-	// 6. Record the outcomes, even if the drain cancelled the reconcile meanwhile.
-	if recorded {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
-		defer cancel()
-		if _, err := h.patch(rctx, base, next, false); err != nil {
-			if apierrors.IsNotFound(err) {
-				return reconcile.Result{}, nil
-			}
-			return reconcile.Result{}, err
-		}
+// record returns hp updated with the outcome of one run of handler id, logs the outcome,
+// and reports a failure by a Warning Event on obj.
+func (h *handlersReconciler[T]) record(ctx context.Context, obj T, id string, hp HandlerProgress, kind outcome, err error) HandlerProgress {
+	logger := log.FromContext(ctx).WithValues("handler", id)
+	switch kind {
+	case ranOK:
+		hp.Done, hp.Failed, hp.Delayed, hp.Message = true, false, nil, ""
+		logger.V(1).Info("Handler succeeded")
+	case ranTerminal:
+		hp.Done, hp.Failed, hp.Delayed, hp.Message = true, true, nil, truncateMessage(err.Error())
+		logger.Error(err, "Handler failed for good: not retried for this generation")
+		h.event(obj, corev1.EventTypeWarning, ReasonHandlerFailed, "Handler %s failed for good: %s", id, err.Error())
+	case ranFailed:
+		hp.Retries++
+		delay := h.backoff(hp.Retries)
+		until := h.opts.Clock.Now().Add(delay).UTC()
+		hp.Delayed, hp.Message = &until, truncateMessage(err.Error())
+		logger.Error(err, "Handler failed: retrying after a backoff", "retries", hp.Retries, "retryAfter", delay)
+		h.event(obj, corev1.EventTypeWarning, ReasonHandlerError, "Handler %s failed, retry %d after %s: %s", id, hp.Retries, delay, err.Error())
 	}
+	return hp
+}
+
+// save patches the progress with the outcomes of the handlers that ran. It uses a context
+// detached from the reconcile's, bounded by recordTimeout: a handler that finished while the
+// drain cancelled the reconcile must still have its outcome saved, or it would run again
+// for nothing. The drain waits for the patch, as it is part of the tracked reconcile.
+func (h *handlersReconciler[T]) save(ctx context.Context, obj T, next Progress) *halt {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+	defer cancel()
+	_, err := h.patch(sctx, obj, next, false)
+	switch {
+	case err == nil:
+		return nil
+	case apierrors.IsNotFound(err):
+		return &halt{}
+	default:
+		return &halt{err: err}
+	}
+}
+
+// requeue says when to reconcile the object again after a cycle that ran handlers.
+func (h *handlersReconciler[T]) requeue(ctx context.Context, next Progress) reconcile.Result {
 	if h.stopping(ctx) {
-		return reconcile.Result{RequeueAfter: h.opts.NextCycle}, nil
+		// next does not tell interrupted handlers from ready ones; the next manager
+		// reconciles the object anyway.
+		return reconcile.Result{RequeueAfter: h.opts.NextCycle}
 	}
-
-	// 7. When to come back.
-	todo, ready, wait = h.todo(next, h.opts.Clock.Now())
+	todo, ready, soonest := h.todo(next, h.opts.Clock.Now())
 	switch {
 	case len(todo) == 0:
-		logger.V(1).Info("All handlers are done", "generation", next.Generation)
-		return reconcile.Result{}, nil
+		log.FromContext(ctx).V(1).Info("All handlers are done", "generation", next.Generation)
+		return reconcile.Result{}
 	case len(ready) > 0:
-		return reconcile.Result{RequeueAfter: h.opts.NextCycle}, nil
+		return reconcile.Result{RequeueAfter: h.opts.NextCycle}
 	default:
-		return reconcile.Result{RequeueAfter: wait}, nil
+		return reconcile.Result{RequeueAfter: soonest}
 	}
 }
 
@@ -419,7 +496,7 @@ func (h *handlersReconciler[T]) read(ctx context.Context, obj T) Progress {
 
 // todo returns the ids of the handlers not done, in registration order; those of them not
 // waiting out a backoff at now; and, if all wait, how long until the first may run.
-func (h *handlersReconciler[T]) todo(p Progress, now time.Time) (todo, ready []string, wait time.Duration) {
+func (h *handlersReconciler[T]) todo(p Progress, now time.Time) (todo, ready []string, soonest time.Duration) {
 	for _, hd := range h.handlers {
 		hp := p.Handlers[hd.ID]
 		if hp.Done {
@@ -427,14 +504,14 @@ func (h *handlersReconciler[T]) todo(p Progress, now time.Time) (todo, ready []s
 		}
 		todo = append(todo, hd.ID)
 		if hp.Delayed != nil && now.Before(*hp.Delayed) {
-			if d := hp.Delayed.Sub(now); wait == 0 || d < wait {
-				wait = d
+			if d := hp.Delayed.Sub(now); soonest == 0 || d < soonest {
+				soonest = d
 			}
 			continue
 		}
 		ready = append(ready, hd.ID)
 	}
-	return todo, ready, wait
+	return todo, ready, soonest
 }
 
 // pick calls the lifecycle inline and checks that it picked only ready handlers, once each.
@@ -454,7 +531,7 @@ func (h *handlersReconciler[T]) pick(ready []string, p Progress) ([]string, erro
 }
 
 // run runs handler id on a copy of obj as a tracked call and classifies its outcome.
-func (h *handlersReconciler[T]) run(ctx context.Context, id string, obj T) (int, error) {
+func (h *handlersReconciler[T]) run(ctx context.Context, id string, obj T) (outcome, error) {
 	own, ok := obj.DeepCopyObject().(T)
 	if !ok {
 		return ranTerminal, reconcile.TerminalError(fmt.Errorf("failed to copy the object: DeepCopyObject of %T is not a %T", obj, own))
@@ -484,9 +561,9 @@ func (h *handlersReconciler[T]) stopping(ctx context.Context) bool {
 // stopped ends a reconcile that a shutdown stopped before it ran a handler: nothing was
 // started, so there is nothing to record and nothing to report as an error; the next
 // manager reconciles the object again.
-func (h *handlersReconciler[T]) stopped(ctx context.Context) (reconcile.Result, error) {
+func (h *handlersReconciler[T]) stopped(ctx context.Context) *halt {
 	log.FromContext(ctx).V(1).Info("Shutting down: leaving the handlers to the next start")
-	return reconcile.Result{RequeueAfter: h.opts.NextCycle}, nil
+	return &halt{res: reconcile.Result{RequeueAfter: h.opts.NextCycle}}
 }
 
 func (h *handlersReconciler[T]) draining() bool {
@@ -527,20 +604,27 @@ func (h *handlersReconciler[T]) patch(ctx context.Context, obj T, p Progress, lo
 	return mod, nil
 }
 
-// backoff returns the delay before the next run of a handler that failed retries times.
+// backoff returns the delay before the next run of a handler that failed retries times:
+// Backoff doubled at each retry after the first, capped at MaxBackoff, less the jitter. The
+// jitter shortens the delay rather than lengthens it, so that MaxBackoff stays a cap.
 func (h *handlersReconciler[T]) backoff(retries int) time.Duration {
-	d := h.opts.Backoff
-	for i := 1; i < retries && d < h.opts.MaxBackoff; i++ {
-		d *= 2
+	// 63 doublings take any delay from 1ns past the ceiling: a handler's retries (not
+	// bounded) need no more steps than that.
+	const steps = 64
+	b := wait.Backoff{Duration: h.opts.Backoff, Factor: 2, Steps: steps, Cap: h.opts.MaxBackoff}
+	var d time.Duration
+	for range min(max(retries, 1), steps) {
+		d = b.Step()
 	}
-	return min(d, h.opts.MaxBackoff)
+	return d - time.Duration(jitterRand()*backoffJitter*float64(d))
 }
 
+// event records an Event on obj, its note cut to the 1 KiB the API server accepts.
 func (h *handlersReconciler[T]) event(obj T, typ, reason, note string, args ...any) {
 	if h.opts.Recorder == nil {
 		return
 	}
-	h.opts.Recorder.Eventf(obj, nil, typ, reason, "Reconcile", note, args...)
+	h.opts.Recorder.Eventf(obj, nil, typ, reason, "Reconcile", "%s", truncateMessage(fmt.Sprintf(note, args...)))
 }
 
 func isNil(v any) bool {

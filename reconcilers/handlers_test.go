@@ -4,15 +4,21 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apivalidation "k8s.io/apimachinery/pkg/api/validation"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/tools/events"
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -297,12 +303,15 @@ func TestHandlersRetriesWithBackoff(t *testing.T) {
 	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{boom},
 		reconcilers.HandlersOptions{Backoff: time.Second, MaxBackoff: 5 * time.Second}, configMap("ns", "obj"))
 
-	// 1s, 2s, 4s, then capped at 5s.
-	for i, delay := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 5 * time.Second} {
+	// 1s, 2s, 4s, then capped at 5s; each less a jitter of up to 10%.
+	var evs []string
+	for i, upper := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 5 * time.Second} {
 		res := f.reconcile("obj")
-		if res.RequeueAfter != delay {
-			t.Fatalf("failure %d: RequeueAfter %v, want %v", i+1, res.RequeueAfter, delay)
+		delay := res.RequeueAfter
+		if delay <= upper-upper/10 || delay > upper {
+			t.Fatalf("failure %d: RequeueAfter %v, want in (%v, %v]", i+1, delay, upper-upper/10, upper)
 		}
+		evs = append(evs, fmt.Sprintf("Warning HandlerError Handler flaky failed, retry %d after %v: failed to dial: attempt %d", i+1, delay, i+1))
 		p := f.progress("obj").Handlers["flaky"]
 		if p.Retries != i+1 || p.Done || p.Delayed == nil || !p.Delayed.Equal(f.clock.Now().Add(delay)) ||
 			p.Message != fmt.Sprintf("failed to dial: attempt %d", i+1) {
@@ -322,9 +331,74 @@ func TestHandlersRetriesWithBackoff(t *testing.T) {
 	if !p.Done || p.Retries != 4 || p.Delayed != nil || p.Message != "" {
 		t.Fatalf("final progress %+v, want done after 4 retries", p)
 	}
-	evs := f.events()
-	if len(evs) != 4 || !strings.HasPrefix(evs[0], "Warning HandlerError Handler flaky failed, retry 1 after 1s: failed to dial: attempt 1") {
-		t.Fatalf("events = %q, want 4 HandlerError warnings", evs)
+	if got := f.events(); !slices.Equal(got, evs) {
+		t.Fatalf("events = %q, want %q", got, evs)
+	}
+}
+
+// century is the ceiling of Backoff and MaxBackoff.
+const century = 100 * 365 * 24 * time.Hour
+
+// TestHandlersBackoffGrowsToTheCapWithoutOverflow: with a cap near time.Duration's limit,
+// the delays double (less the jitter) up to the cap and stay there, 45 failures on: none
+// overflows into an immediate retry.
+func TestHandlersBackoffGrowsToTheCapWithoutOverflow(t *testing.T) {
+	fail := reconcilers.Handler[*corev1.ConfigMap]{ID: "fail", Fn: func(context.Context, *corev1.ConfigMap) error { return errors.New("down") }}
+	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{fail},
+		reconcilers.HandlersOptions{Backoff: time.Second, MaxBackoff: math.MaxInt64}, configMap("ns", "obj"))
+	var prev time.Duration
+	for n := 1; n <= 45; n++ {
+		delay := f.reconcile("obj").RequeueAfter
+		upper := century
+		if n <= 32 { // 2^32 s is over a century
+			upper = time.Second << (n - 1)
+		}
+		if delay <= upper-upper/10 || delay > upper {
+			t.Fatalf("failure %d: RequeueAfter %v, want in (%v, %v]", n, delay, upper-upper/10, upper)
+		}
+		if upper < century && delay <= prev {
+			t.Fatalf("failure %d: RequeueAfter %v, not above the previous %v", n, delay, prev)
+		}
+		h := f.progress("obj").Handlers["fail"]
+		if h.Retries != n || h.Delayed == nil || !h.Delayed.Equal(f.clock.Now().Add(delay)) {
+			t.Fatalf("failure %d: progress %+v, want %d retries, delayed by %v", n, h, n, delay)
+		}
+		prev = delay
+		f.clock.SetTime(*h.Delayed)
+	}
+}
+
+// TestHandlersBackoffAfterManyRetries: however many retries the progress counts, and however
+// large Backoff and MaxBackoff, the delay is within the jitter of the cap.
+func TestHandlersBackoffAfterManyRetries(t *testing.T) {
+	for _, tc := range []struct {
+		backoff, maxBackoff time.Duration
+		retries             int
+		cap                 time.Duration
+	}{
+		{time.Second, 50 * 365 * 24 * time.Hour, 40, 50 * 365 * 24 * time.Hour},
+		{time.Second, math.MaxInt64, 40, century},
+		{time.Second, math.MaxInt64, 63, century},
+		{time.Nanosecond, math.MaxInt64, 64, century},
+		{time.Second, math.MaxInt64, 1000, century},
+		{time.Second, math.MaxInt64, math.MaxInt32, century},
+		{math.MaxInt64, 0, 0, century},
+		{math.MaxInt64, math.MaxInt64, 40, century},
+		{time.Second, 5 * time.Minute, 40, 5 * time.Minute},
+	} {
+		t.Run(fmt.Sprintf("%v-%v-%d", tc.backoff, tc.maxBackoff, tc.retries), func(t *testing.T) {
+			cm := configMap("ns", "obj")
+			cm.Annotations[reconcilers.DefaultProgressAnnotation] = fmt.Sprintf(`{"generation":1,"handlers":{"fail":{"retries":%d,"done":false}}}`, tc.retries)
+			fail := reconcilers.Handler[*corev1.ConfigMap]{ID: "fail", Fn: func(context.Context, *corev1.ConfigMap) error { return errors.New("down") }}
+			f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{fail},
+				reconcilers.HandlersOptions{Backoff: tc.backoff, MaxBackoff: tc.maxBackoff}, cm)
+			if delay := f.reconcile("obj").RequeueAfter; delay <= tc.cap-tc.cap/10 || delay > tc.cap {
+				t.Fatalf("retry %d: RequeueAfter %v, want in (%v, %v]", tc.retries+1, delay, tc.cap-tc.cap/10, tc.cap)
+			}
+			if h := f.progress("obj").Handlers["fail"]; h.Retries != tc.retries+1 || h.Delayed == nil || !h.Delayed.After(f.clock.Now()) {
+				t.Fatalf("progress %+v, want %d retries, delayed", h, tc.retries+1)
+			}
+		})
 	}
 }
 
@@ -372,7 +446,8 @@ func TestHandlersNewGenerationRunsAllAgain(t *testing.T) {
 }
 
 func TestHandlersCorruptAnnotationStartsAfresh(t *testing.T) {
-	for _, raw := range []string{"{not json", `{"generation":1,"handlers":{"a":{"retries":-1}}}`, `{"gen":1}`, `{"generation":1} trailing`, ""} {
+	for _, raw := range []string{"{not json", `{"generation":1,"handlers":{"a":{"retries":-1}}}`, `{"gen":1}`, `{"generation":1} trailing`, "",
+		"null", `{"generation":1,"handlers":{"a":{"done":"yes"}}}`} {
 		t.Run(raw, func(t *testing.T) {
 			var j journal
 			cm := configMap("ns", "obj")
@@ -479,8 +554,8 @@ func TestHandlersLifecyclePickingANonPendingHandlerIsTerminal(t *testing.T) {
 func TestHandlersPanicIsARetryableFailure(t *testing.T) {
 	p := reconcilers.Handler[*corev1.ConfigMap]{ID: "p", Fn: func(context.Context, *corev1.ConfigMap) error { panic("kaboom") }}
 	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{p}, reconcilers.HandlersOptions{}, configMap("ns", "obj"))
-	if res := f.reconcile("obj"); res.RequeueAfter != reconcilers.DefaultBackoff {
-		t.Fatalf("Reconcile = %+v, want RequeueAfter %v", res, reconcilers.DefaultBackoff)
+	if res := f.reconcile("obj"); res.RequeueAfter <= reconcilers.DefaultBackoff*9/10 || res.RequeueAfter > reconcilers.DefaultBackoff {
+		t.Fatalf("Reconcile = %+v, want RequeueAfter %v less up to 10%%", res, reconcilers.DefaultBackoff)
 	}
 	if h := f.progress("obj").Handlers["p"]; h.Retries != 1 || h.Done || !strings.Contains(h.Message, "kaboom") {
 		t.Fatalf("progress = %+v, want 1 retry with the panic", h)
@@ -564,10 +639,50 @@ func TestProgressRoundTrip(t *testing.T) {
 	if again != s || back.Generation != 7 || !back.Handlers["b"].Delayed.Equal(delayed) {
 		t.Fatalf("round trip = %+v (%s)", back, again)
 	}
-	for _, bad := range []string{"", "null x", "[]", `{"generation":"1"}`, `{"handlers":{"a":{"retries":-2}}}`, `{"generation":1,"extra":true}`} {
+	for _, bad := range []string{"", "null", "null x", "[]", "{}", `{"gen":1}`, `{"generation":null}`, `{"generation":"1"}`,
+		`{"generation":1}}`, `{"generation":1} {}`, `{"generation":1,"handlers":[]}`, `{"generation":1,"handlers":{"a":{"retries":"2"}}}`,
+		`{"generation":1,"handlers":{"a":{"retries":-2}}}`} {
 		if _, err := reconcilers.ParseProgress(bad); err == nil {
 			t.Errorf("ParseProgress(%q) = nil error", bad)
 		}
+	}
+}
+
+// TestProgressToleratesUnknownFields: progress written by a newer version, with fields this
+// one does not know, is read, not taken for corruption.
+func TestProgressToleratesUnknownFields(t *testing.T) {
+	p, err := reconcilers.ParseProgress(`{"generation":3,"schema":2,"handlers":{` +
+		`"a":{"retries":1,"done":true,"started":"2025-01-02T03:04:05Z","attempts":[1,2],"took":"2s"},` +
+		`"b":{"retries":2,"done":false,"message":"failed to dial","cause":{"code":503}}},"owner":"v2"}`)
+	if err != nil {
+		t.Fatalf("ParseProgress = %v, want unknown fields ignored", err)
+	}
+	a, b := p.Handlers["a"], p.Handlers["b"]
+	if p.Generation != 3 || len(p.Handlers) != 2 || !a.Done || a.Retries != 1 || a.Started == nil || !a.Started.Equal(epoch) ||
+		b.Done || b.Retries != 2 || b.Message != "failed to dial" {
+		t.Fatalf("ParseProgress = %+v", p)
+	}
+}
+
+// TestHandlersKeepProgressWithUnknownFields: after a rollback to an older version, the
+// progress a newer one wrote still counts: done handlers do not run again.
+func TestHandlersKeepProgressWithUnknownFields(t *testing.T) {
+	var j journal
+	cm := configMap("ns", "obj")
+	cm.Annotations[reconcilers.DefaultProgressAnnotation] = `{"generation":1,"schema":2,"handlers":{"a":{"retries":0,"done":true,"took":"2s"}}}`
+	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a"), ok(&j, "b")},
+		reconcilers.HandlersOptions{Lifecycle: lifecycle.AllAtOnce}, cm)
+	if res := f.reconcile("obj"); res != (reconcile.Result{}) {
+		t.Fatalf("Reconcile = %+v, want done", res)
+	}
+	if got := strings.Join(j.all(), ","); got != "b" {
+		t.Fatalf("runs %s, want only b", got)
+	}
+	if evs := f.events(); len(evs) != 0 {
+		t.Fatalf("events = %q, want none", evs)
+	}
+	if p := f.progress("obj"); !p.Handlers["a"].Done || !p.Handlers["b"].Done {
+		t.Fatalf("progress = %+v, want all done", p)
 	}
 }
 
@@ -620,5 +735,81 @@ func TestHandlersNewObjReturningNilIsTerminal(t *testing.T) {
 	}
 	if _, err := r.Reconcile(context.Background(), request("ns", "obj")); !errors.Is(err, reconcile.TerminalError(nil)) {
 		t.Fatalf("Reconcile = %v, want a terminal error", err)
+	}
+}
+
+// annotationLimits is a client that, as the API server does, rejects a patch that leaves the
+// object's annotations over their total limit of 256 KiB.
+func annotationLimits(objs ...client.Object) client.Client {
+	return interceptor.NewClient(fake.NewClientBuilder().WithObjects(objs...).Build(), interceptor.Funcs{
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			if errs := apivalidation.ValidateAnnotations(obj.GetAnnotations(), field.NewPath("metadata", "annotations")); len(errs) > 0 {
+				return apierrors.NewInvalid(schema.GroupKind{Kind: "ConfigMap"}, obj.GetName(), errs)
+			}
+			return c.Patch(ctx, obj, patch, opts...)
+		},
+	})
+}
+
+// TestHandlersTruncateLongErrors: a handler's 300 KiB error is stored cut to 1 KiB, so the
+// progress patch stays far below the API server's limit on annotations, and the Event's note
+// within the 1 KiB the API server accepts.
+func TestHandlersTruncateLongErrors(t *testing.T) {
+	huge := "failed to apply: " + strings.Repeat("x", 300<<10)
+
+	// The client rejects what a whole message made: a 307 KB annotation.
+	c := annotationLimits(configMap("ns", "probe"))
+	whole := configMap("ns", "probe")
+	whole.Annotations[reconcilers.DefaultProgressAnnotation] = huge
+	if err := c.Patch(context.Background(), whole, client.MergeFrom(configMap("ns", "probe"))); !apierrors.IsInvalid(err) {
+		t.Fatalf("Patch of a %d-byte annotation = %v, want Invalid", len(huge), err)
+	}
+
+	for _, tc := range []struct {
+		name, event string
+		err         error
+	}{
+		{"retryable", "Warning HandlerError ", errors.New(huge)},
+		{"terminal", "Warning HandlerFailed ", reconcile.TerminalError(errors.New(huge))},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			big := reconcilers.Handler[*corev1.ConfigMap]{ID: "big", Fn: func(context.Context, *corev1.ConfigMap) error { return tc.err }}
+			f := newFixtureWith(t, annotationLimits(configMap("ns", "obj")), []reconcilers.Handler[*corev1.ConfigMap]{big}, reconcilers.HandlersOptions{})
+			f.reconcile("obj") // fails the test if the progress patch fails
+
+			if ann := f.object("obj").Annotations[reconcilers.DefaultProgressAnnotation]; len(ann) > 1200 {
+				t.Fatalf("progress annotation of %d bytes, want at most 1200", len(ann))
+			}
+			msg := f.progress("obj").Handlers["big"].Message
+			want := tc.err.Error()[:1024-len("... (truncated)")] + "... (truncated)"
+			if msg != want {
+				t.Fatalf("stored message of %d bytes = %.40q...%q, want the first %d bytes of the error and a mark",
+					len(msg), msg, msg[max(0, len(msg)-20):], len(want))
+			}
+			evs := f.events()
+			if len(evs) != 1 || !strings.HasPrefix(evs[0], tc.event) || len(evs[0]) > len(tc.event)+1024 ||
+				!strings.HasSuffix(evs[0], "... (truncated)") {
+				t.Fatalf("events %.200q, want one with a note of at most 1 KiB", evs)
+			}
+		})
+	}
+}
+
+// TestHandlersTruncateOnARuneBoundary: a long message is cut between UTF-8 characters, never
+// inside one.
+func TestHandlersTruncateOnARuneBoundary(t *testing.T) {
+	for _, r := range []string{"é", "世", "😀"} {
+		t.Run(r, func(t *testing.T) {
+			text := strings.Repeat(r, 2000)
+			bad := reconcilers.Handler[*corev1.ConfigMap]{ID: "bad", Fn: func(context.Context, *corev1.ConfigMap) error { return errors.New(text) }}
+			f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{bad}, reconcilers.HandlersOptions{}, configMap("ns", "obj"))
+			f.reconcile("obj")
+			msg := f.progress("obj").Handlers["bad"].Message
+			kept, found := strings.CutSuffix(msg, "... (truncated)")
+			if !found || !utf8.ValidString(msg) || len(msg) > 1024 || len(msg) <= 1024-len(r) || !strings.HasPrefix(text, kept) {
+				t.Fatalf("stored message of %d bytes (valid UTF-8: %v) ending %q, want at most 1024, whole characters, marked",
+					len(msg), utf8.ValidString(msg), msg[max(0, len(msg)-24):])
+			}
+		})
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/quiesce-dev/quiesce/lifecycle"
 )
@@ -54,34 +55,67 @@ type HandlerProgress struct {
 	// Delayed is the time before which a failed handler is not retried (the backoff).
 	Delayed *time.Time `json:"delayed,omitempty"`
 
-	// Message is the error of the last failed run; empty once the handler succeeded.
+	// Message is the error of the last failed run; empty once the handler succeeded. An
+	// error longer than 1 KiB is cut to 1 KiB, on a UTF-8 character boundary, ending with
+	// "... (truncated)".
 	Message string `json:"message,omitempty"`
+}
+
+// maxMessageBytes bounds HandlerProgress.Message and the notes of Events. The API server
+// caps all the annotations of an object together at 256 KiB: a whole error message (a
+// response body, a command's output) would make every progress patch fail. It caps an
+// Event's note at 1 KiB.
+const maxMessageBytes = 1024
+
+// truncatedSuffix ends a message that truncateMessage cut.
+const truncatedSuffix = "... (truncated)"
+
+// truncateMessage returns s with invalid UTF-8 replaced (as encoding/json would anyway), cut
+// to at most maxMessageBytes bytes on a rune boundary and then ending with truncatedSuffix.
+func truncateMessage(s string) string {
+	s = strings.ToValidUTF8(s, string(utf8.RuneError))
+	if len(s) <= maxMessageBytes {
+		return s
+	}
+	cut := maxMessageBytes - len(truncatedSuffix)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + truncatedSuffix
 }
 
 // errNoProgress is returned by ParseProgress for an empty value.
 var errNoProgress = errors.New("no progress")
 
 // ParseProgress decodes the value of a progress annotation. It returns an error for a value
-// that is empty or not a progress: unknown fields, trailing data or a negative retry count.
+// that is not a progress: empty, not a JSON object, without a generation, with a field of
+// the wrong type, with trailing data, or with a negative retry count.
+//
+// Fields it does not know are ignored, at the top level and in each handler's progress: a
+// newer version of this package may add some, and an operator rolled back to an older one
+// must still read the progress rather than run every handler again. The older version drops
+// those fields when it records its next cycle.
 func ParseProgress(s string) (Progress, error) {
 	if s == "" {
 		return Progress{}, errNoProgress
 	}
-	var p Progress
-	dec := json.NewDecoder(strings.NewReader(s))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&p); err != nil {
+	// Every version writes the generation: without one, the value is some other JSON.
+	var w struct {
+		Generation *int64                     `json:"generation"`
+		Handlers   map[string]HandlerProgress `json:"handlers"`
+	}
+	if err := json.Unmarshal([]byte(s), &w); err != nil {
 		return Progress{}, fmt.Errorf("failed to decode progress: %w", err)
 	}
-	if dec.More() {
-		return Progress{}, errors.New("failed to decode progress: trailing data after the JSON object")
+	if w.Generation == nil {
+		return Progress{}, errors.New("failed to decode progress: no generation")
 	}
-	for id, h := range p.Handlers {
+	for id, h := range w.Handlers {
 		if h.Retries < 0 {
 			return Progress{}, fmt.Errorf("failed to decode progress: handler %q has %d retries", id, h.Retries)
 		}
 	}
-	return p, nil
+	return Progress{Generation: *w.Generation, Handlers: w.Handlers}, nil
 }
 
 // Encode returns p as the value of a progress annotation. Map keys are sorted (encoding/json),

@@ -144,7 +144,8 @@ func describe(calls []drain.Pending, drained bool, now time.Time) string {
 		}
 	}
 	if unknown {
-		b.WriteString("\n(where a call blocks is known once its executor drains: verify after stopping the manager, or after Drain)")
+		b.WriteString("\n(where a call blocks is known once its executor drains: " +
+			"verify after stopping the manager, or after Drain)")
 	}
 	return b.String()
 }

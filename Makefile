@@ -1,11 +1,15 @@
 # quiesce — see README.md. Every target works on a fresh machine with Go 1.26 and the Go
-# module proxy: the envtest binaries come from hack/setup-envtest.sh (cached after the first run).
+# module proxy: the envtest binaries come from hack/setup-envtest.sh, golangci-lint from the
+# tools module hack/tools/go.mod (go tool); both are cached after the first run.
 
 SHELL := /usr/bin/env bash
 .SHELLFLAGS := -euo pipefail -c
 GO ?= go
 # Where hack/setup-envtest.sh finds or builds kube-apiserver and etcd, printed by it.
 ENVTEST = hack/setup-envtest.sh
+# golangci-lint at the version pinned in hack/tools/go.mod, built by the go command through the
+# module proxy and kept in its build cache. Its configuration is .golangci.yml.
+GOLANGCI_LINT = $(GO) tool -modfile=hack/tools/go.mod golangci-lint
 
 .PHONY: all
 all: lint test
@@ -29,10 +33,19 @@ bench: ## Benchmarks with their in-file baselines (ratios in README "Performance
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./...
 
 .PHONY: lint
-lint: ## gofmt and go vet.
+lint: ## go.mod tidy, gofmt, go vet, then golangci-lint (.golangci.yml).
+	$(GO) mod tidy -diff
+	cd hack/tools && $(GO) mod tidy -diff
 	@out="$$(gofmt -l .)"; if [[ -n "$$out" ]]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GOLANGCI_LINT) run ./...
+
+.PHONY: lint-fix
+lint-fix: ## go mod tidy, and the fixes golangci-lint can make itself (gofmt, goimports, ...).
+	$(GO) mod tidy
+	cd hack/tools && $(GO) mod tidy
+	$(GOLANGCI_LINT) run --fix ./...
 
 .PHONY: help
 help:
-	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'

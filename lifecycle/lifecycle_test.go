@@ -46,6 +46,13 @@ type selectCase struct {
 	want     []string
 }
 
+// edgeCases are the same for every Func: nothing picked from nothing, the only name from one.
+var edgeCases = []selectCase{
+	{name: "nil", pending: nil, want: nil},
+	{name: "empty", pending: []string{}, want: nil},
+	{name: "one", pending: []string{"a"}, want: []string{"a"}},
+}
+
 // check runs fn on each case and verifies the result, that the arguments are left as they
 // were, and that the result does not share memory with pending.
 func check(t *testing.T, fn Func, cases []selectCase) {
@@ -77,10 +84,7 @@ func check(t *testing.T, fn Func, cases []selectCase) {
 }
 
 func TestAllAtOnce(t *testing.T) {
-	check(t, AllAtOnce, []selectCase{
-		{name: "nil", pending: nil, want: nil},
-		{name: "empty", pending: []string{}, want: nil},
-		{name: "one", pending: []string{"a"}, want: []string{"a"}},
+	check(t, AllAtOnce, slices.Concat(edgeCases, []selectCase{
 		{name: "all in order", pending: []string{"c", "a", "b"}, want: []string{"c", "a", "b"}},
 		{
 			name:     "ignores retries",
@@ -94,14 +98,11 @@ func TestAllAtOnce(t *testing.T) {
 			progress: map[string]Progress{"a": {Done: true}},
 			want:     []string{"a", "b"},
 		},
-	})
+	}))
 }
 
 func TestOneByOne(t *testing.T) {
-	check(t, OneByOne, []selectCase{
-		{name: "nil", pending: nil, want: nil},
-		{name: "empty", pending: []string{}, want: nil},
-		{name: "one", pending: []string{"a"}, want: []string{"a"}},
+	check(t, OneByOne, slices.Concat(edgeCases, []selectCase{
 		{name: "first of many", pending: []string{"c", "a", "b"}, want: []string{"c"}},
 		{
 			name:     "ignores retries",
@@ -115,14 +116,11 @@ func TestOneByOne(t *testing.T) {
 			progress: map[string]Progress{"a": {Done: true}},
 			want:     []string{"a"},
 		},
-	})
+	}))
 }
 
 func TestASAP(t *testing.T) {
-	check(t, ASAP, []selectCase{
-		{name: "nil", pending: nil, want: nil},
-		{name: "empty", pending: []string{}, want: nil},
-		{name: "one", pending: []string{"a"}, want: []string{"a"}},
+	check(t, ASAP, slices.Concat(edgeCases, []selectCase{
 		{name: "nil progress: first", pending: []string{"a", "b", "c"}, want: []string{"a"}},
 		{
 			name:     "fewest retries",
@@ -161,28 +159,31 @@ func TestASAP(t *testing.T) {
 			want:     []string{"c"},
 		},
 		{
-			name:     "does not filter done",
+			name:     "does not filter done: done with fewer retries first",
 			pending:  []string{"a", "b"},
 			progress: map[string]Progress{"a": {Done: true}, "b": {Retries: 1}},
 			want:     []string{"a"},
 		},
-	})
+	}))
 }
 
 func TestRandomized(t *testing.T) {
-	for _, tc := range []struct {
+	type randomCase struct {
 		name    string
 		pending []string
 		pick    int
 		want    []string
-	}{
-		{name: "nil", pending: nil, want: nil},
-		{name: "empty", pending: []string{}, want: nil},
-		{name: "one", pending: []string{"a"}, pick: 0, want: []string{"a"}},
-		{name: "first", pending: []string{"a", "b", "c"}, pick: 0, want: []string{"a"}},
-		{name: "middle", pending: []string{"a", "b", "c"}, pick: 1, want: []string{"b"}},
-		{name: "last", pending: []string{"a", "b", "c"}, pick: 2, want: []string{"c"}},
-	} {
+	}
+	cases := make([]randomCase, 0, len(edgeCases)+3)
+	for _, ec := range edgeCases {
+		cases = append(cases, randomCase{name: ec.name, pending: ec.pending, pick: 0, want: ec.want})
+	}
+	cases = append(cases,
+		randomCase{name: "first", pending: []string{"a", "b", "c"}, pick: 0, want: []string{"a"}},
+		randomCase{name: "middle", pending: []string{"a", "b", "c"}, pick: 1, want: []string{"b"}},
+		randomCase{name: "last", pending: []string{"a", "b", "c"}, pick: 2, want: []string{"c"}},
+	)
+	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var calls []int
 			withIntN(t, func(n int) int {
@@ -203,16 +204,9 @@ func TestRandomized(t *testing.T) {
 }
 
 func TestShuffled(t *testing.T) {
-	for _, tc := range []struct {
-		name    string
-		pending []string
-		want    []string
-	}{
-		{name: "nil", pending: nil, want: nil},
-		{name: "empty", pending: []string{}, want: nil},
-		{name: "one", pending: []string{"a"}, want: []string{"a"}},
+	for _, tc := range slices.Concat(edgeCases, []selectCase{
 		{name: "many", pending: []string{"a", "b", "c", "d"}, want: []string{"d", "c", "b", "a"}},
-	} {
+	}) {
 		t.Run(tc.name, func(t *testing.T) {
 			var calls []int
 			withShuffle(t, func(n int, swap func(i, j int)) {
@@ -323,7 +317,7 @@ func TestNames(t *testing.T) {
 		}
 	}
 	got[0] = "overwritten"
-	if Names()[0] != "ASAP" {
+	if Names()[0] != want[0] {
 		t.Error("Names returns shared memory")
 	}
 }
@@ -333,6 +327,7 @@ func TestNames(t *testing.T) {
 func TestConcurrentUse(t *testing.T) {
 	pending := []string{"a", "b", "c", "d"}
 	progress := map[string]Progress{"a": {Retries: 2}, "b": {Retries: 1}}
+	wantPending, wantProgress := slices.Clone(pending), maps.Clone(progress)
 	funcs := []Func{AllAtOnce, OneByOne, Randomized, Shuffled, ASAP}
 	done := make(chan struct{})
 	const goroutines = 8
@@ -348,6 +343,9 @@ func TestConcurrentUse(t *testing.T) {
 	}
 	for range goroutines {
 		<-done
+	}
+	if !slices.Equal(pending, wantPending) || !maps.Equal(progress, wantProgress) {
+		t.Errorf("arguments modified: pending %q, progress %v; were %q, %v", pending, progress, wantPending, wantProgress)
 	}
 }
 

@@ -166,30 +166,31 @@ var _ = Describe("The Handlers reconciler", func() {
 		cur := goleak.IgnoreCurrent()
 		ns := newNamespace(ctx)
 		key := types.NamespacedName{Namespace: ns, Name: "flaky"}
+		const handlerID = "flaky"
 
 		var runs handlerRuns
-		flaky := reconcilers.Handler[*corev1.ConfigMap]{ID: "flaky", Fn: func(context.Context, *corev1.ConfigMap) error {
-			if n := runs.add("flaky"); n <= 2 {
+		flaky := reconcilers.Handler[*corev1.ConfigMap]{ID: handlerID, Fn: func(context.Context, *corev1.ConfigMap) error {
+			if n := runs.add(handlerID); n <= 2 {
 				return fmt.Errorf("failed to reach the backend: attempt %d", n)
 			}
 			return nil
 		}}
 		_, stop, done := startHandlers(ns, "handlers-retry", drain.Options{}, []reconcilers.Handler[*corev1.ConfigMap]{flaky},
 			reconcilers.HandlersOptions{Backoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond})
-		Expect(k8sClient.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "flaky"}})).To(Succeed())
+		Expect(k8sClient.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: key.Name}})).To(Succeed())
 
 		Eventually(func(g Gomega) {
 			p, err := progressOf(ctx, key)
 			g.Expect(err).NotTo(HaveOccurred())
-			g.Expect(p.Handlers["flaky"].Done).To(BeTrue())
+			g.Expect(p.Handlers[handlerID].Done).To(BeTrue())
 		}).Should(Succeed())
 		p, err := progressOf(ctx, key)
 		Expect(err).NotTo(HaveOccurred())
-		h := p.Handlers["flaky"]
+		h := p.Handlers[handlerID]
 		Expect(h.Retries).To(Equal(2))
 		Expect(h.Failed).To(BeFalse())
 		Expect(h.Message).To(BeEmpty(), "the last error is cleared on success")
-		Expect(runs.get()).To(Equal(map[string]int{"flaky": 3}))
+		Expect(runs.get()).To(Equal(map[string]int{handlerID: 3}))
 
 		By("reporting each failure as a Warning Event on the object")
 		Eventually(func(g Gomega) {
@@ -197,7 +198,7 @@ var _ = Describe("The Handlers reconciler", func() {
 			g.Expect(k8sClient.List(ctx, &evs, client.InNamespace(ns))).To(Succeed())
 			var notes []string
 			for _, e := range evs.Items {
-				if e.Reason == reconcilers.ReasonHandlerError && e.Regarding.Name == "flaky" && e.Type == corev1.EventTypeWarning {
+				if e.Reason == reconcilers.ReasonHandlerError && e.Regarding.Name == key.Name && e.Type == corev1.EventTypeWarning {
 					notes = append(notes, e.Note)
 				}
 			}
@@ -216,10 +217,11 @@ var _ = Describe("The Handlers reconciler", func() {
 		cur := goleak.IgnoreCurrent()
 		ns := newNamespace(ctx)
 		key := types.NamespacedName{Namespace: ns, Name: "fatal"}
+		const handlerID = "fatal"
 
 		var runs handlerRuns
-		fatal := reconcilers.Handler[*corev1.ConfigMap]{ID: "fatal", Fn: func(context.Context, *corev1.ConfigMap) error {
-			runs.add("fatal")
+		fatal := reconcilers.Handler[*corev1.ConfigMap]{ID: handlerID, Fn: func(context.Context, *corev1.ConfigMap) error {
+			runs.add(handlerID)
 			return reconcile.TerminalError(fmt.Errorf("unsupported setting %q", "x"))
 		}}
 		after := reconcilers.Handler[*corev1.ConfigMap]{ID: "after", Fn: func(context.Context, *corev1.ConfigMap) error {
@@ -228,7 +230,7 @@ var _ = Describe("The Handlers reconciler", func() {
 		}}
 		_, stop, done := startHandlers(ns, "handlers-terminal", drain.Options{}, []reconcilers.Handler[*corev1.ConfigMap]{fatal, after},
 			reconcilers.HandlersOptions{Lifecycle: lifecycle.OneByOne})
-		Expect(k8sClient.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "fatal"}})).To(Succeed())
+		Expect(k8sClient.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: key.Name}})).To(Succeed())
 
 		Eventually(func(g Gomega) {
 			p, err := progressOf(ctx, key)
@@ -237,7 +239,7 @@ var _ = Describe("The Handlers reconciler", func() {
 		}).Should(Succeed())
 		p, err := progressOf(ctx, key)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(p.Handlers["fatal"]).To(And(
+		Expect(p.Handlers[handlerID]).To(And(
 			HaveField("Done", BeTrue()), HaveField("Failed", BeTrue()), HaveField("Retries", BeZero()),
 			HaveField("Message", Equal(`terminal error: unsupported setting "x"`))))
 		Eventually(func(g Gomega) {
@@ -246,13 +248,13 @@ var _ = Describe("The Handlers reconciler", func() {
 			g.Expect(evs.Items).To(ContainElement(And(
 				HaveField("Reason", reconcilers.ReasonHandlerFailed),
 				HaveField("Type", corev1.EventTypeWarning),
-				HaveField("Regarding.Name", "fatal"),
+				HaveField("Regarding.Name", key.Name),
 				HaveField("Note", `Handler fatal failed for good: terminal error: unsupported setting "x"`))))
 		}).Should(Succeed())
 
 		stop()
 		Eventually(done, time.Minute).Should(Receive(BeNil()))
-		Expect(runs.get()).To(Equal(map[string]int{"fatal": 1, "after": 1}), "the failed handler is not retried")
+		Expect(runs.get()).To(Equal(map[string]int{handlerID: 1, "after": 1}), "the failed handler is not retried")
 		expectNoLeaks(cur)
 	})
 
@@ -267,8 +269,9 @@ var _ = Describe("The Handlers reconciler", func() {
 		var lifecycleSaw [][]string // what the executor tracked while the lifecycle ran
 		var q *runnable.Runnable
 		inline := func(pending []string, p map[string]lifecycle.Progress) []string {
-			names := []string{}
-			for _, c := range q.Executor().Pending() {
+			tracked := q.Executor().Pending()
+			names := make([]string, 0, len(tracked))
+			for _, c := range tracked {
 				names = append(names, c.Name)
 			}
 			mu.Lock()
@@ -277,8 +280,9 @@ var _ = Describe("The Handlers reconciler", func() {
 			return lifecycle.AllAtOnce(pending, p)
 		}
 		var runs handlerRuns
-		hs := []reconcilers.Handler[*corev1.ConfigMap]{}
-		for _, id := range []string{"a", "b"} {
+		ids := []string{"a", "b"}
+		hs := make([]reconcilers.Handler[*corev1.ConfigMap], 0, len(ids))
+		for _, id := range ids {
 			hs = append(hs, reconcilers.Handler[*corev1.ConfigMap]{ID: id, Fn: func(context.Context, *corev1.ConfigMap) error {
 				runs.add(id)
 				return nil

@@ -49,7 +49,7 @@ var _ = Describe("Leader election with two managers", func() {
 			Expect(err).NotTo(HaveOccurred())
 			Expect(ctrl.NewControllerManagedBy(mgr).For(&corev1.ConfigMap{}).Named("leader").
 				Complete(reconcilers.Wrap(q.Executor(), "leader", reconcile.Func(
-					func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+					func(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
 						return reconcile.Result{}, reconcilers.Call(ctx, "work", func(ctx context.Context) error {
 							r := run{manager: id, start: time.Now()}
 							handlerStarted <- id

@@ -48,7 +48,7 @@ func (l *logLines) logger() logr.Logger {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		l.lines = append(l.lines, args)
-		fmt.Fprintln(GinkgoWriter, prefix, args)
+		_, _ = fmt.Fprintln(GinkgoWriter, prefix, args)
 	}, funcr.Options{})
 }
 
@@ -60,8 +60,9 @@ func (l *logLines) all() []string {
 
 // messages returns each line's message, in order.
 func (l *logLines) messages() []string {
-	var out []string
-	for _, line := range l.all() {
+	lines := l.all()
+	out := make([]string, 0, len(lines))
+	for _, line := range lines {
 		_, rest, _ := strings.Cut(line, `"msg"="`)
 		msg, _, _ := strings.Cut(rest, `"`)
 		out = append(out, msg)
@@ -87,8 +88,9 @@ func freeAddr() string {
 	GinkgoHelper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	Expect(err).NotTo(HaveOccurred())
-	defer l.Close()
-	return l.Addr().String()
+	addr := l.Addr().String()
+	Expect(l.Close()).To(Succeed())
+	return addr
 }
 
 func httpGet(url string) (int, string, error) {
@@ -96,8 +98,10 @@ func httpGet(url string) (int, string, error) {
 	if err != nil {
 		return 0, "", err
 	}
-	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
+	if closeErr := resp.Body.Close(); err == nil {
+		err = closeErr
+	}
 	return resp.StatusCode, string(body), err
 }
 
@@ -261,7 +265,7 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 		reconciled := make(chan struct{}, 1)
 		Expect(ctrl.NewControllerManagedBy(mgr).For(&corev1.ConfigMap{}).Named("quiet").
 			Complete(reconcilers.Wrap(q.Executor(), "quiet", reconcile.Func(
-				func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+				func(_ context.Context, req reconcile.Request) (reconcile.Result, error) {
 					if req.Namespace == ns {
 						reconciled <- struct{}{}
 					}

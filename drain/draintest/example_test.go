@@ -25,11 +25,14 @@ func ExampleVerifyNone() {
 	// A handler that ignores its context, started by the code under test.
 	release := make(chan struct{})
 	started := make(chan struct{})
-	ex.Go(context.Background(), "demo/default/a/export", func(context.Context) error {
+	if err := ex.Go(context.Background(), "demo/default/a/export", func(context.Context) error {
 		close(started)
 		<-release // the handler blocks here
 		return nil
-	})
+	}); err != nil {
+		fmt.Println(err)
+		return
+	}
 	<-started
 	clk.Step(3 * time.Second)
 
@@ -37,13 +40,15 @@ func ExampleVerifyNone() {
 	// handler at the end of its grace period.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
 	defer cancel()
-	ex.Drain(ctx)
+	_ = ex.Drain(ctx) // a *drain.PendingError: the handler still runs
 
 	// In a test: draintest.VerifyNone(t, ex).
 	draintest.VerifyNone(printT{}, ex, draintest.WithClock(clk))
 
 	close(release)
-	ex.Drain(context.Background())
+	if err := ex.Drain(context.Background()); err != nil {
+		fmt.Println(err)
+	}
 	draintest.VerifyNone(printT{}, ex) // passes: prints nothing
 	// Output:
 	// 1 tracked call still pending:
@@ -53,10 +58,13 @@ func ExampleVerifyNone() {
 func ExampleHaveNoPendingCalls() {
 	ex := drain.New(drain.Options{})
 	release := make(chan struct{})
-	ex.Go(context.Background(), "demo/default/a/export", func(context.Context) error {
+	if err := ex.Go(context.Background(), "demo/default/a/export", func(context.Context) error {
 		<-release
 		return nil
-	})
+	}); err != nil {
+		fmt.Println(err)
+		return
+	}
 
 	// In a Ginkgo spec or with gomega.NewWithT(t):
 	//	Eventually(q).Should(draintest.HaveNoPendingCalls())
@@ -66,7 +74,9 @@ func ExampleHaveNoPendingCalls() {
 	g.Eventually(ex).Should(draintest.HaveNoPendingCalls())
 	fmt.Println("no call pending")
 
-	ex.Drain(context.Background())
+	if err := ex.Drain(context.Background()); err != nil {
+		fmt.Println(err)
+	}
 	// Output:
 	// no call pending
 }

@@ -39,13 +39,19 @@ func main() {
 		work        time.Duration
 		workers     int
 	)
-	flag.StringVar(&metricsAddr, "metrics-bind-address", "0", "The address the metrics endpoint binds to; 0 disables it.")
-	flag.StringVar(&probeAddr, "health-probe-bind-address", "0", "The address the probe endpoint binds to; 0 disables it.")
-	flag.DurationVar(&grace, "grace-period", 6*time.Second, "How long, after SIGTERM, the operator waits for tracked calls to return.")
-	flag.DurationVar(&reportAfter, "report-after", time.Second, "When, after SIGTERM, the first report of pending calls is logged.")
+	flag.StringVar(&metricsAddr, "metrics-bind-address", "0",
+		"The address the metrics endpoint binds to; 0 disables it.")
+	flag.StringVar(&probeAddr, "health-probe-bind-address", "0",
+		"The address the probe endpoint binds to; 0 disables it.")
+	flag.DurationVar(&grace, "grace-period", 6*time.Second,
+		"How long, after SIGTERM, the operator waits for tracked calls to return.")
+	flag.DurationVar(&reportAfter, "report-after", time.Second,
+		"When, after SIGTERM, the first report of pending calls is logged.")
 	flag.DurationVar(&reportEvery, "report-every", 2*time.Second, "The interval between later reports.")
-	flag.DurationVar(&cancelAfter, "cancel-after", 4*time.Second, "When, after SIGTERM, the contexts of calls still running are cancelled (0: at once, <0: never).")
-	flag.IntVar(&workers, "max-concurrent-reconciles", 10, "How many reconciles run at once: a hanging handler holds one until its context ends.")
+	flag.DurationVar(&cancelAfter, "cancel-after", 4*time.Second,
+		"When, after SIGTERM, the contexts of calls still running are cancelled (0: at once, <0: never).")
+	flag.IntVar(&workers, "max-concurrent-reconciles", 10,
+		"How many reconciles run at once: a hanging handler holds one until its context ends.")
 	flag.DurationVar(&work, "work", 2*time.Second, "How long the snapshot handler works.")
 	opts := zap.Options{
 		Development: true,
@@ -144,7 +150,8 @@ func run(setupLog logr.Logger, c managerConfig) int {
 	select {
 	case <-q.Done():
 	default:
-		setupLog.Error(fmt.Errorf("the manager gave up after %s", shutdownTimeout), "Quiesce runnable did not finish draining", "exitCode", 1)
+		setupLog.Error(fmt.Errorf("the manager gave up after %s", shutdownTimeout),
+			"Quiesce runnable did not finish draining", "exitCode", 1)
 		return 1
 	}
 	if err := q.Err(); err != nil {

@@ -76,8 +76,8 @@ func (c *config) setDefaults() error {
 	case c.Hanging < 0 || c.Hanging > c.Objects:
 		return fmt.Errorf("invalid scenario: --hanging=%d must be between 0 and --objects=%d", c.Hanging, c.Objects)
 	case c.Work >= c.CancelAfter || c.CancelAfter >= c.GracePeriod:
-		return fmt.Errorf("invalid scenario: need --work (%s) < --cancel-after (%s) < --grace-period (%s), so that the finishing handlers finish within the grace period",
-			c.Work, c.CancelAfter, c.GracePeriod)
+		return fmt.Errorf("invalid scenario: need --work (%s) < --cancel-after (%s) < --grace-period (%s), "+
+			"so that the finishing handlers finish within the grace period", c.Work, c.CancelAfter, c.GracePeriod)
 	}
 	return nil
 }
@@ -134,7 +134,8 @@ func (r *result) check() error {
 		case !ok:
 			errs = append(errs, fmt.Errorf("%s: no snapshot recorded", name))
 		case at.Before(r.SignalAt):
-			errs = append(errs, fmt.Errorf("%s: snapshot recorded before SIGTERM: the demo signalled too late to show a handler finishing during the drain", name))
+			errs = append(errs, fmt.Errorf("%s: snapshot recorded before SIGTERM: "+
+				"the demo signalled too late to show a handler finishing during the drain", name))
 		}
 	}
 	return errors.Join(errs...)
@@ -142,8 +143,8 @@ func (r *result) check() error {
 
 func (r *result) summary() string {
 	if r.Second {
-		return fmt.Sprintf("the operator exited with code %d as expected, %s after the first SIGTERM: the second one cut its drain short",
-			r.ExitCode, r.ExitAfter.Round(10*time.Millisecond))
+		return fmt.Sprintf("the operator exited with code %d as expected, %s after the first SIGTERM: "+
+			"the second one cut its drain short", r.ExitCode, r.ExitAfter.Round(10*time.Millisecond))
 	}
 	return fmt.Sprintf("the operator exited with code %d as expected: %d handler(s) finished after SIGTERM, %d abandoned",
 		r.ExitCode, len(r.Finishing), len(r.Hanging))
@@ -157,17 +158,24 @@ func run(ctx context.Context, cfg config) (res result, err error) {
 		return res, err
 	}
 	out := &syncWriter{w: cfg.Out}
-	say := func(format string, args ...any) { fmt.Fprintf(out, "==> "+format+"\n", args...) }
+	say := func(format string, args ...any) {
+		_, _ = fmt.Fprintf(out, "==> "+format+"\n", args...) // nowhere to report a failed write to
+	}
 
 	assets := os.Getenv("KUBEBUILDER_ASSETS")
 	if assets == "" {
-		return res, errors.New("KUBEBUILDER_ASSETS is not set: run `make demo`, or export KUBEBUILDER_ASSETS=$(hack/setup-envtest.sh)")
+		return res, errors.New("KUBEBUILDER_ASSETS is not set: run `make demo`, " +
+			"or export KUBEBUILDER_ASSETS=$(hack/setup-envtest.sh)")
 	}
 	dir, err := os.MkdirTemp("", "quiesce-demo-")
 	if err != nil {
 		return res, fmt.Errorf("failed to create a temporary directory: %w", err)
 	}
-	defer os.RemoveAll(dir)
+	defer func() {
+		if rmErr := os.RemoveAll(dir); rmErr != nil && err == nil {
+			err = fmt.Errorf("failed to remove the temporary directory: %w", rmErr)
+		}
+	}()
 
 	// Build the operator while the control plane starts.
 	bin := cfg.Operator
@@ -191,7 +199,7 @@ func run(ctx context.Context, cfg config) (res result, err error) {
 		}
 		return err
 	}
-	defer buildErr()
+	defer func() { _ = buildErr() }() // on an early return, wait for the build; its error no longer matters
 
 	say("starting the control plane: kube-apiserver and etcd from %s", assets)
 	env := &envtest.Environment{}
@@ -236,6 +244,41 @@ func run(ctx context.Context, cfg config) (res result, err error) {
 	}
 	defer op.kill() // on any early return; a no-op once it exited
 
+	if err := createObjects(ctx, c, cfg, &res); err != nil {
+		return res, err
+	}
+	say("created ConfigMaps in namespace %q labelled %s=%s: %s (handler snapshot: finishes in %s), "+
+		"%s (handler legacy-export: hangs, ignoring its context)",
+		namespace, labelKey, labelValue, listOrNone(res.Finishing), cfg.Work, listOrNone(res.Hanging))
+
+	if err := op.waitFor(ctx, startedMessage, cfg.Objects, startTimeout); err != nil {
+		return res, err
+	}
+	say("all %d handlers started: sending SIGTERM to the operator (pid %d); "+
+		"it has %s to finish (contexts cancelled at %s)", cfg.Objects, op.cmd.Process.Pid, cfg.GracePeriod, cfg.CancelAfter)
+	res.SignalAt = time.Now()
+	if err := op.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		return res, fmt.Errorf("failed to send SIGTERM to the operator: %w", err)
+	}
+
+	if err := waitForExit(ctx, op, cfg, &res, say); err != nil {
+		return res, err
+	}
+	res.ExitAfter = time.Since(res.SignalAt)
+	<-op.logDone
+	res.Lines = op.lines()
+	res.ExitCode = op.cmd.ProcessState.ExitCode()
+	say("the operator exited with code %d, %s after SIGTERM (%s)",
+		res.ExitCode, res.ExitAfter.Round(10*time.Millisecond), op.cmd.ProcessState)
+
+	if err := collectSnapshots(ctx, c, &res, say); err != nil {
+		return res, err
+	}
+	return res, nil
+}
+
+// createObjects creates the scenario's ConfigMaps, recording their names in res.
+func createObjects(ctx context.Context, c client.Client, cfg config, res *result) error {
 	for i := range cfg.Objects - cfg.Hanging {
 		res.Finishing = append(res.Finishing, fmt.Sprintf("job-%d", i+1))
 	}
@@ -247,22 +290,15 @@ func run(ctx context.Context, cfg config) (res result, err error) {
 			Name: name, Namespace: namespace, Labels: map[string]string{labelKey: labelValue},
 		}}
 		if err := c.Create(ctx, cm); err != nil {
-			return res, fmt.Errorf("failed to create ConfigMap %s/%s: %w", namespace, name, err)
+			return fmt.Errorf("failed to create ConfigMap %s/%s: %w", namespace, name, err)
 		}
 	}
-	say("created ConfigMaps in namespace %q labelled %s=%s: %s (handler snapshot: finishes in %s), %s (handler legacy-export: hangs, ignoring its context)",
-		namespace, labelKey, labelValue, listOrNone(res.Finishing), cfg.Work, listOrNone(res.Hanging))
+	return nil
+}
 
-	if err := op.waitFor(ctx, startedMessage, cfg.Objects, startTimeout); err != nil {
-		return res, err
-	}
-	say("all %d handlers started: sending SIGTERM to the operator (pid %d); it has %s to finish (contexts cancelled at %s)",
-		cfg.Objects, op.cmd.Process.Pid, cfg.GracePeriod, cfg.CancelAfter)
-	res.SignalAt = time.Now()
-	if err := op.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		return res, fmt.Errorf("failed to send SIGTERM to the operator: %w", err)
-	}
-
+// waitForExit waits for the operator, sent SIGTERM at res.SignalAt, to exit, sending it the
+// second SIGTERM of the scenario if there is one.
+func waitForExit(ctx context.Context, op *operator, cfg config, res *result, say func(string, ...any)) error {
 	// The operator's manager waits GracePeriod+2s at most (see examples/demo-operator).
 	timeout := time.NewTimer(cfg.GracePeriod + 2*time.Second + exitMargin)
 	defer timeout.Stop()
@@ -272,34 +308,31 @@ func run(ctx context.Context, cfg config) (res result, err error) {
 		defer t.Stop()
 		second = t.C
 	}
-	for exited := false; !exited; {
+	for {
 		select {
 		case <-op.exited:
-			exited = true
+			return nil
 		case <-second:
 			say("sending a second SIGTERM, %s after the first: the operator exits at once", cfg.SecondSignal)
 			res.Second = true
 			if err := op.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-				return res, fmt.Errorf("failed to send SIGTERM to the operator: %w", err)
+				return fmt.Errorf("failed to send SIGTERM to the operator: %w", err)
 			}
 		case <-ctx.Done():
-			return res, fmt.Errorf("interrupted while the operator drained: %w", ctx.Err())
+			return fmt.Errorf("interrupted while the operator drained: %w", ctx.Err())
 		case <-timeout.C:
-			return res, fmt.Errorf("the operator did not exit within %s of SIGTERM", cfg.GracePeriod+2*time.Second+exitMargin)
+			return fmt.Errorf("the operator did not exit within %s of SIGTERM", cfg.GracePeriod+2*time.Second+exitMargin)
 		}
 	}
-	res.ExitAfter = time.Since(res.SignalAt)
-	<-op.logDone
-	res.Lines = op.lines()
-	res.ExitCode = op.cmd.ProcessState.ExitCode()
-	say("the operator exited with code %d, %s after SIGTERM (%s)", res.ExitCode, res.ExitAfter.Round(10*time.Millisecond), op.cmd.ProcessState)
+}
 
-	// What the finishing handlers left in the cluster.
+// collectSnapshots records in res.Snapshots what the finishing handlers left in the cluster.
+func collectSnapshots(ctx context.Context, c client.Client, res *result, say func(string, ...any)) error {
 	res.Snapshots = map[string]time.Time{}
 	for _, name := range append(append([]string(nil), res.Finishing...), res.Hanging...) {
 		var cm corev1.ConfigMap
 		if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, &cm); err != nil {
-			return res, fmt.Errorf("failed to get ConfigMap %s/%s: %w", namespace, name, err)
+			return fmt.Errorf("failed to get ConfigMap %s/%s: %w", namespace, name, err)
 		}
 		v, ok := cm.Annotations[snapshotAnnotation]
 		if !ok {
@@ -308,12 +341,12 @@ func run(ctx context.Context, cfg config) (res result, err error) {
 		}
 		at, err := time.Parse(time.RFC3339Nano, v)
 		if err != nil {
-			return res, fmt.Errorf("failed to parse annotation %s of %s: %w", snapshotAnnotation, name, err)
+			return fmt.Errorf("failed to parse annotation %s of %s: %w", snapshotAnnotation, name, err)
 		}
 		res.Snapshots[name] = at
 		say("%s: snapshot recorded %s after SIGTERM", name, at.Sub(res.SignalAt).Round(10*time.Millisecond))
 	}
-	return res, nil
+	return nil
 }
 
 func listOrNone(names []string) string {
@@ -335,7 +368,9 @@ type operator struct {
 }
 
 // startOperator runs bin with args and KUBECONFIG, and streams its output to out.
-func startOperator(bin string, args []string, kubeconfig string, out io.Writer, say func(string, ...any)) (*operator, error) {
+func startOperator(
+	bin string, args []string, kubeconfig string, out io.Writer, say func(string, ...any),
+) (*operator, error) {
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig) // the last value of a key wins
 	// A process group of its own: a Ctrl-C in the terminal reaches the demo only, which
@@ -348,9 +383,9 @@ func startOperator(bin string, args []string, kubeconfig string, out io.Writer, 
 	cmd.Stdout, cmd.Stderr = w, w // one stream, in the order written
 	say("starting the operator: %s %s", filepath.Base(bin), strings.Join(args, " "))
 	err = cmd.Start()
-	w.Close()
+	_ = w.Close() // the operator has its own copy of the write end
 	if err != nil {
-		r.Close()
+		_ = r.Close()
 		return nil, fmt.Errorf("failed to start the operator: %w", err)
 	}
 	op := &operator{
@@ -361,12 +396,12 @@ func startOperator(bin string, args []string, kubeconfig string, out io.Writer, 
 	}
 	go func() {
 		defer close(op.logDone)
-		defer r.Close()
+		defer func() { _ = r.Close() }()
 		sc := bufio.NewScanner(r)
 		sc.Buffer(make([]byte, 0, 64<<10), 4<<20)
 		for sc.Scan() {
 			line := sc.Text()
-			fmt.Fprintln(out, line)
+			_, _ = fmt.Fprintln(out, line) // nowhere to report a failed write to
 			op.mu.Lock()
 			op.log = append(op.log, line)
 			op.mu.Unlock()
@@ -423,7 +458,8 @@ func (op *operator) waitFor(ctx context.Context, substr string, n int, timeout t
 		case <-ctx.Done():
 			return fmt.Errorf("interrupted while waiting for the operator: %w", ctx.Err())
 		case <-deadline.C:
-			return fmt.Errorf("timed out after %s waiting for %d log lines saying %q (got %d)", timeout, n, substr, op.count(substr))
+			return fmt.Errorf("timed out after %s waiting for %d log lines saying %q (got %d)",
+				timeout, n, substr, op.count(substr))
 		}
 	}
 	return nil
@@ -450,7 +486,8 @@ func moduleRoot(ctx context.Context) (string, error) {
 	}
 	gomod := strings.TrimSpace(string(b))
 	if gomod == "" || gomod == os.DevNull {
-		return "", errors.New("failed to find the quiesce module: run the demo from inside it (make demo does), or pass --operator")
+		return "", errors.New("failed to find the quiesce module: " +
+			"run the demo from inside it (make demo does), or pass --operator")
 	}
 	return filepath.Dir(gomod), nil
 }

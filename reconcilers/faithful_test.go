@@ -1,0 +1,293 @@
+package reconcilers_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/go-logr/logr"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	"github.com/quiesce-dev/quiesce/drain"
+	"github.com/quiesce-dev/quiesce/internal"
+	"github.com/quiesce-dev/quiesce/reconcilers"
+)
+
+// newDriven returns an executor as a runnable.Runnable owns it.
+func newDriven(opts drain.Options) *drain.Executor {
+	ex := drain.New(opts)
+	internal.SettingsOf(ex).Driven = true
+	return ex
+}
+
+func TestWrappedReconcileKeepsTheDeadline(t *testing.T) {
+	for _, driven := range []bool{false, true} {
+		t.Run(fmt.Sprint("driven=", driven), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				ex := drain.New(drain.Options{CancelAfter: -1})
+				internal.SettingsOf(ex).Driven = driven
+				ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+				defer cancel()
+				want, _ := ctx.Deadline()
+				start := time.Now()
+				r := reconcilers.Wrap(ex, "cm", reconcile.Func(func(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+					if d, ok := ctx.Deadline(); !ok || !d.Equal(want) {
+						t.Errorf("Deadline() = %v, %v; want %v", d, ok, want)
+					}
+					<-ctx.Done()
+					return reconcile.Result{}, ctx.Err()
+				}))
+				if _, err := r.Reconcile(ctx, request("ns", "obj")); !errors.Is(err, context.DeadlineExceeded) {
+					t.Errorf("Reconcile = %v, want DeadlineExceeded", err)
+				}
+				if took := time.Since(start); took != 300*time.Millisecond {
+					t.Errorf("the reconcile ended after %v, want its 300ms deadline", took)
+				}
+				if err := ex.Drain(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+			})
+		})
+	}
+}
+
+func TestShieldedReconcileEndsAtTheDeadlineAfterAShutdown(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ex := newDriven(drain.Options{CancelAfter: -1})
+		manager, shutdown := context.WithCancel(context.Background())
+		ctx, cancel := context.WithTimeout(manager, 5*time.Second) // ReconciliationTimeout
+		defer cancel()
+		start := time.Now()
+		var aliveAfterShutdown bool
+		r := reconcilers.Wrap(ex, "cm", reconcile.Func(func(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+			time.Sleep(time.Second)
+			shutdown() // the manager stops: the shield ignores it
+			time.Sleep(time.Second)
+			aliveAfterShutdown = ctx.Err() == nil
+			<-ctx.Done()
+			return reconcile.Result{}, ctx.Err()
+		}))
+		if _, err := r.Reconcile(ctx, request("ns", "obj")); !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Reconcile = %v, want DeadlineExceeded", err)
+		}
+		if !aliveAfterShutdown {
+			t.Error("the manager's cancellation ended a shielded reconcile")
+		}
+		if took := time.Since(start); took != 5*time.Second {
+			t.Errorf("the reconcile ended after %v, want its 5s deadline", took)
+		}
+		if err := ex.Drain(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+func TestWrappedReconcileRepanicsAfterTheCallSettled(t *testing.T) {
+	ex := newDriven(drain.Options{})
+	drained(t, ex)
+	boom := errors.New("boom")
+	r := reconcilers.Wrap(ex, "cm", reconcile.Func(func(context.Context, reconcile.Request) (reconcile.Result, error) {
+		panicInReconcile(boom)
+		return reconcile.Result{}, nil
+	}))
+	var (
+		value any
+		stack string
+		stats drain.Stats
+	)
+	func() {
+		defer func() {
+			value = recover()
+			stack = string(debug.Stack())
+			stats = ex.Stats()
+		}()
+		_, _ = r.Reconcile(context.Background(), request("ns", "obj"))
+	}()
+	if value != boom {
+		t.Fatalf("recovered %v, want the reconciler's own panic value", value)
+	}
+	if !strings.Contains(stack, "reconcilers_test.panicInReconcile") {
+		t.Errorf("the stack where the panic was recovered lost the reconciler's frames:\n%s", stack)
+	}
+	if stats.Panicked != 1 || stats.Finished != 1 || stats.InFlight != 0 {
+		t.Errorf("Stats when the panic reached the caller = %+v, want the call settled and counted", stats)
+	}
+}
+
+func panicInReconcile(v any) { panic(v) }
+
+// TestPanicReachesControllerRuntime runs a wrapped reconciler that panics in a real
+// controller (RecoverPanic by default): controller-runtime recovers the panic, counts it
+// in its panic metric, and runs its panic handlers with the reconciler's stack.
+func TestPanicReachesControllerRuntime(t *testing.T) {
+	const name = "panicking-controller"
+	ex := newDriven(drain.Options{})
+	drained(t, ex)
+	var (
+		mu       sync.Mutex
+		handled  []string
+		atPanic  drain.Stats
+		returned = make(chan struct{}, 2)
+	)
+	saved := utilruntime.PanicHandlers
+	utilruntime.PanicHandlers = append(append([]func(context.Context, any){}, saved...), func(_ context.Context, v any) {
+		mu.Lock()
+		defer mu.Unlock()
+		handled = append(handled, fmt.Sprint(v), string(debug.Stack()))
+		atPanic = ex.Stats()
+	})
+	t.Cleanup(func() { utilruntime.PanicHandlers = saved })
+
+	calls := 0
+	r := reconcilers.Wrap(ex, name, reconcile.Func(func(context.Context, reconcile.Request) (reconcile.Result, error) {
+		defer func() { returned <- struct{}{} }()
+		calls++
+		if calls == 1 {
+			panicInReconcile("reconciler broke")
+		}
+		return reconcile.Result{}, nil
+	}))
+	c, err := controller.NewTypedUnmanaged(name, controller.TypedOptions[reconcile.Request]{
+		Reconciler:         r,
+		SkipNameValidation: ptr.To(true),
+		LogConstructor:     func(*reconcile.Request) logr.Logger { return logr.Discard() },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := make(chan event.TypedGenericEvent[reconcile.Request], 2)
+	enqueue := handler.TypedFuncs[reconcile.Request, reconcile.Request]{
+		GenericFunc: func(_ context.Context, e event.TypedGenericEvent[reconcile.Request], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			q.Add(e.Object)
+		},
+	}
+	if err := c.Watch(source.TypedChannel(events, enqueue)); err != nil {
+		t.Fatal(err)
+	}
+	before := panicsMetric(t, name)
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan error, 1)
+	go func() { stopped <- c.Start(ctx) }()
+	events <- event.TypedGenericEvent[reconcile.Request]{Object: request("ns", "a")}
+	<-returned
+	events <- event.TypedGenericEvent[reconcile.Request]{Object: request("ns", "b")}
+	<-returned // the controller lives on after the panic
+	cancel()
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+
+	if got := panicsMetric(t, name) - before; got != 1 {
+		t.Errorf("controller_runtime_reconcile_panics_total grew by %v, want 1", got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(handled) != 2 || handled[0] != "reconciler broke" || !strings.Contains(handled[1], "reconcilers_test.panicInReconcile") {
+		t.Errorf("controller-runtime's panic handlers saw %q, want the value and the reconciler's stack", handled)
+	}
+	if atPanic.Panicked != 1 || atPanic.Finished != 1 {
+		t.Errorf("Stats when controller-runtime recovered = %+v, want the call settled and counted", atPanic)
+	}
+}
+
+// panicsMetric reads controller-runtime's panic counter of a controller.
+func panicsMetric(t *testing.T, name string) float64 {
+	t.Helper()
+	families, err := metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != "controller_runtime_reconcile_panics_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "controller" && l.GetValue() == name {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+func TestShieldingIsFixedWhenTheExecutorIsOwned(t *testing.T) {
+	// What decides the shield is the executor's owner, set before any reconcile runs;
+	// nothing about the owner's Start. A reconcile before and after behave the same.
+	ex := newDriven(drain.Options{CancelAfter: -1})
+	drained(t, ex)
+	for i := range 2 {
+		ctx, cancel := context.WithCancel(context.Background())
+		r := reconcilers.Wrap(ex, "cm", reconcile.Func(func(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+			cancel()
+			return reconcile.Result{}, ctx.Err()
+		}))
+		if _, err := r.Reconcile(ctx, request("ns", fmt.Sprint(i))); err != nil {
+			t.Errorf("reconcile %d: ctx.Err() = %v after the caller's cancel, want nil (shielded)", i, err)
+		}
+	}
+}
+
+// stuckReconciler waits in Reconcile until release is closed.
+type stuckReconciler struct {
+	at      chan string
+	release chan struct{}
+}
+
+func (s *stuckReconciler) Reconcile(context.Context, reconcile.Request) (reconcile.Result, error) {
+	s.at <- lineBelow()
+	<-s.release
+	return reconcile.Result{}, nil
+}
+
+func TestLocateNamesTheReconcilersOwnLine(t *testing.T) {
+	ex := newDriven(drain.Options{})
+	drained(t, ex)
+	s := &stuckReconciler{at: make(chan string, 1), release: make(chan struct{})}
+	r := reconcilers.Wrap(ex, "cm", s)
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.Reconcile(context.Background(), request("ns", "obj"))
+		done <- err
+	}()
+	at := <-s.at
+	var calls []drain.Pending
+	for range 1000 { // until the reconcile blocks on release
+		if calls, _ = ex.Locate(-1); len(calls) == 1 && calls[0].Where == at {
+			break
+		}
+		runtime.Gosched()
+	}
+	close(s.release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if len(calls) != 1 || calls[0].Name != "cm/ns/obj" || calls[0].Where != at || calls[0].Handler != at {
+		t.Errorf("Locate = %+v, want cm/ns/obj at and in %q, the reconciler's own line", calls, at)
+	}
+}
+
+// lineBelow returns how a location shows the line below its caller.
+func lineBelow() string {
+	pc, file, line, _ := runtime.Caller(1)
+	name := runtime.FuncForPC(pc).Name()
+	name = name[strings.LastIndexByte(name, '/')+1:]
+	return fmt.Sprintf("%s (%s:%d)", name, filepath.Base(file), line+1)
+}

@@ -312,7 +312,7 @@ func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn func(c
 	switch {
 	case ctx == nil:
 		return nil, fmt.Errorf("failed to run call %q: nil context: %w", joinName(&o.Name), ErrInvalidCall)
-	case joinName(&o.Name) == "":
+	case o.Name == [4]string{}:
 		return nil, fmt.Errorf("failed to run call: empty name: %w", ErrInvalidCall)
 	case fn == nil:
 		return nil, fmt.Errorf("failed to run call %q: nil func: %w", joinName(&o.Name), ErrInvalidCall)

@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"k8s.io/utils/clock"
+
+	"github.com/quiesce-dev/quiesce/internal"
 )
 
 // reportEntry is one call in the "calls" list of a report.
@@ -19,17 +21,9 @@ type reportEntry struct {
 func entries(calls []Pending, now time.Time) []reportEntry {
 	out := make([]reportEntry, len(calls))
 	for i, p := range calls {
-		out[i] = reportEntry{Name: p.Name, Age: age(now.Sub(p.Started)), Detached: p.Detached, Where: p.Where, Handler: p.Handler}
+		out[i] = reportEntry{Name: p.Name, Age: internal.Age(now.Sub(p.Started)), Detached: p.Detached, Where: p.Where, Handler: p.Handler}
 	}
 	return out
-}
-
-// age rounds d for reading: whole seconds from 1s on, milliseconds below.
-func age(d time.Duration) string {
-	if d >= time.Second {
-		return d.Round(time.Second).String()
-	}
-	return d.Round(time.Millisecond).String()
 }
 
 // reportPending logs one line about the pending calls, if any, during a drain.

@@ -61,3 +61,12 @@ var (
 	// from): its executor, and its options with the whole name in Name[0].
 	CallOf func(ctx context.Context) (ex any, o CallOptions, ok bool)
 )
+
+// Age rounds d for reading, as reports, errors and /debug/quiesce show a call's age: whole
+// seconds from 1s on, milliseconds below.
+func Age(d time.Duration) string {
+	if d >= time.Second {
+		return d.Round(time.Second).String()
+	}
+	return d.Round(time.Millisecond).String()
+}

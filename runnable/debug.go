@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/quiesce-dev/quiesce/drain"
+	"github.com/quiesce-dev/quiesce/internal"
 )
 
 // call is one pending call, as the abandoned line and ServeHTTP show it: the fields of
@@ -20,16 +21,7 @@ type call struct {
 }
 
 func callOf(p drain.Pending, now time.Time) call {
-	return call{Name: p.Name, Age: age(now.Sub(p.Started)), Detached: p.Detached, Where: p.Where, Handler: p.Handler}
-}
-
-// age rounds d for reading as the executor's reports do: whole seconds from 1s on,
-// milliseconds below.
-func age(d time.Duration) string {
-	if d >= time.Second {
-		return d.Round(time.Second).String()
-	}
-	return d.Round(time.Millisecond).String()
+	return call{Name: p.Name, Age: internal.Age(now.Sub(p.Started)), Detached: p.Detached, Where: p.Where, Handler: p.Handler}
 }
 
 // debugState is the body of ServeHTTP.

@@ -9,6 +9,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/quiesce-dev/quiesce/drain"
+	"github.com/quiesce-dev/quiesce/internal"
 )
 
 // TestingT is the subset of testing.TB that VerifyNone uses.
@@ -78,7 +79,7 @@ func describe(calls []drain.Pending, now time.Time) string {
 	}
 	unknown := false
 	for _, p := range calls {
-		fmt.Fprintf(&b, "\n\t%s: age %s", p.Name, age(now.Sub(p.Started)))
+		fmt.Fprintf(&b, "\n\t%s: age %s", p.Name, internal.Age(now.Sub(p.Started)))
 		if p.Detached {
 			b.WriteString(", detached")
 		}
@@ -100,13 +101,4 @@ func describe(calls []drain.Pending, now time.Time) string {
 		b.WriteString("\n(the executor logs once why a location is unknown)")
 	}
 	return b.String()
-}
-
-// age rounds d for reading, as the executor's reports do: whole seconds from 1s on,
-// milliseconds below.
-func age(d time.Duration) string {
-	if d >= time.Second {
-		return d.Round(time.Second).String()
-	}
-	return d.Round(time.Millisecond).String()
 }

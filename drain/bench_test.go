@@ -21,8 +21,7 @@ func nop(context.Context) error { return nil }
 // BenchmarkCall and BenchmarkCallBaseline compare Call with the least a caller must do to
 // run fn on another goroutine and wait for it: go, a WaitGroup, a channel.
 func BenchmarkCall(b *testing.B) {
-	ex := drain.New(drain.Options{})
-	defer ex.Drain(context.Background())
+	ex := newExecutor(b, drain.Options{})
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {
@@ -52,8 +51,7 @@ func BenchmarkCallBaseline(b *testing.B) {
 
 // BenchmarkCallCancelable is Call with a caller ctx that can end, as a reconcile's can.
 func BenchmarkCallCancelable(b *testing.B) {
-	ex := drain.New(drain.Options{})
-	defer ex.Drain(context.Background())
+	ex := newExecutor(b, drain.Options{})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	b.ReportAllocs()
@@ -65,8 +63,7 @@ func BenchmarkCallCancelable(b *testing.B) {
 }
 
 func BenchmarkCallParallel(b *testing.B) {
-	ex := drain.New(drain.Options{})
-	defer ex.Drain(context.Background())
+	ex := newExecutor(b, drain.Options{})
 	ctx := context.Background()
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
@@ -105,8 +102,7 @@ var nopFn = nop
 // BenchmarkRun, BenchmarkRunDirect and BenchmarkCall compare a tracked call on the
 // caller's goroutine with calling fn directly and with a hand-off to a worker.
 func BenchmarkRun(b *testing.B) {
-	ex := drain.New(drain.Options{})
-	defer ex.Drain(context.Background())
+	ex := newExecutor(b, drain.Options{})
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {
@@ -128,8 +124,7 @@ func BenchmarkRunDirect(b *testing.B) {
 
 // BenchmarkRunCancelable is Run with a caller ctx that can end, as a reconcile's can.
 func BenchmarkRunCancelable(b *testing.B) {
-	ex := drain.New(drain.Options{})
-	defer ex.Drain(context.Background())
+	ex := newExecutor(b, drain.Options{})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	b.ReportAllocs()
@@ -141,8 +136,7 @@ func BenchmarkRunCancelable(b *testing.B) {
 }
 
 func BenchmarkRunParallel(b *testing.B) {
-	ex := drain.New(drain.Options{})
-	defer ex.Drain(context.Background())
+	ex := newExecutor(b, drain.Options{})
 	ctx := context.Background()
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
@@ -165,7 +159,9 @@ func BenchmarkGo(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	ex.Drain(context.Background())
+	if err := ex.Drain(context.Background()); err != nil {
+		b.Fatal(err)
+	}
 }
 
 func BenchmarkGoErrgroup(b *testing.B) {
@@ -175,7 +171,9 @@ func BenchmarkGoErrgroup(b *testing.B) {
 	for b.Loop() {
 		g.Go(func() error { return nop(ctx) })
 	}
-	g.Wait()
+	if err := g.Wait(); err != nil {
+		b.Fatal(err)
+	}
 }
 
 // BenchmarkDrainWake measures how long Drain takes to return after the last call returned
@@ -187,7 +185,7 @@ func BenchmarkDrainWake(b *testing.B) {
 		release := make(chan struct{})
 		returned := make(chan time.Time, 1)
 		started := make(chan struct{})
-		ex.Go(context.Background(), "last", func(context.Context) error {
+		mustGo(b, ex, "last", func(context.Context) error {
 			close(started)
 			<-release
 			returned <- time.Now()
@@ -196,7 +194,9 @@ func BenchmarkDrainWake(b *testing.B) {
 		<-started
 		drained := make(chan time.Time)
 		go func() {
-			ex.Drain(context.Background())
+			if err := ex.Drain(context.Background()); err != nil {
+				b.Error(err)
+			}
 			drained <- time.Now()
 		}()
 		<-ex.Draining()
@@ -245,7 +245,7 @@ func BenchmarkReport(b *testing.B) {
 			lines := 0
 			ex := drain.New(drain.Options{
 				CancelAfter: -1,
-				Logger: (&logs{}).loggerFunc(func(l logLine) {
+				Logger: (&logs{}).loggerFunc(b, func(l logLine) {
 					if l.Pending != pending || len(l.Calls) != 20 || l.Calls[0].Handler == drain.Unknown {
 						b.Errorf("report: pending %d, %d calls, %+v", l.Pending, len(l.Calls), l.Calls[0])
 					}
@@ -260,7 +260,9 @@ func BenchmarkReport(b *testing.B) {
 				b.Errorf("%d reports logged, want %d", lines, b.N)
 			}
 			release()
-			ex.Drain(context.Background())
+			if err := ex.Drain(context.Background()); err != nil {
+				b.Fatal(err)
+			}
 		})
 	}
 }
@@ -288,7 +290,9 @@ func BenchmarkReportCaptureFloor(b *testing.B) {
 			}
 		})
 		release()
-		ex.Drain(context.Background())
+		if err := ex.Drain(context.Background()); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
 
@@ -307,5 +311,7 @@ func BenchmarkDrainGivesUp10k(b *testing.B) {
 		}
 	}
 	release()
-	ex.Drain(context.Background())
+	if err := ex.Drain(context.Background()); err != nil {
+		b.Fatal(err)
+	}
 }

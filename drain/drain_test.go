@@ -189,15 +189,21 @@ func TestFnContext(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			ex := drain.New(drain.Options{CancelAfter: 3 * time.Second})
 			got := make(chan error, 1)
-			ex.Go(context.Background(), "derived", func(ctx context.Context) error {
+			if err := ex.Go(context.Background(), "derived", func(ctx context.Context) error {
 				child, cancel := context.WithTimeout(ctx, time.Hour)
 				defer cancel()
 				<-child.Done()
 				got <- child.Err()
 				return nil
-			})
+			}); err != nil {
+				t.Fatal(err)
+			}
 			synctest.Wait()
-			go ex.Drain(context.Background())
+			go func() {
+				if err := ex.Drain(context.Background()); err != nil {
+					t.Error(err)
+				}
+			}()
 			time.Sleep(3 * time.Second)
 			if err := <-got; !errors.Is(err, context.Canceled) {
 				t.Errorf("child Err = %v, want Canceled", err)
@@ -214,7 +220,7 @@ func cancelledAt(t *testing.T, cancelAfter time.Duration) time.Duration {
 		ex := drain.New(drain.Options{CancelAfter: cancelAfter})
 		started := make(chan struct{})
 		ended := make(chan time.Time, 1)
-		ex.Go(context.Background(), "waits", func(ctx context.Context) error {
+		if err := ex.Go(context.Background(), "waits", func(ctx context.Context) error {
 			close(started)
 			select {
 			case <-ctx.Done():
@@ -222,7 +228,9 @@ func cancelledAt(t *testing.T, cancelAfter time.Duration) time.Duration {
 			case <-time.After(time.Hour):
 			}
 			return nil
-		})
+		}); err != nil {
+			t.Fatal(err)
+		}
 		<-started
 		begin := time.Now()
 		if err := ex.Drain(context.Background()); err != nil {
@@ -279,8 +287,8 @@ func TestDrainReturnsAtOnce(t *testing.T) {
 		ex := drain.New(drain.Options{CancelAfter: -1})
 		started := make(chan string, 2)
 		release := make(chan struct{})
-		ex.Go(context.Background(), "a", blocking(started, release))
-		ex.Go(context.Background(), "b", blocking(started, release))
+		mustGo(t, ex, "a", blocking(started, release))
+		mustGo(t, ex, "b", blocking(started, release))
 		<-started
 		<-started
 		drained := make(chan time.Time, 1)
@@ -306,9 +314,9 @@ func TestDrainGivesUp(t *testing.T) {
 		ex := drain.New(drain.Options{CancelAfter: -1})
 		started := make(chan string, 2)
 		release := make(chan struct{})
-		ex.Go(context.Background(), "first", blocking(started, release))
+		mustGo(t, ex, "first", blocking(started, release))
 		whereFirst := <-started
-		ex.Go(context.Background(), "second", blocking(started, release))
+		mustGo(t, ex, "second", blocking(started, release))
 		whereSecond := <-started
 
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log"
 	"time"
 
 	"github.com/quiesce-dev/quiesce/drain"
@@ -11,9 +12,10 @@ import (
 
 func ExampleExecutor_Call() {
 	ex := drain.New(drain.Options{})
-	defer ex.Drain(context.Background())
+	// With no deadline, Drain waits for every call and returns nil.
+	defer func() { _ = ex.Drain(context.Background()) }()
 
-	err := ex.Call(context.Background(), "greet", func(ctx context.Context) error {
+	err := ex.Call(context.Background(), "greet", func(context.Context) error {
 		fmt.Println("hello from a tracked goroutine")
 		return nil
 	})
@@ -28,17 +30,20 @@ func ExampleExecutor_Drain() {
 
 	release := make(chan struct{})
 	started := make(chan struct{})
-	ex.Go(context.Background(), "slow-handler", func(ctx context.Context) error {
+	err := ex.Go(context.Background(), "slow-handler", func(context.Context) error {
 		close(started)
 		<-release
 		return nil
 	})
+	if err != nil {
+		log.Fatal(err)
+	}
 	<-started
 
 	// A drain that runs out of time names what it still waits for.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancel()
-	err := ex.Drain(ctx)
+	err = ex.Drain(ctx)
 	var pe *drain.PendingError
 	if errors.As(err, &pe) {
 		fmt.Println("still pending:", pe.Pending[0].Name, errors.Is(err, context.DeadlineExceeded))
@@ -59,7 +64,8 @@ func ExampleExecutor_Drain() {
 
 func ExampleExecutor_Run() {
 	ex := drain.New(drain.Options{})
-	defer ex.Drain(context.Background())
+	// With no deadline, Drain waits for every call and returns nil.
+	defer func() { _ = ex.Drain(context.Background()) }()
 
 	// fn runs on this goroutine, tracked like a Call: Drain waits for it and reports it.
 	err := ex.Run(context.Background(), "reconcile", func(ctx context.Context) error {

@@ -63,10 +63,12 @@ func (l *logs) logger(t testing.TB) logr.Logger {
 }
 
 // loggerFunc returns a logger that hands each line to f.
-func (l *logs) loggerFunc(f func(logLine)) logr.Logger {
+func (l *logs) loggerFunc(t testing.TB, f func(logLine)) logr.Logger {
 	return funcr.NewJSON(func(obj string) {
 		var line logLine
-		json.Unmarshal([]byte(obj), &line)
+		if err := json.Unmarshal([]byte(obj), &line); err != nil {
+			t.Errorf("log line %s: %v", obj, err)
+		}
 		line.raw = obj
 		f(line)
 	}, funcr.Options{})
@@ -99,6 +101,35 @@ func newExecutor(t testing.TB, opts drain.Options) *drain.Executor {
 		}
 	})
 	return ex
+}
+
+// mustGo starts fn with ex.Go and fails the test at once if ex does not admit it.
+func mustGo(t testing.TB, ex *drain.Executor, name string, fn func(context.Context) error) {
+	t.Helper()
+	if err := ex.Go(context.Background(), name, fn); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// drainInBackground starts a Drain with no deadline on a goroutine of its own, for tests
+// that watch the drain (its reports, its effect on calls) rather than wait for it. Such a
+// Drain can only return nil, once every call returned; an error fails the test.
+func drainInBackground(t testing.TB, ex *drain.Executor) {
+	go func() {
+		if err := ex.Drain(context.Background()); err != nil {
+			t.Error(err)
+		}
+	}()
+}
+
+// goRun calls ex.Run on a goroutine of its own, as a controller's worker would, for tests
+// that do not wait for its result; an error from it fails the test.
+func goRun(t testing.TB, ex *drain.Executor, name string, fn func(context.Context) error) {
+	go func() {
+		if err := ex.Run(context.Background(), name, fn); err != nil {
+			t.Error(err)
+		}
+	}()
 }
 
 // lineBelow returns how a report shows the line below its caller.

@@ -20,14 +20,7 @@ func TestMaxConcurrent(t *testing.T) {
 		ex := drain.New(drain.Options{MaxConcurrent: 2, CancelAfter: -1})
 		var running, peak atomic.Int32
 		release := make(chan struct{})
-		fn := func(context.Context) error {
-			n := running.Add(1)
-			for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
-			}
-			<-release
-			running.Add(-1)
-			return nil
-		}
+		fn := countingPeak(&running, &peak, release)
 		var wg sync.WaitGroup
 		for i := range 5 {
 			wg.Go(func() {
@@ -67,12 +60,29 @@ func TestMaxConcurrent(t *testing.T) {
 	})
 }
 
+// countingPeak returns an fn that counts itself in running while it blocks until release is
+// closed, and raises peak to the most calls it saw running at once.
+func countingPeak(running, peak *atomic.Int32, release <-chan struct{}) func(context.Context) error {
+	return func(context.Context) error {
+		n := running.Add(1)
+		for {
+			p := peak.Load()
+			if n <= p || peak.CompareAndSwap(p, n) {
+				break
+			}
+		}
+		<-release
+		running.Add(-1)
+		return nil
+	}
+}
+
 func TestMaxConcurrentWaiterRefusedByDrain(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ex := drain.New(drain.Options{MaxConcurrent: 1, CancelAfter: -1})
 		started := make(chan string, 1)
 		release := make(chan struct{})
-		ex.Go(context.Background(), "holds the slot", blocking(started, release))
+		mustGo(t, ex, "holds the slot", blocking(started, release))
 		<-started
 		ran := false
 		results := make(chan error, 2)
@@ -109,13 +119,15 @@ func TestNegativeMaxConcurrentIsUnbounded(t *testing.T) {
 		started := make(chan string, 10)
 		release := make(chan struct{})
 		for range 10 {
-			ex.Go(context.Background(), "x", blocking(started, release))
+			mustGo(t, ex, "x", blocking(started, release))
 		}
 		for range 10 {
 			<-started
 		}
 		close(release)
-		ex.Drain(context.Background())
+		if err := ex.Drain(context.Background()); err != nil {
+			t.Fatal(err)
+		}
 	})
 }
 
@@ -159,9 +171,12 @@ func TestAfterCall(t *testing.T) {
 			mu.Unlock()
 		}
 		boom := errors.New("boom")
-		internal.Call(ex, context.Background(), internal.CallOptions{Name: [4]string{"sleeps"}, Controller: "c1"}, func(context.Context) error { time.Sleep(3 * time.Second); return boom })
-		ex.Call(context.Background(), "panics", func(context.Context) error { panic(1) })
-		ex.Drain(context.Background())
+		// The calls' results reach AfterCall, which is what this test checks.
+		_ = internal.Call(ex, context.Background(), internal.CallOptions{Name: [4]string{"sleeps"}, Controller: "c1"}, func(context.Context) error { time.Sleep(3 * time.Second); return boom })
+		_ = ex.Call(context.Background(), "panics", func(context.Context) error { panic(1) })
+		if err := ex.Drain(context.Background()); err != nil {
+			t.Fatal(err)
+		}
 		var pe *drain.PanicError
 		if len(got) != 2 || got[0] != (seen{"c1", 3 * time.Second, boom}) || got[1].name != "" || !errors.As(got[1].err, &pe) {
 			t.Errorf("AfterCall saw %+v", got)

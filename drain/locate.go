@@ -27,8 +27,10 @@ const (
 
 var unknownReasons = map[uint32]string{
 	unknownNoProfile: "the goroutine profile could not be written",
-	unknownNoLabel:   "no goroutine carries the call's pprof label: fn replaced its goroutine's labels (pprof.SetGoroutineLabels with a context not derived from fn's)",
-	unknownTooDeep:   "the call's stack is deeper than the goroutine profile keeps (GODEBUG profstackdepth, 128 frames by default)",
+	unknownNoLabel: "no goroutine carries the call's pprof label: fn replaced its goroutine's labels " +
+		"(pprof.SetGoroutineLabels with a context not derived from fn's)",
+	unknownTooDeep: "the call's stack is deeper than the goroutine profile keeps " +
+		"(GODEBUG profstackdepth, 128 frames by default)",
 }
 
 // locate returns the Pending of each call, with Where and Handler filled.

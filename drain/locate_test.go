@@ -39,24 +39,31 @@ func locateAt(ex *drain.Executor, where string) []drain.Pending {
 	return calls
 }
 
-// startCall starts fn as a tracked call with mode ("Call", "Go" or "Run"); Call and Run
-// run on a goroutine of their own, which wg waits for.
+// The ways to start a tracked call, named after the Executor's methods.
+const (
+	modeCall = "Call"
+	modeGo   = "Go"
+	modeRun  = "Run"
+)
+
+// startCall starts fn as a tracked call with mode; Call and Run run on a goroutine of their
+// own, which wg waits for.
 func startCall(t *testing.T, ex *drain.Executor, mode, name string, fn func(context.Context) error, wg *sync.WaitGroup) {
 	t.Helper()
 	switch mode {
-	case "Go":
+	case modeGo:
 		if err := ex.Go(context.Background(), name, fn); err != nil {
 			t.Fatal(err)
 		}
-	case "Call":
+	case modeCall:
 		wg.Go(func() { _ = ex.Call(context.Background(), name, fn) })
-	case "Run":
+	case modeRun:
 		wg.Go(func() { _ = ex.Run(context.Background(), name, fn) })
 	}
 }
 
 func TestLocateAtAnyDepth(t *testing.T) {
-	for _, mode := range []string{"Call", "Go", "Run"} {
+	for _, mode := range []string{modeCall, modeGo, modeRun} {
 		for _, depth := range []int{0, 30, 100} {
 			t.Run(fmt.Sprint(mode, depth), func(t *testing.T) {
 				ex := newExecutor(t, drain.Options{})
@@ -240,7 +247,11 @@ func TestLocateNotStarted(t *testing.T) {
 // no dot, with optimizations and inlining off, and checks what it locates: its own frames
 // are not taken for the standard library's.
 func TestLocateInADotlessModuleWithoutOptimizations(t *testing.T) {
-	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	// go test puts the bin directory of its own GOROOT first in PATH.
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatal(err)
+	}
 	root, err := filepath.Abs("..")
 	if err != nil {
 		t.Fatal(err)
@@ -261,10 +272,8 @@ func TestLocateInADotlessModuleWithoutOptimizations(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for _, args := range [][]string{
-		{"mod", "tidy"},
-		{"run", "-gcflags=all=-N -l", "."},
-	} {
+	goCmd := func(args ...string) []byte {
+		t.Helper()
 		cmd := exec.Command(gobin, args...)
 		cmd.Dir = dir
 		cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod")
@@ -272,12 +281,13 @@ func TestLocateInADotlessModuleWithoutOptimizations(t *testing.T) {
 		if err != nil {
 			t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
-		if args[0] == "run" {
-			want := "where=controllers.(*Reconciler).Reconcile (controllers.go:15) handler=main.main.func1.1 (main.go:21)\n"
-			if string(out) != want {
-				t.Errorf("the dotless module located\n%s\nwant\n%s", out, want)
-			}
-		}
+		return out
+	}
+	goCmd("mod", "tidy")
+	out := goCmd("run", "-gcflags=all=-N -l", ".")
+	want := "where=controllers.(*Reconciler).Reconcile (controllers.go:15) handler=main.main.func1.1 (main.go:21)\n"
+	if string(out) != want {
+		t.Errorf("the dotless module located\n%s\nwant\n%s", out, want)
 	}
 }
 

@@ -21,7 +21,13 @@ type reportEntry struct {
 func entries(calls []Pending, now time.Time) []reportEntry {
 	out := make([]reportEntry, len(calls))
 	for i, p := range calls {
-		out[i] = reportEntry{Name: p.Name, Age: internal.Age(now.Sub(p.Started)), Detached: p.Detached, Where: p.Where, Handler: p.Handler}
+		out[i] = reportEntry{
+			Name:     p.Name,
+			Age:      internal.Age(now.Sub(p.Started)),
+			Detached: p.Detached,
+			Where:    p.Where,
+			Handler:  p.Handler,
+		}
 	}
 	return out
 }

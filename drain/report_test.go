@@ -2,6 +2,7 @@ package drain_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"testing/synctest"
@@ -18,13 +19,17 @@ func TestReportSchedule(t *testing.T) {
 		ex := drain.New(drain.Options{Logger: lines.logger(t), CancelAfter: -1})
 		started := make(chan string, 1)
 		releaseA, releaseB := make(chan struct{}), make(chan struct{})
-		ex.Go(context.Background(), "a", blocking(started, releaseA))
+		mustGo(t, ex, "a", blocking(started, releaseA))
 		whereA := <-started
 		time.Sleep(2 * time.Second)
 
 		// b's caller stops waiting: b is detached.
 		ctx, cancel := context.WithCancel(context.Background())
-		go ex.Call(ctx, "b", blocking(started, releaseB))
+		go func() {
+			if err := ex.Call(ctx, "b", blocking(started, releaseB)); !errors.Is(err, context.Canceled) {
+				t.Errorf("Call = %v, want Canceled", err)
+			}
+		}()
 		whereB := <-started
 		cancel()
 
@@ -81,9 +86,13 @@ func TestReportShowsWaitingCaller(t *testing.T) {
 		ex := drain.New(drain.Options{Logger: lines.logger(t), CancelAfter: -1, ReportAfter: time.Minute})
 		started := make(chan string, 1)
 		release := make(chan struct{})
-		go ex.Call(context.Background(), "waited", blocking(started, release))
+		go func() {
+			if err := ex.Call(context.Background(), "waited", blocking(started, release)); err != nil {
+				t.Error(err)
+			}
+		}()
 		where := <-started
-		go ex.Drain(context.Background())
+		drainInBackground(t, ex)
 		time.Sleep(time.Minute)
 		synctest.Wait()
 		got := lines.get()
@@ -101,13 +110,15 @@ func TestNoReportWhenNothingPends(t *testing.T) {
 		ex := drain.New(drain.Options{Logger: lines.logger(t), CancelAfter: -1})
 		release := make(chan struct{})
 		started := make(chan string, 1)
-		ex.Go(context.Background(), "quick", blocking(started, release))
+		mustGo(t, ex, "quick", blocking(started, release))
 		<-started
 		drained := make(chan error, 1)
 		go func() { drained <- ex.Drain(context.Background()) }()
 		time.Sleep(time.Second - time.Nanosecond)
 		close(release)
-		<-drained
+		if err := <-drained; err != nil {
+			t.Fatal(err)
+		}
 		time.Sleep(time.Minute)
 		synctest.Wait()
 		if got := lines.get(); len(got) != 0 {
@@ -115,7 +126,9 @@ func TestNoReportWhenNothingPends(t *testing.T) {
 		}
 		// A drain with nothing in flight logs nothing either.
 		ex2 := drain.New(drain.Options{Logger: lines.logger(t)})
-		ex2.Drain(context.Background())
+		if err := ex2.Drain(context.Background()); err != nil {
+			t.Fatal(err)
+		}
 		time.Sleep(time.Minute)
 		synctest.Wait()
 		if got := lines.get(); len(got) != 0 {
@@ -131,11 +144,11 @@ func TestReportIsBounded(t *testing.T) {
 		release := make(chan struct{})
 		started := make(chan string, 25)
 		for i := range 25 {
-			ex.Go(context.Background(), fmt.Sprintf("call-%02d", i), blocking(started, release))
+			mustGo(t, ex, fmt.Sprintf("call-%02d", i), blocking(started, release))
 			<-started
 			time.Sleep(time.Second)
 		}
-		go ex.Drain(context.Background())
+		drainInBackground(t, ex)
 		time.Sleep(time.Second)
 		synctest.Wait()
 		got := lines.get()
@@ -160,9 +173,9 @@ func TestReportDefaultsForBadDurations(t *testing.T) {
 		ex := drain.New(drain.Options{Logger: lines.logger(t), CancelAfter: -1, ReportAfter: -time.Second, ReportEvery: -time.Second})
 		release := make(chan struct{})
 		started := make(chan string, 1)
-		ex.Go(context.Background(), "x", blocking(started, release))
+		mustGo(t, ex, "x", blocking(started, release))
 		<-started
-		go ex.Drain(context.Background())
+		drainInBackground(t, ex)
 		// Negative durations take the defaults: reports at 1s, 6s, 11s.
 		for _, wait := range []time.Duration{time.Second, 5 * time.Second, 5 * time.Second} {
 			time.Sleep(wait - time.Nanosecond)
@@ -187,9 +200,9 @@ func TestReportOnFakeClock(t *testing.T) {
 	ex := newExecutor(t, drain.Options{Logger: lines.logger(t), Clock: fake, CancelAfter: -1, ReportAfter: 2 * time.Second})
 	release := make(chan struct{})
 	started := make(chan string, 1)
-	ex.Go(context.Background(), "x", blocking(started, release))
+	mustGo(t, ex, "x", blocking(started, release))
 	where := <-started
-	go ex.Drain(context.Background())
+	drainInBackground(t, ex)
 	<-ex.Draining()
 	fake.Step(2 * time.Second)
 	line := <-lines.lines

@@ -143,7 +143,7 @@ func TestPanicNil(t *testing.T) {
 	nilPanic := func(context.Context) error { panic(nil) }
 	if os.Getenv("QUIESCE_TEST_PANICNIL") == "1" {
 		ex := newExecutor(t, drain.Options{})
-		for name, run := range map[string]func(context.Context, string, func(context.Context) error) error{"Call": ex.Call, "Run": ex.Run} {
+		for name, run := range map[string]func(context.Context, string, func(context.Context) error) error{modeCall: ex.Call, modeRun: ex.Run} {
 			var pe *drain.PanicError
 			if err := run(context.Background(), "nil", nilPanic); !errors.As(err, &pe) || pe.Value != nil {
 				t.Errorf("%s with panic(nil) = %#v, want a *PanicError with a nil value", name, err)

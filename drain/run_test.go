@@ -49,8 +49,12 @@ func TestRunOnCallersGoroutine(t *testing.T) {
 	ex := newExecutor(t, drain.Options{})
 	caller := goid(t)
 	var inRun, inCall uint64
-	ex.Run(context.Background(), "run", func(context.Context) error { inRun = goid(t); return nil })
-	ex.Call(context.Background(), "call", func(context.Context) error { inCall = goid(t); return nil })
+	if err := ex.Run(context.Background(), "run", func(context.Context) error { inRun = goid(t); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := ex.Call(context.Background(), "call", func(context.Context) error { inCall = goid(t); return nil }); err != nil {
+		t.Fatal(err)
+	}
 	if inRun != caller {
 		t.Errorf("Run's fn ran on goroutine %d, the caller is %d", inRun, caller)
 	}
@@ -176,7 +180,9 @@ func TestRunWaitsForFnWhenCtxEnds(t *testing.T) {
 		if err := <-result; err != want {
 			t.Errorf("Run = %v, want %v", err, want)
 		}
-		ex.Drain(context.Background())
+		if err := ex.Drain(context.Background()); err != nil {
+			t.Fatal(err)
+		}
 	})
 }
 
@@ -188,7 +194,7 @@ func runCancelledAt(t *testing.T, cancelAfter time.Duration) time.Duration {
 		ex := drain.New(drain.Options{CancelAfter: cancelAfter})
 		started := make(chan struct{})
 		ended := make(chan time.Time, 1)
-		go ex.Run(context.Background(), "waits", func(ctx context.Context) error {
+		goRun(t, ex, "waits", func(ctx context.Context) error {
 			close(started)
 			select {
 			case <-ctx.Done():
@@ -256,20 +262,21 @@ func TestRunMaxConcurrent(t *testing.T) {
 		ex := drain.New(drain.Options{MaxConcurrent: 1, CancelAfter: -1})
 		started := make(chan string, 1)
 		release := make(chan struct{})
-		ex.Go(context.Background(), "holds the slot", blocking(started, release))
+		mustGo(t, ex, "holds the slot", blocking(started, release))
 		<-started
 		ran := false
-		fn := func(context.Context) error { ran = true; return nil }
 
 		// A waiting Run honours its ctx...
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		if err := ex.Run(ctx, "times out", fn); !errors.Is(err, context.DeadlineExceeded) {
+		if err := ex.Run(ctx, "times out", func(context.Context) error { ran = true; return nil }); !errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("Run = %v, want DeadlineExceeded", err)
 		}
 		// ... and the drain.
 		result := make(chan error, 1)
-		go func() { result <- ex.Run(context.Background(), "waits", fn) }()
+		go func() {
+			result <- ex.Run(context.Background(), "waits", func(context.Context) error { ran = true; return nil })
+		}()
 		synctest.Wait()
 		if s := ex.Stats(); s.InFlight != 1 || s.Started != 1 {
 			t.Errorf("Stats = %+v, want 1 in flight and started (1 waiting for the slot)", s)
@@ -326,8 +333,11 @@ func TestRunAfterCall(t *testing.T) {
 			got = append(got, seen{controller, took, err})
 		}
 		boom := errors.New("boom")
-		internal.Run(ex, context.Background(), internal.CallOptions{Name: [4]string{"c", "ns", "obj"}, Controller: "c"}, func(context.Context) error { time.Sleep(3 * time.Second); return boom })
-		ex.Drain(context.Background())
+		// The call's result reaches AfterCall, which is what this test checks.
+		_ = internal.Run(ex, context.Background(), internal.CallOptions{Name: [4]string{"c", "ns", "obj"}, Controller: "c"}, func(context.Context) error { time.Sleep(3 * time.Second); return boom })
+		if err := ex.Drain(context.Background()); err != nil {
+			t.Fatal(err)
+		}
 		if len(got) != 1 || got[0] != (seen{"c", 3 * time.Second, boom}) {
 			t.Errorf("AfterCall saw %+v", got)
 		}
@@ -339,7 +349,8 @@ func TestRunGoexit(t *testing.T) {
 	exited := make(chan struct{})
 	go func() {
 		defer close(exited)
-		ex.Run(context.Background(), "exits", func(context.Context) error { runtime.Goexit(); return nil })
+		// Run never returns: fn's Goexit ends this goroutine, as calling fn directly would.
+		_ = ex.Run(context.Background(), "exits", func(context.Context) error { runtime.Goexit(); return nil })
 		t.Error("Run returned after runtime.Goexit in fn")
 	}()
 	<-exited
@@ -352,6 +363,16 @@ func TestRunGoexit(t *testing.T) {
 	}
 }
 
+// blockingRun is blocking for Run's calls: it blocks at a line of its own, so that reports
+// tell Run's calls from Go's by their Where.
+func blockingRun(started chan<- string, release <-chan struct{}) func(context.Context) error {
+	return func(context.Context) error {
+		started <- lineBelow()
+		<-release
+		return nil
+	}
+}
+
 // TestReportShowsRun checks that reports find Run's calls on their callers' goroutines,
 // each at its own line, among workers' calls and a Run nested in a worker's call.
 func TestReportShowsRun(t *testing.T) {
@@ -360,33 +381,29 @@ func TestReportShowsRun(t *testing.T) {
 		ex := drain.New(drain.Options{Logger: lines.logger(t), CancelAfter: -1, ReportAfter: time.Minute})
 		release := make(chan struct{})
 		started := make(chan string, 1)
-		runBlocking := func(context.Context) error {
-			started <- lineBelow()
-			<-release
-			return nil
-		}
+		runBlocking := blockingRun(started, release)
 		var want []reportRow
 		for i := range 3 {
 			name := fmt.Sprint("go-", i)
-			ex.Go(context.Background(), name, blocking(started, release))
+			mustGo(t, ex, name, blocking(started, release))
 			at := <-started
 			want = append(want, reportRow{name, "", true, at, at})
 			name = fmt.Sprint("run-", i)
-			go ex.Run(context.Background(), name, runBlocking)
+			goRun(t, ex, name, runBlocking)
 			at = <-started
 			want = append(want, reportRow{name, "", false, at, at})
 		}
 		// A Run inside a Go call's fn: both calls are blocked at the same line, each in
 		// its own handler.
 		var outerHandler string
-		ex.Go(context.Background(), "outer", func(ctx context.Context) error {
+		mustGo(t, ex, "outer", func(ctx context.Context) error {
 			outerHandler = lineBelow()
 			return ex.Run(ctx, "inner", runBlocking)
 		})
 		at := <-started
 		want = append(want, reportRow{"outer", "", true, at, outerHandler}, reportRow{"inner", "", false, at, at})
 
-		go ex.Drain(context.Background())
+		drainInBackground(t, ex)
 		time.Sleep(time.Minute)
 		synctest.Wait()
 		got := lines.get()
@@ -442,30 +459,36 @@ func TestFromContext(t *testing.T) {
 	type key struct{}
 	check("value", context.WithValue(context.Background(), key{}, "x"), "")
 
-	ex.Call(context.Background(), "call", func(ctx context.Context) error {
+	if err := ex.Call(context.Background(), "call", func(ctx context.Context) error {
 		check("in Call", ctx, "call")
 		child, cancel := context.WithCancel(ctx)
 		defer cancel()
 		check("derived with WithCancel", child, "call")
 		check("derived with WithValue", context.WithValue(child, key{}, "x"), "call")
-		ex.Run(child, "nested", func(ctx context.Context) error {
+		if err := ex.Run(child, "nested", func(ctx context.Context) error {
 			check("in Run nested in Call", ctx, "nested")
 			return nil
-		})
+		}); err != nil {
+			t.Error(err)
+		}
 		if n := testing.AllocsPerRun(100, func() { drain.FromContext(child) }); n != 0 {
 			t.Errorf("FromContext allocates %v times", n)
 		}
 		return nil
-	})
-	ex.Run(context.Background(), "run", func(ctx context.Context) error {
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ex.Run(context.Background(), "run", func(ctx context.Context) error {
 		check("in Run", ctx, "run")
 		child, cancel := context.WithTimeout(ctx, time.Hour)
 		defer cancel()
 		check("derived with WithTimeout", child, "run")
 		return nil
-	})
+	}); err != nil {
+		t.Fatal(err)
+	}
 	done := make(chan struct{})
-	ex.Go(context.Background(), "go", func(ctx context.Context) error {
+	mustGo(t, ex, "go", func(ctx context.Context) error {
 		defer close(done)
 		check("in Go", ctx, "go")
 		return nil
@@ -473,12 +496,14 @@ func TestFromContext(t *testing.T) {
 	<-done
 	// Another executor's call is not ex's.
 	other := newExecutor(t, drain.Options{})
-	other.Run(context.Background(), "other", func(ctx context.Context) error {
+	if err := other.Run(context.Background(), "other", func(ctx context.Context) error {
 		if gotEx, gotName, ok := drain.FromContext(ctx); !ok || gotEx != other || gotName != "other" {
 			t.Errorf("FromContext = %p, %q, %v; want the other executor", gotEx, gotName, ok)
 		}
 		return nil
-	})
+	}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func TestRunStatsBalance(t *testing.T) {
@@ -560,13 +585,13 @@ func TestWhereWithTwoExecutors(t *testing.T) {
 			<-release
 			return nil
 		}
-		exA.Go(context.Background(), "a", blocking(started, release))
+		mustGo(t, exA, "a", blocking(started, release))
 		whereA := <-started
-		exB.Go(context.Background(), "b", blockingB)
+		mustGo(t, exB, "b", blockingB)
 		whereB := <-started
-		go exA.Run(context.Background(), "runA", blocking(started, release))
+		goRun(t, exA, "runA", blocking(started, release))
 		whereRunA := <-started
-		go exB.Run(context.Background(), "runB", blockingB)
+		goRun(t, exB, "runB", blockingB)
 		<-started
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
@@ -585,7 +610,10 @@ func TestWhereWithTwoExecutors(t *testing.T) {
 			}
 		}
 		close(release)
-		exA.Drain(context.Background())
-		exB.Drain(context.Background())
+		for _, ex := range []*drain.Executor{exA, exB} {
+			if err := ex.Drain(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
 	})
 }

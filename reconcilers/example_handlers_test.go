@@ -23,14 +23,15 @@ import (
 // calls Reconcile until the handlers are done; here a loop does, on a fake client.
 func ExampleHandlers() {
 	ex := drain.New(drain.Options{})
-	defer ex.Drain(context.Background())
+	// With no deadline, Drain waits for every call and returns nil.
+	defer func() { _ = ex.Drain(context.Background()) }()
 	c := fake.NewClientBuilder().WithObjects(&corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "cfg", Generation: 1},
+		ObjectMeta: metav1.ObjectMeta{Namespace: metav1.NamespaceDefault, Name: "cfg", Generation: 1},
 	}).Build()
 
 	// Each handler runs as a tracked call: a drain waits for it and names it.
 	handler := func(id string) reconcilers.Handler[*corev1.ConfigMap] {
-		return reconcilers.Handler[*corev1.ConfigMap]{ID: id, Fn: func(ctx context.Context, cm *corev1.ConfigMap) error {
+		return reconcilers.Handler[*corev1.ConfigMap]{ID: id, Fn: func(context.Context, *corev1.ConfigMap) error {
 			pending := ex.Pending()
 			fmt.Println("running", pending[len(pending)-1].Name)
 			return nil
@@ -47,7 +48,7 @@ func ExampleHandlers() {
 		return
 	}
 
-	req := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "default", Name: "cfg"}}
+	req := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: metav1.NamespaceDefault, Name: "cfg"}}
 	for {
 		res, err := r.Reconcile(context.Background(), req)
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -14,15 +15,16 @@ import (
 // A wrapped reconcile is a tracked call named after the controller and the object.
 func ExampleWrap() {
 	ex := drain.New(drain.Options{}) // in an operator: q.Executor(), q from runnable.Add
-	defer ex.Drain(context.Background())
+	// With no deadline, Drain waits for every call and returns nil.
+	defer func() { _ = ex.Drain(context.Background()) }()
 
 	r := reconcilers.Wrap(ex, "memcached", reconcile.Func(
-		func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+		func(context.Context, reconcile.Request) (reconcile.Result, error) {
 			fmt.Println("tracked as", ex.Pending()[0].Name)
 			return reconcile.Result{}, nil
 		}))
 	// In an operator: ctrl.NewControllerManagedBy(mgr).For(&v1.Memcached{}).Complete(r)
-	req := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "default", Name: "cache"}}
+	req := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: metav1.NamespaceDefault, Name: "cache"}}
 	if _, err := r.Reconcile(context.Background(), req); err != nil {
 		fmt.Println(err)
 	}
@@ -33,17 +35,18 @@ func ExampleWrap() {
 // waited for (and reported) at shutdown, even if the reconcile stops waiting for it.
 func ExampleCall() {
 	ex := drain.New(drain.Options{})
-	defer ex.Drain(context.Background())
+	// With no deadline, Drain waits for every call and returns nil.
+	defer func() { _ = ex.Drain(context.Background()) }()
 
 	r := reconcilers.Wrap(ex, "memcached", reconcile.Func(
-		func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
-			err := reconcilers.Call(ctx, "backup", func(ctx context.Context) error {
+		func(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+			err := reconcilers.Call(ctx, "backup", func(context.Context) error {
 				fmt.Println("tracked as", ex.Pending()[1].Name)
-				return nil // e.g. a blocking snapshot call, given ctx
+				return nil // e.g. a blocking snapshot call, given fn's context
 			})
 			return reconcile.Result{}, err
 		}))
-	req := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "default", Name: "cache"}}
+	req := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: metav1.NamespaceDefault, Name: "cache"}}
 	if _, err := r.Reconcile(context.Background(), req); err != nil {
 		fmt.Println(err)
 	}

@@ -214,7 +214,9 @@ func (o *HandlersOptions) setDefaults() {
 // annotation key, or a nil newObj with a T that is not a pointer to a struct.
 // The reconciler is safe for concurrent use by a controller's workers; controller-runtime
 // never reconciles one object on two workers at once.
-func Handlers[T client.Object](ex *drain.Executor, c client.Client, controller string, newObj func() T, handlers []Handler[T], opts HandlersOptions) (reconcile.Reconciler, error) {
+func Handlers[T client.Object](
+	ex *drain.Executor, c client.Client, controller string, newObj func() T, handlers []Handler[T], opts HandlersOptions,
+) (reconcile.Reconciler, error) {
 	if ex == nil {
 		return nil, fmt.Errorf("failed to create handlers: nil executor: %w", ErrInvalidHandlers)
 	}
@@ -242,13 +244,15 @@ func Handlers[T client.Object](ex *drain.Executor, c client.Client, controller s
 	}
 	opts.setDefaults()
 	if errs := validation.IsQualifiedName(opts.Annotation); len(errs) > 0 {
-		return nil, fmt.Errorf("failed to create handlers: annotation key %q: %s: %w", opts.Annotation, strings.Join(errs, "; "), ErrInvalidHandlers)
+		return nil, fmt.Errorf("failed to create handlers: annotation key %q: %s: %w",
+			opts.Annotation, strings.Join(errs, "; "), ErrInvalidHandlers)
 	}
 	if newObj == nil {
 		var zero T
 		t := reflect.TypeOf(zero)
 		if t == nil || t.Kind() != reflect.Pointer || t.Elem().Kind() != reflect.Struct {
-			return nil, fmt.Errorf("failed to create handlers: nil newObj and %v is not a pointer to a struct: %w", t, ErrInvalidHandlers)
+			return nil, fmt.Errorf("failed to create handlers: nil newObj and %v is not a pointer to a struct: %w",
+				t, ErrInvalidHandlers)
 		}
 		newObj = func() T { return reflect.New(t.Elem()).Interface().(T) }
 	}
@@ -378,7 +382,8 @@ func (h *handlersReconciler[T]) start(ctx context.Context, obj T, prog Progress,
 	case err == nil:
 		return patched, started, nil
 	case apierrors.IsConflict(err):
-		log.FromContext(ctx).V(1).Info("The object changed since it was read: reconciling it again", "requeueAfter", h.opts.NextCycle)
+		log.FromContext(ctx).V(1).Info("The object changed since it was read: reconciling it again",
+			"requeueAfter", h.opts.NextCycle)
 		return obj, prog, &halt{res: reconcile.Result{RequeueAfter: h.opts.NextCycle}}
 	case apierrors.IsNotFound(err):
 		return obj, prog, &halt{}
@@ -400,7 +405,8 @@ func (h *handlersReconciler[T]) runPicked(ctx context.Context, obj T, prog Progr
 	for _, id := range picked {
 		kind, err := h.run(ctx, id, obj)
 		if kind == ranInterrupted {
-			log.FromContext(ctx).Info("Handler interrupted by a shutdown: it runs again on the next start", "handler", id, "reason", err.Error())
+			log.FromContext(ctx).Info("Handler interrupted by a shutdown: it runs again on the next start",
+				"handler", id, "reason", err.Error())
 			break
 		}
 		next.Handlers[id] = h.record(ctx, obj, id, next.Handlers[id], kind, err)
@@ -411,7 +417,9 @@ func (h *handlersReconciler[T]) runPicked(ctx context.Context, obj T, prog Progr
 
 // record returns hp updated with the outcome of one run of handler id, logs the outcome,
 // and reports a failure by a Warning Event on obj.
-func (h *handlersReconciler[T]) record(ctx context.Context, obj T, id string, hp HandlerProgress, kind outcome, err error) HandlerProgress {
+func (h *handlersReconciler[T]) record(
+	ctx context.Context, obj T, id string, hp HandlerProgress, kind outcome, err error,
+) HandlerProgress {
 	logger := log.FromContext(ctx).WithValues("handler", id)
 	switch kind {
 	case ranOK:
@@ -427,7 +435,8 @@ func (h *handlersReconciler[T]) record(ctx context.Context, obj T, id string, hp
 		until := h.opts.Clock.Now().Add(delay).UTC()
 		hp.Delayed, hp.Message = &until, truncateMessage(err.Error())
 		logger.Error(err, "Handler failed: retrying after a backoff", "retries", hp.Retries, "retryAfter", delay)
-		h.event(obj, corev1.EventTypeWarning, ReasonHandlerError, "Handler %s failed, retry %d after %s: %s", id, hp.Retries, delay, err.Error())
+		h.event(obj, corev1.EventTypeWarning, ReasonHandlerError, "Handler %s failed, retry %d after %s: %s",
+			id, hp.Retries, delay, err.Error())
 	}
 	return hp
 }
@@ -480,12 +489,15 @@ func (h *handlersReconciler[T]) read(ctx context.Context, obj T) Progress {
 	}
 	p, err := ParseProgress(raw)
 	if err != nil {
-		log.FromContext(ctx).Error(err, "Progress annotation is corrupt: all handlers start afresh", "annotation", h.opts.Annotation)
-		h.event(obj, corev1.EventTypeWarning, ReasonProgressCorrupt, "Annotation %s holds no valid progress, all handlers start afresh: %s", h.opts.Annotation, err.Error())
+		log.FromContext(ctx).Error(err, "Progress annotation is corrupt: all handlers start afresh",
+			"annotation", h.opts.Annotation)
+		h.event(obj, corev1.EventTypeWarning, ReasonProgressCorrupt,
+			"Annotation %s holds no valid progress, all handlers start afresh: %s", h.opts.Annotation, err.Error())
 		return fresh
 	}
 	if p.Generation != gen {
-		log.FromContext(ctx).V(1).Info("New generation: all handlers run again", "generation", gen, "progressGeneration", p.Generation)
+		log.FromContext(ctx).V(1).Info("New generation: all handlers run again",
+			"generation", gen, "progressGeneration", p.Generation)
 		return fresh
 	}
 	if p.Handlers == nil {
@@ -523,7 +535,8 @@ func (h *handlersReconciler[T]) pick(ready []string, p Progress) ([]string, erro
 	}
 	for _, id := range picked {
 		if !ok[id] {
-			return nil, fmt.Errorf("failed to pick handlers: the lifecycle picked %q, which is not pending or picked twice (pending: %q)", id, ready)
+			return nil, fmt.Errorf("failed to pick handlers: the lifecycle picked %q, "+
+				"which is not pending or picked twice (pending: %q)", id, ready)
 		}
 		ok[id] = false
 	}
@@ -534,7 +547,8 @@ func (h *handlersReconciler[T]) pick(ready []string, p Progress) ([]string, erro
 func (h *handlersReconciler[T]) run(ctx context.Context, id string, obj T) (outcome, error) {
 	own, ok := obj.DeepCopyObject().(T)
 	if !ok {
-		return ranTerminal, reconcile.TerminalError(fmt.Errorf("failed to copy the object: DeepCopyObject of %T is not a %T", obj, own))
+		return ranTerminal, reconcile.TerminalError(
+			fmt.Errorf("failed to copy the object: DeepCopyObject of %T is not a %T", obj, own))
 	}
 	fn := h.handlers[h.index[id]].Fn
 	err := Call(ctx, id, func(ctx context.Context) error { return fn(ctx, own) })
@@ -586,7 +600,8 @@ func (h *handlersReconciler[T]) patch(ctx context.Context, obj T, p Progress, lo
 	}
 	mod, ok := obj.DeepCopyObject().(T)
 	if !ok {
-		return zero, reconcile.TerminalError(fmt.Errorf("failed to copy the object: DeepCopyObject of %T is not a %T", obj, mod))
+		return zero, reconcile.TerminalError(
+			fmt.Errorf("failed to copy the object: DeepCopyObject of %T is not a %T", obj, mod))
 	}
 	ann := mod.GetAnnotations()
 	if ann == nil {
@@ -594,7 +609,7 @@ func (h *handlersReconciler[T]) patch(ctx context.Context, obj T, p Progress, lo
 	}
 	ann[h.opts.Annotation] = val
 	mod.SetAnnotations(ann)
-	var from client.Patch = client.MergeFrom(obj)
+	from := client.MergeFrom(obj)
 	if lock {
 		from = client.MergeFromWithOptions(obj, client.MergeFromWithOptimisticLock{})
 	}

@@ -34,10 +34,17 @@ import (
 
 var epoch = time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
 
-// configMap is the test object: generation 1, a label and an annotation of someone else's.
-func configMap(ns, name string) *corev1.ConfigMap {
+// objKey is the key of the object most tests reconcile, configMap("obj"); objCall is the
+// name of the tracked call of its reconcile by the fixture's controller, cm.
+var objKey = types.NamespacedName{Namespace: "ns", Name: "obj"}
+
+const objCall = "cm/ns/obj"
+
+// configMap is the test object, in namespace ns: generation 1, a label and an annotation of
+// someone else's.
+func configMap(name string) *corev1.ConfigMap {
 	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
-		Namespace:   ns,
+		Namespace:   "ns",
 		Name:        name,
 		Generation:  1,
 		Labels:      map[string]string{"app": "demo"},
@@ -114,18 +121,20 @@ func (f *fixture) reconcile(name string) reconcile.Result {
 	return res
 }
 
-func (f *fixture) object(name string) *corev1.ConfigMap {
+// object returns the object at objKey, as the fixture's client has it.
+func (f *fixture) object() *corev1.ConfigMap {
 	f.t.Helper()
 	var cm corev1.ConfigMap
-	if err := f.c.Get(context.Background(), types.NamespacedName{Namespace: "ns", Name: name}, &cm); err != nil {
+	if err := f.c.Get(context.Background(), objKey, &cm); err != nil {
 		f.t.Fatal(err)
 	}
 	return &cm
 }
 
-func (f *fixture) progress(name string) reconcilers.Progress {
+// progress returns the progress recorded on the object at objKey.
+func (f *fixture) progress() reconcilers.Progress {
 	f.t.Helper()
-	p, err := reconcilers.ParseProgress(f.object(name).Annotations[reconcilers.DefaultProgressAnnotation])
+	p, err := reconcilers.ParseProgress(f.object().Annotations[reconcilers.DefaultProgressAnnotation])
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -188,12 +197,12 @@ func TestHandlersRejectsBadInput(t *testing.T) {
 func TestHandlersOneByOneRunsOneHandlerPerReconcile(t *testing.T) {
 	var j journal
 	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a"), ok(&j, "b"), ok(&j, "c")},
-		reconcilers.HandlersOptions{Lifecycle: lifecycle.OneByOne, NextCycle: 5 * time.Millisecond}, configMap("ns", "obj"))
+		reconcilers.HandlersOptions{Lifecycle: lifecycle.OneByOne, NextCycle: 5 * time.Millisecond}, configMap("obj"))
 
-	for i, want := range []string{"a", "a,b", "a,b,c"} {
+	for i, want := range [][]string{{"a"}, {"a", "b"}, {"a", "b", "c"}} {
 		res := f.reconcile("obj")
-		if got := strings.Join(j.all(), ","); got != want {
-			t.Fatalf("after reconcile %d: runs %s, want %s", i+1, got, want)
+		if got := j.all(); !slices.Equal(got, want) {
+			t.Fatalf("after reconcile %d: runs %q, want %q", i+1, got, want)
 		}
 		wantRes := reconcile.Result{RequeueAfter: 5 * time.Millisecond}
 		if i == 2 {
@@ -210,7 +219,7 @@ func TestHandlersOneByOneRunsOneHandlerPerReconcile(t *testing.T) {
 	if got := strings.Join(j.all(), ","); got != "a,b,c" {
 		t.Fatalf("runs %s after all done", got)
 	}
-	p := f.progress("obj")
+	p := f.progress()
 	if p.Generation != 1 || len(p.Handlers) != 3 {
 		t.Fatalf("progress = %+v", p)
 	}
@@ -225,7 +234,7 @@ func TestHandlersOneByOneRunsOneHandlerPerReconcile(t *testing.T) {
 func TestHandlersAllAtOnceRunsAllInOneReconcileInOrder(t *testing.T) {
 	var j journal
 	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a"), ok(&j, "b"), ok(&j, "c")},
-		reconcilers.HandlersOptions{Lifecycle: lifecycle.AllAtOnce}, configMap("ns", "obj"))
+		reconcilers.HandlersOptions{Lifecycle: lifecycle.AllAtOnce}, configMap("obj"))
 	if res := f.reconcile("obj"); res != (reconcile.Result{}) {
 		t.Fatalf("Reconcile = %+v, want done", res)
 	}
@@ -247,7 +256,7 @@ func TestHandlersDefaultLifecycleIsASAP(t *testing.T) {
 		return nil
 	}}
 	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{a, ok(&j, "b"), ok(&j, "c")},
-		reconcilers.HandlersOptions{Backoff: time.Nanosecond}, configMap("ns", "obj"))
+		reconcilers.HandlersOptions{Backoff: time.Nanosecond}, configMap("obj"))
 	for range 4 {
 		f.clock.SetTime(f.clock.Now().Add(time.Second)) // every backoff is over
 		f.reconcile("obj")
@@ -274,15 +283,15 @@ func TestHandlersLifecycleNeverRunsThroughTheExecutor(t *testing.T) {
 		return nil
 	}}
 	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a"), hb},
-		reconcilers.HandlersOptions{Lifecycle: inline}, configMap("ns", "obj"))
+		reconcilers.HandlersOptions{Lifecycle: inline}, configMap("obj"))
 	ex = f.ex
 	f.reconcile("obj")
 	f.reconcile("obj") // all done: the lifecycle is not even called
 
-	if want := [][]string{{"cm/ns/obj"}}; fmt.Sprint(seen) != fmt.Sprint(want) {
+	if want := [][]string{{objCall}}; fmt.Sprint(seen) != fmt.Sprint(want) {
 		t.Fatalf("pending calls while the lifecycle ran = %q, want %q", seen, want)
 	}
-	if want := []string{"cm/ns/obj", "cm/ns/obj/b"}; !slices.Equal(during, want) {
+	if want := []string{objCall, objCall + "/b"}; !slices.Equal(during, want) {
 		t.Fatalf("pending calls while handler b ran = %q, want %q", during, want)
 	}
 	// 2 reconciles + 2 handler runs; no call for the lifecycle.
@@ -301,18 +310,19 @@ func TestHandlersRetriesWithBackoff(t *testing.T) {
 		return nil
 	}}
 	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{boom},
-		reconcilers.HandlersOptions{Backoff: time.Second, MaxBackoff: 5 * time.Second}, configMap("ns", "obj"))
+		reconcilers.HandlersOptions{Backoff: time.Second, MaxBackoff: 5 * time.Second}, configMap("obj"))
 
 	// 1s, 2s, 4s, then capped at 5s; each less a jitter of up to 10%.
-	var evs []string
-	for i, upper := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 5 * time.Second} {
+	uppers := []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 5 * time.Second}
+	evs := make([]string, 0, len(uppers))
+	for i, upper := range uppers {
 		res := f.reconcile("obj")
 		delay := res.RequeueAfter
 		if delay <= upper-upper/10 || delay > upper {
 			t.Fatalf("failure %d: RequeueAfter %v, want in (%v, %v]", i+1, delay, upper-upper/10, upper)
 		}
 		evs = append(evs, fmt.Sprintf("Warning HandlerError Handler flaky failed, retry %d after %v: failed to dial: attempt %d", i+1, delay, i+1))
-		p := f.progress("obj").Handlers["flaky"]
+		p := f.progress().Handlers["flaky"]
 		if p.Retries != i+1 || p.Done || p.Delayed == nil || !p.Delayed.Equal(f.clock.Now().Add(delay)) ||
 			p.Message != fmt.Sprintf("failed to dial: attempt %d", i+1) {
 			t.Fatalf("failure %d: progress %+v", i+1, p)
@@ -327,7 +337,7 @@ func TestHandlersRetriesWithBackoff(t *testing.T) {
 	if res := f.reconcile("obj"); res != (reconcile.Result{}) {
 		t.Fatalf("reconcile after the last failure = %+v, want done", res)
 	}
-	p := f.progress("obj").Handlers["flaky"]
+	p := f.progress().Handlers["flaky"]
 	if !p.Done || p.Retries != 4 || p.Delayed != nil || p.Message != "" {
 		t.Fatalf("final progress %+v, want done after 4 retries", p)
 	}
@@ -345,7 +355,7 @@ const century = 100 * 365 * 24 * time.Hour
 func TestHandlersBackoffGrowsToTheCapWithoutOverflow(t *testing.T) {
 	fail := reconcilers.Handler[*corev1.ConfigMap]{ID: "fail", Fn: func(context.Context, *corev1.ConfigMap) error { return errors.New("down") }}
 	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{fail},
-		reconcilers.HandlersOptions{Backoff: time.Second, MaxBackoff: math.MaxInt64}, configMap("ns", "obj"))
+		reconcilers.HandlersOptions{Backoff: time.Second, MaxBackoff: math.MaxInt64}, configMap("obj"))
 	var prev time.Duration
 	for n := 1; n <= 45; n++ {
 		delay := f.reconcile("obj").RequeueAfter
@@ -359,7 +369,7 @@ func TestHandlersBackoffGrowsToTheCapWithoutOverflow(t *testing.T) {
 		if upper < century && delay <= prev {
 			t.Fatalf("failure %d: RequeueAfter %v, not above the previous %v", n, delay, prev)
 		}
-		h := f.progress("obj").Handlers["fail"]
+		h := f.progress().Handlers["fail"]
 		if h.Retries != n || h.Delayed == nil || !h.Delayed.Equal(f.clock.Now().Add(delay)) {
 			t.Fatalf("failure %d: progress %+v, want %d retries, delayed by %v", n, h, n, delay)
 		}
@@ -387,7 +397,7 @@ func TestHandlersBackoffAfterManyRetries(t *testing.T) {
 		{time.Second, 5 * time.Minute, 40, 5 * time.Minute},
 	} {
 		t.Run(fmt.Sprintf("%v-%v-%d", tc.backoff, tc.maxBackoff, tc.retries), func(t *testing.T) {
-			cm := configMap("ns", "obj")
+			cm := configMap("obj")
 			cm.Annotations[reconcilers.DefaultProgressAnnotation] = fmt.Sprintf(`{"generation":1,"handlers":{"fail":{"retries":%d,"done":false}}}`, tc.retries)
 			fail := reconcilers.Handler[*corev1.ConfigMap]{ID: "fail", Fn: func(context.Context, *corev1.ConfigMap) error { return errors.New("down") }}
 			f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{fail},
@@ -395,7 +405,7 @@ func TestHandlersBackoffAfterManyRetries(t *testing.T) {
 			if delay := f.reconcile("obj").RequeueAfter; delay <= tc.cap-tc.cap/10 || delay > tc.cap {
 				t.Fatalf("retry %d: RequeueAfter %v, want in (%v, %v]", tc.retries+1, delay, tc.cap-tc.cap/10, tc.cap)
 			}
-			if h := f.progress("obj").Handlers["fail"]; h.Retries != tc.retries+1 || h.Delayed == nil || !h.Delayed.After(f.clock.Now()) {
+			if h := f.progress().Handlers["fail"]; h.Retries != tc.retries+1 || h.Delayed == nil || !h.Delayed.After(f.clock.Now()) {
 				t.Fatalf("progress %+v, want %d retries, delayed", h, tc.retries+1)
 			}
 		})
@@ -410,13 +420,13 @@ func TestHandlersTerminalErrorFailsForGood(t *testing.T) {
 		return reconcile.TerminalError(errors.New("bad spec"))
 	}}
 	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{fatal, ok(&j, "after")},
-		reconcilers.HandlersOptions{Lifecycle: lifecycle.OneByOne}, configMap("ns", "obj"))
+		reconcilers.HandlersOptions{Lifecycle: lifecycle.OneByOne}, configMap("obj"))
 	f.reconcile("obj")
 	f.reconcile("obj")
 	if res := f.reconcile("obj"); res != (reconcile.Result{}) || runs != 1 || strings.Join(j.all(), ",") != "after" {
 		t.Fatalf("Reconcile = %+v; fatal ran %d times, others %q; want done, 1 run, after ran", res, runs, j.all())
 	}
-	p := f.progress("obj").Handlers["fatal"]
+	p := f.progress().Handlers["fatal"]
 	if !p.Done || !p.Failed || p.Retries != 0 || p.Message != "terminal error: bad spec" {
 		t.Fatalf("progress = %+v, want done and failed for good", p)
 	}
@@ -428,10 +438,10 @@ func TestHandlersTerminalErrorFailsForGood(t *testing.T) {
 func TestHandlersNewGenerationRunsAllAgain(t *testing.T) {
 	var j journal
 	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a"), ok(&j, "b")},
-		reconcilers.HandlersOptions{Lifecycle: lifecycle.AllAtOnce}, configMap("ns", "obj"))
+		reconcilers.HandlersOptions{Lifecycle: lifecycle.AllAtOnce}, configMap("obj"))
 	f.reconcile("obj")
 	f.reconcile("obj")
-	cm := f.object("obj")
+	cm := f.object()
 	cm.Generation = 2 // what the API server does on a spec change
 	if err := f.c.Update(context.Background(), cm); err != nil {
 		t.Fatal(err)
@@ -440,7 +450,7 @@ func TestHandlersNewGenerationRunsAllAgain(t *testing.T) {
 	if got := strings.Join(j.all(), ","); got != "a,b,a,b" {
 		t.Fatalf("runs %s, want a,b,a,b", got)
 	}
-	if p := f.progress("obj"); p.Generation != 2 || !p.Handlers["a"].Done || !p.Handlers["b"].Done {
+	if p := f.progress(); p.Generation != 2 || !p.Handlers["a"].Done || !p.Handlers["b"].Done {
 		t.Fatalf("progress = %+v, want generation 2 all done", p)
 	}
 }
@@ -450,7 +460,7 @@ func TestHandlersCorruptAnnotationStartsAfresh(t *testing.T) {
 		"null", `{"generation":1,"handlers":{"a":{"done":"yes"}}}`} {
 		t.Run(raw, func(t *testing.T) {
 			var j journal
-			cm := configMap("ns", "obj")
+			cm := configMap("obj")
 			cm.Annotations[reconcilers.DefaultProgressAnnotation] = raw
 			f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a"), ok(&j, "b")},
 				reconcilers.HandlersOptions{Lifecycle: lifecycle.AllAtOnce}, cm)
@@ -464,7 +474,7 @@ func TestHandlersCorruptAnnotationStartsAfresh(t *testing.T) {
 			if len(evs) != 1 || !strings.HasPrefix(evs[0], "Warning ProgressCorrupt Annotation quiesce.dev/progress holds no valid progress, all handlers start afresh: ") {
 				t.Fatalf("events = %q, want one ProgressCorrupt warning", evs)
 			}
-			if p := f.progress("obj"); !p.Handlers["a"].Done || !p.Handlers["b"].Done {
+			if p := f.progress(); !p.Handlers["a"].Done || !p.Handlers["b"].Done {
 				t.Fatalf("progress = %+v, want all done", p)
 			}
 		})
@@ -487,11 +497,11 @@ func TestHandlersPatchOnlyTheAnnotation(t *testing.T) {
 		cm.Labels["local"] = "only" // the handler's own copy: never written by the reconciler
 		return nil
 	}}
-	c = fake.NewClientBuilder().WithObjects(configMap("ns", "obj")).Build()
+	c = fake.NewClientBuilder().WithObjects(configMap("obj")).Build()
 	f := newFixtureWith(t, c, []reconcilers.Handler[*corev1.ConfigMap]{edit, ok(&j, "b")},
 		reconcilers.HandlersOptions{Lifecycle: lifecycle.AllAtOnce})
 	f.reconcile("obj")
-	cm := f.object("obj")
+	cm := f.object()
 	want := map[string]string{"app": "demo", "handler": "was-here"}
 	if fmt.Sprint(cm.Labels) != fmt.Sprint(want) {
 		t.Fatalf("labels = %v, want %v", cm.Labels, want)
@@ -499,7 +509,7 @@ func TestHandlersPatchOnlyTheAnnotation(t *testing.T) {
 	if cm.Annotations["other.example/keep"] != "yes" || cm.Annotations["handler.example/note"] != "hi" || len(cm.Annotations) != 3 {
 		t.Fatalf("annotations = %v, want the others kept beside the progress", cm.Annotations)
 	}
-	if p := f.progress("obj"); !p.Handlers["edit"].Done || !p.Handlers["b"].Done {
+	if p := f.progress(); !p.Handlers["edit"].Done || !p.Handlers["b"].Done {
 		t.Fatalf("progress = %+v", p)
 	}
 }
@@ -507,7 +517,7 @@ func TestHandlersPatchOnlyTheAnnotation(t *testing.T) {
 func TestHandlersStaleReadRunsNothing(t *testing.T) {
 	var j journal
 	var stale *corev1.ConfigMap
-	base := fake.NewClientBuilder().WithObjects(configMap("ns", "obj")).Build()
+	base := fake.NewClientBuilder().WithObjects(configMap("obj")).Build()
 	// A lagging cache: Get returns the object as it was before the first reconcile.
 	c := interceptor.NewClient(base, interceptor.Funcs{Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
 		if stale != nil {
@@ -519,7 +529,7 @@ func TestHandlersStaleReadRunsNothing(t *testing.T) {
 	f := newFixtureWith(t, c, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a"), ok(&j, "b")},
 		reconcilers.HandlersOptions{Lifecycle: lifecycle.OneByOne, NextCycle: time.Millisecond})
 	stale = &corev1.ConfigMap{}
-	if err := base.Get(context.Background(), types.NamespacedName{Namespace: "ns", Name: "obj"}, stale); err != nil {
+	if err := base.Get(context.Background(), objKey, stale); err != nil {
 		t.Fatal(err)
 	}
 	f.reconcile("obj") // a runs
@@ -544,7 +554,7 @@ func TestHandlersObjectNotFound(t *testing.T) {
 func TestHandlersLifecyclePickingANonPendingHandlerIsTerminal(t *testing.T) {
 	var j journal
 	bad := func([]string, map[string]lifecycle.Progress) []string { return []string{"zzz"} }
-	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a")}, reconcilers.HandlersOptions{Lifecycle: bad}, configMap("ns", "obj"))
+	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a")}, reconcilers.HandlersOptions{Lifecycle: bad}, configMap("obj"))
 	_, err := f.r.Reconcile(context.Background(), request("ns", "obj"))
 	if !errors.Is(err, reconcile.TerminalError(nil)) || !strings.Contains(err.Error(), `picked "zzz"`) || len(j.all()) != 0 {
 		t.Fatalf("Reconcile = %v, runs %q; want a terminal error and no run", err, j.all())
@@ -553,11 +563,11 @@ func TestHandlersLifecyclePickingANonPendingHandlerIsTerminal(t *testing.T) {
 
 func TestHandlersPanicIsARetryableFailure(t *testing.T) {
 	p := reconcilers.Handler[*corev1.ConfigMap]{ID: "p", Fn: func(context.Context, *corev1.ConfigMap) error { panic("kaboom") }}
-	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{p}, reconcilers.HandlersOptions{}, configMap("ns", "obj"))
+	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{p}, reconcilers.HandlersOptions{}, configMap("obj"))
 	if res := f.reconcile("obj"); res.RequeueAfter <= reconcilers.DefaultBackoff*9/10 || res.RequeueAfter > reconcilers.DefaultBackoff {
 		t.Fatalf("Reconcile = %+v, want RequeueAfter %v less up to 10%%", res, reconcilers.DefaultBackoff)
 	}
-	if h := f.progress("obj").Handlers["p"]; h.Retries != 1 || h.Done || !strings.Contains(h.Message, "kaboom") {
+	if h := f.progress().Handlers["p"]; h.Retries != 1 || h.Done || !strings.Contains(h.Message, "kaboom") {
 		t.Fatalf("progress = %+v, want 1 retry with the panic", h)
 	}
 }
@@ -572,7 +582,7 @@ func TestHandlersInterruptedByTheDrain(t *testing.T) {
 		<-ctx.Done()
 		return ctx.Err()
 	}}
-	c := fake.NewClientBuilder().WithObjects(configMap("ns", "obj")).Build()
+	c := fake.NewClientBuilder().WithObjects(configMap("obj")).Build()
 	f := &fixture{t: t, c: c, rec: events.NewFakeRecorder(10), clock: clocktesting.NewFakePassiveClock(epoch)}
 	f.ex = drain.New(drain.Options{CancelAfter: 0})
 	internal.SettingsOf(f.ex).Driven = true // as a started runnable.Runnable does
@@ -598,7 +608,7 @@ func TestHandlersInterruptedByTheDrain(t *testing.T) {
 	if got.err != nil {
 		t.Fatalf("Reconcile = %v, want no error", got.err)
 	}
-	p := f.progress("obj")
+	p := f.progress()
 	if h := p.Handlers["a"]; !h.Done {
 		t.Fatalf("a = %+v, want done", h)
 	}
@@ -668,7 +678,7 @@ func TestProgressToleratesUnknownFields(t *testing.T) {
 // progress a newer one wrote still counts: done handlers do not run again.
 func TestHandlersKeepProgressWithUnknownFields(t *testing.T) {
 	var j journal
-	cm := configMap("ns", "obj")
+	cm := configMap("obj")
 	cm.Annotations[reconcilers.DefaultProgressAnnotation] = `{"generation":1,"schema":2,"handlers":{"a":{"retries":0,"done":true,"took":"2s"}}}`
 	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a"), ok(&j, "b")},
 		reconcilers.HandlersOptions{Lifecycle: lifecycle.AllAtOnce}, cm)
@@ -681,7 +691,7 @@ func TestHandlersKeepProgressWithUnknownFields(t *testing.T) {
 	if evs := f.events(); len(evs) != 0 {
 		t.Fatalf("events = %q, want none", evs)
 	}
-	if p := f.progress("obj"); !p.Handlers["a"].Done || !p.Handlers["b"].Done {
+	if p := f.progress(); !p.Handlers["a"].Done || !p.Handlers["b"].Done {
 		t.Fatalf("progress = %+v, want all done", p)
 	}
 }
@@ -693,7 +703,7 @@ func TestHandlersShutdownBeforeAnyHandlerStartedIsQuiet(t *testing.T) {
 	var f *fixture
 	var once sync.Once
 	drainErr := make(chan error, 1)
-	base := fake.NewClientBuilder().WithObjects(configMap("ns", "obj")).Build()
+	base := fake.NewClientBuilder().WithObjects(configMap("obj")).Build()
 	c := interceptor.NewClient(base, interceptor.Funcs{Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
 		if err := c.Get(ctx, key, obj, opts...); err != nil {
 			return err
@@ -716,7 +726,7 @@ func TestHandlersShutdownBeforeAnyHandlerStartedIsQuiet(t *testing.T) {
 		t.Fatal(err)
 	}
 	var cm corev1.ConfigMap
-	if err := base.Get(context.Background(), types.NamespacedName{Namespace: "ns", Name: "obj"}, &cm); err != nil {
+	if err := base.Get(context.Background(), objKey, &cm); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := cm.Annotations[reconcilers.DefaultProgressAnnotation]; ok {
@@ -758,10 +768,10 @@ func TestHandlersTruncateLongErrors(t *testing.T) {
 	huge := "failed to apply: " + strings.Repeat("x", 300<<10)
 
 	// The client rejects what a whole message made: a 307 KB annotation.
-	c := annotationLimits(configMap("ns", "probe"))
-	whole := configMap("ns", "probe")
+	c := annotationLimits(configMap("probe"))
+	whole := configMap("probe")
 	whole.Annotations[reconcilers.DefaultProgressAnnotation] = huge
-	if err := c.Patch(context.Background(), whole, client.MergeFrom(configMap("ns", "probe"))); !apierrors.IsInvalid(err) {
+	if err := c.Patch(context.Background(), whole, client.MergeFrom(configMap("probe"))); !apierrors.IsInvalid(err) {
 		t.Fatalf("Patch of a %d-byte annotation = %v, want Invalid", len(huge), err)
 	}
 
@@ -774,13 +784,13 @@ func TestHandlersTruncateLongErrors(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			big := reconcilers.Handler[*corev1.ConfigMap]{ID: "big", Fn: func(context.Context, *corev1.ConfigMap) error { return tc.err }}
-			f := newFixtureWith(t, annotationLimits(configMap("ns", "obj")), []reconcilers.Handler[*corev1.ConfigMap]{big}, reconcilers.HandlersOptions{})
+			f := newFixtureWith(t, annotationLimits(configMap("obj")), []reconcilers.Handler[*corev1.ConfigMap]{big}, reconcilers.HandlersOptions{})
 			f.reconcile("obj") // fails the test if the progress patch fails
 
-			if ann := f.object("obj").Annotations[reconcilers.DefaultProgressAnnotation]; len(ann) > 1200 {
+			if ann := f.object().Annotations[reconcilers.DefaultProgressAnnotation]; len(ann) > 1200 {
 				t.Fatalf("progress annotation of %d bytes, want at most 1200", len(ann))
 			}
-			msg := f.progress("obj").Handlers["big"].Message
+			msg := f.progress().Handlers["big"].Message
 			want := tc.err.Error()[:1024-len("... (truncated)")] + "... (truncated)"
 			if msg != want {
 				t.Fatalf("stored message of %d bytes = %.40q...%q, want the first %d bytes of the error and a mark",
@@ -802,9 +812,9 @@ func TestHandlersTruncateOnARuneBoundary(t *testing.T) {
 		t.Run(r, func(t *testing.T) {
 			text := strings.Repeat(r, 2000)
 			bad := reconcilers.Handler[*corev1.ConfigMap]{ID: "bad", Fn: func(context.Context, *corev1.ConfigMap) error { return errors.New(text) }}
-			f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{bad}, reconcilers.HandlersOptions{}, configMap("ns", "obj"))
+			f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{bad}, reconcilers.HandlersOptions{}, configMap("obj"))
 			f.reconcile("obj")
-			msg := f.progress("obj").Handlers["bad"].Message
+			msg := f.progress().Handlers["bad"].Message
 			kept, found := strings.CutSuffix(msg, "... (truncated)")
 			if !found || !utf8.ValidString(msg) || len(msg) > 1024 || len(msg) <= 1024-len(r) || !strings.HasPrefix(text, kept) {
 				t.Fatalf("stored message of %d bytes (valid UTF-8: %v) ending %q, want at most 1024, whole characters, marked",

@@ -30,13 +30,20 @@ var (
 	statsDescs = struct {
 		inFlight, started, refused, panicked, abandoned, oldest, slow *prometheus.Desc
 	}{
-		inFlight:  prometheus.NewDesc("quiesce_calls_in_flight", "Tracked calls admitted and not yet returned.", nil, nil),
-		started:   prometheus.NewDesc("quiesce_calls_started_total", "Tracked calls started.", nil, nil),
-		refused:   prometheus.NewDesc("quiesce_calls_refused_total", "Calls refused because the executor was draining.", nil, nil),
-		panicked:  prometheus.NewDesc("quiesce_calls_panicked_total", "Tracked calls that panicked.", nil, nil),
-		abandoned: prometheus.NewDesc("quiesce_calls_abandoned_total", "Tracked calls still running when the grace period ended.", nil, nil),
-		oldest:    prometheus.NewDesc("quiesce_oldest_call_age_seconds", "Age of the oldest tracked call still running; 0 when none runs.", nil, nil),
-		slow:      prometheus.NewDesc("quiesce_calls_slow", "Tracked calls running for longer than their executor's SlowAfter.", nil, nil),
+		inFlight: prometheus.NewDesc("quiesce_calls_in_flight",
+			"Tracked calls admitted and not yet returned.", nil, nil),
+		started: prometheus.NewDesc("quiesce_calls_started_total",
+			"Tracked calls started.", nil, nil),
+		refused: prometheus.NewDesc("quiesce_calls_refused_total",
+			"Calls refused because the executor was draining.", nil, nil),
+		panicked: prometheus.NewDesc("quiesce_calls_panicked_total",
+			"Tracked calls that panicked.", nil, nil),
+		abandoned: prometheus.NewDesc("quiesce_calls_abandoned_total",
+			"Tracked calls still running when the grace period ended.", nil, nil),
+		oldest: prometheus.NewDesc("quiesce_oldest_call_age_seconds",
+			"Age of the oldest tracked call still running; 0 when none runs.", nil, nil),
+		slow: prometheus.NewDesc("quiesce_calls_slow",
+			"Tracked calls running for longer than their executor's SlowAfter.", nil, nil),
 	}
 
 	stats = newStatsCollector()

@@ -267,7 +267,8 @@ type abandonedError struct {
 }
 
 func (e *abandonedError) Error() string {
-	return fmt.Sprintf("failed to drain quiesce executor: %v: %d call(s) still running after the grace period of %v, listed in quiesce's log",
+	return fmt.Sprintf("failed to drain quiesce executor: %v: "+
+		"%d call(s) still running after the grace period of %v, listed in quiesce's log",
 		e.pending.Err, len(e.pending.Pending), e.grace)
 }
 

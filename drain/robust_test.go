@@ -21,38 +21,35 @@ import (
 )
 
 func TestPendingFromAdmission(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		lines := &logs{}
-		ex := drain.New(drain.Options{Logger: lines.logger(t)})
-		ran := make(chan error, 1)
-		if err := ex.Go(context.Background(), "admitted", func(ctx context.Context) error {
-			ran <- ctx.Err()
-			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
-		// In the bubble, fn's goroutine has not run yet: the call is listed all the same.
-		if ps := ex.Pending(); len(ps) != 1 || ps[0].Name != "admitted" {
-			t.Fatalf("Pending right after Go = %+v", ps)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		cancel()
-		err := ex.Drain(ctx)
-		var pe *drain.PendingError
-		if !errors.As(err, &pe) || len(pe.Pending) != 1 || pe.Pending[0].Name != "admitted" || pe.Pending[0].Where != drain.NotStarted {
-			t.Fatalf("Drain(done ctx) = %v, want a PendingError naming the call, not started", err)
-		}
-		if s := ex.Stats(); s.Abandoned != 1 || s.InFlight != 1 {
-			t.Errorf("Stats = %+v, want the call in flight and abandoned", s)
-		}
-		// fn runs later, with its context cancelled by the drain (CancelAfter 0).
-		if err := <-ran; !errors.Is(err, context.Canceled) {
-			t.Errorf("fn's ctx.Err() = %v, want Canceled", err)
-		}
-		if err := ex.Drain(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-	})
+	ex := newExecutor(t, drain.Options{})
+	release := make(chan struct{})
+	ran := make(chan error, 1)
+	if err := ex.Go(context.Background(), "admitted", func(ctx context.Context) error {
+		<-release
+		ran <- ctx.Err()
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// Whether or not fn's goroutine began, the call is listed the moment Go returned.
+	if ps := ex.Pending(); len(ps) != 1 || ps[0].Name != "admitted" {
+		t.Fatalf("Pending right after Go = %+v", ps)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := ex.Drain(ctx)
+	var pe *drain.PendingError
+	if !errors.As(err, &pe) || len(pe.Pending) != 1 || pe.Pending[0].Name != "admitted" {
+		t.Fatalf("Drain(done ctx) = %v, want a PendingError naming the call", err)
+	}
+	if s := ex.Stats(); s.Abandoned != 1 || s.InFlight != 1 {
+		t.Errorf("Stats = %+v, want the call in flight and abandoned", s)
+	}
+	close(release)
+	// fn runs on, with its context cancelled by the drain (CancelAfter 0).
+	if err := <-ran; !errors.Is(err, context.Canceled) {
+		t.Errorf("fn's ctx.Err() = %v, want Canceled", err)
+	}
 }
 
 // panickingSink is a logr.LogSink that panics on every line.

@@ -202,9 +202,10 @@ var _ = Describe("The Handlers reconciler", func() {
 					notes = append(notes, e.Note)
 				}
 			}
+			// The backoff doubles from 20ms, shortened by a jitter of up to 10%.
 			g.Expect(notes).To(ConsistOf(
-				HavePrefix("Handler flaky failed, retry 1 after 20ms: failed to reach the backend: attempt 1"),
-				HavePrefix("Handler flaky failed, retry 2 after 40ms: failed to reach the backend: attempt 2"),
+				MatchRegexp(`^Handler flaky failed, retry 1 after (1[89]|20)(\.\d+)?ms: failed to reach the backend: attempt 1`),
+				MatchRegexp(`^Handler flaky failed, retry 2 after (3[6-9]|40)(\.\d+)?ms: failed to reach the backend: attempt 2`),
 			))
 		}).Should(Succeed())
 

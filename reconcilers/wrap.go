@@ -58,7 +58,9 @@ func Wrap(ex *drain.Executor, controller string, r reconcile.Reconciler, opts ..
 // WrapTyped is Wrap for a reconcile.TypedReconciler. The call is named
 // "<controller>/<request>", the request rendered by its String method if it has one, else
 // by fmt's %v.
-func WrapTyped[R comparable](ex *drain.Executor, controller string, r reconcile.TypedReconciler[R], opts ...Option) reconcile.TypedReconciler[R] {
+func WrapTyped[R comparable](
+	ex *drain.Executor, controller string, r reconcile.TypedReconciler[R], opts ...Option,
+) reconcile.TypedReconciler[R] {
 	o := options{requeueAfter: DefaultRequeueAfter}
 	for _, opt := range opts {
 		opt(&o)
@@ -99,7 +101,8 @@ func (inv *invocation[R]) run(ctx context.Context) error {
 
 func (w *wrapped[R]) Reconcile(ctx context.Context, req R) (reconcile.Result, error) {
 	if w.ex == nil || w.r == nil {
-		return reconcile.Result{}, reconcile.TerminalError(errors.New("failed to reconcile: reconcilers.Wrap got a nil executor or reconciler"))
+		return reconcile.Result{}, reconcile.TerminalError(
+			errors.New("failed to reconcile: reconcilers.Wrap got a nil executor or reconciler"))
 	}
 	// Run, not Call: controller-runtime's worker waits for its reconcile anyway, so the
 	// reconcile runs on that goroutine, tracked, with no hand-off. Run never returns before

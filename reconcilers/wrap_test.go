@@ -51,7 +51,7 @@ func TestWrapNamesTheCallAndPassesResults(t *testing.T) {
 	drained(t, ex)
 	boom := errors.New("boom")
 	var seen []string
-	r := reconcilers.Wrap(ex, "cm", reconcile.Func(func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	r := reconcilers.Wrap(ex, "cm", reconcile.Func(func(_ context.Context, _ reconcile.Request) (reconcile.Result, error) {
 		seen = names(ex.Pending())
 		return reconcile.Result{RequeueAfter: 7 * time.Second}, boom
 	}))
@@ -110,7 +110,7 @@ func TestCallInsideAWrappedReconcileIsTracked(t *testing.T) {
 	ex := drain.New(drain.Options{})
 	drained(t, ex)
 	var inner, nested []string
-	r := reconcilers.Wrap(ex, "cm", reconcile.Func(func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	r := reconcilers.Wrap(ex, "cm", reconcile.Func(func(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
 		err := reconcilers.Call(ctx, "fetch", func(ctx context.Context) error {
 			inner = names(ex.Pending())
 			return reconcilers.Call(ctx, "dial", func(context.Context) error {
@@ -174,7 +174,7 @@ type capture struct {
 }
 
 func (c *capture) logger(verbosity int) logr.Logger {
-	return funcr.New(func(prefix, args string) {
+	return funcr.New(func(_, args string) {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		c.lines = append(c.lines, args)

@@ -21,7 +21,9 @@ type call struct {
 }
 
 func callOf(p drain.Pending, now time.Time) call {
-	return call{Name: p.Name, Age: internal.Age(now.Sub(p.Started)), Detached: p.Detached, Where: p.Where, Handler: p.Handler}
+	return call{
+		Name: p.Name, Age: internal.Age(now.Sub(p.Started)), Detached: p.Detached, Where: p.Where, Handler: p.Handler,
+	}
 }
 
 // debugState is the body of ServeHTTP.

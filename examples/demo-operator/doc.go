@@ -13,6 +13,10 @@
 //     with its age and the line where it blocks, and at the end of --grace-period the
 //     operator names it as abandoned.
 //
+// With --metrics-bind-address, its metrics server serves /metrics and quiesce's
+// /debug/quiesce (the pending calls as JSON) over plain HTTP, without authentication: fine
+// for a demo on 127.0.0.1, not for a deployed operator.
+//
 // On SIGTERM or SIGINT the manager stops and the quiesce runnable drains the executor. A
 // second signal exits at once with code 1 (controller-runtime's signal handler). The exit
 // code is 0 when every tracked call returned, 1 when calls were abandoned or the manager

@@ -40,7 +40,8 @@ func main() {
 		workers     int
 	)
 	flag.StringVar(&metricsAddr, "metrics-bind-address", "0",
-		"The address the metrics endpoint binds to; 0 disables it.")
+		"The address the metrics server (/metrics and quiesce's /debug/quiesce) binds to, "+
+			"plain HTTP without authentication; 0 disables it.")
 	flag.StringVar(&probeAddr, "health-probe-bind-address", "0",
 		"The address the probe endpoint binds to; 0 disables it.")
 	flag.DurationVar(&grace, "grace-period", 6*time.Second,
@@ -101,6 +102,9 @@ func run(setupLog logr.Logger, c managerConfig) int {
 	// The manager must wait for its runnables a bit longer than the runnable waits for its
 	// calls, so that the runnable can name what it abandons before the manager gives up.
 	shutdownTimeout := c.grace + 2*time.Second
+	// The metrics server, and quiesce's /debug/quiesce on it, serve plain HTTP without
+	// authentication: fine for the demo, which binds it to 127.0.0.1. A deployed operator
+	// sets SecureServing and a FilterProvider, as kubebuilder scaffolds do.
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
 		Scheme:                  scheme.Scheme,
 		Metrics:                 metricsserver.Options{BindAddress: c.metricsAddr},

@@ -2,10 +2,14 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -29,12 +33,17 @@ const (
 	labelValue         = "quiesce"
 	snapshotAnnotation = "quiesce.dev/snapshot"
 	startedMessage     = "Handler started"
+	// controller-runtime logs it once the metrics server listens.
+	metricsServingMessage = "Serving metrics server"
+	// Where runnable.Add serves the pending calls on the metrics server (runnable.DebugPath).
+	debugPath = "/debug/quiesce"
 )
 
 // How long the demo waits for things that take no time on an idle machine.
 const (
 	startTimeout = time.Minute      // from the operator's start to every handler started
 	exitMargin   = 30 * time.Second // beyond the operator's own shutdown timeout
+	fetchTimeout = 10 * time.Second // for the GET of /debug/quiesce
 )
 
 // config is the demo's scenario. Zero fields take defaults (see setDefaults).
@@ -82,9 +91,11 @@ func (c *config) setDefaults() error {
 	return nil
 }
 
-// operatorArgs are the operator's flags for the scenario.
-func (c *config) operatorArgs() []string {
+// operatorArgs are the operator's flags for the scenario, its metrics server (and
+// /debug/quiesce) on metricsAddr.
+func (c *config) operatorArgs(metricsAddr string) []string {
 	return []string{
+		"--metrics-bind-address=" + metricsAddr,
 		"--grace-period=" + c.GracePeriod.String(),
 		"--report-after=" + min(time.Second, c.ReportEvery).String(),
 		"--report-every=" + c.ReportEvery.String(),
@@ -105,6 +116,7 @@ type result struct {
 	Second    bool                 // a second SIGTERM was sent
 	ExitAfter time.Duration        // from SIGTERM to the operator's exit
 	Snapshots map[string]time.Time // ConfigMap name → when its snapshot was recorded
+	Debug     []byte               // the body of /debug/quiesce, fetched before SIGTERM
 }
 
 // expectedExitCode is the operator's exit code when things go as designed: 1 when a
@@ -238,7 +250,11 @@ func run(ctx context.Context, cfg config) (res result, err error) {
 	if err := buildErr(); err != nil {
 		return res, fmt.Errorf("failed to build the operator: %w", err)
 	}
-	op, err := startOperator(bin, cfg.operatorArgs(), kubeconfigPath, out, say)
+	metricsAddr, err := freeAddr()
+	if err != nil {
+		return res, err
+	}
+	op, err := startOperator(bin, cfg.operatorArgs(metricsAddr), kubeconfigPath, out, say)
 	if err != nil {
 		return res, err
 	}
@@ -254,8 +270,20 @@ func run(ctx context.Context, cfg config) (res result, err error) {
 	if err := op.waitFor(ctx, startedMessage, cfg.Objects, startTimeout); err != nil {
 		return res, err
 	}
-	say("all %d handlers started: sending SIGTERM to the operator (pid %d); "+
-		"it has %s to finish (contexts cancelled at %s)", cfg.Objects, op.cmd.Process.Pid, cfg.GracePeriod, cfg.CancelAfter)
+	// The metrics server listens before the controllers start; its line says so.
+	if err := op.waitFor(ctx, metricsServingMessage, 1, startTimeout); err != nil {
+		return res, err
+	}
+	url := "http://" + metricsAddr + debugPath
+	if res.Debug, err = fetch(ctx, url); err != nil {
+		return res, err
+	}
+	// The narration and the JSON in one write, so that no log line of the operator splits them.
+	_, _ = fmt.Fprintf(out, "==> all %d handlers started; GET %s (the operator's metrics server, plain HTTP "+
+		"for the demo) lists its pending calls, where each waits and its handler's line:\n%s\n",
+		cfg.Objects, url, indent(res.Debug))
+	say("sending SIGTERM to the operator (pid %d); it has %s to finish (contexts cancelled at %s)",
+		op.cmd.Process.Pid, cfg.GracePeriod, cfg.CancelAfter)
 	res.SignalAt = time.Now()
 	if err := op.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		return res, fmt.Errorf("failed to send SIGTERM to the operator: %w", err)
@@ -347,6 +375,56 @@ func collectSnapshots(ctx context.Context, c client.Client, res *result, say fun
 		say("%s: snapshot recorded %s after SIGTERM", name, at.Sub(res.SignalAt).Round(10*time.Millisecond))
 	}
 	return nil
+}
+
+// freeAddr returns a 127.0.0.1 address with a port free right now, for the operator's
+// metrics server. Another process could take the port before the operator binds it; the
+// operator then fails to start, and the demo says so.
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("failed to find a free port for the operator's metrics server: %w", err)
+	}
+	addr := l.Addr().String()
+	if err := l.Close(); err != nil {
+		return "", fmt.Errorf("failed to free port %s for the operator's metrics server: %w", addr, err)
+	}
+	return addr, nil
+}
+
+// fetch GETs url and returns its body, an error unless it is 200 OK with a JSON body.
+func fetch(ctx context.Context, url string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, fetchTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, fmt.Errorf("failed to create the request for %s: %w", url, err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("failed to get %s: %w", url, err)
+	}
+	defer func() { _ = resp.Body.Close() }() // read to the end below, or failed: nothing to lose
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("failed to read the body of %s: %w", url, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("failed to get %s: %s: %s", url, resp.Status, bytes.TrimSpace(body))
+	}
+	if !json.Valid(body) {
+		return nil, fmt.Errorf("failed to get %s: the body is not JSON: %q", url, body)
+	}
+	return body, nil
+}
+
+// indent returns the JSON body b indented, for a person to read.
+func indent(b []byte) []byte {
+	var buf bytes.Buffer
+	if err := json.Indent(&buf, bytes.TrimSpace(b), "", "  "); err != nil {
+		return b // fetch checked it is JSON; as it came, otherwise
+	}
+	return buf.Bytes()
 }
 
 func listOrNone(names []string) string {

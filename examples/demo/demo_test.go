@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"os"
 	"regexp"
 	"strconv"
@@ -13,6 +14,8 @@ import (
 	"github.com/go-logr/logr"
 	"go.uber.org/goleak"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/quiesce-dev/quiesce/drain"
 )
 
 func TestMain(m *testing.M) {
@@ -30,18 +33,35 @@ func TestDemo(t *testing.T) {
 	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
 		t.Fatal("KUBEBUILDER_ASSETS is not set: run `make test`, or export KUBEBUILDER_ASSETS=$(hack/setup-envtest.sh)")
 	}
-	blocked := "main.(*legacyClient).Export (controller.go:" + strconv.Itoa(sourceLine(t, "../demo-operator/controller.go", "blocks here")) + ")"
-	working := "main.(*ConfigMapReconciler).snapshot (controller.go:" + strconv.Itoa(sourceLine(t, "../demo-operator/controller.go", "the snapshot works here")) + ")"
+	lines := sourceLines{
+		blocked: "main.(*legacyClient).Export (controller.go:" + strconv.Itoa(sourceLine(t, "blocks here")) + ")",
+		working: "main.(*ConfigMapReconciler).snapshot (controller.go:" + strconv.Itoa(sourceLine(t, "the snapshot works here")) + ")",
+		// The function given to reconcilers.Call: the handler calls' own frame.
+		handler: "(controller.go:" + strconv.Itoa(sourceLine(t, handlerMarker)) + ")",
+	}
 
-	t.Run("a handler hangs", func(t *testing.T) { testHandlerHangs(t, blocked, working) })
-	t.Run("every handler finishes", testEveryHandlerFinishes)
-	t.Run("a second SIGTERM exits at once", testSecondSIGTERM)
+	t.Run("a handler hangs", func(t *testing.T) { testHandlerHangs(t, lines) })
+	t.Run("every handler finishes", func(t *testing.T) { testEveryHandlerFinishes(t, lines) })
+	t.Run("a second SIGTERM exits at once", func(t *testing.T) { testSecondSIGTERM(t, lines) })
 }
 
-// testHandlerHangs: the reports and the abandoned line name the hanging handler at blocked,
-// the first report the working ones at working; the operator exits 1 after the grace period.
-func testHandlerHangs(t *testing.T, blocked, working string) {
-	res := runDemo(t, config{GracePeriod: 3 * time.Second, Work: 2 * time.Second, CancelAfter: 2500 * time.Millisecond, Objects: 3, Hanging: 1})
+// handlerMarker is on the line of controller.go where the function given to
+// reconcilers.Call calls the handler: the "handler" of the handler calls.
+const handlerMarker = `logger.Info("Handler started"); return fn(ctx)`
+
+// sourceLines are the lines of the demo operator that its log names.
+type sourceLines struct {
+	blocked string // where legacy-export blocks: "main.(*legacyClient).Export (controller.go:N)"
+	working string // where snapshot works: "main.(*ConfigMapReconciler).snapshot (controller.go:N)"
+	handler string // the end of the handler calls' handler: "(controller.go:N)"
+}
+
+// testHandlerHangs: /debug/quiesce lists every call before SIGTERM; the reports and the
+// abandoned line name the hanging handler where it blocks and its handler line, the first
+// report the working ones where they work; the operator exits 1 after the grace period.
+func testHandlerHangs(t *testing.T, lines sourceLines) {
+	cfg := config{GracePeriod: 3 * time.Second, Work: 2 * time.Second, CancelAfter: 2500 * time.Millisecond, Objects: 3, Hanging: 1}
+	res := runDemo(t, cfg)
 
 	if res.ExitCode != 1 {
 		t.Errorf("operator exit code = %d, want 1", res.ExitCode)
@@ -49,20 +69,25 @@ func testHandlerHangs(t *testing.T, blocked, working string) {
 	if err := res.check(); err != nil {
 		t.Errorf("check() = %v, want nil", err)
 	}
-	// The reports name the hanging handler and the line where it blocks.
+	checkDebug(t, res, cfg.Objects, lines)
+
+	// The reports name the hanging handler, the line where it blocks, and its handler.
 	reports := grep(res.Lines, "Waiting for pending calls")
 	if len(reports) == 0 {
 		t.Errorf("no report of pending calls in the operator's log")
 	}
 	for _, l := range reports {
-		if !strings.Contains(l, `"name":"demo/demo/hang-1/legacy-export"`) || !strings.Contains(l, blocked) {
-			t.Errorf("report does not name demo/demo/hang-1/legacy-export at %s:\n%s", blocked, l)
+		c, ok := findCall(logCalls(t, l), "demo/demo/hang-1/legacy-export")
+		if !ok || c.Where != lines.blocked || !strings.HasSuffix(c.Handler, lines.handler) {
+			t.Errorf("report does not name demo/demo/hang-1/legacy-export at %s, handler at %s:\n%s", lines.blocked, lines.handler, l)
 		}
 	}
 	// The first report, 1s after SIGTERM, comes while the snapshots still run (they take
 	// 2s from just before SIGTERM): it names them too, and where they work.
-	if len(reports) > 0 && (!strings.Contains(reports[0], `"name":"demo/demo/job-1/snapshot"`) || !strings.Contains(reports[0], working)) {
-		t.Errorf("first report does not name demo/demo/job-1/snapshot at %s:\n%s", working, reports[0])
+	if len(reports) > 0 {
+		if c, ok := findCall(logCalls(t, reports[0]), "demo/demo/job-1/snapshot"); !ok || c.Where != lines.working {
+			t.Errorf("first report does not name demo/demo/job-1/snapshot at %s:\n%s", lines.working, reports[0])
+		}
 	}
 	// The finishing handlers finished.
 	for _, name := range []string{"job-1", "job-2"} {
@@ -70,10 +95,19 @@ func testHandlerHangs(t *testing.T, blocked, working string) {
 			t.Errorf("want one %q line for %s, got %d", "Handler finished", name, len(got))
 		}
 	}
-	// The runnable names what it abandons, where it blocks, and main exits 1 saying why.
+	// The runnable names what it abandons, in the reports' format, and main exits 1.
 	abandoned := grep(res.Lines, "Abandoned calls still running after the grace period")
-	if len(abandoned) != 1 || !strings.Contains(abandoned[0], `"demo/demo/hang-1/legacy-export at `+blocked+`"`) {
-		t.Errorf("want one abandoned line naming demo/demo/hang-1/legacy-export at %s, got %q", blocked, abandoned)
+	if len(abandoned) != 1 {
+		t.Errorf("want one abandoned line, got %q", abandoned)
+	} else {
+		f := logFields(t, abandoned[0])
+		want := call{Name: "demo/demo/hang-1/legacy-export", Detached: true, Where: lines.blocked}
+		if len(f.Calls) != 1 || f.Abandoned != 1 {
+			t.Errorf("want the abandoned line to count and list 1 call, got %d, %+v:\n%s", f.Abandoned, f.Calls, abandoned[0])
+		} else if c := f.Calls[0]; c.Name != want.Name || c.Detached != want.Detached || c.Where != want.Where ||
+			!strings.HasSuffix(c.Handler, lines.handler) || c.Age == "" {
+			t.Errorf("abandoned call = %+v, want %+v with an age and its handler at %s", c, want, lines.handler)
+		}
 	}
 	if got := grep(res.Lines, `"exitCode": 1`); len(got) != 1 {
 		t.Errorf("want one line saying exitCode 1, got %q", got)
@@ -86,8 +120,9 @@ func testHandlerHangs(t *testing.T, blocked, working string) {
 
 // testEveryHandlerFinishes: without a hanging handler the operator exits 0 once the
 // handlers finished, before the grace period ends.
-func testEveryHandlerFinishes(t *testing.T) {
-	res := runDemo(t, config{GracePeriod: 3 * time.Second, Work: time.Second, CancelAfter: 2 * time.Second, Objects: 2, Hanging: 0})
+func testEveryHandlerFinishes(t *testing.T, lines sourceLines) {
+	cfg := config{GracePeriod: 3 * time.Second, Work: time.Second, CancelAfter: 2 * time.Second, Objects: 2, Hanging: 0}
+	res := runDemo(t, cfg)
 
 	if res.ExitCode != 0 {
 		t.Errorf("operator exit code = %d, want 0", res.ExitCode)
@@ -95,6 +130,7 @@ func testEveryHandlerFinishes(t *testing.T) {
 	if err := res.check(); err != nil {
 		t.Errorf("check() = %v, want nil", err)
 	}
+	checkDebug(t, res, cfg.Objects, lines)
 	for _, msg := range []string{"Abandoned calls", "legacy-export"} {
 		if got := grep(res.Lines, msg); len(got) != 0 {
 			t.Errorf("want no line saying %q, got %q", msg, got)
@@ -114,8 +150,9 @@ func testEveryHandlerFinishes(t *testing.T) {
 }
 
 // testSecondSIGTERM: a second SIGTERM ends the drain at once, with exit code 1.
-func testSecondSIGTERM(t *testing.T) {
-	res := runDemo(t, config{GracePeriod: time.Minute, Work: 20 * time.Second, CancelAfter: 40 * time.Second, Objects: 2, Hanging: 1, SecondSignal: time.Second})
+func testSecondSIGTERM(t *testing.T, lines sourceLines) {
+	cfg := config{GracePeriod: time.Minute, Work: 20 * time.Second, CancelAfter: 40 * time.Second, Objects: 2, Hanging: 1, SecondSignal: time.Second}
+	res := runDemo(t, cfg)
 
 	if !res.Second || res.ExitCode != 1 {
 		t.Errorf("second SIGTERM sent: %v, operator exit code = %d; want true, 1", res.Second, res.ExitCode)
@@ -123,6 +160,7 @@ func testSecondSIGTERM(t *testing.T) {
 	if err := res.check(); err != nil {
 		t.Errorf("check() = %v, want nil", err)
 	}
+	checkDebug(t, res, cfg.Objects, lines)
 	if res.ExitAfter > 10*time.Second {
 		t.Errorf("the operator exited %s after the first SIGTERM, want about 1s, at the second one", res.ExitAfter)
 	}
@@ -140,10 +178,9 @@ func TestREADMEMatchesSource(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const src = "../demo-operator/controller.go"
 	valid := map[string]bool{}
-	for _, marker := range []string{"blocks here", "the snapshot works here", "reconcilers.Call(ctx"} {
-		valid["controller.go:"+strconv.Itoa(sourceLine(t, src, marker))] = true
+	for _, marker := range []string{"blocks here", "the snapshot works here", "reconcilers.Call(ctx", handlerMarker} {
+		valid["controller.go:"+strconv.Itoa(sourceLine(t, marker))] = true
 	}
 	found := regexp.MustCompile(`controller\.go:\d+`).FindAllString(string(b), -1)
 	if len(found) == 0 {
@@ -154,6 +191,95 @@ func TestREADMEMatchesSource(t *testing.T) {
 			t.Errorf("README.md shows %s, which is none of the lines the demo's reports name (%v): capture `make demo` again", f, valid)
 		}
 	}
+}
+
+// checkDebug checks the body of /debug/quiesce, fetched while the handlers of objects
+// ConfigMaps ran: not draining, each reconcile and its handler call listed, each with where
+// it waits and its handler, the reconcile's Reconcile and the handler's function in
+// controller.go (lines.handler).
+func checkDebug(t *testing.T, res result, objects int, lines sourceLines) {
+	t.Helper()
+	var body struct {
+		Draining bool   `json:"draining"`
+		Count    int    `json:"count"`
+		Calls    []call `json:"calls"`
+	}
+	if err := json.Unmarshal(res.Debug, &body); err != nil {
+		t.Errorf("/debug/quiesce: %v:\n%s", err, res.Debug)
+		return
+	}
+	if body.Draining || body.Count != 2*objects || len(body.Calls) != 2*objects {
+		t.Errorf("/debug/quiesce: draining %v, count %d, %d calls; want false, and %d: a reconcile and a handler call per ConfigMap:\n%s",
+			body.Draining, body.Count, len(body.Calls), 2*objects, res.Debug)
+	}
+	handlers := map[string]string{}
+	for _, name := range res.Finishing {
+		handlers[name] = "snapshot"
+	}
+	for _, name := range res.Hanging {
+		handlers[name] = "legacy-export"
+	}
+	if len(handlers) != objects {
+		t.Errorf("the demo created %d ConfigMaps, want %d", len(handlers), objects)
+	}
+	for cm, handler := range handlers {
+		reconcile := "demo/" + namespace + "/" + cm
+		for _, name := range []string{reconcile, reconcile + "/" + handler} {
+			c, ok := findCall(body.Calls, name)
+			switch {
+			case !ok:
+				t.Errorf("/debug/quiesce does not list %s:\n%s", name, res.Debug)
+			case c.Where == "" || c.Where == drain.Unknown || c.Handler == "" || c.Handler == drain.Unknown:
+				t.Errorf("/debug/quiesce: %s: where %q, handler %q; want both known", name, c.Where, c.Handler)
+			case name == reconcile && !strings.HasPrefix(c.Handler, "main.(*ConfigMapReconciler).Reconcile ("):
+				t.Errorf("/debug/quiesce: %s: handler %q, want main.(*ConfigMapReconciler).Reconcile", name, c.Handler)
+			case name != reconcile && !strings.HasSuffix(c.Handler, lines.handler):
+				t.Errorf("/debug/quiesce: %s: handler %q, want the function given to reconcilers.Call, at %s", name, c.Handler, lines.handler)
+			}
+		}
+	}
+}
+
+// call is a pending call as /debug/quiesce and the abandoned line show it.
+type call struct {
+	Name     string `json:"name"`
+	Age      string `json:"age"`
+	Detached bool   `json:"detached"`
+	Where    string `json:"where"`
+	Handler  string `json:"handler"`
+}
+
+func findCall(calls []call, name string) (call, bool) {
+	for _, c := range calls {
+		if c.Name == name {
+			return c, true
+		}
+	}
+	return call{}, false
+}
+
+// fields are the key/values of a quiesce log line that lists calls.
+type fields struct {
+	Pending   int    `json:"pending"`
+	Abandoned int    `json:"abandoned"`
+	Calls     []call `json:"calls"`
+}
+
+// logFields decodes the key/values of a line of the operator's log: zap's development
+// encoder writes them as a JSON object, the line's last tab-separated field.
+func logFields(t *testing.T, line string) fields {
+	t.Helper()
+	var f fields
+	i := strings.LastIndexByte(line, '\t')
+	if err := json.Unmarshal([]byte(line[i+1:]), &f); err != nil {
+		t.Errorf("failed to decode the key/values of a log line: %v:\n%s", err, line)
+	}
+	return f
+}
+
+func logCalls(t *testing.T, line string) []call {
+	t.Helper()
+	return logFields(t, line).Calls
 }
 
 // runDemo runs the scenario, the operator built with -race when the test is, and logs the
@@ -179,9 +305,13 @@ func runDemo(t *testing.T, cfg config) result {
 	return res
 }
 
-// sourceLine returns the number of the only line of file containing marker.
-func sourceLine(t *testing.T, file, marker string) int {
+// controllerSource is the demo operator's controller.go, whose lines its log names.
+const controllerSource = "../demo-operator/controller.go"
+
+// sourceLine returns the number of the only line of controllerSource containing marker.
+func sourceLine(t *testing.T, marker string) int {
 	t.Helper()
+	file := controllerSource
 	f, err := os.Open(file)
 	if err != nil {
 		t.Fatal(err)

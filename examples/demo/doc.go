@@ -2,13 +2,17 @@
 //
 // It starts an envtest control plane (kube-apiserver and etcd from KUBEBUILDER_ASSETS, which
 // `make demo` sets from hack/setup-envtest.sh), builds examples/demo-operator and runs it as
-// a separate process, creates --objects ConfigMaps for it (--hanging of them with a handler
-// that hangs, the others with one that finishes in --work), and, once every handler started,
-// sends the operator SIGTERM. The operator's log streams to stdout as it comes: the reports
-// of the calls it still waits for, with their age and the line where each is blocked; the
-// handlers that finish within the grace period; the calls abandoned at its end; the exit code.
+// a separate process, its metrics server on a free 127.0.0.1 port (plain HTTP, fine for a
+// demo), and creates --objects ConfigMaps for it (--hanging of them with a handler that
+// hangs, the others with one that finishes in --work). Once every handler started, it
+// fetches the operator's /debug/quiesce and prints the JSON (each pending call, where it
+// waits and its handler's line), then sends the operator SIGTERM. The operator's log streams
+// to stdout as it comes: the reports of the calls it still waits for, with their age, the
+// line where each is blocked and its handler's line; the handlers that finish within the
+// grace period; the calls abandoned at its end; the exit code.
 //
-// Lines starting with "==>" are the demo's own; the others are the operator's log.
+// Lines starting with "==>" are the demo's own, followed by the JSON of /debug/quiesce for
+// the one that fetches it; the others are the operator's log.
 //
 // The demo exits 0 when everything went as expected: the operator exited with code 1 if a
 // handler hangs (0 if none does), and every finishing handler recorded its snapshot after

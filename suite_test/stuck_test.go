@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"time"
@@ -83,6 +84,7 @@ var _ = Describe("A stuck reconcile", func() {
 			code, body, err := httpGet("http://" + metricsAddr + "/debug/quiesce")
 			Expect(err).NotTo(HaveOccurred())
 			Expect(code).To(Equal(http.StatusOK))
+			_, _ = fmt.Fprintln(GinkgoWriter, "GET /debug/quiesce:", body)
 			var state debugState
 			Expect(json.Unmarshal([]byte(body), &state)).To(Succeed())
 			Expect(state.Draining).To(BeFalse())
@@ -95,6 +97,11 @@ var _ = Describe("A stuck reconcile", func() {
 			By("showing it in the metrics")
 			_, scrape, err := httpGet("http://" + metricsAddr + "/metrics")
 			Expect(err).NotTo(HaveOccurred())
+			for _, line := range strings.Split(scrape, "\n") {
+				if strings.HasPrefix(line, "quiesce_oldest_call_age_seconds ") || strings.HasPrefix(line, "quiesce_calls_slow ") {
+					_, _ = fmt.Fprintln(GinkgoWriter, "metric:", line)
+				}
+			}
 			Expect(metricValue(scrape, "quiesce_oldest_call_age_seconds")).To(BeNumerically(">=", 1))
 			Expect(metricValue(scrape, "quiesce_calls_slow")).To(BeEquivalentTo(1))
 			Expect(logs.messages()).NotTo(ContainElement("Draining executor"), "all of this before any shutdown")

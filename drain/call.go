@@ -191,7 +191,7 @@ func (c *call) finish(err error) {
 		return
 	}
 	var pe *PanicError
-	if errors.As(err, &pe) {
+	if err != nil && errors.As(err, &pe) {
 		e.safely(func() {
 			e.log.Error(err, "Call panicked", "call", pe.Name, "panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))
 		})

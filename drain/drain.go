@@ -163,6 +163,10 @@ type Executor struct {
 	clock    clock.WithTicker
 	log      logr.Logger
 	slots    chan struct{} // MaxConcurrent tokens; nil when unbounded
+	// With the real clock, calls' start times are base plus the monotonic time since base:
+	// one clock read (time.Since) instead of two (time.Now) per call.
+	realTime bool
+	base     time.Time
 	settings internal.Settings
 	signals  sync.Pool // chan struct{} (cap 1) on which fn's goroutine tells Call that fn returned
 
@@ -213,10 +217,23 @@ func New(opts Options) *Executor {
 	if opts.MaxConcurrent > 0 {
 		e.slots = make(chan struct{}, opts.MaxConcurrent)
 	}
+	switch opts.Clock.(type) {
+	case clock.RealClock, *clock.RealClock:
+		e.realTime, e.base = true, time.Now()
+	}
 	// The pool belongs to the executor, not the package: a channel made inside a
 	// testing/synctest bubble must not be used outside it.
 	e.signals.New = func() any { return make(chan struct{}, 1) }
 	return e
+}
+
+// now returns the time on e's clock. With the real clock it follows the monotonic clock
+// from New on, so a step of the wall clock does not show in calls' start times.
+func (e *Executor) now() time.Time {
+	if e.realTime {
+		return e.base.Add(time.Since(e.base))
+	}
+	return e.clock.Now()
 }
 
 // Call runs fn on a tracked goroutine and waits until fn returns or ctx ends.
@@ -337,7 +354,7 @@ func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn func(c
 		fn:         fn,
 		shield:     o.Shield && e.settings.Driven,
 		repanic:    o.Repanic,
-		start:      e.clock.Now(),
+		start:      e.now(),
 	}
 	e.mu.Lock()
 	if e.isDraining {

@@ -43,33 +43,8 @@ func benchLoop(b *testing.B, wrap func(reconcile.Reconciler) reconcile.Reconcile
 		wg.Done()
 		return reconcile.Result{}, nil
 	})
-	c, err := controller.NewTypedUnmanaged("bench", controller.TypedOptions[reconcile.Request]{
-		Reconciler:              wrap(r),
-		MaxConcurrentReconciles: 2,
-		SkipNameValidation:      ptr.To(true),
-		LogConstructor:          func(*reconcile.Request) logr.Logger { return logr.Discard() },
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	events := make(chan event.TypedGenericEvent[reconcile.Request], 1024)
-	enqueue := handler.TypedFuncs[reconcile.Request, reconcile.Request]{
-		GenericFunc: func(_ context.Context, e event.TypedGenericEvent[reconcile.Request], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-			q.Add(e.Object)
-		},
-	}
-	if err := c.Watch(source.TypedChannel(events, enqueue)); err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	stopped := make(chan error, 1)
-	go func() { stopped <- c.Start(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-stopped; err != nil {
-			b.Error(err)
-		}
-	}()
+	events, stop := runController(b, "bench", wrap(r), 2)
+	defer stop()
 
 	// Distinct keys, so that the queue does not merge them; made before the timer starts.
 	reqs := make([]reconcile.Request, b.N)
@@ -108,4 +83,42 @@ func BenchmarkReconcileDirect(b *testing.B) {
 			_, _ = w.Reconcile(context.Background(), req)
 		}
 	})
+}
+
+// runController starts a controller of controller-runtime named name, fed by the returned
+// channel (an in-memory source), with workers workers reconciling with r; stop stops it and
+// waits for it.
+func runController(
+	tb testing.TB, name string, r reconcile.Reconciler, workers int,
+) (events chan<- event.TypedGenericEvent[reconcile.Request], stop func()) {
+	tb.Helper()
+	c, err := controller.NewTypedUnmanaged(name, controller.TypedOptions[reconcile.Request]{
+		Reconciler:              r,
+		MaxConcurrentReconciles: workers,
+		SkipNameValidation:      ptr.To(true),
+		LogConstructor:          func(*reconcile.Request) logr.Logger { return logr.Discard() },
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ch := make(chan event.TypedGenericEvent[reconcile.Request], 1024)
+	enqueue := handler.TypedFuncs[reconcile.Request, reconcile.Request]{
+		GenericFunc: func(
+			_ context.Context, e event.TypedGenericEvent[reconcile.Request], q workqueue.TypedRateLimitingInterface[reconcile.Request],
+		) {
+			q.Add(e.Object)
+		},
+	}
+	if err := c.Watch(source.TypedChannel(ch, enqueue)); err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan error, 1)
+	go func() { stopped <- c.Start(ctx) }()
+	return ch, func() {
+		cancel()
+		if err := <-stopped; err != nil {
+			tb.Error(err)
+		}
+	}
 }

@@ -13,16 +13,10 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/go-logr/logr"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
-	"k8s.io/client-go/util/workqueue"
-	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/quiesce-dev/quiesce/drain"
 	"github.com/quiesce-dev/quiesce/internal"
@@ -163,35 +157,13 @@ func TestPanicReachesControllerRuntime(t *testing.T) {
 		}
 		return reconcile.Result{}, nil
 	}))
-	c, err := controller.NewTypedUnmanaged(name, controller.TypedOptions[reconcile.Request]{
-		Reconciler:         r,
-		SkipNameValidation: ptr.To(true),
-		LogConstructor:     func(*reconcile.Request) logr.Logger { return logr.Discard() },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	events := make(chan event.TypedGenericEvent[reconcile.Request], 2)
-	enqueue := handler.TypedFuncs[reconcile.Request, reconcile.Request]{
-		GenericFunc: func(_ context.Context, e event.TypedGenericEvent[reconcile.Request], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-			q.Add(e.Object)
-		},
-	}
-	if err := c.Watch(source.TypedChannel(events, enqueue)); err != nil {
-		t.Fatal(err)
-	}
 	before := panicsMetric(t, name)
-	ctx, cancel := context.WithCancel(context.Background())
-	stopped := make(chan error, 1)
-	go func() { stopped <- c.Start(ctx) }()
+	events, stop := runController(t, name, r, 1)
 	events <- event.TypedGenericEvent[reconcile.Request]{Object: request("ns", "a")}
 	<-returned
 	events <- event.TypedGenericEvent[reconcile.Request]{Object: request("ns", "b")}
 	<-returned // the controller lives on after the panic
-	cancel()
-	if err := <-stopped; err != nil {
-		t.Fatal(err)
-	}
+	stop()
 
 	if got := panicsMetric(t, name) - before; got != 1 {
 		t.Errorf("controller_runtime_reconcile_panics_total grew by %v, want 1", got)

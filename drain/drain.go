@@ -159,10 +159,10 @@ const (
 // safe for concurrent use. An Executor drains once: after Drain began it refuses every call
 // for the rest of its life.
 type Executor struct {
-	opts     Options
-	clock    clock.WithTicker
-	log      logr.Logger
-	slots    chan struct{} // MaxConcurrent tokens; nil when unbounded
+	opts  Options
+	clock clock.WithTicker
+	log   logr.Logger
+	slots chan struct{} // MaxConcurrent tokens; nil when unbounded
 	// With the real clock, calls' start times are base plus the monotonic time since base:
 	// one clock read (time.Since) instead of two (time.Now) per call.
 	realTime bool

@@ -20,8 +20,8 @@ import (
 // documented default.
 type Options struct {
 	// Options configure the executor the Runnable owns (see drain.Options for their
-	// defaults). With no Logger, Add uses the manager's logger named "quiesce"; New
-	// discards the log.
+	// defaults, which hold here too: SlowAfter 1 minute, CancelAfter at once). With no
+	// Logger, Add uses the manager's logger named "quiesce"; New discards the log.
 	drain.Options
 
 	// GracePeriod bounds how long Start waits, once its context ended, for the tracked

@@ -14,9 +14,11 @@ import (
 	"github.com/go-logr/logr/funcr"
 	"go.uber.org/goleak"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/quiesce-dev/quiesce/drain"
 	"github.com/quiesce-dev/quiesce/internal"
+	"github.com/quiesce-dev/quiesce/reconcilers"
 	"github.com/quiesce-dev/quiesce/runnable"
 )
 
@@ -301,4 +303,21 @@ func TestAbandonedCallsWithoutLoggerAreInTheError(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+func TestShieldingIsFixedAtCreation(t *testing.T) {
+	// A reconcile that runs before the manager started the Runnable gets the same context
+	// policy as one after: the Runnable owns the executor from New on.
+	r := runnable.New(runnable.Options{Options: drain.Options{CancelAfter: -1}})
+	ctx, cancel := context.WithCancel(context.Background())
+	wrapped := reconcilers.Wrap(r.Executor(), "cm", reconcile.Func(func(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+		cancel() // controller-runtime's shutdown
+		return reconcile.Result{}, ctx.Err()
+	}))
+	if _, err := wrapped.Reconcile(ctx, reconcile.Request{}); err != nil {
+		t.Errorf("a reconcile before Start saw its caller's cancellation: %v", err)
+	}
+	if err := r.Executor().Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 }

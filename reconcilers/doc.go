@@ -5,10 +5,11 @@
 // wrapped reconcile, runs a blocking handler as a tracked call named
 // "<controller>/<namespace>/<name>/<handler>" and waits for it (if the reconcile's context
 // ends first, Call returns and the handler stays tracked, reported as detached); outside one
-// it runs the handler directly. While a started runnable.Runnable drives the executor, a
-// wrapped reconcile's context ends when the drain cancels it (drain.Options.CancelAfter),
-// not when controller-runtime begins to stop. Once the executor drains, new requests are
-// requeued instead of run.
+// it runs the handler directly. When a runnable.Runnable owns the executor (from
+// runnable.New or Add on), a wrapped reconcile's context ends when the drain cancels it
+// (drain.Options.CancelAfter), not when controller-runtime begins to stop; it keeps its
+// deadline. A panic in a wrapped reconcile reaches controller-runtime as it would
+// unwrapped. Once the executor drains, new requests are requeued instead of run.
 //
 // Handlers builds a reconciler of several named handlers per object, kopf-style: a
 // lifecycle function picks which pending handlers run in each cycle (inline, never through

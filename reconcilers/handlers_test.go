@@ -585,7 +585,7 @@ func TestHandlersInterruptedByTheDrain(t *testing.T) {
 	c := fake.NewClientBuilder().WithObjects(configMap("obj")).Build()
 	f := &fixture{t: t, c: c, rec: events.NewFakeRecorder(10), clock: clocktesting.NewFakePassiveClock(epoch)}
 	f.ex = drain.New(drain.Options{CancelAfter: 0})
-	internal.SettingsOf(f.ex).Driven = true // as a started runnable.Runnable does
+	internal.SettingsOf(f.ex).Driven = true // as a runnable.Runnable does
 	r, err := reconcilers.Handlers(f.ex, c, "cm", nil, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a"), slow, ok(&j, "c")},
 		reconcilers.HandlersOptions{Lifecycle: lifecycle.AllAtOnce, Recorder: f.rec, Clock: f.clock})
 	if err != nil {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"runtime"
+	"strings"
 	"time"
 
 	"github.com/quiesce-dev/quiesce/drain"
@@ -77,4 +79,31 @@ func ExampleExecutor_Run() {
 	// Output:
 	// running reconcile
 	// err: <nil>
+}
+
+func ExampleExecutor_Locate() {
+	ex := drain.New(drain.Options{})
+	defer func() { _ = ex.Drain(context.Background()) }()
+
+	release := make(chan struct{})
+	waiting := make(chan struct{})
+	if err := ex.Go(context.Background(), "export", func(context.Context) error {
+		close(waiting)
+		<-release // a call that waits, and ignores its context
+		return nil
+	}); err != nil {
+		log.Fatal(err)
+	}
+	<-waiting
+	var calls []drain.Pending
+	for range 1000 { // until the call blocks on release
+		if calls, _ = ex.Locate(-1); strings.HasSuffix(calls[0].Where, ":92)") {
+			break
+		}
+		runtime.Gosched()
+	}
+	close(release)
+	fmt.Println(calls[0].Name, "waits at", calls[0].Where)
+	// Output:
+	// export waits at drain_test.ExampleExecutor_Locate.func2 (example_test.go:92)
 }

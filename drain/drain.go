@@ -142,6 +142,12 @@ type Stats struct {
 	Refused   uint64 // calls refused because the executor drains (not bad input)
 	Panicked  uint64
 	Abandoned uint64 // calls still running when a Drain gave up (its ctx ended)
+
+	// Oldest is when the oldest pending call was admitted; zero while none is pending.
+	Oldest time.Time
+	// Slow counts the pending calls that have run for SlowAfter or longer (0 when it is
+	// off), as the "Slow calls" line would list them now.
+	Slow int64
 }
 
 // maxListed bounds how many calls a report, a log line or an error lists; the rest are
@@ -456,7 +462,7 @@ func (e *Executor) Drain(ctx context.Context) error {
 		return nil
 	default:
 	}
-	calls := e.list(-1)
+	calls, _ := e.list(-1)
 	for _, c := range calls {
 		if c.abandoned.CompareAndSwap(false, true) {
 			e.abandoned.Add(1)
@@ -527,31 +533,34 @@ func (e *Executor) supervise(cancelTimer, reportTimer clock.Timer) {
 // cancelCalls ends the contexts of all admitted calls. The drain calls it once no call can
 // be admitted any more, so it reaches every call.
 func (e *Executor) cancelCalls() {
-	for _, c := range e.list(-1) {
+	calls, _ := e.list(-1)
+	for _, c := range calls {
 		c.cancel(context.Canceled)
 	}
 }
 
-// list returns the admitted calls, oldest first: all, or the oldest limit.
-func (e *Executor) list(limit int) []*call {
+// list returns the admitted calls, oldest first: all, or the oldest limit; and how many
+// are admitted.
+func (e *Executor) list(limit int) (calls []*call, total int) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	n := int(e.inFlight)
+	total = int(e.inFlight)
+	n := total
 	if limit >= 0 && limit < n {
 		n = limit
 	}
-	calls := make([]*call, 0, n)
+	calls = make([]*call, 0, n)
 	for c := e.oldest; c != nil && len(calls) < n; c = c.next {
 		calls = append(calls, c)
 	}
-	return calls
+	return calls, total
 }
 
 // Pending returns a snapshot of the calls admitted and not yet returned, oldest first.
 // A call shows from the moment Call, Go or Run admitted it. Where and Handler are left
 // empty: Locate fills them.
 func (e *Executor) Pending() []Pending {
-	calls := e.list(-1)
+	calls, _ := e.list(-1)
 	out := make([]Pending, len(calls))
 	for i, c := range calls {
 		out[i] = c.pending()
@@ -563,11 +572,8 @@ func (e *Executor) Pending() []Pending {
 // stack (the cost grows with the goroutines of the process: ~3 ms for 100, ~300 ms for
 // 10,000). It returns the oldest limit calls (all if limit < 0) and how many are pending.
 func (e *Executor) Locate(limit int) (calls []Pending, total int) {
-	e.mu.Lock()
-	total = int(e.inFlight)
-	e.mu.Unlock()
-	cs := e.list(limit)
-	return e.locate(cs), max(total, len(cs))
+	cs, total := e.list(limit)
+	return e.locate(cs), total
 }
 
 // Draining returns a channel closed when Drain begins.
@@ -576,18 +582,19 @@ func (e *Executor) Draining() <-chan struct{} { return e.draining }
 // Stats returns the executor's counters.
 func (e *Executor) Stats() Stats {
 	// Finished before Started: a call is counted started before it can finish.
-	finished := e.finished.Load()
+	s := Stats{Finished: e.finished.Load()}
 	e.mu.Lock()
-	inFlight := e.inFlight
-	e.mu.Unlock()
-	return Stats{
-		InFlight:  inFlight,
-		Started:   e.started.Load(),
-		Finished:  finished,
-		Refused:   e.refused.Load(),
-		Panicked:  e.panicked.Load(),
-		Abandoned: e.abandoned.Load(),
+	s.InFlight = e.inFlight
+	if e.oldest != nil {
+		s.Oldest = e.oldest.start
+		s.Slow = e.countSlow(e.now())
 	}
+	e.mu.Unlock()
+	s.Started = e.started.Load()
+	s.Refused = e.refused.Load()
+	s.Panicked = e.panicked.Load()
+	s.Abandoned = e.abandoned.Load()
+	return s
 }
 
 // callKey is the key under which fn's context (a *call) returns itself from Value.

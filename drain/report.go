@@ -82,6 +82,19 @@ func (e *Executor) armSlow(d time.Duration) {
 	e.slowArmed = true
 }
 
+// countSlow counts the calls that have run for SlowAfter or longer at now: a prefix of the
+// list, oldest first. The caller holds e.mu.
+func (e *Executor) countSlow(now time.Time) int64 {
+	if e.opts.SlowAfter < 0 {
+		return 0
+	}
+	var n int64
+	for c := e.oldest; c != nil && now.Sub(c.start) >= e.opts.SlowAfter; c = c.next {
+		n++
+	}
+	return n
+}
+
 // checkSlow logs the slow calls, if any, and re-arms the timer while calls are in flight.
 func (e *Executor) checkSlow() {
 	e.mu.Lock()
@@ -90,20 +103,16 @@ func (e *Executor) checkSlow() {
 		e.mu.Unlock()
 		return
 	}
-	now := e.clock.Now()
-	var slow []*call
-	total := 0
-	c := e.oldest
-	for ; c != nil && now.Sub(c.start) >= e.opts.SlowAfter; c = c.next {
-		if total < maxListed {
-			slow = append(slow, c)
-		}
-		total++
+	now := e.now()
+	total := int(e.countSlow(now))
+	slow := make([]*call, 0, min(total, maxListed))
+	for c := e.oldest; len(slow) < cap(slow); c = c.next {
+		slow = append(slow, c)
 	}
 	if total > 0 {
 		e.armSlow(e.opts.ReportEvery)
 	} else {
-		e.armSlow(c.start.Add(e.opts.SlowAfter).Sub(now))
+		e.armSlow(e.oldest.start.Add(e.opts.SlowAfter).Sub(now))
 	}
 	e.mu.Unlock()
 	if total == 0 || !e.logging.CompareAndSwap(false, true) {

@@ -350,3 +350,31 @@ func TestSlowCallsOff(t *testing.T) {
 		}
 	})
 }
+
+func TestStatsOldestAndSlow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ex := drain.New(drain.Options{SlowAfter: 10 * time.Second})
+		if s := ex.Stats(); !s.Oldest.IsZero() || s.Slow != 0 {
+			t.Fatalf("idle Stats = %+v", s)
+		}
+		release := make(chan struct{})
+		start := time.Now()
+		for _, name := range []string{"a", "b"} {
+			if err := ex.Go(context.Background(), name, func(context.Context) error { <-release; return nil }); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(5 * time.Second)
+		}
+		// a is 10s old, b 5s.
+		if s := ex.Stats(); !s.Oldest.Equal(start) || s.Slow != 1 {
+			t.Errorf("Stats = %+v, want Oldest %v and 1 slow", s, start)
+		}
+		close(release)
+		if err := ex.Drain(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if s := ex.Stats(); !s.Oldest.IsZero() || s.Slow != 0 {
+			t.Errorf("drained Stats = %+v", s)
+		}
+	})
+}

@@ -126,7 +126,7 @@ func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 	var oldest time.Duration
-	slow := 0
+	var slow int64
 	c.mu.Lock()
 	sum := c.folded
 	for r := range c.live {
@@ -136,20 +136,10 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 		sum.Refused += s.Refused
 		sum.Panicked += s.Panicked
 		sum.Abandoned += s.Abandoned
-		if s.InFlight == 0 {
-			continue
+		if !s.Oldest.IsZero() {
+			oldest = max(oldest, r.clock.Since(s.Oldest))
 		}
-		// Pending is oldest first: the ages decrease along it.
-		for i, p := range r.ex.Pending() {
-			age := r.clock.Since(p.Started)
-			if i == 0 {
-				oldest = max(oldest, age)
-			}
-			if r.slowAfter < 0 || age <= r.slowAfter {
-				break
-			}
-			slow++
-		}
+		slow += s.Slow
 	}
 	c.mu.Unlock()
 	ch <- prometheus.MustNewConstMetric(statsDescs.inFlight, prometheus.GaugeValue, float64(sum.InFlight))

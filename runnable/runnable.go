@@ -42,22 +42,17 @@ const DefaultGracePeriod = 25 * time.Second
 // Runnable is a manager.Runnable that owns a drain.Executor and drains it when the manager
 // stops. Create it with New or Add; all its methods are safe for concurrent use.
 type Runnable struct {
-	ex        *drain.Executor
-	log       logr.Logger
-	clock     clock.PassiveClock // the executor's: calls are stamped with it
-	slowAfter time.Duration      // the executor's SlowAfter, defaulted; <0: off
-	grace     time.Duration
-	elected   bool
-	metered   bool // created by Add: in the metrics until Start returns
+	ex      *drain.Executor
+	log     logr.Logger
+	clock   clock.PassiveClock // the executor's: calls are stamped with it
+	grace   time.Duration
+	elected bool
+	metered bool // created by Add: in the metrics until Start returns
 
 	started atomic.Bool
 	stopped chan struct{} // closed when Start returned
 	err     error         // what Start returned; written before stopped is closed
 }
-
-// defaultSlowAfter is drain's default Options.SlowAfter, which quiesce_calls_slow counts
-// against when Options leave it zero.
-const defaultSlowAfter = time.Minute
 
 // DebugPath is where Add serves ServeHTTP on the manager's metrics server.
 const DebugPath = "/debug/quiesce"
@@ -88,10 +83,6 @@ func newRunnable(opts Options, metered bool) *Runnable {
 	if opts.Clock != nil {
 		clk = opts.Clock
 	}
-	slowAfter := opts.SlowAfter
-	if slowAfter == 0 {
-		slowAfter = defaultSlowAfter
-	}
 	ex := drain.New(opts.Options)
 	// Fixed here, before the executor is shared: a reconcile gets the same context policy
 	// whether it starts before or after the manager starts the Runnable, and every call of
@@ -102,14 +93,13 @@ func newRunnable(opts Options, metered bool) *Runnable {
 		settings.AfterCall = observeCall
 	}
 	return &Runnable{
-		ex:        ex,
-		log:       opts.Logger,
-		clock:     clk,
-		slowAfter: slowAfter,
-		grace:     opts.GracePeriod,
-		elected:   elected,
-		metered:   metered,
-		stopped:   make(chan struct{}),
+		ex:      ex,
+		log:     opts.Logger,
+		clock:   clk,
+		grace:   opts.GracePeriod,
+		elected: elected,
+		metered: metered,
+		stopped: make(chan struct{}),
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -84,7 +85,7 @@ func newHandlers(ns, name string, dopts drain.Options, hs []reconcilers.Handler[
 	mgr := newManager(handlersCacheIn(ns))
 	q, err := runnable.Add(mgr, runnable.Options{Options: dopts, GracePeriod: 20 * time.Second})
 	Expect(err).NotTo(HaveOccurred())
-	opts.Recorder = mgr.GetEventRecorder(name)
+	opts.Recorder = broadcaster.NewRecorder(scheme.Scheme, name)
 	r, err := reconcilers.Handlers(q.Executor(), mgr.GetClient(), name, nil, hs, opts)
 	Expect(err).NotTo(HaveOccurred())
 	Expect(ctrl.NewControllerManagedBy(mgr).For(&corev1.ConfigMap{}).Named(name).Complete(r)).To(Succeed())

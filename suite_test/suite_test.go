@@ -8,8 +8,10 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -20,6 +22,10 @@ var (
 	testEnv   *envtest.Environment
 	cfg       *rest.Config
 	k8sClient client.Client
+	// broadcaster records the specs' Events. It is the suite's own, not a manager's:
+	// mgr.GetEventRecorder exists only from controller-runtime v0.23 on, and the suite runs
+	// on the whole supported range.
+	broadcaster events.EventBroadcaster
 
 	transportsMu sync.Mutex
 	transports   []http.RoundTripper
@@ -53,9 +59,21 @@ var _ = BeforeSuite(func() {
 
 	k8sClient, err = client.New(cfg, client.Options{Scheme: scheme.Scheme})
 	Expect(err).NotTo(HaveOccurred())
+
+	cs, err := kubernetes.NewForConfig(cfg)
+	Expect(err).NotTo(HaveOccurred())
+	broadcaster = events.NewBroadcaster(&events.EventSinkImpl{Interface: cs.EventsV1()})
+	broadcaster.StartRecordingToSink(suiteStop)
 })
 
+// suiteStop ends the Event broadcaster's background work at the end of the suite.
+var suiteStop = make(chan struct{})
+
 var _ = AfterSuite(func() {
+	close(suiteStop)
+	if broadcaster != nil {
+		broadcaster.Shutdown()
+	}
 	By("stopping the envtest control plane")
 	if testEnv != nil {
 		Expect(testEnv.Stop()).To(Succeed())

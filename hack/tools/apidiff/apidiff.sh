@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# apidiff.sh [BASE] reports the changes of quiesce's exported API between the revision BASE and
+# the working tree, with golang.org/x/exp/cmd/apidiff pinned in this directory's go.mod (built by
+# the go command through the module proxy, kept in its build cache). `make apidiff [BASE=rev]`
+# runs it.
+#
+# BASE defaults to the newest tag reachable from HEAD or, while there is none, to the commit of
+# v0.1.0 (untagged; see CHANGELOG.md). Incompatible changes are listed first; each must have an
+# entry in CHANGELOG.md saying what users change in their code. Packages under internal/ are not
+# part of the API and are not compared. The exit status is 0 whatever the changes (this is a
+# report for review), non-zero only when the comparison itself fails.
+set -euo pipefail
+
+# v0.1.0: the last commit of the first milestone (issues 2-6), never tagged.
+V010=dd3b7694ab305806b614fc890522b6afd92f2000
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
+cd "${root}"
+module="$(go list -m)"
+base="${1:-}"
+if [[ -z "${base}" ]]; then
+	base="$(git describe --tags --abbrev=0 2>/dev/null || echo "${V010}")"
+fi
+rev="$(git rev-parse --verify --quiet "${base}^{commit}")" || {
+	echo "apidiff: unknown revision ${base}" >&2
+	exit 1
+}
+
+work="$(mktemp -d)"
+trap 'rm -rf "${work}"' EXIT
+apidiff="${work}/apidiff"
+go build -modfile=hack/tools/apidiff/go.mod -o "${apidiff}" golang.org/x/exp/cmd/apidiff
+
+# The export data of every non-internal package of the module, as apidiff sees it.
+export_api() { # dir out
+	(cd "$1" && GOFLAGS=-mod=mod GOWORK=off "${apidiff}" -m -w "$2" "${module}")
+}
+
+git archive --format=tar "${rev}" | tar -x -C "${work}" --one-top-level=old
+export_api "${work}/old" "${work}/old.export"
+export_api "${root}" "${work}/new.export"
+
+echo "Exported API of ${module}: ${base} ($(git rev-parse --short "${rev}")) -> working tree"
+"${apidiff}" -m "${work}/old.export" "${work}/new.export" | tee "${work}/report"
+if grep -q '^Incompatible changes:' "${work}/report"; then
+	echo "apidiff: incompatible changes above: each needs a CHANGELOG.md entry under Changed or Removed"
+elif [[ ! -s "${work}/report" ]]; then
+	echo "apidiff: no change"
+fi

@@ -10,6 +10,10 @@ ENVTEST = hack/setup-envtest.sh
 # golangci-lint at the version pinned in hack/tools/go.mod, built by the go command through the
 # module proxy and kept in its build cache. Its configuration is .golangci.yml.
 GOLANGCI_LINT = $(GO) tool -modfile=hack/tools/go.mod golangci-lint
+# actionlint checks .github/workflows, built the same way from its own tools module (its
+# dependencies clash with golangci-lint's). shellcheck and pyflakes are off so that the result
+# does not depend on what the machine has installed.
+ACTIONLINT = $(GO) tool -modfile=hack/tools/actionlint/go.mod actionlint -shellcheck= -pyflakes=
 
 .PHONY: all
 all: lint test
@@ -22,6 +26,17 @@ envtest: ## Print the directory holding kube-apiserver and etcd (building them i
 test: ## Unit tests and the envtest suite, with the race detector.
 	assets="$$($(ENVTEST))"; \
 	KUBEBUILDER_ASSETS="$$assets" $(GO) test -race -timeout 30m ./...
+	hack/check-go-get.sh
+
+.PHONY: test-latest
+test-latest: ## The same tests at the newest supported releases (hack/latest), go.mod unchanged.
+	modfile="$$(hack/latest/modfile.sh)"; assets="$$($(ENVTEST))"; \
+	GOFLAGS="$$($(GO) env GOFLAGS) -modfile=$$modfile" KUBEBUILDER_ASSETS="$$assets" \
+		$(GO) test -race -timeout 30m ./...
+
+.PHONY: apidiff
+apidiff: ## Exported-API changes since BASE (default: the newest tag, else v0.1.0).
+	hack/tools/apidiff/apidiff.sh $(BASE)
 
 .PHONY: demo
 demo: ## Run the demo operator against a real control plane, SIGTERM it, show its log.
@@ -33,18 +48,23 @@ bench: ## Benchmarks with their in-file baselines (ratios in README "Performance
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./...
 
 .PHONY: lint
-lint: ## go.mod tidy, gofmt, go vet, then golangci-lint (.golangci.yml).
+lint: ## go.mod tidy, gofmt, go vet, golangci-lint (.golangci.yml), then actionlint (workflows).
 	$(GO) mod tidy -diff
 	cd hack/tools && $(GO) mod tidy -diff
 	@out="$$(gofmt -l .)"; if [[ -n "$$out" ]]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GOLANGCI_LINT) run ./...
+	cd hack/tools/apidiff && $(GO) mod tidy -diff
+	cd hack/tools/actionlint && $(GO) mod tidy -diff
+	$(ACTIONLINT)
 
 .PHONY: lint-fix
 lint-fix: ## go mod tidy, and the fixes golangci-lint can make itself (gofmt, goimports, ...).
 	$(GO) mod tidy
 	cd hack/tools && $(GO) mod tidy
 	$(GOLANGCI_LINT) run --fix ./...
+	cd hack/tools/apidiff && $(GO) mod tidy
+	cd hack/tools/actionlint && $(GO) mod tidy
 
 .PHONY: help
 help:

@@ -6,7 +6,8 @@
 # ${CONTROLLER_RUNTIME_OLDEST} and k8s.io ${K8S_OLDEST}, imports controller-runtime, and is tidy.
 # Then it adds quiesce as a user would (go get, then go mod tidy once main.go imports it), with a
 # replace pointing at this checkout, and fails if the version of any k8s.io/ or sigs.k8s.io/
-# requirement changed. It also builds the result, and prints how go.mod changed.
+# requirement changed. It prints how go.mod changed. (It does not build: go mod tidy has loaded
+# every package, and make test builds quiesce at these same versions.)
 set -euo pipefail
 
 CONTROLLER_RUNTIME_OLDEST="${CONTROLLER_RUNTIME_OLDEST:-v0.22.0}"
@@ -87,7 +88,6 @@ import (
 )
 EOF
 run go mod tidy
-run go build ./...
 k8s_requirements >after.txt
 
 log "what adding quiesce changed in the operator's go.mod:"

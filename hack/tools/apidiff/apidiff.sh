@@ -32,13 +32,14 @@ apidiff="${work}/apidiff"
 go build -modfile=hack/tools/apidiff/go.mod -o "${apidiff}" golang.org/x/exp/cmd/apidiff
 
 # The export data of every non-internal package of the module, as apidiff sees it.
-export_api() { # dir out
-	(cd "$1" && GOFLAGS=-mod=mod GOWORK=off "${apidiff}" -m -w "$2" "${module}")
+# BASE's copy may fill in its go.sum (-mod=mod); the working tree's go.mod is never written.
+export_api() { # dir out goflags
+	(cd "$1" && GOFLAGS="$3" GOWORK=off "${apidiff}" -m -w "$2" "${module}")
 }
 
 git archive --format=tar "${rev}" | tar -x -C "${work}" --one-top-level=old
-export_api "${work}/old" "${work}/old.export"
-export_api "${root}" "${work}/new.export"
+export_api "${work}/old" "${work}/old.export" -mod=mod
+export_api "${root}" "${work}/new.export" -mod=readonly
 
 echo "Exported API of ${module}: ${base} ($(git rev-parse --short "${rev}")) -> working tree"
 "${apidiff}" -m "${work}/old.export" "${work}/new.export" >"${work}/raw"

@@ -12,7 +12,7 @@ import (
 func TestLocateCallNotStarted(t *testing.T) {
 	e := New(Options{})
 	ran := make(chan struct{})
-	c, err := e.admit(context.Background(), &internal.CallOptions{Name: [4]string{"admitted"}}, func(context.Context) error {
+	c, err := e.admit(context.Background(), &internal.CallOptions{Name: "admitted"}, func(context.Context) error {
 		close(ran)
 		return nil
 	})
@@ -24,7 +24,7 @@ func TestLocateCallNotStarted(t *testing.T) {
 	if len(calls) != 1 || calls[0].Name != "admitted" || calls[0].Where != NotStarted || calls[0].Handler != NotStarted {
 		t.Errorf("locate = %+v, want the call not started", calls)
 	}
-	go c.work()
+	go c.exec()
 	<-ran
 	if err := e.Drain(context.Background()); err != nil {
 		t.Fatal(err)

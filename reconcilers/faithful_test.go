@@ -26,7 +26,7 @@ import (
 // newDriven returns an executor as a runnable.Runnable owns it.
 func newDriven(opts drain.Options) *drain.Executor {
 	ex := drain.New(opts)
-	internal.SettingsOf(ex).Driven = true
+	internal.Of(ex).Settings().Driven.Store(true)
 	return ex
 }
 
@@ -35,7 +35,7 @@ func TestWrappedReconcileKeepsTheDeadline(t *testing.T) {
 		t.Run(fmt.Sprint("driven=", driven), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				ex := drain.New(drain.Options{CancelAfter: -1})
-				internal.SettingsOf(ex).Driven = driven
+				internal.Of(ex).Settings().Driven.Store(driven)
 				ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 				defer cancel()
 				want, _ := ctx.Deadline()

@@ -551,7 +551,7 @@ func (h *handlersReconciler[T]) run(ctx context.Context, id string, obj T) (outc
 			fmt.Errorf("failed to copy the object: DeepCopyObject of %T is not a %T", obj, own))
 	}
 	fn := h.handlers[h.index[id]].Fn
-	err := Call(ctx, id, func(ctx context.Context) error { return fn(ctx, own) })
+	err := call(ctx, id, func(ctx context.Context) error { return fn(ctx, own) }, false)
 	switch {
 	case err == nil:
 		return ranOK, nil

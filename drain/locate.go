@@ -48,9 +48,23 @@ type frame struct {
 
 // stack is one goroutine's stack in a capture (or several goroutines', identical).
 type stack struct {
-	frames    []frame
-	truncated bool // the profile kept only its innermost frames
-	execs     int  // how many exec frames it has: calls running on it, innermost first
+	locs      []*profile.Location // innermost first
+	truncated bool                // the profile kept only its innermost frames
+	execs     int                 // how many exec frames it has: calls running on it
+}
+
+// frames returns the frames of st, innermost first: in each location, the inlined calls,
+// then their caller. They are made only for the stacks a report describes.
+func (st stack) frames() []frame {
+	var out []frame
+	for _, loc := range st.locs {
+		for _, ln := range loc.Line {
+			if ln.Function != nil {
+				out = append(out, frame{Function: ln.Function.Name, File: ln.Function.Filename, Line: int(ln.Line)})
+			}
+		}
+	}
+	return out
 }
 
 // capture is the part of a goroutine profile that locating needs: the stacks of the
@@ -115,21 +129,20 @@ func takeCapture() *capture {
 		if len(ids) != 1 {
 			continue
 		}
-		var st stack
+		st := stack{locs: s.Location, truncated: true}
 		for _, loc := range s.Location {
-			for _, ln := range loc.Line { // innermost first: inlined calls, then their caller
+			for _, ln := range loc.Line {
 				if ln.Function == nil {
 					continue
 				}
-				f := frame{Function: ln.Function.Name, File: ln.Function.Filename, Line: int(ln.Line)}
-				if f.Function == execFunc {
+				switch ln.Function.Name {
+				case execFunc:
 					st.execs++
+				case "runtime.goexit": // every whole stack ends there
+					st.truncated = false
 				}
-				st.frames = append(st.frames, f)
 			}
 		}
-		// Every whole stack ends in runtime.goexit; a deeper one was cut from the outside.
-		st.truncated = len(st.frames) == 0 || st.frames[len(st.frames)-1].Function != "runtime.goexit"
 		c.stacks[ids[0]] = append(c.stacks[ids[0]], st)
 	}
 	return c
@@ -193,7 +206,7 @@ func (e *Executor) locate(calls []*call) []Pending {
 			continue
 		}
 		found[i] = true
-		out[i].Where, out[i].Handler = describe(st.frames, 0)
+		out[i].Where, out[i].Handler = describe(st.frames(), 0)
 		if out[i].Handler == "" {
 			out[i].Handler = Unknown
 			e.unknownWhy(unknownTooDeep)
@@ -219,7 +232,7 @@ func (e *Executor) locate(calls []*call) []Pending {
 			n++
 			if i, listed := index[a]; listed && held[i] != nil && !found[i] && st.execs > n {
 				found[i] = true
-				out[i].Where, out[i].Handler = describe(st.frames, n)
+				out[i].Where, out[i].Handler = describe(st.frames(), n)
 			}
 			c = a
 		}

@@ -182,10 +182,11 @@ func (e *Executor) checkSlow() {
 		return
 	}
 	defer e.logging.Store(false)
-	calls := e.locate(slow)
-	kv := []any{"slow", count, "slowAfter", e.opts.SlowAfter.String(), "calls", entries(calls, now)}
-	if more := count - len(calls); more > 0 {
+	ents := entries(e.locate(slow), now)
+	kv := []any{"slow", count, "slowAfter", e.opts.SlowAfter.String(), "calls", ents}
+	if more := count - len(ents); more > 0 {
 		kv = append(kv, "more", more)
 	}
 	e.safely(func() { e.log.Info("Slow calls", kv...) })
+	e.observeSlow(slow, ents)
 }

@@ -22,6 +22,9 @@ type Settings struct {
 	// fn ran and its error (the *drain.PanicError if fn panicked). It must not block.
 	// A panic in it is logged, never raised.
 	AfterCall func(controller string, took time.Duration, err error)
+
+	// Observers are told of slow and abandoned calls (reconcilers.WithEvents adds one).
+	Observers Observers
 }
 
 // CallOptions shape one tracked call started through Run, Call or Go.
@@ -47,6 +50,10 @@ type CallOptions struct {
 	// Go ignores it.
 	Repanic bool
 
+	// Tag is the caller's own mark of the call, passed to Observers (reconcilers sets the
+	// reconcile's request, and Call inherits it); nil for calls that have none.
+	Tag any
+
 	// Daemon: the call is meant to run until the drain stops it (a per-object daemon).
 	// It is listed with drain.Pending.Daemon set, never counted or logged as slow, and its
 	// context is cancelled the moment the drain begins, not at CancelAfter.
@@ -65,6 +72,9 @@ type Core interface {
 	// Go is drain.Executor.Go shaped by o: it returns nil once fn is tracked, or the
 	// error of a refused call (errors.Is(err, drain.ErrDraining) once the drain began).
 	Go(ctx context.Context, o CallOptions, fn func(context.Context) error) error
+	// Abandoned tells the Observers of every call still running, located. runnable calls
+	// it once, at the end of the grace period; it returns when they did or ctx ended.
+	Abandoned(ctx context.Context)
 }
 
 // Hidden is embedded in drain.Executor under an unexported field name: its method core is

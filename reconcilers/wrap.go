@@ -21,6 +21,7 @@ type Option func(*options)
 
 type options struct {
 	requeueAfter time.Duration
+	events       *eventer // WithEvents
 }
 
 // DefaultRequeueAfter is how long after a refused request Wrap asks for it again by default.
@@ -79,6 +80,15 @@ func WrapTyped[R comparable](
 	for _, opt := range opts {
 		opt(&o)
 	}
+	if o.events != nil {
+		var zero R
+		if _, ok := any(zero).(reconcile.Request); !ok {
+			panic(fmt.Sprintf("reconcilers.WrapTyped(%q): WithEvents needs reconcile.Request requests, not %T",
+				controller, zero))
+		}
+		o.events.controller = controller
+		internal.Of(ex).Settings().Observers.Add(o.events)
+	}
 	return &wrapped[R]{ex: internal.Of(ex), r: r, opts: o, controller: controller}
 }
 
@@ -102,6 +112,7 @@ func (w *wrapped[R]) Reconcile(ctx context.Context, req R) (reconcile.Result, er
 		Name:        w.name(req),
 		Controller:  w.controller,
 		ReconcileID: string(controller.ReconcileIDFromContext(ctx)),
+		Tag:         w.opts.events.tag(req),
 		Shield:      true,
 		Repanic:     true,
 	}, func(ctx context.Context) error {
@@ -171,6 +182,7 @@ func call(ctx context.Context, name string, fn func(context.Context) error, repa
 		Name:        outer.Name + "/" + name,
 		Controller:  outer.Controller,
 		ReconcileID: outer.ReconcileID,
+		Tag:         outer.Tag,
 		Repanic:     repanic,
 	}, fn)
 }

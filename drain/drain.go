@@ -554,10 +554,8 @@ func (e *Executor) beginDrain() {
 
 // armReport arms the next report in d. The caller holds e.mu.
 func (e *Executor) armReport(d time.Duration) {
-	if e.report != nil {
-		e.report.Reset(d)
-		return
-	}
+	// A new timer each time, not Reset: the fake clocks' AfterFunc timers fire only once.
+	stopTimer(e.report)
 	// A fake clock calls the func with its lock held: the report needs the clock.
 	e.report = e.clock.AfterFunc(d, func() { go e.reportDue() })
 }

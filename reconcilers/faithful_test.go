@@ -230,30 +230,29 @@ func (s *stuckReconciler) Reconcile(context.Context, reconcile.Request) (reconci
 }
 
 func TestLocateNamesTheReconcilersOwnLine(t *testing.T) {
-	ex := newDriven(drain.Options{})
-	drained(t, ex)
-	s := &stuckReconciler{at: make(chan string, 1), release: make(chan struct{})}
-	r := reconcilers.Wrap(ex, "cm", s)
-	done := make(chan error, 1)
-	go func() {
-		_, err := r.Reconcile(context.Background(), request("ns", "obj"))
-		done <- err
-	}()
-	at := <-s.at
-	var calls []drain.Pending
-	for range 1000 { // until the reconcile blocks on release
-		if calls, _ = ex.Locate(-1); len(calls) == 1 && calls[0].Where == at {
-			break
+	synctest.Test(t, func(t *testing.T) {
+		ex := newDriven(drain.Options{})
+		s := &stuckReconciler{at: make(chan string, 1), release: make(chan struct{})}
+		r := reconcilers.Wrap(ex, "cm", s)
+		done := make(chan error, 1)
+		go func() {
+			_, err := r.Reconcile(context.Background(), request("ns", "obj"))
+			done <- err
+		}()
+		at := <-s.at
+		synctest.Wait() // the reconcile blocks on release
+		calls, _ := ex.Locate(-1)
+		close(s.release)
+		if err := <-done; err != nil {
+			t.Fatal(err)
 		}
-		runtime.Gosched()
-	}
-	close(s.release)
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	if len(calls) != 1 || calls[0].Name != "cm/ns/obj" || calls[0].Where != at || calls[0].Handler != at {
-		t.Errorf("Locate = %+v, want cm/ns/obj at and in %q, the reconciler's own line", calls, at)
-	}
+		if len(calls) != 1 || calls[0].Name != "cm/ns/obj" || calls[0].Where != at || calls[0].Handler != at {
+			t.Errorf("Locate = %+v, want cm/ns/obj at and in %q, the reconciler's own line", calls, at)
+		}
+		if err := ex.Drain(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
 }
 
 // lineBelow returns how a location shows the line below its caller.

@@ -195,7 +195,7 @@ func (c *call) finish(l *label, err error) {
 			e.log.Error(err, "Call panicked", "call", internal.Cut(pe.Name), "panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))
 		})
 	}
-	e.unlink(c) // before the caller learns the result: a call it saw return is not pending
+	e.unlink(c)                  // before the caller learns the result: a call it saw return is not pending
 	if waited && c.done != nil { // nil for Run, which reads c.err on this goroutine
 		close(c.done)
 	}

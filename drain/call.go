@@ -166,6 +166,11 @@ func (c *call) exec() {
 }
 
 func (c *call) panicError(v any) *PanicError {
+	if pe, ok := v.(*PanicError); ok && pe.raised {
+		// A nested call's panic that its caller raised again (internal.CallOptions.Repanic):
+		// counted once, where fn panicked, and told with that fn's stack.
+		return pe
+	}
 	c.e.panicked.Add(1)
 	return &PanicError{Name: c.opts.Name, Value: v, Stack: debug.Stack()}
 }

@@ -100,6 +100,8 @@ type PanicError struct {
 	Name  string
 	Value any
 	Stack []byte
+
+	raised bool // raised again on the caller's goroutine (internal.CallOptions.Repanic)
 }
 
 func (e *PanicError) Error() string {
@@ -303,6 +305,7 @@ func (e *Executor) call(ctx context.Context, o *internal.CallOptions, fn func(co
 	if o.Repanic && errors.As(c.err, &pe) {
 		// Settled and counted: the caller's goroutine panics as it would calling fn
 		// itself, with fn's value and stack in the *PanicError.
+		pe.raised = true
 		panic(pe)
 	}
 	return c.err

@@ -166,12 +166,17 @@ func (c *call) exec() {
 }
 
 func (c *call) panicError(v any) *PanicError {
+	if pe, ok := v.(*PanicError); ok && pe.raised {
+		// A nested call's panic that its caller raised again (internal.CallOptions.Repanic):
+		// counted once, where fn panicked, and told with that fn's stack.
+		return pe
+	}
 	c.e.panicked.Add(1)
 	return &PanicError{Name: c.opts.Name, Value: v, Stack: debug.Stack()}
 }
 
 // finish settles c with fn's result err: gives its label back, counts it, ends fn's
-// context, hands err to whoever waits (or logs a panic nobody will see), and unlists it.
+// context, logs a panic nobody will see, unlists it and hands err to whoever waits.
 func (c *call) finish(l *label, err error) {
 	e := c.e
 	c.leave(l)
@@ -187,18 +192,18 @@ func (c *call) finish(l *label, err error) {
 		c.stop()
 	}
 	c.err = err
-	if c.state.CompareAndSwap(callWaiting, callFinished) {
-		if c.done != nil { // nil for Run, which reads c.err on this goroutine
-			close(c.done)
-		}
-	} else if pe := (*PanicError)(nil); errors.As(err, &pe) {
+	waited := c.state.CompareAndSwap(callWaiting, callFinished)
+	if pe := (*PanicError)(nil); !waited && errors.As(err, &pe) {
 		// Logged before the call is unlisted: a Drain that returns once it is gone
 		// returns after this line.
 		e.safely(func() {
 			e.log.Error(err, "Call panicked", "call", internal.Cut(pe.Name), "panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))
 		})
 	}
-	e.unlink(c)
+	e.unlink(c)                  // before the caller learns the result: a call it saw return is not pending
+	if waited && c.done != nil { // nil for Run, which reads c.err on this goroutine
+		close(c.done)
+	}
 }
 
 // afterCall calls the AfterCall hook; a panic in it is logged, never raised.

@@ -100,6 +100,8 @@ type PanicError struct {
 	Name  string
 	Value any
 	Stack []byte
+
+	raised bool // raised again on the caller's goroutine (internal.CallOptions.Repanic)
 }
 
 func (e *PanicError) Error() string {
@@ -303,6 +305,7 @@ func (e *Executor) call(ctx context.Context, o *internal.CallOptions, fn func(co
 	if o.Repanic && errors.As(c.err, &pe) {
 		// Settled and counted: the caller's goroutine panics as it would calling fn
 		// itself, with fn's value and stack in the *PanicError.
+		pe.raised = true
 		panic(pe)
 	}
 	return c.err
@@ -554,10 +557,8 @@ func (e *Executor) beginDrain() {
 
 // armReport arms the next report in d. The caller holds e.mu.
 func (e *Executor) armReport(d time.Duration) {
-	if e.report != nil {
-		e.report.Reset(d)
-		return
-	}
+	// A new timer each time, not Reset: the fake clocks' AfterFunc timers fire only once.
+	stopTimer(e.report)
 	// A fake clock calls the func with its lock held: the report needs the clock.
 	e.report = e.clock.AfterFunc(d, func() { go e.reportDue() })
 }

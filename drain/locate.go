@@ -2,6 +2,7 @@ package drain
 
 import (
 	"bytes"
+	"os"
 	"reflect"
 	"runtime"
 	"runtime/debug"
@@ -76,6 +77,9 @@ type capture struct {
 	ok     bool               // the profile was written and read
 }
 
+// captureTaken is called after each capture: a seam for tests.
+var captureTaken = func() {}
+
 // captures shares the goroutine profile among those who ask at once or soon after.
 var captures struct {
 	mu     sync.Mutex
@@ -87,7 +91,7 @@ var captures struct {
 func captureSince(seq uint64) *capture {
 	for {
 		captures.mu.Lock()
-		if c := captures.last; c != nil && c.seq >= seq && time.Since(c.at) < captureReuse {
+		if c := captures.last; c != nil && c.seq >= seq && fresh(c.at) {
 			captures.mu.Unlock()
 			return c
 		}
@@ -101,12 +105,19 @@ func captureSince(seq uint64) *capture {
 		captures.mu.Unlock()
 
 		c := takeCapture()
+		captureTaken()
 		captures.mu.Lock()
 		captures.last, captures.flight = c, nil
 		captures.mu.Unlock()
 		close(f)
 		return c
 	}
+}
+
+// fresh reports whether a capture taken at is young enough to be reused.
+func fresh(at time.Time) bool {
+	age := time.Since(at)
+	return age >= 0 && age < captureReuse
 }
 
 // takeCapture writes the goroutine profile and keeps the stacks labelled by quiesce.
@@ -124,28 +135,37 @@ func takeCapture() *capture {
 	}
 	c.ok = true
 	c.stacks = make(map[string][]stack)
+	depth := profStackDepth()
 	for _, s := range p.Sample {
 		ids := s.Label[labelKey]
 		if len(ids) != 1 {
 			continue
 		}
-		st := stack{locs: s.Location, truncated: true}
+		st := stack{locs: s.Location, truncated: len(s.Location) >= depth}
 		for _, loc := range s.Location {
 			for _, ln := range loc.Line {
-				if ln.Function == nil {
-					continue
-				}
-				switch ln.Function.Name {
-				case execFunc:
+				if ln.Function != nil && ln.Function.Name == execFunc {
 					st.execs++
-				case "runtime.goexit": // every whole stack ends there
-					st.truncated = false
 				}
 			}
 		}
 		c.stacks[ids[0]] = append(c.stacks[ids[0]], st)
 	}
 	return c
+}
+
+// profStackDepth returns how many frames of a stack the goroutine profile keeps: GODEBUG
+// profstackdepth (the runtime caps it at 1024), 128 by default.
+func profStackDepth() int {
+	depth := 128
+	for _, kv := range strings.Split(os.Getenv("GODEBUG"), ",") { // the last one counts
+		if v, ok := strings.CutPrefix(strings.TrimSpace(kv), "profstackdepth="); ok {
+			if n, err := strconv.Atoi(v); err == nil && n > 0 {
+				depth = min(n, 1024)
+			}
+		}
+	}
+	return depth
 }
 
 // ownStack returns, among the stacks labelled with a call's id, the one of the call's own

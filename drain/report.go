@@ -100,10 +100,8 @@ func (e *Executor) armSlow(d time.Duration) {
 		return
 	}
 	e.slowArmed = true
-	if e.slowTimer != nil {
-		e.slowTimer.Reset(d)
-		return
-	}
+	// A new timer each time, not Reset: the fake clocks' AfterFunc timers fire only once.
+	stopTimer(e.slowTimer)
 	// A fake clock calls the func with its lock held: check on a goroutine of its own.
 	e.slowTimer = e.clock.AfterFunc(d, func() { go e.checkSlow() })
 }

@@ -3,7 +3,12 @@ package internal
 import (
 	"context"
 	"sync"
+	"time"
 )
+
+// ObserveTimeout bounds what the Observers of an executor may take of a drain: the Event
+// writes of one "Slow calls" line, and those about the calls abandoned at its end.
+const ObserveTimeout = 2 * time.Second
 
 // Observed is a call as an Observer sees it: the entry a log line shows, and the options
 // the call was started with (Tag tells an observer which of its calls it is).

@@ -211,7 +211,14 @@ func (r *Runnable) drain() error {
 		log.Error(err, "Failed to drain executor")
 		return err
 	}
-	return r.abandon(log, pe)
+	err = r.abandon(log, pe)
+
+	// Step 4: tell the executor's observers (reconcilers.WithEvents records an Event on
+	// each abandoned reconcile's object), bounded, before Start and so mgr.Start return.
+	octx, ocancel := context.WithTimeout(context.Background(), internal.ObserveTimeout)
+	defer ocancel()
+	internal.Of(r.ex).Abandoned(octx)
+	return err
 }
 
 // abandonedMsg is the message of the line that lists the abandoned calls.

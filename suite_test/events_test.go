@@ -31,6 +31,17 @@ func eventsOf(ctx context.Context, ns string, uid types.UID) []string {
 	return out
 }
 
+// printEvents writes the Events on the object whose UID is uid as `kubectl describe` lists them.
+func printEvents(ctx context.Context, ns string, uid types.UID) {
+	var list corev1.EventList
+	Expect(k8sClient.List(ctx, &list, client.InNamespace(ns),
+		client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector("involvedObject.uid", string(uid))})).To(Succeed())
+	GinkgoWriter.Println("Events:\n  Type     Reason              From      Message")
+	for _, e := range list.Items {
+		GinkgoWriter.Printf("  %-8s %-19s %-9s %s\n", e.Type, e.Reason, e.Source.Component, e.Message)
+	}
+}
+
 var _ = Describe("WithEvents", func() {
 	It("should record ReconcileSlow once while a reconcile stays slow, and ReconcileAbandoned before mgr.Start returns",
 		func(ctx SpecContext) {
@@ -70,6 +81,7 @@ var _ = Describe("WithEvents", func() {
 			Eventually(done, time.Minute).Should(Receive())
 			Expect(eventsOf(ctx, ns, cm.UID)).To(Equal([]string{reconcilers.ReasonReconcileSlow, reconcilers.ReasonReconcileAbandoned}))
 			Expect(q.Err()).To(HaveOccurred())
+			printEvents(ctx, ns, cm.UID)
 
 			release()
 			expectNoLeaks(cur)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"reflect"
 	"runtime"
 	"strings"
 	"sync"
@@ -148,4 +149,9 @@ func blocking(started chan<- string, release <-chan struct{}) func(context.Conte
 		<-release
 		return nil
 	}
+}
+
+// funcName returns the full name of the function f.
+func funcName(f any) string {
+	return runtime.FuncForPC(reflect.ValueOf(f).Pointer()).Name()
 }

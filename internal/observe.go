@@ -1,0 +1,52 @@
+package internal
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// ObserveTimeout bounds what the Observers of an executor may take of a drain: the Event
+// writes of one "Slow calls" line, and those about the calls abandoned at its end.
+const ObserveTimeout = 2 * time.Second
+
+// Observed is a call as an Observer sees it: the entry a log line shows, and the options
+// the call was started with (Tag tells an observer which of its calls it is).
+type Observed struct {
+	Entry
+	Options CallOptions
+}
+
+// Observer is told of calls that need a user's attention. reconcilers.WithEvents records
+// Events on their objects from it.
+type Observer interface {
+	// Slow is called with the calls of each "Slow calls" line, on the goroutine that
+	// logged it, after the line. It must not block. ctx carries the executor's logger
+	// (logr.FromContextOrDiscard) and never ends.
+	Slow(ctx context.Context, calls []Observed)
+	// Abandoned is called by runnable.Runnable, once, with every call still running at the
+	// end of the grace period, before its Start returns. It may block until ctx ends; ctx
+	// carries the executor's logger.
+	Abandoned(ctx context.Context, calls []Observed)
+}
+
+// Observers are the observers of one executor; the zero value has none. Safe for
+// concurrent use.
+type Observers struct {
+	mu   sync.Mutex
+	list []Observer
+}
+
+// Add adds o.
+func (s *Observers) Add(o Observer) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.list = append(s.list, o)
+}
+
+// List returns the observers added so far.
+func (s *Observers) List() []Observer {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.list
+}

@@ -1,0 +1,89 @@
+package suite_test
+
+import (
+	"context"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"go.uber.org/goleak"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/quiesce-dev/quiesce/drain"
+	"github.com/quiesce-dev/quiesce/reconcilers"
+	"github.com/quiesce-dev/quiesce/runnable"
+)
+
+// eventsOf returns the reasons of the Events on the object whose UID is uid, oldest first.
+func eventsOf(ctx context.Context, ns string, uid types.UID) []string {
+	var list corev1.EventList
+	Expect(k8sClient.List(ctx, &list, client.InNamespace(ns),
+		client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector("involvedObject.uid", string(uid))})).To(Succeed())
+	var out []string
+	for _, e := range list.Items {
+		out = append(out, e.Reason)
+	}
+	return out
+}
+
+// printEvents writes the Events on the object whose UID is uid as `kubectl describe` lists them.
+func printEvents(ctx context.Context, ns string, uid types.UID) {
+	var list corev1.EventList
+	Expect(k8sClient.List(ctx, &list, client.InNamespace(ns),
+		client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector("involvedObject.uid", string(uid))})).To(Succeed())
+	GinkgoWriter.Println("Events:\n  Type     Reason              From      Message")
+	for _, e := range list.Items {
+		GinkgoWriter.Printf("  %-8s %-19s %-9s %s\n", e.Type, e.Reason, e.Source.Component, e.Message)
+	}
+}
+
+var _ = Describe("WithEvents", func() {
+	It("should record ReconcileSlow once while a reconcile stays slow, and ReconcileAbandoned before mgr.Start returns",
+		func(ctx SpecContext) {
+			cur := goleak.IgnoreCurrent()
+			ns := newNamespace(ctx)
+			mgr := newManager(inNamespace(ns))
+			var logs logLines
+			q, err := runnable.Add(mgr, runnable.Options{
+				Options:     drain.Options{Logger: logs.logger(), SlowAfter: 500 * time.Millisecond, ReportEvery: 500 * time.Millisecond},
+				GracePeriod: 2 * time.Second,
+			})
+			Expect(err).NotTo(HaveOccurred())
+			hold, release := releaser()
+			stuck := make(chan struct{}, 1)
+			Expect(ctrl.NewControllerManagedBy(mgr).For(&corev1.ConfigMap{}).Named("evented").
+				Complete(reconcilers.Wrap(q.Executor(), "evented", reconcile.Func(
+					func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+						return reconcile.Result{}, reconcilers.Call(ctx, "export", func(context.Context) error {
+							stuck <- struct{}{}
+							<-hold // ignores its context
+							return nil
+						})
+					}), reconcilers.WithEvents(mgr.GetClient(), &corev1.ConfigMap{})))).To(Succeed())
+			stop, done := startManager(mgr)
+			var cm corev1.ConfigMap
+			Expect(k8sClient.Get(ctx, configMap(ctx, ns, "cm"), &cm)).To(Succeed())
+			Eventually(stuck).Should(Receive())
+
+			By("recording one ReconcileSlow Event on the object while it stays slow")
+			Eventually(func() []string { return eventsOf(ctx, ns, cm.UID) }, 10*time.Second).
+				Should(Equal([]string{reconcilers.ReasonReconcileSlow}))
+			Consistently(func() []string { return eventsOf(ctx, ns, cm.UID) }, 2*time.Second).
+				Should(Equal([]string{reconcilers.ReasonReconcileSlow}))
+
+			By("recording ReconcileAbandoned by the time mgr.Start returned")
+			stop()
+			Eventually(done, time.Minute).Should(Receive())
+			Expect(eventsOf(ctx, ns, cm.UID)).To(ConsistOf(reconcilers.ReasonReconcileSlow, reconcilers.ReasonReconcileAbandoned))
+			Expect(q.Err()).To(HaveOccurred())
+			printEvents(ctx, ns, cm.UID)
+
+			release()
+			expectNoLeaks(cur)
+		})
+})

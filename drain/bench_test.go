@@ -280,11 +280,14 @@ var reportCases = []struct {
 func BenchmarkReport(b *testing.B) {
 	for _, tc := range reportCases {
 		b.Run(tc.name, func(b *testing.B) {
-			lines := 0
+			lines, measuring := 0, true
 			listed := min(tc.pending, 20)
 			ex := drain.New(drain.Options{
 				CancelAfter: -1,
 				Logger: (&logs{}).loggerFunc(b, func(l logLine) {
+					if !measuring { // the final Drain's reports, as the calls return
+						return
+					}
 					// Deeper than the profile keeps (128 frames), a call has its Where, not
 					// its Handler.
 					if l.Pending != tc.pending || len(l.Calls) != listed || l.Calls[0].Where == drain.Unknown {
@@ -302,6 +305,7 @@ func BenchmarkReport(b *testing.B) {
 			if lines != b.N {
 				b.Errorf("%d reports logged, want %d", lines, b.N)
 			}
+			measuring = false
 			releaseOther()
 			release()
 			if err := ex.Drain(context.Background()); err != nil {
@@ -364,4 +368,22 @@ func BenchmarkDrainGivesUp10k(b *testing.B) {
 	if err := ex.Drain(context.Background()); err != nil {
 		b.Fatal(err)
 	}
+}
+
+// The pairs of the budgets of issue 14, each measured next to its baseline: with -count N
+// the two alternate, so that a busy machine slows both alike. Compare the medians.
+
+func BenchmarkPairCall(b *testing.B) {
+	b.Run("Call", BenchmarkCall)
+	b.Run("baseline", BenchmarkCallBaseline)
+}
+
+func BenchmarkPairGo(b *testing.B) {
+	b.Run("Go", BenchmarkGo)
+	b.Run("errgroup", BenchmarkGoErrgroup)
+}
+
+func BenchmarkPairRun(b *testing.B) {
+	b.Run("Run", BenchmarkRun)
+	b.Run("direct", BenchmarkRunDirect)
 }

@@ -193,16 +193,24 @@ func (c *call) finish(l *label, err error) {
 	}
 	c.err = err
 	waited := c.state.CompareAndSwap(callWaiting, callFinished)
-	if pe := (*PanicError)(nil); !waited && errors.As(err, &pe) {
-		// Logged before the call is unlisted: a Drain that returns once it is gone
-		// returns after this line.
-		e.safely(func() {
-			e.log.Error(err, "Call panicked", "call", internal.Cut(pe.Name), "panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))
-		})
+	if !waited && err != nil {
+		e.logPanic(err)
 	}
 	e.unlink(c)                  // before the caller learns the result: a call it saw return is not pending
 	if waited && c.done != nil { // nil for Run, which reads c.err on this goroutine
 		close(c.done)
+	}
+}
+
+// logPanic logs err if it is a panic: of a call nobody waits for, which nobody else sees.
+// It is logged before the call is unlisted: a Drain that returns once the call is gone
+// returns after this line.
+func (e *Executor) logPanic(err error) {
+	var pe *PanicError
+	if errors.As(err, &pe) {
+		e.safely(func() {
+			e.log.Error(err, "Call panicked", "call", internal.Cut(pe.Name), "panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))
+		})
 	}
 }
 

@@ -301,14 +301,21 @@ func (e *Executor) call(ctx context.Context, o *internal.CallOptions, fn func(co
 		}
 		<-c.done // fn returned meanwhile; take its result instead
 	}
+	if o.Repanic && c.err != nil {
+		repanic(c.err)
+	}
+	return c.err
+}
+
+// repanic raises err again on the caller's goroutine if it is a panic of fn: settled and
+// counted, the caller's goroutine panics as it would calling fn itself, with fn's value and
+// stack in the *PanicError.
+func repanic(err error) {
 	var pe *PanicError
-	if o.Repanic && errors.As(c.err, &pe) {
-		// Settled and counted: the caller's goroutine panics as it would calling fn
-		// itself, with fn's value and stack in the *PanicError.
+	if errors.As(err, &pe) {
 		pe.raised = true
 		panic(pe)
 	}
-	return c.err
 }
 
 // Go is Call without waiting: it returns nil once fn is tracked, or the error that Call

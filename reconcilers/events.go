@@ -77,11 +77,8 @@ type eventTag struct {
 	slow atomic.Bool // ReasonReconcileSlow recorded
 }
 
-// tag returns the Tag of a reconcile of req: nil without WithEvents (no allocation then).
+// tag returns the Tag of a reconcile of req, a reconcile.Request.
 func (ev *eventer) tag(req any) any {
-	if ev == nil {
-		return nil
-	}
 	r, _ := req.(reconcile.Request)
 	return &eventTag{ev: ev, key: r.NamespacedName}
 }

@@ -89,7 +89,7 @@ func WrapTyped[R comparable](
 		o.events.controller = controller
 		internal.Of(ex).Settings().Observers.Add(o.events)
 	}
-	return &wrapped[R]{ex: internal.Of(ex), r: r, opts: o, controller: controller}
+	return &wrapped[R]{ex: internal.Of(ex), r: r, opts: o, controller: controller, name: namer[R](controller)}
 }
 
 type wrapped[R comparable] struct {
@@ -97,6 +97,7 @@ type wrapped[R comparable] struct {
 	r          reconcile.TypedReconciler[R]
 	opts       options
 	controller string
+	name       func(R) string // the call's name for a request
 	refusedLog sync.Once
 }
 
@@ -108,11 +109,15 @@ func (w *wrapped[R]) Reconcile(ctx context.Context, req R) (reconcile.Result, er
 	// Run, not Call: controller-runtime's worker waits for its reconcile anyway, so the
 	// reconcile runs on that goroutine, tracked, with no hand-off.
 	var res reconcile.Result
+	var tag any
+	if w.opts.events != nil {
+		tag = w.opts.events.tag(any(req))
+	}
 	err := w.ex.Run(ctx, internal.CallOptions{
 		Name:        w.name(req),
 		Controller:  w.controller,
 		ReconcileID: string(controller.ReconcileIDFromContext(ctx)),
-		Tag:         w.opts.events.tag(req),
+		Tag:         tag,
 		Shield:      true,
 		Repanic:     true,
 	}, func(ctx context.Context) error {
@@ -134,18 +139,24 @@ func (w *wrapped[R]) requeue(ctx context.Context) reconcile.Result {
 	return reconcile.Result{RequeueAfter: w.opts.requeueAfter}
 }
 
-// name returns the call's name for req.
-func (w *wrapped[R]) name(req R) string {
-	switch r := any(req).(type) {
-	case reconcile.Request:
-		if r.Namespace == "" {
-			return w.controller + "/" + r.Name
-		}
-		return w.controller + "/" + r.Namespace + "/" + r.Name
-	case fmt.Stringer:
-		return w.controller + "/" + r.String()
+// namer returns the function naming a reconcile of controller, chosen once: a
+// reconcile.Request is read without going through an interface (no allocation).
+func namer[R comparable](controller string) func(R) string {
+	var zero R
+	if _, ok := any(zero).(reconcile.Request); ok {
+		return any(func(r reconcile.Request) string {
+			if r.Namespace == "" {
+				return controller + "/" + r.Name
+			}
+			return controller + "/" + r.Namespace + "/" + r.Name
+		}).(func(R) string)
 	}
-	return w.controller + "/" + fmt.Sprint(req)
+	return func(req R) string {
+		if s, ok := any(req).(fmt.Stringer); ok {
+			return controller + "/" + s.String()
+		}
+		return controller + "/" + fmt.Sprint(req)
+	}
 }
 
 // Call runs a blocking handler call from inside a wrapped reconciler as a tracked call

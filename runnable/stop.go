@@ -4,6 +4,7 @@ import (
 	"context"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 	"weak"
 
@@ -18,6 +19,7 @@ type stopState struct {
 	// or a WebhookServer); otherwise the stop stays as quiet as a plain Runnable's.
 	timeline bool
 
+	running   atomic.Bool   // the manager started the stop procedure
 	at        time.Time     // when the stop began; written before stopping is closed
 	stopping  chan struct{} // closed when the manager's stop began
 	delayOver chan struct{} // closed when ShutdownDelay is over
@@ -68,8 +70,9 @@ func (s *stopper) NeedLeaderElection() bool { return false }
 
 // Start blocks until ctx ends, then runs the stop procedure, one step at a time.
 func (s *stopper) Start(ctx context.Context) error {
-	<-ctx.Done()
 	r, st := s.r, s.r.stop
+	st.running.Store(true)
+	<-ctx.Done()
 	log := r.log.V(1)
 	if st.timeline {
 		log = r.log

@@ -78,10 +78,12 @@ func newFakeServer() *fakeServer {
 	return &fakeServer{mux: http.NewServeMux(), started: make(chan struct{})}
 }
 
-func (s *fakeServer) NeedLeaderElection() bool            { return false }
+func (s *fakeServer) NeedLeaderElection() bool             { return false }
 func (s *fakeServer) Register(path string, h http.Handler) { s.mux.Handle(path, h) }
-func (s *fakeServer) StartedChecker() healthz.Checker      { return func(*http.Request) error { return nil } }
-func (s *fakeServer) WebhookMux() *http.ServeMux           { return s.mux }
+func (s *fakeServer) StartedChecker() healthz.Checker {
+	return func(*http.Request) error { return nil }
+}
+func (s *fakeServer) WebhookMux() *http.ServeMux { return s.mux }
 
 func (s *fakeServer) Start(ctx context.Context) error {
 	s.mu.Lock()

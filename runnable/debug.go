@@ -2,6 +2,8 @@ package runnable
 
 import (
 	"encoding/json"
+	"errors"
+	"math"
 	"net/http"
 	"strconv"
 	"time"
@@ -10,27 +12,20 @@ import (
 	"github.com/quiesce-dev/quiesce/internal"
 )
 
-// call is one pending call, as the abandoned line and ServeHTTP show it: the fields of
-// the executor's reports, and the user's own frame where the call waits.
-type call struct {
-	Name     string `json:"name"`
-	Age      string `json:"age"`
-	Detached bool   `json:"detached"`
-	Where    string `json:"where"`
-	Handler  string `json:"handler"`
-}
-
-func callOf(p drain.Pending, now time.Time) call {
-	return call{
-		Name: p.Name, Age: internal.Age(now.Sub(p.Started)), Detached: p.Detached, Where: p.Where, Handler: p.Handler,
+// callOf is p as the abandoned line and ServeHTTP show it, like the executor's reports:
+// names and locations cut to internal.MaxNameBytes.
+func callOf(p drain.Pending, now time.Time) internal.Entry {
+	return internal.Entry{
+		Name: internal.Cut(p.Name), Age: internal.Age(now.Sub(p.Started)), Detached: p.Detached, Daemon: p.Daemon,
+		ReconcileID: p.ReconcileID, Where: internal.Cut(p.Where), Handler: internal.Cut(p.Handler),
 	}
 }
 
 // debugState is the body of ServeHTTP.
 type debugState struct {
-	Draining bool   `json:"draining"`
-	Count    int    `json:"count"`
-	Calls    []call `json:"calls"`
+	Draining bool             `json:"draining"`
+	Count    int              `json:"count"`
+	Calls    []internal.Entry `json:"calls"`
 }
 
 // ServeHTTP serves the executor's pending calls as JSON, for GET only (405 otherwise):
@@ -39,7 +34,8 @@ type debugState struct {
 //	  "detached": false, "where": "...", "handler": "..."}, ...]}
 //
 // count is the number of pending calls; calls lists them oldest first, all of them or the
-// oldest N with the query ?limit=N (N >= 0; anything else gives 400). Finding where each
+// oldest N with the query ?limit=N (N >= 0, and N beyond any int means all; anything else
+// gives 400). Names and locations longer than 256 bytes are cut, and say so. Finding where each
 // call waits captures the goroutines' stacks, once per request, so the handler is meant for
 // a person or an occasional probe, not a tight loop. Add serves it at DebugPath on the
 // manager's metrics server, behind the server's FilterProvider (authentication and
@@ -52,18 +48,22 @@ func (r *Runnable) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	limit := -1
 	if q := req.URL.Query(); q.Has("limit") {
-		n, err := strconv.Atoi(q.Get("limit"))
-		if err != nil || n < 0 {
+		n, err := strconv.ParseUint(q.Get("limit"), 10, 0)
+		switch {
+		case errors.Is(err, strconv.ErrRange) || n > math.MaxInt:
+			// larger than any list: all of them
+		case err != nil:
 			http.Error(w, "invalid limit: want a non-negative integer", http.StatusBadRequest)
 			return
+		default:
+			limit = int(n)
 		}
-		limit = n
 	}
 	state := debugState{Draining: r.draining()}
 	pending, total := r.ex.Locate(limit)
 	now := r.clock.Now()
 	state.Count = total
-	state.Calls = make([]call, len(pending))
+	state.Calls = make([]internal.Entry, len(pending))
 	for i, p := range pending {
 		state.Calls[i] = callOf(p, now)
 	}

@@ -2,6 +2,7 @@ package runnable_test
 
 import (
 	"context"
+	"fmt"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -88,6 +89,10 @@ func TestServeHTTP(t *testing.T) {
 		if len(body.Calls) != 3 {
 			t.Fatalf("?limit=10: %+v, want the 3 calls", body)
 		}
+		_, body = serve(t, r, http.MethodGet, "/debug/quiesce?limit=99999999999999999999999")
+		if len(body.Calls) != 3 {
+			t.Fatalf("?limit beyond any int: %+v, want all 3 calls", body)
+		}
 
 		// Draining shows while the drain waits for the calls.
 		drained := make(chan error, 1)
@@ -120,5 +125,26 @@ func TestServeHTTPBadRequests(t *testing.T) {
 		if res.StatusCode != http.StatusMethodNotAllowed || res.Header.Get("Allow") != http.MethodGet {
 			t.Errorf("%s: status %d, Allow %q; want 405 and Allow: GET", method, res.StatusCode, res.Header.Get("Allow"))
 		}
+	}
+}
+
+func TestServeHTTPCutsLongNames(t *testing.T) {
+	r := runnable.New(runnable.Options{})
+	release := make(chan struct{})
+	huge := "line one\n" + strings.Repeat("x", 10<<20)
+	if err := r.Executor().Go(context.Background(), huge, func(context.Context) error { <-release; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	_, body := serve(t, r, http.MethodGet, "/debug/quiesce")
+	close(release)
+	if err := r.Executor().Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if len(body.Calls) != 1 {
+		t.Fatalf("calls = %d, want 1", len(body.Calls))
+	}
+	name := body.Calls[0].Name
+	if len(name) > 300 || !strings.HasPrefix(name, "line one\n") || !strings.HasSuffix(name, fmt.Sprintf("(%d bytes)", len(huge))) {
+		t.Fatalf("name = %.80q... (%d bytes), want it cut to 256 bytes and marked with its length", name, len(name))
 	}
 }

@@ -23,10 +23,15 @@ envtest: ## Print the directory holding kube-apiserver and etcd (building them i
 	@$(ENVTEST)
 
 .PHONY: test
-test: ## Unit tests and the envtest suite, with the race detector.
+test: ## Unit tests, the envtest suite, then the adoption check (README diff, example's tests), with -race.
 	assets="$$($(ENVTEST))"; \
-	KUBEBUILDER_ASSETS="$$assets" $(GO) test -race -timeout 30m ./...
+	KUBEBUILDER_ASSETS="$$assets" $(GO) test -race -timeout 30m ./...; \
+	KUBEBUILDER_ASSETS="$$assets" GO=$(GO) hack/check-adoption.sh
 	hack/check-go-get.sh
+
+.PHONY: check-adoption
+check-adoption: ## README's adoption diff applied to kubebuilder's scaffold equals examples/memcached-operator; its tests.
+	hack/check-adoption.sh
 
 .PHONY: test-latest
 test-latest: ## The same tests at the newest supported releases (hack/latest), go.mod unchanged.

@@ -5,6 +5,7 @@ import (
 	"os"
 	"sync"
 	"testing"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -38,6 +39,10 @@ func TestSuite(t *testing.T) {
 
 var _ = BeforeSuite(func() {
 	ctrl.SetLogger(GinkgoLogr)
+	// Eventually waits for the cluster and for managers starting up, which on a busy CI
+	// machine takes far longer than Gomega's default second; a spec that passes waits no
+	// longer for it.
+	SetDefaultEventuallyTimeout(30 * time.Second)
 
 	By("starting the envtest control plane")
 	// KUBEBUILDER_ASSETS (set by `make test` from hack/setup-envtest.sh) names the binaries.

@@ -90,6 +90,9 @@ func (r *router) probe(b *backend) {
 	}
 }
 
+// probeClient does not keep connections alive, as a kubelet's prober.
+var probeClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+
 // ready reports whether a GET of url answers 200 within the probe period.
 func ready(ctx context.Context, url string) bool {
 	ctx, cancel := context.WithTimeout(ctx, probePeriod)
@@ -98,7 +101,7 @@ func ready(ctx context.Context, url string) bool {
 	if err != nil {
 		return false
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := probeClient.Do(req)
 	if err != nil {
 		return false
 	}

@@ -66,9 +66,19 @@ func errString(err error) string {
 
 var decoder = admission.NewDecoder(scheme.Scheme)
 
-// validate admits every ConfigMap that has the label LabelKey (the webhook configuration
-// selects those only) and denies the others.
-func validate(_ context.Context, req admission.Request) admission.Response {
+// validator admits every ConfigMap that has the label LabelKey (the webhook configuration
+// selects those only) after working for work, as a webhook that looks something up; it
+// denies the others.
+type validator struct{ work time.Duration }
+
+func (v *validator) Handle(ctx context.Context, req admission.Request) admission.Response {
+	t := time.NewTimer(v.work)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		return admission.Errored(http.StatusServiceUnavailable, ctx.Err())
+	}
 	var cm corev1.ConfigMap
 	if err := decoder.Decode(req, &cm); err != nil {
 		return admission.Errored(http.StatusBadRequest, err)

@@ -22,7 +22,6 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
-	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/quiesce-dev/quiesce/runnable"
 )
@@ -44,6 +43,7 @@ type config struct {
 	webhookPort                     int
 	metricsAddr, probeAddr          string
 	grace, delay, work, retryPeriod time.Duration
+	webhookWork                     time.Duration
 	workers                         int
 }
 
@@ -63,6 +63,8 @@ func main() {
 	flag.DurationVar(&c.delay, "shutdown-delay", 2*time.Second,
 		"quiesce: how long after SIGTERM readiness fails while the operator keeps serving.")
 	flag.DurationVar(&c.work, "work", 200*time.Millisecond, "How long a reconcile works.")
+	flag.DurationVar(&c.webhookWork, "webhook-work", 20*time.Millisecond,
+		"How long the webhook validates a ConfigMap (a lookup, say).")
 	flag.DurationVar(&c.retryPeriod, "leader-election-retry-period", time.Second,
 		"How often a standby tries to acquire the lease.")
 	flag.IntVar(&c.workers, "max-concurrent-reconciles", 10, "How many reconciles run at once.")
@@ -141,7 +143,7 @@ func run(setupLog logr.Logger, c config) int {
 		setupLog.Error(err, "Failed to add readyz check")
 		return 1
 	}
-	mgr.GetWebhookServer().Register(ValidatePath, &webhook.Admission{Handler: admission.HandlerFunc(validate)})
+	mgr.GetWebhookServer().Register(ValidatePath, &webhook.Admission{Handler: &validator{work: c.webhookWork}})
 	if err := ctrl.NewControllerManagedBy(mgr).Named("rollout").For(&corev1.ConfigMap{}).
 		WithOptions(controller.Options{MaxConcurrentReconciles: c.workers}).Complete(r); err != nil {
 		setupLog.Error(err, "Failed to create controller", "controller", "rollout")

@@ -17,19 +17,57 @@ import (
 )
 
 // Options configure a Runnable. The zero value is valid: every zero field means the
-// documented default.
+// documented default. New does not check Options; Add does, and returns an error naming
+// the value to change.
 type Options struct {
 	// Options configure the executor the Runnable owns (see drain.Options for their
-	// defaults, which hold here too: SlowAfter 1 minute, CancelAfter at once). With no
-	// Logger, Add uses the manager's logger named "quiesce"; New discards the log.
+	// defaults, which hold here too, but for CancelAfter). With no Logger, Add uses the
+	// manager's logger named "quiesce"; New discards the log.
+	//
+	// CancelAfter differs from drain's: through a Runnable, 0 means 4/5 of GracePeriod
+	// (20s of the default 25s), so that in-flight reconciles get to finish, and the calls
+	// that ignore their context still leave time, before GracePeriod ends, for the last
+	// report and the line naming what is abandoned. A CancelAfter > 0 must be below
+	// GracePeriod; < 0 never cancels. Set CancelAtOnce to cancel at once, as
+	// controller-runtime does. drain.New itself keeps 0 meaning "at once".
 	drain.Options
+
+	// CancelAtOnce: the drain cancels the contexts of the calls still running as soon as
+	// it begins (drain's CancelAfter 0, controller-runtime's own behaviour), instead of
+	// letting them finish. Add refuses it together with a non-zero CancelAfter.
+	CancelAtOnce bool
 
 	// GracePeriod bounds how long Start waits, once its context ended, for the tracked
 	// calls to return. 0 or negative: 25s, below the manager's default
 	// GracefulShutdownTimeout of 30s, so that the Runnable names what it abandons before
-	// the manager gives up on it. Keep it below GracefulShutdownTimeout (see the README,
-	// "Deploying"). It is measured on real time (the time package), not on Options.Clock.
+	// the manager gives up on it. Add checks that ShutdownDelay + GracePeriod is below
+	// GracefulShutdownTimeout. It is measured on real time (the time package), not on
+	// Options.Clock.
 	GracePeriod time.Duration
+
+	// ShutdownDelay is how long the manager keeps serving once its stop began, before
+	// anything stops; default 0. Used by Add (New ignores it). From the moment the stop
+	// begins, ReadyzCheck fails on every replica, leader and standbys, so that Services
+	// stop routing to the pod, while webhooks, controllers, probes and metrics keep
+	// serving; a WebhookServer answers with "Connection: close" so that the API server's
+	// keep-alive connections move to another replica. When the delay is over, the webhook
+	// listener closes, and the drain proceeds within GracePeriod. Set it to a few
+	// readiness probe periods (see the README, "Rolling updates"). Negative: Add fails.
+	//
+	// It works with controller-runtime's own stop order: Add adds a second, small
+	// runnable that does not need leader election, and the manager stops those first and
+	// waits for them (up to GracefulShutdownTimeout) before it stops the controllers.
+	// A second SIGTERM during the delay still exits at once (ctrl.SetupSignalHandler).
+	ShutdownDelay time.Duration
+
+	// ManagerOptions are the Options given to ctrl.NewManager, if known. Add reads:
+	// GracefulShutdownTimeout (nil: controller-runtime's default, 30s; negative: no
+	// limit) to check the time budget; Metrics.BindAddress, to say once when
+	// /debug/quiesce cannot be served ("0": the metrics server is off); and WebhookServer,
+	// which Add connects to the Runnable when it is a WebhookServer. nil: Add assumes
+	// controller-runtime's defaults, and a WebhookServer stays unconnected (its Start
+	// fails).
+	ManagerOptions *manager.Options
 
 	// NeedLeaderElection is what NeedLeaderElection returns. nil: true (see
 	// Runnable.NeedLeaderElection for why).
@@ -38,6 +76,9 @@ type Options struct {
 
 // DefaultGracePeriod is the GracePeriod used when Options leave it zero.
 const DefaultGracePeriod = 25 * time.Second
+
+// defaultCancelAfter is CancelAfter when Options leave it zero: 4/5 of the grace period.
+func defaultCancelAfter(grace time.Duration) time.Duration { return grace / 5 * 4 }
 
 // Runnable is a manager.Runnable that owns a drain.Executor and drains it when the manager
 // stops. Create it with New or Add; all its methods are safe for concurrent use.
@@ -49,7 +90,11 @@ type Runnable struct {
 	elected bool
 	metered bool // created by Add: in the metrics until Start returns
 
+	// The stop procedure of a Runnable created by Add (see stop.go); nil for New.
+	stop *stopState
+
 	started atomic.Bool
+	standby atomic.Bool   // drained by the stop procedure, as Start never ran
 	stopped chan struct{} // closed when Start returned
 	err     error         // what Start returned; written before stopped is closed
 }
@@ -64,17 +109,29 @@ var (
 )
 
 // New returns a Runnable owning a new executor configured by opts.Options. It is not added
-// to a manager: Add does that, with its readyz check, metrics and debug handler.
+// to a manager: Add does that, with its readyz check, metrics, debug handler and stop
+// procedure (ShutdownDelay, the webhook server, standbys).
 //
 // The executor is driven from the start: while the Runnable exists, the contexts of the
 // reconciles wrapped with reconcilers.Wrap end by its drain, not by their caller's
 // cancellation (see Options.CancelAfter).
-func New(opts Options) *Runnable { return newRunnable(opts, false) }
+func New(opts Options) *Runnable { return newRunnable(withDefaults(opts), false) }
 
-func newRunnable(opts Options, metered bool) *Runnable {
+// withDefaults fills in the documented defaults of opts.
+func withDefaults(opts Options) Options {
 	if opts.GracePeriod <= 0 {
 		opts.GracePeriod = DefaultGracePeriod
 	}
+	switch {
+	case opts.CancelAtOnce:
+		opts.CancelAfter = 0 // drain's "at once"
+	case opts.CancelAfter == 0:
+		opts.CancelAfter = defaultCancelAfter(opts.GracePeriod)
+	}
+	return opts
+}
+
+func newRunnable(opts Options, metered bool) *Runnable {
 	elected := true
 	if opts.NeedLeaderElection != nil {
 		elected = *opts.NeedLeaderElection
@@ -104,19 +161,43 @@ func newRunnable(opts Options, metered bool) *Runnable {
 }
 
 // Add creates a Runnable as New does and adds it to mgr, with ReadyzCheck as the readyz
-// check "quiesce", the executor's metrics in controller-runtime's metrics.Registry, and
-// the Runnable itself (ServeHTTP) at DebugPath on the manager's metrics server, behind its
-// FilterProvider like /metrics. It must be called before mgr.Start, once per manager.
+// check "quiesce", the executor's metrics in controller-runtime's metrics.Registry, the
+// Runnable itself (ServeHTTP) at DebugPath on the manager's metrics server, behind its
+// FilterProvider like /metrics, and its stop procedure: a small runnable that does not
+// need leader election, so that it runs on every replica (see Options.ShutdownDelay). It
+// connects the manager's WebhookServer, if Options.ManagerOptions hold one.
+//
+// It must be called before mgr.Start, once per manager: a second Add on the same manager
+// returns an error. It checks opts first, and returns an error naming the value to change
+// when ShutdownDelay is negative, when CancelAfter > 0 is not below GracePeriod, when
+// CancelAtOnce comes with a CancelAfter, or when ShutdownDelay + GracePeriod is not below
+// the manager's GracefulShutdownTimeout. When ManagerOptions say that the metrics server
+// is off, it logs once that DebugPath is not served.
 //
 // The metrics hold the executor until Start returns, then keep only its counters.
 func Add(mgr manager.Manager, opts Options) (*Runnable, error) {
 	if mgr == nil {
 		return nil, errors.New("failed to add quiesce runnable: nil manager")
 	}
+	if err := validate(opts); err != nil {
+		return nil, fmt.Errorf("failed to add quiesce runnable: %w", err)
+	}
+	var ws *webhookServer
+	if opts.ManagerOptions != nil {
+		ws, _ = opts.ManagerOptions.WebhookServer.(*webhookServer)
+	}
 	if opts.Logger.GetSink() == nil {
 		opts.Logger = mgr.GetLogger().WithName("quiesce")
 	}
+	opts = withDefaults(opts)
 	r := newRunnable(opts, true)
+	st := newStopper(r, opts.ShutdownDelay, ws)
+	if !added.claim(mgr, st) {
+		return nil, errors.New("failed to add quiesce runnable: this manager has one already (call runnable.Add once per manager)")
+	}
+	if ws != nil && !ws.connect(r) {
+		return nil, errors.New("failed to add quiesce runnable: its WebhookServer is connected to another Runnable already (use one WebhookServer per manager)")
+	}
 	// Tracked before mgr.Add, which may start r at once: a Start that returned before it
 	// was tracked would leave it tracked for good.
 	stats.track(r)
@@ -124,13 +205,55 @@ func Add(mgr manager.Manager, opts Options) (*Runnable, error) {
 		stats.fold(r)
 		return nil, fmt.Errorf("failed to add quiesce runnable: %w", err)
 	}
+	if err := mgr.Add(st); err != nil {
+		return nil, fmt.Errorf("failed to add quiesce stop procedure: %w", err)
+	}
 	if err := mgr.AddReadyzCheck("quiesce", r.ReadyzCheck); err != nil {
 		return nil, fmt.Errorf("failed to add quiesce readyz check: %w", err)
+	}
+	if mo := opts.ManagerOptions; mo != nil && mo.Metrics.BindAddress == "0" {
+		r.log.Info("Not serving /debug/quiesce: the manager's metrics server is off", "path", DebugPath,
+			"howToServe", "set Metrics.BindAddress in the manager's Options, or serve the Runnable (an http.Handler) on a server of your own")
+		return r, nil
 	}
 	if err := mgr.AddMetricsServerExtraHandler(DebugPath, r); err != nil {
 		return nil, fmt.Errorf("failed to add quiesce debug handler: %w", err)
 	}
 	return r, nil
+}
+
+// defaultGracefulShutdownTimeout is controller-runtime's default GracefulShutdownTimeout.
+const defaultGracefulShutdownTimeout = 30 * time.Second
+
+// validate checks the options Add is given, before their defaults are filled in, and says
+// which value to change.
+func validate(opts Options) error {
+	grace := opts.GracePeriod
+	if grace <= 0 {
+		grace = DefaultGracePeriod
+	}
+	if opts.ShutdownDelay < 0 {
+		return fmt.Errorf("ShutdownDelay is %v: set it to 0 (no delay) or more", opts.ShutdownDelay)
+	}
+	if opts.CancelAtOnce && opts.CancelAfter != 0 {
+		return fmt.Errorf("CancelAtOnce is set with CancelAfter %v: set one of them", opts.CancelAfter)
+	}
+	if opts.CancelAfter > 0 && opts.CancelAfter >= grace {
+		return fmt.Errorf("CancelAfter (%v) must be below GracePeriod (%v): lower CancelAfter, or raise GracePeriod", opts.CancelAfter, grace)
+	}
+	timeout, source := defaultGracefulShutdownTimeout, "controller-runtime's default; pass the manager's Options as ManagerOptions if you set it"
+	if mo := opts.ManagerOptions; mo != nil && mo.GracefulShutdownTimeout != nil {
+		timeout, source = *mo.GracefulShutdownTimeout, "from ManagerOptions"
+	}
+	if timeout < 0 { // the manager waits for its runnables as long as they take
+		return nil
+	}
+	if need := opts.ShutdownDelay + grace; need >= timeout {
+		return fmt.Errorf("ShutdownDelay (%v) + GracePeriod (%v) = %v must be below the manager's GracefulShutdownTimeout (%v, %s): "+
+			"raise GracefulShutdownTimeout in the manager's Options above %v, or lower GracePeriod or ShutdownDelay",
+			opts.ShutdownDelay, grace, need, timeout, source, need)
+	}
+	return nil
 }
 
 // Executor returns the executor the Runnable owns and drains. Pass it to reconcilers.Wrap.
@@ -144,27 +267,40 @@ func (r *Runnable) Executor() *drain.Executor { return r.ex }
 // (and refuse work) while the controllers feeding it still run. In the leader-election
 // group, the executor stops together with the controllers that feed it, and the
 // controllers' wait for their reconciles and the executor's drain share one grace period.
+//
+// On a standby, which never starts the leader-election group, the stop procedure that Add
+// adds drains the executor instead (webhook calls run on every replica).
 func (r *Runnable) NeedLeaderElection() bool { return r.elected }
 
-// ReadyzCheck is a healthz.Checker that fails from the moment the executor drains, so that
-// a Service stops sending work to a pod that is shutting down.
+// ReadyzCheck is a healthz.Checker that fails from the moment the manager's stop begins
+// (for a Runnable created by Add, on every replica) or the executor drains, so that a
+// Service stops sending work to a pod that is shutting down.
 func (r *Runnable) ReadyzCheck(*http.Request) error {
+	if r.stop != nil && r.stop.began() {
+		return errors.New("quiesce: the manager is stopping")
+	}
 	if r.draining() {
 		return errors.New("quiesce executor is draining")
 	}
 	return nil
 }
 
-// Start blocks until ctx ends. Then it drains the executor: it refuses new calls and
+// Start blocks until ctx ends. Then, for a Runnable created by Add, it waits for the
+// end of ShutdownDelay (already over when the manager stops the leader-election group).
+// Then it drains the executor: it refuses new calls and
 // waits up to GracePeriod for the tracked ones to return, while the executor logs what it
 // still waits for. It returns nil when every call returned. Otherwise it logs the calls it
 // abandoned as one error line (the oldest 20, and how many more) and returns an error
 // that counts them, points at the log, and wraps the *drain.PendingError listing them
 // all (errors.As), itself wrapping context.DeadlineExceeded; with no Logger, it logs
 // nothing and returns the *drain.PendingError itself. A Runnable starts once: a second
-// Start, or a Start after its executor drained, returns an error at once.
+// Start, or a Start after its executor drained, returns an error at once; a Start after
+// the stop procedure drained a standby's executor returns nil at once.
 func (r *Runnable) Start(ctx context.Context) error {
 	if !r.started.CompareAndSwap(false, true) {
+		if r.standby.Load() {
+			return nil // elected during the stop: the stop procedure drains
+		}
 		return errors.New("failed to start quiesce runnable: already started")
 	}
 	select {
@@ -174,6 +310,9 @@ func (r *Runnable) Start(ctx context.Context) error {
 	default:
 	}
 	<-ctx.Done()
+	if r.stop != nil {
+		<-r.stop.delayOver
+	}
 	r.finish(r.drain())
 	return r.err
 }
@@ -182,15 +321,19 @@ func (r *Runnable) Start(ctx context.Context) error {
 func (r *Runnable) drain() error {
 	pending := r.ex.Stats().InFlight
 	log := r.log.WithValues("gracePeriod", r.grace.String())
-	// Say nothing at the default verbosity when nothing is pending, as the reports do.
+	// Say nothing at the default verbosity when nothing is pending, as the reports do,
+	// unless the stop procedure logs its timeline (see stopState.timeline).
 	info := log.V(1)
 	if pending > 0 {
+		info = log
+	}
+	if r.stop != nil && r.stop.timeline {
 		info = log
 	}
 
 	// Step 1: refuse new calls and wait for the tracked ones, within the grace period.
 	// Reports of pending calls come from the executor while it waits.
-	info.Info("Draining executor", "pending", pending)
+	info.Info("Draining executor", append(r.sinceStop(), "pending", pending)...)
 	ctx, cancel := context.WithTimeout(context.Background(), r.grace)
 	defer cancel()
 	start := time.Now()
@@ -201,7 +344,7 @@ func (r *Runnable) drain() error {
 
 	// Step 2: every call returned: done.
 	if err == nil {
-		info.Info("All calls returned")
+		info.Info("All calls returned", r.sinceStop()...)
 		return nil
 	}
 
@@ -239,7 +382,7 @@ func (r *Runnable) abandon(log logr.Logger, pe *drain.PendingError) error {
 	for i, p := range pe.Pending[:n] {
 		calls[i] = callOf(p, now)
 	}
-	kv := []any{"abandoned", len(pe.Pending), "calls", calls}
+	kv := append(r.sinceStop(), "abandoned", len(pe.Pending), "calls", calls)
 	if more := len(pe.Pending) - n; more > 0 {
 		kv = append(kv, "more", more)
 	}

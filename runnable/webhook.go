@@ -1,0 +1,216 @@
+package runnable
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	"github.com/quiesce-dev/quiesce/drain"
+	"github.com/quiesce-dev/quiesce/internal"
+)
+
+// WebhookServer wraps the manager's webhook server: pass it as ctrl.Options.WebhookServer,
+// and the same ctrl.Options as Options.ManagerOptions to Add, which connects it to the
+// Runnable. Handlers registered on it (by ctrl.NewWebhookManagedBy, or by Register) then:
+//
+//   - run each request as a tracked call of the Runnable's executor, named
+//     "webhook/<path>/<namespace>/<name>" after the object of the AdmissionReview (the
+//     parts that are empty left out; a request body that is not a JSON review of at most
+//     7 MiB gives "webhook/<path>"): reports, /debug/quiesce and the metrics show it;
+//   - get a context that the server's stop does not cancel (controller-runtime v0.24 and
+//     later cancel it when the webhook server stops), only the client going away, or the
+//     drain at CancelAfter;
+//   - from the moment the manager's stop begins, answer with "Connection: close" (HTTP/2:
+//     a graceful GOAWAY), so that the API server's keep-alive connections move to a ready
+//     replica.
+//
+// When ShutdownDelay is over, the wrapper stops the inner server: its listener closes, and
+// the requests in flight finish within GracePeriod, as the drain waits for them (on
+// standbys too). A request that arrives on an open connection once the drain began is
+// served, untracked: the executor refuses new calls, and failing an admission would fail
+// the API server's request.
+//
+// Handlers added to WebhookMux directly are served, but not tracked. A wrapper that Add did
+// not connect fails to start ("not connected"), so that the manager does not start.
+// WebhookServer panics if inner is nil.
+func WebhookServer(inner webhook.Server) webhook.Server {
+	if inner == nil {
+		panic("runnable.WebhookServer: nil inner server (pass webhook.NewServer(...))")
+	}
+	return &webhookServer{inner: inner}
+}
+
+// errNotConnected is what the Start of a WebhookServer that Add did not connect returns.
+var errNotConnected = errors.New("failed to start quiesce webhook server: not connected to a quiesce Runnable: " +
+	"pass the ctrl.Options holding it to runnable.Add as Options.ManagerOptions")
+
+// errServerStopping is the cause with which the wrapper cancels the inner server's
+// context: requests in flight see it, and keep a live context.
+var errServerStopping = errors.New("quiesce webhook server stopping")
+
+type webhookServer struct {
+	inner webhook.Server
+	r     atomic.Pointer[Runnable]
+
+	mu     sync.Mutex
+	cancel context.CancelCauseFunc // cancels the inner server's context; nil before Start
+	closed bool                    // closeListener was called
+}
+
+var _ webhook.Server = (*webhookServer)(nil)
+
+// connect connects s to r; false if s is connected to another Runnable.
+func (s *webhookServer) connect(r *Runnable) bool { return s.r.CompareAndSwap(nil, r) }
+
+// NeedLeaderElection is the inner server's (false for controller-runtime's).
+func (s *webhookServer) NeedLeaderElection() bool { return s.inner.NeedLeaderElection() }
+
+// Register registers hook at path on the inner server, wrapped as the WebhookServer doc says.
+func (s *webhookServer) Register(path string, hook http.Handler) {
+	s.inner.Register(path, &trackedHook{s: s, name: strings.Trim(path, "/"), hook: hook})
+}
+
+// StartedChecker is the inner server's.
+func (s *webhookServer) StartedChecker() healthz.Checker { return s.inner.StartedChecker() }
+
+// WebhookMux is the inner server's: handlers added to it directly are not tracked.
+func (s *webhookServer) WebhookMux() *http.ServeMux { return s.inner.WebhookMux() }
+
+// Start runs the inner server until the stop procedure closes its listener (at the end of
+// ShutdownDelay) or ctx ends, and returns once the inner server returned.
+func (s *webhookServer) Start(ctx context.Context) error {
+	r := s.r.Load()
+	if r == nil {
+		return errNotConnected
+	}
+	innerCtx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer cancel(nil)
+	s.mu.Lock()
+	s.cancel = cancel
+	if s.closed {
+		cancel(errServerStopping)
+	}
+	s.mu.Unlock()
+	stop := context.AfterFunc(ctx, func() { cancel(errServerStopping) })
+	defer stop()
+
+	err := s.inner.Start(innerCtx)
+	if r.stop.began() {
+		log := r.log.V(1)
+		if r.stop.timeline {
+			log = r.log
+		}
+		log.Info("Webhook server stopped", r.sinceStop()...)
+	}
+	return err
+}
+
+// closeListener stops the inner server: it closes its listener and waits for the requests
+// in flight.
+func (s *webhookServer) closeListener() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	if s.cancel != nil {
+		s.cancel(errServerStopping)
+	}
+}
+
+// trackedHook serves one registered path.
+type trackedHook struct {
+	s    *webhookServer
+	name string // the path without its slashes
+	hook http.Handler
+}
+
+func (h *trackedHook) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	r := h.s.r.Load()
+	if r == nil { // not connected: Start fails, so this serves only tests of the hook itself
+		h.hook.ServeHTTP(w, req)
+		return
+	}
+	if r.stop.began() {
+		w.Header().Set("Connection", "close")
+	}
+	namespace, name := peekObject(req)
+	ctx, cancel := liveContext(req.Context())
+	defer cancel()
+	req = req.WithContext(ctx)
+	ran := false
+	err := internal.Run(r.ex, ctx, internal.CallOptions{Name: [4]string{"webhook", h.name, namespace, name}, Repanic: true},
+		func(context.Context) error {
+			ran = true
+			h.hook.ServeHTTP(w, req)
+			return nil
+		})
+	if !ran && errors.Is(err, drain.ErrDraining) {
+		h.hook.ServeHTTP(w, req)
+	}
+}
+
+// liveContext returns a context with parent's values that ends when parent ends, but for
+// the inner server's stop (errServerStopping): a request in flight keeps a live context
+// while the server shuts down, and the drain bounds it.
+func liveContext(parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(context.WithoutCancel(parent))
+	stop := context.AfterFunc(parent, func() {
+		if cause := context.Cause(parent); !errors.Is(cause, errServerStopping) {
+			cancel(cause) // the client went away
+		}
+	})
+	return ctx, func() {
+		stop()
+		cancel(nil)
+	}
+}
+
+// maxReviewSize bounds the body read to name a call, as controller-runtime's admission
+// handler bounds it.
+const maxReviewSize = 7 << 20
+
+// peekObject returns the namespace and name of the object of the AdmissionReview in req's
+// body (its generateName when it has no name yet), or "" when the body is not such a
+// review of at most maxReviewSize bytes. It leaves req's body whole for the handler.
+func peekObject(req *http.Request) (namespace, name string) {
+	if req.Body == nil || req.Body == http.NoBody {
+		return "", ""
+	}
+	data, err := io.ReadAll(io.LimitReader(req.Body, maxReviewSize+1))
+	req.Body = readCloser{Reader: io.MultiReader(bytes.NewReader(data), req.Body), Closer: req.Body}
+	if err != nil || len(data) > maxReviewSize {
+		return "", ""
+	}
+	var review struct {
+		Request *struct {
+			Namespace string `json:"namespace"`
+			Name      string `json:"name"`
+			Object    struct {
+				Metadata struct {
+					GenerateName string `json:"generateName"`
+				} `json:"metadata"`
+			} `json:"object"`
+		} `json:"request"`
+	}
+	if json.Unmarshal(data, &review) != nil || review.Request == nil {
+		return "", ""
+	}
+	name = review.Request.Name
+	if name == "" {
+		name = review.Request.Object.Metadata.GenerateName
+	}
+	return review.Request.Namespace, name
+}
+
+type readCloser struct {
+	io.Reader
+	io.Closer
+}

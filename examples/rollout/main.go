@@ -13,8 +13,14 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 )
 
-// timelineSteps are the messages of quiesce's timeline lines (key sinceStop), in order.
-var timelineSteps = []string{}
+// timelineSteps are the messages of quiesce's timeline lines (key sinceStop) on the old
+// leader, in order; webhookStopped comes anywhere after "Closing webhook listener", as
+// the webhook server returns once its requests in flight did, while the drain begins.
+var timelineSteps = []string{
+	"Stop began", "Shutdown delay over", "Closing webhook listener", "Draining executor", "All calls returned",
+}
+
+const webhookStopped = "Webhook server stopped"
 
 func main() {
 	var cfg config

@@ -13,6 +13,7 @@ import (
 type result struct {
 	Mode      string
 	SignalAt  time.Time     // when the first leader got SIGTERM
+	EndAt     time.Time     // when the client stopped creating
 	ExitCode  int           // the first leader's
 	ExitAfter time.Duration // from SIGTERM to its exit
 	Lost      int           // ConfigMaps never reconciled to completion
@@ -20,7 +21,7 @@ type result struct {
 
 	Creates, Failed int
 	Errors          []string      // the first distinct errors of failed creates
-	P50, P99, Max   time.Duration // latency of the creates (the webhook call included) from SIGTERM on
+	P50, P99, Max   time.Duration // latency of the creates (the webhook call included) from SIGTERM to EndAt
 
 	InFlight int           // the first leader's reconciles working when SIGTERM came
 	CutOff   int           // its reconciles whose work ended unfinished
@@ -186,12 +187,13 @@ func (res *result) check() error {
 	return errors.Join(errs...)
 }
 
-// checkTimeline: the timeline has the expected steps, in order, their sinceStop never decreasing.
+// checkTimeline: the timeline has the expected steps, in order, their sinceStop never
+// decreasing, and the webhook server stopped once, after its listener closed.
 func checkTimeline(steps []step) error {
 	var msgs []string
 	prev := time.Duration(-1)
+	closed, stopped := false, 0
 	for _, s := range steps {
-		msgs = append(msgs, s.Msg)
 		d, err := sinceStop(s.SinceStop)
 		if err != nil {
 			return fmt.Errorf("timeline line %q: %w", s.Msg, err)
@@ -200,9 +202,20 @@ func checkTimeline(steps []step) error {
 			return fmt.Errorf("timeline out of order: %q at sinceStop=%v after a later step", s.Msg, s.SinceStop)
 		}
 		prev = d
+		switch s.Msg {
+		case webhookStopped:
+			if !closed {
+				return fmt.Errorf("timeline: %q before %q", webhookStopped, "Closing webhook listener")
+			}
+			stopped++
+			continue
+		case "Closing webhook listener":
+			closed = true
+		}
+		msgs = append(msgs, s.Msg)
 	}
-	if !slices.Equal(msgs, timelineSteps) {
-		return fmt.Errorf("timeline steps = %q, want %q", msgs, timelineSteps)
+	if !slices.Equal(msgs, timelineSteps) || stopped != 1 {
+		return fmt.Errorf("timeline steps = %q and %d %q, want %q and one", msgs, stopped, webhookStopped, timelineSteps)
 	}
 	return nil
 }

@@ -46,23 +46,27 @@ func TestRollout(t *testing.T) {
 	}
 }
 
-// TestCheckTimeline: out of order or missing steps fail the check.
+// TestCheckTimeline: the timeline of a good stop passes; out of order, missing or extra
+// steps fail the check.
 func TestCheckTimeline(t *testing.T) {
-	var ok []step
-	for i, m := range timelineSteps {
-		ok = append(ok, step{Msg: m, SinceStop: (time.Duration(i) * time.Second).String()})
+	good := []step{
+		{"Stop began", "0s"}, {"Shutdown delay over", "2s"}, {"Closing webhook listener", "2s"},
+		{"Draining executor", "2.001s"}, {webhookStopped, "2.02s"}, {"All calls returned", "2.2s"},
 	}
-	if err := checkTimeline(ok); err != nil {
-		t.Errorf("checkTimeline(in order) = %v, want nil", err)
+	if err := checkTimeline(good); err != nil {
+		t.Errorf("checkTimeline(good) = %v, want nil", err)
 	}
-	if len(ok) >= 2 {
-		swapped := append([]step(nil), ok...)
-		swapped[0].SinceStop = "1h"
-		if checkTimeline(swapped) == nil {
-			t.Errorf("checkTimeline(out of order) = nil, want an error")
+	with := func(f func(s []step) []step) []step { return f(append([]step(nil), good...)) }
+	for name, steps := range map[string][]step{
+		"out of order":             with(func(s []step) []step { s[1].SinceStop = "1h"; return s }),
+		"a step missing":           with(func(s []step) []step { return append(s[:1], s[2:]...) }),
+		"an extra step":            with(func(s []step) []step { return append(s, step{"extra", "1h"}) }),
+		"webhook stopped too soon": with(func(s []step) []step { s[2], s[4] = s[4], s[2]; return s }),
+		"webhook never stopped":    with(func(s []step) []step { return append(s[:4], s[5]) }),
+		"sinceStop not a duration": with(func(s []step) []step { s[0].SinceStop = true; return s }),
+	} {
+		if checkTimeline(steps) == nil {
+			t.Errorf("checkTimeline(%s) = nil, want an error", name)
 		}
-	}
-	if checkTimeline(append(ok, step{Msg: "extra", SinceStop: "2h"})) == nil {
-		t.Errorf("checkTimeline(an extra step) = nil, want an error")
 	}
 }

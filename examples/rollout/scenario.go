@@ -122,6 +122,7 @@ func (s *scenario) play(ctx context.Context) (*result, error) {
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+	res.EndAt = time.Now()
 	res.creates = cr.finish()
 	finished = true
 	s.say("stopped creating; waiting for every ConfigMap to be reconciled")
@@ -133,7 +134,7 @@ func (s *scenario) play(ctx context.Context) (*result, error) {
 	if err := b.stop(s.cfg.Delay + s.cfg.Grace + exitMargin); err != nil {
 		return nil, err
 	}
-	res.measure(a.entries(), b.entries(), pool.after(res.SignalAt))
+	res.measure(a.entries(), b.entries(), pool.between(res.SignalAt, res.EndAt))
 	for _, l := range res.Story() {
 		s.say("%s", l)
 	}
@@ -163,10 +164,10 @@ func (p *poolLog) record(replica string, in bool) {
 	}
 }
 
-func (p *poolLog) after(t time.Time) []poolEvent {
+func (p *poolLog) between(from, to time.Time) []poolEvent {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return slices.DeleteFunc(slices.Clone(p.events), func(e poolEvent) bool { return e.At.Before(t) })
+	return slices.DeleteFunc(slices.Clone(p.events), func(e poolEvent) bool { return e.At.Before(from) || e.At.After(to) })
 }
 
 // waitIn waits until replica joined the pool.

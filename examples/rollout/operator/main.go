@@ -106,10 +106,12 @@ func run(setupLog logr.Logger, c config) int {
 		TLSOpts: []func(*tls.Config){func(t *tls.Config) { t.NextProtos = []string{"http/1.1"} }},
 	})
 	if c.quiesce {
-		whs = wrapWebhookServer(whs)
+		// quiesce: webhook requests are tracked calls; during the shutdown delay responses
+		// close their connections, and the listener closes only after it.
+		whs = runnable.WebhookServer(whs)
 	}
 	retry := c.retryPeriod
-	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
+	mgrOpts := ctrl.Options{
 		Scheme:                        scheme.Scheme,
 		Metrics:                       metricsserver.Options{BindAddress: c.metricsAddr},
 		HealthProbeBindAddress:        c.probeAddr,
@@ -126,7 +128,8 @@ func run(setupLog logr.Logger, c config) int {
 				&corev1.ConfigMap{}: {Label: labels.SelectorFromSet(nil).Add(mustExists(LabelKey))},
 			},
 		},
-	})
+	}
+	mgr, err := ctrl.NewManager(restCfg, mgrOpts)
 	if err != nil {
 		setupLog.Error(err, "Failed to create manager")
 		return 1
@@ -135,7 +138,7 @@ func run(setupLog logr.Logger, c config) int {
 	var r reconcile.Reconciler = &Reconciler{Client: mgr.GetClient(), ID: c.id, Work: c.work}
 	var q *runnable.Runnable
 	if c.quiesce {
-		if q, r, err = addQuiesce(mgr, c, shutdownTimeout, r); err != nil {
+		if q, r, err = addQuiesce(mgr, &mgrOpts, c, r); err != nil {
 			setupLog.Error(err, "Failed to add quiesce")
 			return 1
 		}

@@ -1,35 +1,27 @@
 package main
 
 import (
-	"time"
-
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
-	"github.com/quiesce-dev/quiesce/drain"
 	"github.com/quiesce-dev/quiesce/reconcilers"
 	"github.com/quiesce-dev/quiesce/runnable"
 )
 
-// wrapWebhookServer: quiesce's webhook server finishes what it started (see runnable.WebhookServer).
-func wrapWebhookServer(s webhook.Server) webhook.Server {
-	return s // TODO(rollout): runnable.WebhookServer(s) once it exists
-}
-
-// addQuiesce adds quiesce's runnable to mgr and wraps r: in-flight reconciles finish (their
-// contexts are never cancelled before the grace period ends), and the stop waits delay
-// first, readiness failing, while the webhooks keep serving.
-func addQuiesce(mgr ctrl.Manager, c config, shutdownTimeout time.Duration, r reconcile.Reconciler) (
+// addQuiesce adds quiesce's runnable to mgr, created with opts, and wraps r. When the stop
+// begins, readiness fails on every replica while it keeps serving for --shutdown-delay;
+// then the webhook listener closes and in-flight reconciles and webhook requests finish
+// within --grace-period, their contexts live (cancelled at 4/5 of it at the latest).
+func addQuiesce(mgr ctrl.Manager, opts *ctrl.Options, c config, r reconcile.Reconciler) (
 	*runnable.Runnable, reconcile.Reconciler, error,
 ) {
 	q, err := runnable.Add(mgr, runnable.Options{
-		GracePeriod: c.grace,
-		Options:     drain.Options{CancelAfter: c.grace},
+		GracePeriod:    c.grace,
+		ShutdownDelay:  c.delay,
+		ManagerOptions: opts, // Add checks the time budget and connects the WebhookServer
 	})
 	if err != nil {
 		return nil, nil, err
 	}
-	_ = shutdownTimeout
 	return q, reconcilers.Wrap(q.Executor(), "rollout", r), nil
 }

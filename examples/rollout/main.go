@@ -28,6 +28,9 @@ func main() {
 	flag.DurationVar(&cfg.Delay, "shutdown-delay", 2*time.Second, "The quiesce run's shutdown delay.")
 	flag.DurationVar(&cfg.Work, "work", 200*time.Millisecond, "How long a reconcile works.")
 	flag.DurationVar(&cfg.Interval, "interval", 25*time.Millisecond, "The interval between two creates.")
+	flag.DurationVar(&cfg.WebhookWork, "webhook-work", 20*time.Millisecond, "How long the webhook takes to validate.")
+	flag.BoolVar(&cfg.HTTP2, "webhook-http2", false,
+		"Let the webhook servers speak HTTP/2 (controller-runtime's default; kubebuilder scaffolds turn it off).")
 	flag.IntVar(&cfg.Before, "before", 20, "How many reconciles the first leader finishes before its SIGTERM.")
 	flag.DurationVar(&cfg.After, "after", time.Second, "How long the client keeps creating once the new leader reconciles.")
 	flag.StringVar(&cfg.Operator, "operator", "", "An operator binary to run instead of building examples/rollout/operator.")

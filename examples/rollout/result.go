@@ -19,9 +19,10 @@ type result struct {
 	Lost      int           // ConfigMaps never reconciled to completion
 	By        map[string]int
 
-	Creates, Failed int
-	Errors          []string      // the first distinct errors of failed creates
-	P50, P99, Max   time.Duration // latency of the creates (the webhook call included) from SIGTERM to EndAt
+	Creates, Failed    int
+	Conns, ConnsFailed int           // connections the router accepted, and those it could not forward
+	Errors             []string      // the first distinct errors of failed creates
+	P50, P99, Max      time.Duration // latency of the creates (the webhook call included) from SIGTERM to EndAt
 
 	InFlight int           // the first leader's reconciles working when SIGTERM came
 	CutOff   int           // its reconciles whose work ended unfinished
@@ -99,7 +100,6 @@ func (res *result) measure(a, b []map[string]any, pool []poolEvent) {
 		res.Gap = firstB.Sub(res.SignalAt)
 		add(firstB, "%s-b: its first reconcile starts (handover gap)", res.Mode)
 	}
-	slices.SortStableFunc(res.story, func(x, y event) int { return int(x.at - y.at) })
 
 	var lat []time.Duration
 	for _, c := range res.creates {
@@ -115,9 +115,26 @@ func (res *result) measure(a, b []map[string]any, pool []poolEvent) {
 		}
 	}
 	slices.Sort(lat)
+	// The slowest creates, in the story: when they began, how long they took.
+	slow := slices.Clone(res.creates)
+	slices.SortFunc(slow, func(x, y create) int { return int(y.took - x.took) })
+	for _, c := range slow[:min(3, len(slow))] {
+		if !c.start.Before(res.SignalAt) && c.took > 10*s0(lat) {
+			add(c.start, "a create begins that takes %s (err: %v)", c.took.Round(time.Millisecond), c.err)
+		}
+	}
+	slices.SortStableFunc(res.story, func(x, y event) int { return int(x.at - y.at) })
 	if n := len(lat); n > 0 {
 		res.P50, res.P99, res.Max = lat[n/2], lat[(n*99)/100], lat[n-1]
 	}
+}
+
+// s0 is the median of sorted, or 0.
+func s0(sorted []time.Duration) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	return sorted[len(sorted)/2]
 }
 
 func parseReconcile(e map[string]any) (reconcile, bool) {
@@ -246,6 +263,7 @@ func table(runs []*result) string {
 	row("", func(r *result) string { return r.Mode })
 	row("creates during the run", func(r *result) string { return fmt.Sprint(r.Creates) })
 	row("failed creates", func(r *result) string { return fmt.Sprint(r.Failed) })
+	row("webhook connections (failed to forward)", func(r *result) string { return fmt.Sprintf("%d (%d)", r.Conns, r.ConnsFailed) })
 	row("reconciles in flight at SIGTERM", func(r *result) string { return fmt.Sprint(r.InFlight) })
 	row("reconciles cut off (context canceled)", func(r *result) string { return fmt.Sprint(r.CutOff) })
 	row("objects never reconciled (lost)", func(r *result) string { return fmt.Sprint(r.Lost) })

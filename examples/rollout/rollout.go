@@ -38,6 +38,9 @@ type config struct {
 	Delay    time.Duration // the quiesce run's --shutdown-delay; default 2s
 	Work     time.Duration // how long a reconcile works; default 200ms
 	Interval time.Duration // between two creates; default 25ms
+	// WebhookWork is how long the webhook takes to validate; default 20ms.
+	WebhookWork time.Duration
+	HTTP2       bool // the webhook servers speak HTTP/2 too
 	// Before is how many reconciles the first leader finishes before its SIGTERM (default
 	// 20); After how long the client keeps creating once the new leader reconciles (1s).
 	Before   int
@@ -57,6 +60,7 @@ func (c *config) setDefaults() {
 	def(&c.Delay, 2*time.Second)
 	def(&c.Work, 200*time.Millisecond)
 	def(&c.Interval, 25*time.Millisecond)
+	def(&c.WebhookWork, 20*time.Millisecond)
 	def(&c.After, time.Second)
 	if c.Before <= 0 {
 		c.Before = 20

@@ -28,6 +28,9 @@ type router struct {
 	pool  []*backend // the replicas, in the order added
 	next  int
 	conns map[net.Conn]struct{}
+	// Connections accepted, and those that failed: no replica in the pool, or the one
+	// picked refused (its process stopped listening).
+	accepted, failed int
 }
 
 type backend struct {
@@ -138,13 +141,20 @@ func (r *router) serve() {
 func (r *router) forward(c net.Conn) {
 	defer func() { _ = c.Close() }()
 	b := r.pick()
-	if b == nil {
-		return
+	var up net.Conn
+	err := errors.New("no replica in the pool")
+	if b != nil {
+		var d net.Dialer
+		up, err = d.DialContext(r.ctx, "tcp", b.addr)
 	}
-	var d net.Dialer
-	up, err := d.DialContext(r.ctx, "tcp", b.addr)
+	r.mu.Lock()
+	r.accepted++
 	if err != nil {
-		return // as a Service's DNAT to a closed port: the connection fails
+		r.failed++ // as a Service's DNAT to a closed port: the connection fails
+	}
+	r.mu.Unlock()
+	if err != nil {
+		return
 	}
 	defer func() { _ = up.Close() }()
 	if !r.track(c, up) {
@@ -179,6 +189,13 @@ func (r *router) untrack(conns ...net.Conn) {
 	for _, c := range conns {
 		delete(r.conns, c)
 	}
+}
+
+// counts returns how many connections it accepted and how many of them failed.
+func (r *router) counts() (accepted, failed int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.accepted, r.failed
 }
 
 // Close stops listening and probing, closes every connection, and waits for its goroutines.

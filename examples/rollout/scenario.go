@@ -41,7 +41,8 @@ func (s *scenario) args(ns string) []string {
 	return []string{
 		"--quiesce=" + fmt.Sprint(s.quiesce), "--namespace=" + ns, "--cert-dir=" + s.certDir,
 		"--grace-period=" + s.cfg.Grace.String(), "--shutdown-delay=" + s.cfg.Delay.String(),
-		"--work=" + s.cfg.Work.String(),
+		"--work=" + s.cfg.Work.String(), "--webhook-work=" + s.cfg.WebhookWork.String(),
+		"--webhook-http2=" + fmt.Sprint(s.cfg.HTTP2),
 	}
 }
 
@@ -123,6 +124,7 @@ func (s *scenario) play(ctx context.Context) (*result, error) {
 		return nil, ctx.Err()
 	}
 	res.EndAt = time.Now()
+	res.Conns, res.ConnsFailed = rt.counts()
 	res.creates = cr.finish()
 	finished = true
 	s.say("stopped creating; waiting for every ConfigMap to be reconciled")

@@ -38,7 +38,7 @@ const (
 
 type config struct {
 	id, namespace, leaseName        string
-	quiesce, leaderElect            bool
+	quiesce, leaderElect, http2     bool
 	webhookHost, certDir            string
 	webhookPort                     int
 	metricsAddr, probeAddr          string
@@ -55,6 +55,7 @@ func main() {
 	flag.BoolVar(&c.quiesce, "quiesce", true, "Wire quiesce in (false: plain controller-runtime).")
 	flag.BoolVar(&c.leaderElect, "leader-elect", true, "Elect a leader, with LeaderElectionReleaseOnCancel.")
 	flag.StringVar(&c.webhookHost, "webhook-host", "", "The address the webhook server binds to; empty: every address.")
+	flag.BoolVar(&c.http2, "webhook-http2", false, "Let the webhook server speak HTTP/2 (controller-runtime's default).")
 	flag.IntVar(&c.webhookPort, "webhook-port", 9443, "The webhook server's port.")
 	flag.StringVar(&c.certDir, "cert-dir", "", "The directory holding the webhook server's tls.crt and tls.key.")
 	flag.StringVar(&c.metricsAddr, "metrics-bind-address", "0", "The metrics server's address; 0 disables it.")
@@ -98,13 +99,12 @@ func run(setupLog logr.Logger, c config) int {
 	if !c.quiesce {
 		shutdownTimeout = c.grace + 2*time.Second
 	}
-	whs := webhook.NewServer(webhook.Options{
-		Host:    c.webhookHost,
-		Port:    c.webhookPort,
-		CertDir: c.certDir,
+	whOpts := webhook.Options{Host: c.webhookHost, Port: c.webhookPort, CertDir: c.certDir}
+	if !c.http2 {
 		// HTTP/1.1 only, as kubebuilder scaffolds it (CVE-2023-44487 and CVE-2023-39325).
-		TLSOpts: []func(*tls.Config){func(t *tls.Config) { t.NextProtos = []string{"http/1.1"} }},
-	})
+		whOpts.TLSOpts = []func(*tls.Config){func(t *tls.Config) { t.NextProtos = []string{"http/1.1"} }}
+	}
+	whs := webhook.NewServer(whOpts)
 	if c.quiesce {
 		// quiesce: webhook requests are tracked calls; during the shutdown delay responses
 		// close their connections, and the listener closes only after it.

@@ -111,14 +111,14 @@ func (rp *replica) count(substr string) int {
 	defer rp.mu.Unlock()
 	n := 0
 	for _, l := range rp.log {
-		if strings.Contains(l, substr) {
+		if strings.Contains(strings.ToLower(l), strings.ToLower(substr)) {
 			n++
 		}
 	}
 	return n
 }
 
-// waitFor waits until n lines of its log contain substr.
+// waitFor waits until n lines of its log contain substr, in any case.
 func (rp *replica) waitFor(ctx context.Context, substr string, n int, timeout time.Duration) error {
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()

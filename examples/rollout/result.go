@@ -81,7 +81,7 @@ func (res *result) measure(a, b []map[string]any, pool []poolEvent) {
 	}
 	var firstB time.Time
 	for _, e := range b {
-		if msg, _ := e["msg"].(string); strings.Contains(msg, leaseAcquired) {
+		if msg, _ := e["msg"].(string); strings.Contains(strings.ToLower(msg), leaseAcquired) {
 			add(entryTime(e), "%s-b: %q", res.Mode, msg)
 		}
 		r, ok := parseReconcile(e)

@@ -28,8 +28,9 @@ const (
 	labelKey        = "quiesce.dev/rollout"
 	doneAnnotation  = "quiesce.dev/reconciled-by"
 	validatePath    = "validate-v1-configmap" // envtest prefixes "/"
-	leaseAcquired   = "successfully acquired lease"
-	reconcileEnded  = "Reconcile ended"
+	// client-go's leader election says so, "Successfully ..." from v0.37; match it lower-cased.
+	leaseAcquired  = "successfully acquired lease"
+	reconcileEnded = "Reconcile ended"
 )
 
 // config is the scenario. Zero fields take defaults (see setDefaults).

@@ -109,10 +109,13 @@ func run(ctx context.Context, cfg config) (res []*result, err error) {
 
 	say("starting the control plane, with a validating webhook on ConfigMaps (failurePolicy: Fail) " +
 		"that points at the router")
-	env := &envtest.Environment{WebhookInstallOptions: envtest.WebhookInstallOptions{
-		LocalServingHost:   "127.0.0.1",
-		ValidatingWebhooks: []*admissionv1.ValidatingWebhookConfiguration{webhookConfiguration()},
-	}}
+	env := &envtest.Environment{
+		// Above envtest's 20s default: a busy machine takes longer to start kube-apiserver.
+		ControlPlaneStartTimeout: time.Minute,
+		WebhookInstallOptions: envtest.WebhookInstallOptions{
+			LocalServingHost:   "127.0.0.1",
+			ValidatingWebhooks: []*admissionv1.ValidatingWebhookConfiguration{webhookConfiguration()},
+		}}
 	restCfg, err := env.Start()
 	if err != nil {
 		return nil, fmt.Errorf("failed to start the control plane: %w", err)

@@ -28,6 +28,7 @@ func main() {
 	flag.DurationVar(&cfg.Delay, "shutdown-delay", 2*time.Second, "The quiesce run's shutdown delay.")
 	flag.DurationVar(&cfg.Work, "work", 200*time.Millisecond, "How long a reconcile works.")
 	flag.DurationVar(&cfg.Interval, "interval", 25*time.Millisecond, "The interval between two creates.")
+	flag.IntVar(&cfg.Burst, "burst", 1, "How many ConfigMaps to create at once, every --interval.")
 	flag.DurationVar(&cfg.WebhookWork, "webhook-work", 20*time.Millisecond, "How long the webhook takes to validate.")
 	flag.BoolVar(&cfg.HTTP2, "webhook-http2", false,
 		"Let the webhook servers speak HTTP/2 (controller-runtime's default; kubebuilder scaffolds turn it off).")

@@ -38,7 +38,8 @@ type config struct {
 	Grace    time.Duration // the operators' --grace-period; default 5s
 	Delay    time.Duration // the quiesce run's --shutdown-delay; default 2s
 	Work     time.Duration // how long a reconcile works; default 200ms
-	Interval time.Duration // between two creates; default 25ms
+	Interval time.Duration // between two creates (two bursts); default 25ms
+	Burst    int           // creates at once, every Interval; default 1
 	// WebhookWork is how long the webhook takes to validate; default 20ms.
 	WebhookWork time.Duration
 	HTTP2       bool // the webhook servers speak HTTP/2 too
@@ -63,6 +64,9 @@ func (c *config) setDefaults() {
 	def(&c.Interval, 25*time.Millisecond)
 	def(&c.WebhookWork, 20*time.Millisecond)
 	def(&c.After, time.Second)
+	if c.Burst <= 0 {
+		c.Burst = 1
+	}
 	if c.Before <= 0 {
 		c.Before = 20
 	}
@@ -180,8 +184,8 @@ func webhookConfiguration() *admissionv1.ValidatingWebhookConfiguration {
 	}
 }
 
-// creates creates a labelled ConfigMap every interval, each in a goroutine of its own, until
-// stopped, and records each one's start, latency and error.
+// creates creates burst labelled ConfigMaps every interval, each in a goroutine of its own,
+// until stopped, and records each one's start, latency and error.
 type creates struct {
 	mu     sync.Mutex
 	done   []create
@@ -196,10 +200,10 @@ type create struct {
 	err   error
 }
 
-func startCreating(ctx context.Context, c client.Client, ns, mode string, interval time.Duration) *creates {
+func startCreating(ctx context.Context, c client.Client, ns, mode string, interval time.Duration, burst int) *creates {
 	cr := &creates{stop: make(chan struct{}), ticker: time.NewTicker(interval)}
 	cr.wg.Go(func() {
-		for i := 0; ; i++ {
+		for i := 0; ; i += burst {
 			select {
 			case <-cr.ticker.C:
 			case <-cr.stop:
@@ -207,21 +211,25 @@ func startCreating(ctx context.Context, c client.Client, ns, mode string, interv
 			case <-ctx.Done():
 				return
 			}
-			cr.wg.Go(func() {
-				cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
-					Name: fmt.Sprintf("cm-%05d", i), Namespace: ns, Labels: map[string]string{labelKey: mode},
-				}}
-				start := time.Now()
-				cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-				err := c.Create(cctx, cm)
-				cancel()
-				cr.mu.Lock()
-				cr.done = append(cr.done, create{start: start, took: time.Since(start), err: err})
-				cr.mu.Unlock()
-			})
+			for j := range burst {
+				cr.wg.Go(func() { cr.create(ctx, c, ns, mode, i+j) })
+			}
 		}
 	})
 	return cr
+}
+
+func (cr *creates) create(ctx context.Context, c client.Client, ns, mode string, i int) {
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
+		Name: fmt.Sprintf("cm-%05d", i), Namespace: ns, Labels: map[string]string{labelKey: mode},
+	}}
+	start := time.Now()
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	err := c.Create(cctx, cm)
+	cancel()
+	cr.mu.Lock()
+	cr.done = append(cr.done, create{start: start, took: time.Since(start), err: err})
+	cr.mu.Unlock()
 }
 
 // finish stops creating and returns every create, once each returned.

@@ -86,10 +86,10 @@ func (s *scenario) play(ctx context.Context) (*result, error) {
 	if err := pool.waitIn(ctx, b.name); err != nil {
 		return nil, err
 	}
-	s.say("%s leads, %s stands by, both in the router's pool; creating a ConfigMap every %s",
-		a.name, b.name, s.cfg.Interval)
+	s.say("%s leads, %s stands by, both in the router's pool; creating %d ConfigMap(s) every %s",
+		a.name, b.name, s.cfg.Burst, s.cfg.Interval)
 
-	cr := startCreating(ctx, s.c, ns, mode, s.cfg.Interval)
+	cr := startCreating(ctx, s.c, ns, mode, s.cfg.Interval, s.cfg.Burst)
 	finished := false
 	defer func() {
 		if !finished {

@@ -33,8 +33,10 @@ func main() {
 	flag.BoolVar(&cfg.HTTP2, "webhook-http2", false,
 		"Let the webhook servers speak HTTP/2 (controller-runtime's default; kubebuilder scaffolds turn it off).")
 	flag.IntVar(&cfg.Before, "before", 20, "How many reconciles the first leader finishes before its SIGTERM.")
-	flag.DurationVar(&cfg.After, "after", time.Second, "How long the client keeps creating once the new leader reconciles.")
-	flag.StringVar(&cfg.Operator, "operator", "", "An operator binary to run instead of building examples/rollout/operator.")
+	flag.DurationVar(&cfg.After, "after", time.Second,
+		"How long the client keeps creating once the new leader reconciles.")
+	flag.StringVar(&cfg.Operator, "operator", "",
+		"An operator binary to run instead of building examples/rollout/operator.")
 	flag.BoolVar(&cfg.ShowLogs, "logs", false, "Show the replicas' logs (JSON).")
 	flag.Parse()
 	cfg.Out = os.Stdout

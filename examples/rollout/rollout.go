@@ -242,7 +242,9 @@ func (cr *creates) finish() []create {
 
 // waitAllReconciled waits until every labelled ConfigMap in ns has doneAnnotation, or
 // timeout; it returns how many did not, and per replica how many it reconciled.
-func waitAllReconciled(ctx context.Context, c client.Client, ns string, timeout time.Duration) (int, map[string]int, error) {
+func waitAllReconciled(
+	ctx context.Context, c client.Client, ns string, timeout time.Duration,
+) (int, map[string]int, error) {
 	var lost int
 	by := map[string]int{}
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {

@@ -60,7 +60,8 @@ func main() {
 	flag.StringVar(&c.certDir, "cert-dir", "", "The directory holding the webhook server's tls.crt and tls.key.")
 	flag.StringVar(&c.metricsAddr, "metrics-bind-address", "0", "The metrics server's address; 0 disables it.")
 	flag.StringVar(&c.probeAddr, "health-probe-bind-address", ":8081", "The probe endpoint's address.")
-	flag.DurationVar(&c.grace, "grace-period", 5*time.Second, "quiesce: how long, after the delay, in-flight work may take.")
+	flag.DurationVar(&c.grace, "grace-period", 5*time.Second,
+		"quiesce: how long, after the delay, in-flight work may take.")
 	flag.DurationVar(&c.delay, "shutdown-delay", 2*time.Second,
 		"quiesce: how long after SIGTERM readiness fails while the operator keeps serving.")
 	flag.DurationVar(&c.work, "work", 200*time.Millisecond, "How long a reconcile works.")

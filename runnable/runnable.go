@@ -192,7 +192,7 @@ func Add(mgr manager.Manager, opts Options) (*Runnable, error) {
 	opts = withDefaults(opts)
 	r := newRunnable(opts, true)
 	st := newStopper(r, opts.ShutdownDelay, ws)
-	if !added.claim(mgr, st) {
+	if !added.claim(mgr) {
 		return nil, errors.New("failed to add quiesce runnable: this manager has one already (call runnable.Add once per manager)")
 	}
 	if ws != nil && !ws.connect(r) {
@@ -285,8 +285,9 @@ func (r *Runnable) ReadyzCheck(*http.Request) error {
 	return nil
 }
 
-// Start blocks until ctx ends. Then, for a Runnable created by Add, it waits for the
-// end of ShutdownDelay (already over when the manager stops the leader-election group).
+// Start blocks until ctx ends. Then, for a Runnable created by Add whose manager started
+// the stop procedure, it waits for the end of ShutdownDelay (already over when the
+// manager stops the leader-election group).
 // Then it drains the executor: it refuses new calls and
 // waits up to GracePeriod for the tracked ones to return, while the executor logs what it
 // still waits for. It returns nil when every call returned. Otherwise it logs the calls it
@@ -310,7 +311,7 @@ func (r *Runnable) Start(ctx context.Context) error {
 	default:
 	}
 	<-ctx.Done()
-	if r.stop != nil {
+	if r.stop != nil && r.stop.running.Load() {
 		<-r.stop.delayOver
 	}
 	r.finish(r.drain())

@@ -144,16 +144,15 @@ func (h *trackedHook) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	namespace, name := peekObject(req)
 	ctx, cancel := liveContext(req.Context())
 	defer cancel()
-	req = req.WithContext(ctx)
 	ran := false
 	err := internal.Run(r.ex, ctx, internal.CallOptions{Name: [4]string{"webhook", h.name, namespace, name}, Repanic: true},
-		func(context.Context) error {
+		func(ctx context.Context) error {
 			ran = true
-			h.hook.ServeHTTP(w, req)
+			h.hook.ServeHTTP(w, req.WithContext(ctx))
 			return nil
 		})
 	if !ran && errors.Is(err, drain.ErrDraining) {
-		h.hook.ServeHTTP(w, req)
+		h.hook.ServeHTTP(w, req.WithContext(ctx))
 	}
 }
 

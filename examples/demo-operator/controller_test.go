@@ -55,7 +55,7 @@ func TestSnapshotFinishesDuringShutdown(t *testing.T) {
 	})
 	g.Expect(err).NotTo(HaveOccurred())
 	q, err := runnable.Add(mgr, runnable.Options{
-		GracePeriod: 30 * time.Second,
+		GracePeriod: 25 * time.Second,                             // below the manager's default GracefulShutdownTimeout (30s)
 		Options:     drain.Options{CancelAfter: 20 * time.Second}, // in-flight reconciles may finish
 	})
 	g.Expect(err).NotTo(HaveOccurred())

@@ -105,13 +105,14 @@ func run(setupLog logr.Logger, c managerConfig) int {
 	// The metrics server, and quiesce's /debug/quiesce on it, serve plain HTTP without
 	// authentication: fine for the demo, which binds it to 127.0.0.1. A deployed operator
 	// sets SecureServing and a FilterProvider, as kubebuilder scaffolds do.
-	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
+	mgrOpts := ctrl.Options{
 		Scheme:                  scheme.Scheme,
 		Metrics:                 metricsserver.Options{BindAddress: c.metricsAddr},
 		HealthProbeBindAddress:  c.probeAddr,
 		GracefulShutdownTimeout: &shutdownTimeout,
 		Cache:                   cacheOptions(),
-	})
+	}
+	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), mgrOpts)
 	if err != nil {
 		setupLog.Error(err, "Failed to create manager")
 		return 1
@@ -120,7 +121,8 @@ func run(setupLog logr.Logger, c managerConfig) int {
 	// quiesce: one runnable owns the executor that tracks every reconcile and handler call,
 	// and drains it when the manager stops.
 	q, err := runnable.Add(mgr, runnable.Options{
-		GracePeriod: c.grace,
+		ManagerOptions: &mgrOpts, // Add checks GracePeriod against GracefulShutdownTimeout
+		GracePeriod:    c.grace,
 		Options: drain.Options{
 			ReportAfter: c.reportAfter,
 			ReportEvery: c.reportEvery,

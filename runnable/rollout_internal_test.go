@@ -1,0 +1,533 @@
+package runnable
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+	"unsafe"
+	"weak"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	"github.com/quiesce-dev/quiesce/drain"
+)
+
+// lines records each log line as funcr renders it.
+type lines struct {
+	mu  sync.Mutex
+	all []string
+}
+
+func (l *lines) logger() logr.Logger {
+	return funcr.New(func(_, args string) {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.all = append(l.all, args)
+	}, funcr.Options{})
+}
+
+// messages returns the "msg" of each line, in order.
+func (l *lines) messages() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]string, len(l.all))
+	for i, s := range l.all {
+		_, rest, _ := strings.Cut(s, `"msg"="`)
+		out[i], _, _ = strings.Cut(rest, `"`)
+	}
+	return out
+}
+
+// line returns the first line whose message is msg.
+func (l *lines) line(msg string) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, s := range l.all {
+		if strings.Contains(s, `"msg"="`+msg+`"`) {
+			return s
+		}
+	}
+	return ""
+}
+
+// fakeServer is a webhook.Server that serves without a network, deriving each request's
+// context from the context Start got, as controller-runtime's server does from v0.24 on
+// (http.Server.BaseContext), and that waits for the requests in flight once it ends, as
+// http.Server.Shutdown does.
+type fakeServer struct {
+	mux      *http.ServeMux
+	mu       sync.Mutex
+	base     context.Context
+	started  chan struct{}
+	inFlight sync.WaitGroup
+}
+
+func newFakeServer() *fakeServer {
+	return &fakeServer{mux: http.NewServeMux(), started: make(chan struct{})}
+}
+
+func (s *fakeServer) NeedLeaderElection() bool             { return false }
+func (s *fakeServer) Register(path string, h http.Handler) { s.mux.Handle(path, h) }
+func (s *fakeServer) StartedChecker() healthz.Checker {
+	return func(*http.Request) error { return nil }
+}
+func (s *fakeServer) WebhookMux() *http.ServeMux { return s.mux }
+
+func (s *fakeServer) Start(ctx context.Context) error {
+	s.mu.Lock()
+	s.base = ctx
+	s.mu.Unlock()
+	close(s.started)
+	<-ctx.Done()
+	s.inFlight.Wait()
+	return nil
+}
+
+// serve serves a POST of body at path on a connection of its own; cancel ends the
+// connection (the client goes away).
+func (s *fakeServer) serve(path, body string) (rec *httptest.ResponseRecorder, cancel context.CancelFunc, done <-chan struct{}) {
+	<-s.started
+	s.mu.Lock()
+	conn, cancel := context.WithCancel(s.base)
+	s.mu.Unlock()
+	rec = httptest.NewRecorder()
+	req := httptest.NewRequest(http.MethodPost, path, strings.NewReader(body)).WithContext(conn)
+	req.Header.Set("Content-Type", "application/json")
+	ch := make(chan struct{})
+	s.inFlight.Add(1)
+	go func() {
+		defer close(ch)
+		defer s.inFlight.Done()
+		s.mux.ServeHTTP(rec, req)
+	}()
+	return rec, cancel, ch
+}
+
+func review(namespace, name string) string {
+	return fmt.Sprintf(`{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":{"uid":"1","namespace":%q,"name":%q,"object":{"metadata":{"name":%q}}}}`,
+		namespace, name, name)
+}
+
+// replica is a Runnable with its stop procedure and webhook server, wired as Add wires
+// them, with the manager's three groups as contexts: others (the stop procedure),
+// elected (the Runnable) and webhooks.
+type replica struct {
+	r     *Runnable
+	st    *stopper
+	ws    *webhookServer
+	inner *fakeServer
+	logs  *lines
+
+	stopOthers, stopElected, stopWebhooks context.CancelFunc
+	others, elected, webhooks             chan error
+}
+
+func newReplica(t *testing.T, opts Options, delay time.Duration, leader bool) *replica {
+	t.Helper()
+	logs := &lines{}
+	opts.Logger = logs.logger()
+	rp := &replica{inner: newFakeServer(), logs: logs,
+		others: make(chan error, 1), elected: make(chan error, 1), webhooks: make(chan error, 1)}
+	rp.ws = WebhookServer(rp.inner).(*webhookServer)
+	rp.r = newRunnable(withDefaults(opts), false)
+	rp.st = newStopper(rp.r, delay, rp.ws)
+	if !rp.ws.connect(rp.r) {
+		t.Fatal("connect failed")
+	}
+	webhooks, stopWebhooks := context.WithCancel(context.Background())
+	others, stopOthers := context.WithCancel(context.Background())
+	elected, stopElected := context.WithCancel(context.Background())
+	rp.stopWebhooks, rp.stopOthers, rp.stopElected = stopWebhooks, stopOthers, stopElected
+	go func() { rp.webhooks <- rp.ws.Start(webhooks) }()
+	go func() { rp.others <- rp.st.Start(others) }()
+	if leader {
+		go func() { rp.elected <- rp.r.Start(elected) }()
+	}
+	return rp
+}
+
+// stop stops the replica in controller-runtime's order: the runnables that need no
+// leader election, then the others, then the webhooks; it returns what the Runnable's
+// Start returned (the leader's) or the stop procedure (a standby's).
+func (rp *replica) stop(leader bool) error {
+	rp.stopOthers()
+	err := <-rp.others
+	rp.stopElected()
+	if leader {
+		err = <-rp.elected
+	}
+	rp.stopWebhooks()
+	if werr := <-rp.webhooks; werr != nil {
+		return werr
+	}
+	return err
+}
+
+func TestShutdownDelayOnTheLeader(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rp := newReplica(t, Options{GracePeriod: 10 * time.Second}, 5*time.Second, true)
+		release := make(chan struct{})
+		var ctxErr error
+		rp.ws.Register("/validate", http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			body, _ := io.ReadAll(req.Body)
+			if string(body) != review("ns", "a") && string(body) != review("ns", "b") {
+				t.Errorf("the handler got the body %q, not the review sent", body)
+			}
+			if strings.Contains(string(body), `"b"`) {
+				<-release
+				ctxErr = req.Context().Err()
+			}
+			w.WriteHeader(http.StatusOK)
+		}))
+
+		rec, cancel, done := rp.inner.serve("/validate", review("ns", "a"))
+		<-done
+		cancel()
+		if rec.Header().Get("Connection") != "" {
+			t.Errorf("before the stop: Connection: %q, want none", rec.Header().Get("Connection"))
+		}
+		_, cancelB, doneB := rp.inner.serve("/validate", review("ns", "b"))
+		defer cancelB()
+		synctest.Wait()
+		if p := rp.r.Executor().Pending(); len(p) != 1 || p[0].Name != "webhook/validate/ns/b" {
+			t.Fatalf("Pending = %+v, want the call webhook/validate/ns/b", p)
+		}
+		if err := rp.r.ReadyzCheck(nil); err != nil {
+			t.Fatalf("ReadyzCheck before the stop = %v", err)
+		}
+
+		// The stop begins: readiness fails at once, everything keeps serving.
+		begin := time.Now()
+		rp.stopOthers()
+		synctest.Wait()
+		if err := rp.r.ReadyzCheck(nil); err == nil {
+			t.Fatal("ReadyzCheck once the stop began = nil, want an error")
+		}
+		if rp.r.draining() {
+			t.Fatal("the executor drains during the delay")
+		}
+		rec, cancel, done = rp.inner.serve("/validate", review("ns", "a"))
+		<-done
+		cancel()
+		if rec.Code != http.StatusOK || rec.Header().Get("Connection") != "close" {
+			t.Errorf("during the delay: %d, Connection: %q, want 200 and close", rec.Code, rec.Header().Get("Connection"))
+		}
+
+		// The delay ends: the listener closes (the inner server's context ends), and the
+		// request in flight keeps a live context.
+		if err := <-rp.others; err != nil {
+			t.Fatalf("the stop procedure returned %v", err)
+		}
+		if took := time.Since(begin); took != 5*time.Second {
+			t.Errorf("the stop procedure returned after %v, want the 5s delay", took)
+		}
+		rp.stopElected()
+		synctest.Wait()
+		if !rp.r.draining() {
+			t.Fatal("the executor does not drain once the manager stopped the Runnable")
+		}
+		close(release)
+		<-doneB
+		if ctxErr != nil {
+			t.Errorf("the request in flight saw its context end: %v", ctxErr)
+		}
+		if err := <-rp.elected; err != nil {
+			t.Fatalf("Start = %v", err)
+		}
+		rp.stopWebhooks()
+		if err := <-rp.webhooks; err != nil {
+			t.Fatalf("webhook server Start = %v", err)
+		}
+
+		// The webhook server stops once the request in flight returned, as the drain does:
+		// its line comes after the listener's, in either order with the drain's last.
+		want := []string{"Stop began", "Shutdown delay over", "Closing webhook listener", "Draining executor",
+			"All calls returned"}
+		got := rp.logs.messages()
+		var drained []string
+		for _, m := range got {
+			if m != "Webhook server stopped" {
+				drained = append(drained, m)
+			}
+		}
+		if strings.Join(drained, "|") != strings.Join(want, "|") || len(got) != len(want)+1 || got[len(got)-1] == "Closing webhook listener" {
+			t.Fatalf("log messages = %q, want %q and, after the listener's, Webhook server stopped", got, want)
+		}
+		if l := rp.logs.line("Shutdown delay over"); !strings.Contains(l, `"sinceStop"="5s"`) {
+			t.Errorf("delay line %s lacks sinceStop 5s", l)
+		}
+	})
+}
+
+func TestShutdownDelayOnAStandbyDrainsItsWebhookCalls(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rp := newReplica(t, Options{GracePeriod: 4 * time.Second, Options: drain.Options{CancelAfter: -1}}, time.Second, false)
+		release := make(chan struct{})
+		defer close(release)
+		rp.ws.Register("/mutate", http.HandlerFunc(func(http.ResponseWriter, *http.Request) { <-release })) // hangs
+		_, cancel, _ := rp.inner.serve("/mutate", review("", "cluster-scoped"))
+		defer cancel()
+		synctest.Wait()
+
+		rp.stopOthers()
+		synctest.Wait()
+		if err := rp.r.ReadyzCheck(nil); err == nil {
+			t.Fatal("a standby's ReadyzCheck once the stop began = nil")
+		}
+		begin := time.Now()
+		err := <-rp.others
+		if took := time.Since(begin); took != 5*time.Second {
+			t.Errorf("the standby's stop took %v, want delay 1s + grace 4s", took)
+		}
+		var pe *drain.PendingError
+		if !errors.As(err, &pe) || len(pe.Pending) != 1 || pe.Pending[0].Name != "webhook/mutate/cluster-scoped" {
+			t.Fatalf("the stop procedure returned %v, want the abandoned webhook/mutate/cluster-scoped", err)
+		}
+		if !errors.Is(rp.r.Err(), err) {
+			t.Errorf("Err = %v, want %v", rp.r.Err(), err)
+		}
+		if l := rp.logs.line(abandonedMsg); !strings.Contains(l, `"name"="webhook/mutate/cluster-scoped"`) || !strings.Contains(l, `"sinceStop"="5s"`) {
+			t.Errorf("abandoned line %q lacks the call or sinceStop", l)
+		}
+		// Elected during the stop: the Runnable's Start returns at once.
+		if err := rp.r.Start(context.Background()); err != nil {
+			t.Errorf("Start after the standby's drain = %v, want nil", err)
+		}
+		release <- struct{}{}
+		rp.stopWebhooks()
+		if err := <-rp.webhooks; err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+func TestWebhookContextEndsWhenTheClientGoesAway(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rp := newReplica(t, Options{}, 0, true)
+		ended := make(chan error, 1)
+		rp.ws.Register("/v", http.HandlerFunc(func(_ http.ResponseWriter, req *http.Request) {
+			<-req.Context().Done()
+			ended <- context.Cause(req.Context())
+		}))
+		_, cancel, done := rp.inner.serve("/v", "not json")
+		synctest.Wait()
+		if p := rp.r.Executor().Pending(); len(p) != 1 || p[0].Name != "webhook/v" {
+			t.Fatalf("Pending = %+v, want webhook/v", p)
+		}
+		cancel()
+		<-done
+		if err := <-ended; !errors.Is(err, context.Canceled) {
+			t.Errorf("cause = %v, want context.Canceled", err)
+		}
+		if err := rp.stop(true); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+func TestWebhookPanicReachesTheServer(t *testing.T) {
+	r := newRunnable(withDefaults(Options{}), false)
+	ws := WebhookServer(newFakeServer()).(*webhookServer)
+	newStopper(r, 0, ws)
+	ws.connect(r)
+	ws.Register("/p", http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("boom") }))
+	h, _ := ws.WebhookMux().Handler(httptest.NewRequest(http.MethodPost, "/p", nil))
+	func() {
+		defer func() {
+			if v := recover(); v != "boom" {
+				t.Errorf("recovered %v, want the handler's panic (net/http recovers it and logs it)", v)
+			}
+		}()
+		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodPost, "/p", strings.NewReader(review("ns", "x"))))
+	}()
+	if s := r.ex.Stats(); s.Panicked != 1 || s.InFlight != 0 {
+		t.Errorf("Stats = %+v, want 1 panicked, none in flight", s)
+	}
+}
+
+func TestWebhookServedOnceTheDrainBegan(t *testing.T) {
+	r := newRunnable(withDefaults(Options{}), false)
+	ws := WebhookServer(newFakeServer()).(*webhookServer)
+	newStopper(r, 0, ws)
+	ws.connect(r)
+	ws.Register("/v", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusTeapot) }))
+	if err := r.ex.Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	h, _ := ws.WebhookMux().Handler(httptest.NewRequest(http.MethodPost, "/v", nil))
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v", strings.NewReader(review("ns", "x"))))
+	if rec.Code != http.StatusTeapot {
+		t.Errorf("a request after the drain began got %d, want the handler's answer", rec.Code)
+	}
+}
+
+func TestPeekObjectLeavesTheBodyWhole(t *testing.T) {
+	big := `{"request":{"namespace":"ns","name":"a","object":{"data":"` + strings.Repeat("x", maxReviewSize) + `"}}}`
+	for _, tc := range []struct {
+		body, namespace, name string
+	}{
+		{review("ns", "a"), "ns", "a"},
+		{`{"request":{"namespace":"ns","object":{"metadata":{"generateName":"job-"}}}}`, "ns", "job-"},
+		{`{"request":{"uid":"1","objects":[]}}`, "", ""}, // a ConversionReview
+		{"not json", "", ""},
+		{big, "", ""}, // too big to read for a name
+	} {
+		req := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(tc.body))
+		ns, name := peekObject(req)
+		if ns != tc.namespace || name != tc.name {
+			t.Errorf("peekObject(%.40q) = %q, %q, want %q, %q", tc.body, ns, name, tc.namespace, tc.name)
+		}
+		got, err := io.ReadAll(req.Body)
+		if err != nil || !bytes.Equal(got, []byte(tc.body)) {
+			t.Errorf("body after peekObject(%.40q): %d bytes, %v; want it whole", tc.body, len(got), err)
+		}
+	}
+}
+
+func TestWebhookServerNotConnected(t *testing.T) {
+	ws := WebhookServer(newFakeServer())
+	if err := ws.Start(context.Background()); !errors.Is(err, errNotConnected) || !strings.Contains(err.Error(), "ManagerOptions") {
+		t.Fatalf("Start = %v, want the not-connected error naming ManagerOptions", err)
+	}
+	defer func() {
+		if v := recover(); v == nil || !strings.Contains(fmt.Sprint(v), "nil inner server") {
+			t.Errorf("WebhookServer(nil) panicked with %v", v)
+		}
+	}()
+	WebhookServer(nil)
+}
+
+// A stop procedure with no delay and no webhook server stays as quiet as a plain Runnable.
+func TestStopWithoutDelayIsQuiet(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		logs := &lines{}
+		r := newRunnable(withDefaults(Options{Options: drain.Options{Logger: logs.logger()}}), false)
+		st := newStopper(r, 0, nil)
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if err := st.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if m := logs.messages(); len(m) != 0 {
+			t.Errorf("log = %q, want nothing at verbosity 0", m)
+		}
+		if err := r.ReadyzCheck(nil); err == nil {
+			t.Error("ReadyzCheck after the stop = nil")
+		}
+	})
+}
+
+func TestDefaultCancelAfter(t *testing.T) {
+	for _, tc := range []struct {
+		opts Options
+		want time.Duration // when the drain cancels a call, after it began
+	}{
+		{Options{GracePeriod: 10 * time.Second}, 8 * time.Second},
+		{Options{}, 20 * time.Second},
+		{Options{GracePeriod: 10 * time.Second, CancelAtOnce: true}, 0},
+		{Options{GracePeriod: 10 * time.Second, Options: drain.Options{CancelAfter: 3 * time.Second}}, 3 * time.Second},
+	} {
+		synctest.Test(t, func(t *testing.T) {
+			r := newRunnable(withDefaults(tc.opts), false)
+			cancelled := make(chan time.Time, 1)
+			if err := r.ex.Go(context.Background(), "job", func(ctx context.Context) error {
+				<-ctx.Done()
+				cancelled <- time.Now()
+				return ctx.Err()
+			}); err != nil {
+				t.Fatal(err)
+			}
+			ctx, stop := context.WithCancel(context.Background())
+			stop()
+			begin := time.Now()
+			if err := r.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if got := (<-cancelled).Sub(begin); got != tc.want {
+				t.Errorf("%+v: the call was cancelled %v after the drain began, want %v", tc.opts, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestValidate(t *testing.T) {
+	for _, tc := range []struct {
+		opts Options
+		want string // in the error; "" for none
+	}{
+		{Options{}, ""},
+		{Options{ShutdownDelay: -time.Second}, "ShutdownDelay is -1s: set it to 0"},
+		{Options{GracePeriod: 10 * time.Second, Options: drain.Options{CancelAfter: 10 * time.Second}},
+			"CancelAfter (10s) must be below GracePeriod (10s): lower CancelAfter, or raise GracePeriod"},
+		{Options{Options: drain.Options{CancelAfter: 30 * time.Second}}, "CancelAfter (30s) must be below GracePeriod (25s)"},
+		{Options{CancelAtOnce: true, Options: drain.Options{CancelAfter: time.Second}}, "CancelAtOnce is set with CancelAfter 1s: set one of them"},
+		{Options{Options: drain.Options{CancelAfter: -1}}, ""},
+		{Options{GracePeriod: 40 * time.Second}, "ShutdownDelay (0s) + GracePeriod (40s) = 40s must be below the manager's " +
+			"GracefulShutdownTimeout (30s, controller-runtime's default; pass the manager's Options as ManagerOptions if you set it): " +
+			"raise GracefulShutdownTimeout in the manager's Options above 40s"},
+		{Options{ShutdownDelay: 5 * time.Second}, "ShutdownDelay (5s) + GracePeriod (25s) = 30s must be below"},
+		{Options{ShutdownDelay: 5 * time.Second, ManagerOptions: &managerOptions{GracefulShutdownTimeout: ptr.To(35 * time.Second)}}, ""},
+		{Options{GracePeriod: 8 * time.Second, ManagerOptions: &managerOptions{GracefulShutdownTimeout: ptr.To(4 * time.Second)}},
+			"GracefulShutdownTimeout (4s, from ManagerOptions)"},
+		{Options{GracePeriod: time.Hour, ManagerOptions: &managerOptions{GracefulShutdownTimeout: ptr.To(time.Duration(-1))}}, ""},
+	} {
+		err := validate(tc.opts)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("validate(%+v) = %v, want nil", tc.opts, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("validate(%+v) = %v, want an error with %q", tc.opts, err, tc.want)
+		}
+	}
+}
+
+var _ webhook.Server = (*fakeServer)(nil)
+
+type managerOptions = manager.Options
+
+// ptrManager is a manager that is a pointer, as controller-runtime's is.
+type ptrManager struct{ manager.Manager }
+
+func TestAddedDoesNotKeepManagersAlive(t *testing.T) {
+	m := &ptrManager{}
+	if !added.claim(m) {
+		t.Fatal("first claim of a manager = false")
+	}
+	if added.claim(m) {
+		t.Fatal("second claim of a manager = true")
+	}
+	key := weak.Make((*byte)(unsafe.Pointer(m)))
+	collected := make(chan struct{})
+	runtime.AddCleanup(m, func(ch chan struct{}) { close(ch) }, collected)
+	m = nil
+	runtime.GC()
+	select {
+	case <-collected:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the claimed manager was not collected: added keeps it alive")
+	}
+	if !added.claim(&ptrManager{}) { // prunes
+		t.Fatal("claim of a new manager = false")
+	}
+	added.mu.Lock()
+	defer added.mu.Unlock()
+	if _, ok := added.m[key]; ok {
+		t.Error("the collected manager's entry was not pruned")
+	}
+}

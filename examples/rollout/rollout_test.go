@@ -51,7 +51,7 @@ func TestRollout(t *testing.T) {
 func TestCheckTimeline(t *testing.T) {
 	good := []step{
 		{"Stop began", "0s"}, {"Shutdown delay over", "2s"}, {"Closing webhook listener", "2s"},
-		{"Draining executor", "2.001s"}, {webhookStopped, "2.02s"}, {"All calls returned", "2.2s"},
+		{"Draining executor", "2.03s"}, {webhookStopped, "2.02s"}, {"All calls returned", "2.2s"},
 	}
 	if err := checkTimeline(good); err != nil {
 		t.Errorf("checkTimeline(good) = %v, want nil", err)
@@ -62,6 +62,7 @@ func TestCheckTimeline(t *testing.T) {
 		"a step missing":           with(func(s []step) []step { return append(s[:1], s[2:]...) }),
 		"an extra step":            with(func(s []step) []step { return append(s, step{"extra", "1h"}) }),
 		"webhook stopped too soon": with(func(s []step) []step { s[2], s[4] = s[4], s[2]; return s }),
+		"webhook stopped at 1s":    with(func(s []step) []step { s[4].SinceStop = "1s"; return s }),
 		"webhook never stopped":    with(func(s []step) []step { return append(s[:4], s[5]) }),
 		"sinceStop not a duration": with(func(s []step) []step { s[0].SinceStop = true; return s }),
 	} {

@@ -272,6 +272,9 @@ func table(runs []*result) string {
 	})
 	row("reconciles in flight at SIGTERM", func(r *result) string { return fmt.Sprint(r.InFlight) })
 	row("reconciles cut off (context canceled)", func(r *result) string { return fmt.Sprint(r.CutOff) })
+	row("objects reconciled by old / new leader", func(r *result) string {
+		return fmt.Sprintf("%d / %d", r.By[r.Mode+"-a"], r.By[r.Mode+"-b"])
+	})
 	row("objects never reconciled (lost)", func(r *result) string { return fmt.Sprint(r.Lost) })
 	row("overlapping reconciles of two leaders", func(r *result) string { return fmt.Sprint(r.Overlaps) })
 	row("old leader's exit code", func(r *result) string { return fmt.Sprint(r.ExitCode) })

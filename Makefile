@@ -48,6 +48,11 @@ demo: ## Run the demo operator against a real control plane, SIGTERM it, show it
 	assets="$$($(ENVTEST))"; \
 	KUBEBUILDER_ASSETS="$$assets" $(GO) run ./examples/demo $(DEMO_ARGS)
 
+.PHONY: demo-rollout
+demo-rollout: ## Roll two replicas of an operator with a webhook, with quiesce and without; compare.
+	assets="$$($(ENVTEST))"; \
+	KUBEBUILDER_ASSETS="$$assets" $(GO) run ./examples/rollout $(DEMO_ARGS)
+
 .PHONY: bench
 bench: ## Benchmarks with their in-file baselines (ratios in README "Performance").
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./...

@@ -8,11 +8,14 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
+	"unsafe"
+	"weak"
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
@@ -497,3 +500,34 @@ func TestValidate(t *testing.T) {
 var _ webhook.Server = (*fakeServer)(nil)
 
 type managerOptions = manager.Options
+
+// ptrManager is a manager that is a pointer, as controller-runtime's is.
+type ptrManager struct{ manager.Manager }
+
+func TestAddedDoesNotKeepManagersAlive(t *testing.T) {
+	m := &ptrManager{}
+	if !added.claim(m) {
+		t.Fatal("first claim of a manager = false")
+	}
+	if added.claim(m) {
+		t.Fatal("second claim of a manager = true")
+	}
+	key := weak.Make((*byte)(unsafe.Pointer(m)))
+	collected := make(chan struct{})
+	runtime.AddCleanup(m, func(ch chan struct{}) { close(ch) }, collected)
+	m = nil
+	runtime.GC()
+	select {
+	case <-collected:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the claimed manager was not collected: added keeps it alive")
+	}
+	if !added.claim(&ptrManager{}) { // prunes
+		t.Fatal("claim of a new manager = false")
+	}
+	added.mu.Lock()
+	defer added.mu.Unlock()
+	if _, ok := added.m[key]; ok {
+		t.Error("the collected manager's entry was not pruned")
+	}
+}

@@ -190,7 +190,7 @@ func Add(mgr manager.Manager, opts Options) (*Runnable, error) {
 	opts = withDefaults(opts)
 	r := newRunnable(opts, true)
 	st := newStopper(r, opts.ShutdownDelay, ws)
-	if !added.claim(mgr, st) {
+	if !added.claim(mgr) {
 		return nil, errors.New("failed to add quiesce runnable: this manager has one already (call runnable.Add once per manager)")
 	}
 	if ws != nil && !ws.connect(r) {

@@ -113,36 +113,35 @@ func (s *stopper) Start(ctx context.Context) error {
 }
 
 // added remembers the managers given to Add, so that a second Add on one manager fails,
-// without keeping them alive: it keys them by address and holds their stop procedure by a
-// weak pointer. The manager holds its stop procedure (and nothing else does, once Add
-// returned), so the pointer is live exactly as long as the manager is, and the address is
-// not reused before the pointer went nil.
-var added = managers{m: map[uintptr]weak.Pointer[stopper]{}}
+// without keeping them alive: a map with weak keys, as the weak package describes. A weak
+// pointer maps to an object, not to an address: a manager allocated where a collected one
+// was gets a key of its own. The key points at the manager's first byte because Add only
+// knows it as an interface; a manager that is not a pointer cannot be told apart from
+// others without holding it, and is not recorded.
+var added = managers{m: map[weak.Pointer[byte]]struct{}{}}
 
 type managers struct {
 	mu sync.Mutex
-	m  map[uintptr]weak.Pointer[stopper]
+	m  map[weak.Pointer[byte]]struct{}
 }
 
-// claim records s as mgr's stop procedure; false if mgr has a live one already. A manager
-// that is not a pointer cannot be told apart from others without holding it: it is not
-// recorded.
-func (ms *managers) claim(mgr manager.Manager, s *stopper) bool {
+// claim records mgr; false if it was recorded already.
+func (ms *managers) claim(mgr manager.Manager) bool {
 	v := reflect.ValueOf(mgr)
-	if v.Kind() != reflect.Pointer {
+	if v.Kind() != reflect.Pointer || v.IsNil() {
 		return true
 	}
-	key := v.Pointer()
+	key := weak.Make((*byte)(v.UnsafePointer()))
 	ms.mu.Lock()
 	defer ms.mu.Unlock()
-	for k, w := range ms.m {
-		if w.Value() == nil {
+	for k := range ms.m {
+		if k.Value() == nil {
 			delete(ms.m, k) // its manager is gone
 		}
 	}
-	if w, ok := ms.m[key]; ok && w.Value() != nil {
+	if _, ok := ms.m[key]; ok {
 		return false
 	}
-	ms.m[key] = weak.Make(s)
+	ms.m[key] = struct{}{}
 	return true
 }

@@ -1,0 +1,19 @@
+// Command operator is the small operator that `make demo-rollout` (examples/rollout) runs as
+// two replicas to show a rolling update: a validating webhook on ConfigMaps (failurePolicy
+// Fail, registered with Register) served by every replica, and, on the leader, a controller
+// that reconciles the labelled ConfigMaps to completion.
+//
+// Each reconcile that finds a ConfigMap without DoneAnnotation works for --work, honouring its
+// context, then writes DoneAnnotation (the replica's --id). Every reconcile logs one line,
+// "Reconcile ended", with the replica, its start and end times and whether it worked and
+// finished, so that a reader of both replicas' logs can check that two leaders never
+// reconcile at once and that no object is left unreconciled.
+//
+// --quiesce=true (the default) wires quiesce in: runnable.Add with ShutdownDelay and
+// GracePeriod, runnable.WebhookServer around the webhook server, reconcilers.Wrap around
+// the reconciler. --quiesce=false is plain controller-runtime with the same settings
+// otherwise: leader election with LeaderElectionReleaseOnCancel, a readyz check that
+// passes while the probe server runs.
+//
+// The log is JSON, one object a line, klog's (leader election) included.
+package main

@@ -1,0 +1,314 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+)
+
+// Names shared with examples/rollout/operator.
+const (
+	operatorPackage = "./examples/rollout/operator"
+	labelKey        = "quiesce.dev/rollout"
+	doneAnnotation  = "quiesce.dev/reconciled-by"
+	validatePath    = "validate-v1-configmap" // envtest prefixes "/"
+	// client-go's leader election says so, "Successfully ..." from v0.37; match it lower-cased.
+	leaseAcquired  = "successfully acquired lease"
+	reconcileEnded = "Reconcile ended"
+)
+
+// config is the scenario. Zero fields take defaults (see setDefaults).
+type config struct {
+	Grace    time.Duration // the operators' --grace-period; default 5s
+	Delay    time.Duration // the quiesce run's --shutdown-delay; default 2s
+	Work     time.Duration // how long a reconcile works; default 200ms
+	Interval time.Duration // between two creates (two bursts); default 25ms
+	Burst    int           // creates at once, every Interval; default 1
+	// WebhookWork is how long the webhook takes to validate; default 20ms.
+	WebhookWork time.Duration
+	HTTP2       bool // the webhook servers speak HTTP/2 too
+	// Before is how many reconciles the first leader finishes before its SIGTERM (default
+	// 20); After how long the client keeps creating once the new leader reconciles (1s).
+	Before   int
+	After    time.Duration
+	Operator string    // an operator binary; empty: build one
+	Out      io.Writer // the narration; nil: discard
+	ShowLogs bool      // stream the replicas' logs to Out
+}
+
+func (c *config) setDefaults() {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&c.Grace, 5*time.Second)
+	def(&c.Delay, 2*time.Second)
+	def(&c.Work, 200*time.Millisecond)
+	def(&c.Interval, 25*time.Millisecond)
+	def(&c.WebhookWork, 20*time.Millisecond)
+	def(&c.After, time.Second)
+	if c.Burst <= 0 {
+		c.Burst = 1
+	}
+	if c.Before <= 0 {
+		c.Before = 20
+	}
+	if c.Out == nil {
+		c.Out = io.Discard
+	}
+}
+
+// run starts one control plane and plays the rollout with quiesce, then without.
+// Whatever happens, it leaves no process running and removes its temporary files.
+func run(ctx context.Context, cfg config) (res []*result, err error) {
+	cfg.setDefaults()
+	out := &syncWriter{w: cfg.Out}
+	cfg.Out = out
+	say := func(format string, args ...any) { _, _ = fmt.Fprintf(out, "==> "+format+"\n", args...) }
+
+	assets := os.Getenv("KUBEBUILDER_ASSETS")
+	if assets == "" {
+		return nil, errors.New("KUBEBUILDER_ASSETS is not set: run `make demo-rollout`, " +
+			"or export KUBEBUILDER_ASSETS=$(hack/setup-envtest.sh)")
+	}
+	dir, err := os.MkdirTemp("", "quiesce-rollout-")
+	if err != nil {
+		return nil, fmt.Errorf("failed to create a temporary directory: %w", err)
+	}
+	defer func() { err = errors.Join(err, os.RemoveAll(dir)) }()
+
+	// Build the operator while the control plane starts.
+	bin := cfg.Operator
+	var buildErr error
+	built := make(chan struct{})
+	if bin == "" {
+		bin = filepath.Join(dir, "operator")
+		root, err := moduleRoot(ctx)
+		if err != nil {
+			return nil, err
+		}
+		say("building the operator: go build -o %s %s (in %s)", bin, operatorPackage, root)
+		go func() { defer close(built); buildErr = goCmd(ctx, root, "build", "-o", bin, operatorPackage) }()
+	} else {
+		close(built)
+	}
+	defer func() { <-built }() // on an early return too
+
+	say("starting the control plane, with a validating webhook on ConfigMaps (failurePolicy: Fail) " +
+		"that points at the router")
+	env := &envtest.Environment{
+		// Above envtest's 20s default: a busy machine takes longer to start kube-apiserver.
+		ControlPlaneStartTimeout: time.Minute,
+		WebhookInstallOptions: envtest.WebhookInstallOptions{
+			LocalServingHost:   "127.0.0.1",
+			ValidatingWebhooks: []*admissionv1.ValidatingWebhookConfiguration{webhookConfiguration()},
+		}}
+	restCfg, err := env.Start()
+	if err != nil {
+		return nil, fmt.Errorf("failed to start the control plane: %w", err)
+	}
+	defer func() { err = errors.Join(err, env.Stop()) }()
+	restCfg.QPS, restCfg.Burst = -1, 0 // the client creates at its own pace, unthrottled
+	c, err := client.New(restCfg, client.Options{})
+	if err != nil {
+		return nil, fmt.Errorf("failed to create a client: %w", err)
+	}
+	user, err := env.AddUser(envtest.User{Name: "rollout-operator", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("failed to add the operator's user: %w", err)
+	}
+	kubeconfig, err := user.KubeConfig()
+	if err != nil {
+		return nil, fmt.Errorf("failed to make the operator's kubeconfig: %w", err)
+	}
+	kubeconfigPath := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(kubeconfigPath, kubeconfig, 0o600); err != nil {
+		return nil, fmt.Errorf("failed to write the operator's kubeconfig: %w", err)
+	}
+	if <-built; buildErr != nil {
+		return nil, fmt.Errorf("failed to build the operator: %w", buildErr)
+	}
+
+	routerAddr := net.JoinHostPort(env.WebhookInstallOptions.LocalServingHost,
+		strconv.Itoa(env.WebhookInstallOptions.LocalServingPort))
+	for _, quiesce := range []bool{true, false} {
+		s := &scenario{cfg: cfg, quiesce: quiesce, bin: bin, kubeconfig: kubeconfigPath,
+			certDir: env.WebhookInstallOptions.LocalServingCertDir, routerAddr: routerAddr, c: c, say: say}
+		r, err := s.play(ctx)
+		if err != nil {
+			return res, fmt.Errorf("%s run: %w", s.mode(), err)
+		}
+		res = append(res, r)
+	}
+	return res, nil
+}
+
+// webhookConfiguration selects the labelled ConfigMaps; envtest points it at the router.
+func webhookConfiguration() *admissionv1.ValidatingWebhookConfiguration {
+	fail, none, timeout, path := admissionv1.Fail, admissionv1.SideEffectClassNone, int32(5), validatePath
+	return &admissionv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: "rollout"},
+		Webhooks: []admissionv1.ValidatingWebhook{{
+			Name:         "configmaps.rollout.quiesce.dev",
+			ClientConfig: admissionv1.WebhookClientConfig{Service: &admissionv1.ServiceReference{Path: &path}},
+			Rules: []admissionv1.RuleWithOperations{{
+				Operations: []admissionv1.OperationType{admissionv1.Create, admissionv1.Update},
+				Rule: admissionv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"},
+					Resources: []string{"configmaps"}},
+			}},
+			ObjectSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+				{Key: labelKey, Operator: metav1.LabelSelectorOpExists},
+			}},
+			FailurePolicy:           &fail,
+			SideEffects:             &none,
+			TimeoutSeconds:          &timeout,
+			AdmissionReviewVersions: []string{"v1"},
+		}},
+	}
+}
+
+// creates creates burst labelled ConfigMaps every interval, each in a goroutine of its own,
+// until stopped, and records each one's start, latency and error.
+type creates struct {
+	mu     sync.Mutex
+	done   []create
+	stop   chan struct{}
+	wg     sync.WaitGroup
+	ticker *time.Ticker
+}
+
+type create struct {
+	start time.Time
+	took  time.Duration
+	err   error
+}
+
+func startCreating(ctx context.Context, c client.Client, ns, mode string, interval time.Duration, burst int) *creates {
+	cr := &creates{stop: make(chan struct{}), ticker: time.NewTicker(interval)}
+	cr.wg.Go(func() {
+		for i := 0; ; i += burst {
+			select {
+			case <-cr.ticker.C:
+			case <-cr.stop:
+				return
+			case <-ctx.Done():
+				return
+			}
+			for j := range burst {
+				cr.wg.Go(func() { cr.create(ctx, c, ns, mode, i+j) })
+			}
+		}
+	})
+	return cr
+}
+
+func (cr *creates) create(ctx context.Context, c client.Client, ns, mode string, i int) {
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
+		Name: fmt.Sprintf("cm-%05d", i), Namespace: ns, Labels: map[string]string{labelKey: mode},
+	}}
+	start := time.Now()
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	err := c.Create(cctx, cm)
+	cancel()
+	cr.mu.Lock()
+	cr.done = append(cr.done, create{start: start, took: time.Since(start), err: err})
+	cr.mu.Unlock()
+}
+
+// finish stops creating and returns every create, once each returned.
+func (cr *creates) finish() []create {
+	cr.ticker.Stop()
+	close(cr.stop)
+	cr.wg.Wait()
+	return cr.done
+}
+
+// waitAllReconciled waits until every labelled ConfigMap in ns has doneAnnotation, or
+// timeout; it returns how many did not, and per replica how many it reconciled.
+func waitAllReconciled(
+	ctx context.Context, c client.Client, ns string, timeout time.Duration,
+) (int, map[string]int, error) {
+	var lost int
+	by := map[string]int{}
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		var l corev1.ConfigMapList
+		if err := c.List(ctx, &l, client.InNamespace(ns), client.HasLabels{labelKey}); err != nil {
+			return false, err
+		}
+		lost, by = 0, map[string]int{}
+		for _, cm := range l.Items {
+			if id, ok := cm.Annotations[doneAnnotation]; ok {
+				by[id]++
+			} else {
+				lost++
+			}
+		}
+		return lost == 0, nil
+	})
+	if lost > 0 && wait.Interrupted(err) {
+		err = nil // the count says it
+	}
+	return lost, by, err
+}
+
+// freeAddr returns a 127.0.0.1 address with a port free right now.
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("failed to find a free port: %w", err)
+	}
+	addr := l.Addr().String()
+	return addr, l.Close()
+}
+
+// moduleRoot returns the directory of the main module's go.mod, as the go command sees it.
+func moduleRoot(ctx context.Context) (string, error) {
+	b, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("failed to run go env GOMOD: %w", err)
+	}
+	gomod := strings.TrimSpace(string(b))
+	if gomod == "" || gomod == os.DevNull {
+		return "", errors.New("failed to find the quiesce module: run from inside it, or pass --operator")
+	}
+	return filepath.Dir(gomod), nil
+}
+
+// goCmd runs the go command in dir, returning its output in the error if it fails.
+func goCmd(ctx context.Context, dir string, args ...string) error {
+	cmd := exec.CommandContext(ctx, "go", args...)
+	cmd.Dir = dir
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, b)
+	}
+	return nil
+}
+
+// syncWriter serialises the narration and the replicas' log lines.
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}

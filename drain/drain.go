@@ -380,7 +380,7 @@ func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn func(c
 			return nil, err
 		}
 	}
-	c := newCall(e, ctx, o, fn)
+	c := newCall(ctx, e, o, fn)
 	e.mu.Lock()
 	if e.isDraining {
 		e.mu.Unlock()

@@ -420,7 +420,7 @@ func TestSlowCallsBackOff(t *testing.T) {
 				ages = append(ages, l.Calls[0].Age)
 			}
 		}
-		want := []string{"1m0s", "1m5s", "1m15s", "1m35s", "2m15s", "3m35s", "6m15s", "11m35s", "22m15s", "43m35s"}
+		want := []string{oneMinute, "1m5s", "1m15s", "1m35s", "2m15s", "3m35s", "6m15s", "11m35s", "22m15s", "43m35s"}
 		if fmt.Sprint(ages) != fmt.Sprint(want) || len(lines.get()) != len(want) {
 			t.Errorf("slow lines at ages %v (%d lines), want %v", ages, len(lines.get()), want)
 		}

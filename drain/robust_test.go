@@ -430,3 +430,25 @@ func TestSlowCallsBackOff(t *testing.T) {
 		}
 	})
 }
+
+// TestGoPanicLoggedBeforeDrainReturns: the panic of a call nobody waits for is logged
+// before the call is unlisted, so a Drain that returned has seen it logged.
+func TestGoPanicLoggedBeforeDrainReturns(t *testing.T) {
+	lines := &logs{}
+	ex := drain.New(drain.Options{Logger: lines.logger(t)})
+	release := make(chan struct{})
+	if err := ex.Go(context.Background(), "boom", func(context.Context) error { <-release; panic("kaboom") }); err != nil {
+		t.Fatal(err)
+	}
+	drained := make(chan error, 1)
+	go func() { drained <- ex.Drain(context.Background()) }()
+	<-ex.Draining()
+	close(release)
+	if err := <-drained; err != nil {
+		t.Fatal(err)
+	}
+	got := lines.get()
+	if len(got) != 1 || got[0].Msg != "Call panicked" || got[0].Call != "boom" {
+		t.Errorf("log when Drain returned: %+v, want the panic", got)
+	}
+}

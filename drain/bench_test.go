@@ -370,8 +370,9 @@ func BenchmarkDrainGivesUp10k(b *testing.B) {
 	}
 }
 
-// The pairs of the budgets of issue 14, each measured next to its baseline: with -count N
-// the two alternate, so that a busy machine slows both alike. Compare the medians.
+// The pairs of the budgets of issue 14, each measured right next to its baseline. -count N
+// runs each half N times in a row: to alternate them on a busy machine, run the test
+// binary N times with -test.count 1, and compare the medians of the per-run ratios.
 
 func BenchmarkPairCall(b *testing.B) {
 	b.Run("Call", BenchmarkCall)

@@ -62,7 +62,7 @@ var (
 
 // newCall makes c's context. A shielded call (CallOptions.Shield on a driven executor)
 // keeps its caller's values and deadline but not its cancellation.
-func newCall(e *Executor, ctx context.Context, o *internal.CallOptions, fn func(context.Context) error) *call {
+func newCall(ctx context.Context, e *Executor, o *internal.CallOptions, fn func(context.Context) error) *call {
 	c := &call{e: e, parent: ctx, opts: *o, fn: fn}
 	base := ctx
 	if o.Shield && e.settings.Driven.Load() {
@@ -209,7 +209,8 @@ func (e *Executor) logPanic(err error) {
 	var pe *PanicError
 	if errors.As(err, &pe) {
 		e.safely(func() {
-			e.log.Error(err, "Call panicked", "call", internal.Cut(pe.Name), "panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))
+			e.log.Error(err, "Call panicked",
+				"call", internal.Cut(pe.Name), "panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))
 		})
 	}
 }
@@ -219,7 +220,8 @@ func (e *Executor) afterCall(after func(string, time.Duration, error), c *call, 
 	defer func() {
 		if v := recover(); v != nil {
 			e.safely(func() {
-				e.log.Error(fmt.Errorf("%v", v), "AfterCall panicked", "call", internal.Cut(c.opts.Name), "stack", string(debug.Stack()))
+				e.log.Error(fmt.Errorf("%v", v), "AfterCall panicked",
+					"call", internal.Cut(c.opts.Name), "stack", string(debug.Stack()))
 			})
 		}
 	}()

@@ -14,11 +14,12 @@ import (
 // TestDaemon: a call started with CallOptions.Daemon is listed as one, is never slow, and
 // its context ends as the drain begins, while CancelAfter keeps the others running.
 func TestDaemon(t *testing.T) {
+	const daemonName = "daemons/ns/obj/watch"
 	synctest.Test(t, func(t *testing.T) {
 		lines := &logs{}
 		ex := drain.New(drain.Options{Logger: lines.logger(t), SlowAfter: time.Second, CancelAfter: -1})
 		stopped := make(chan error, 1)
-		err := internal.Of(ex).Go(context.Background(), internal.CallOptions{Name: "daemons/ns/obj/watch", Daemon: true},
+		err := internal.Of(ex).Go(context.Background(), internal.CallOptions{Name: daemonName, Daemon: true},
 			func(ctx context.Context) error {
 				<-ctx.Done()
 				stopped <- context.Cause(ctx)
@@ -33,7 +34,7 @@ func TestDaemon(t *testing.T) {
 		}
 		time.Sleep(time.Hour)
 		synctest.Wait()
-		if p := ex.Pending(); len(p) != 2 || !p[0].Daemon || p[0].Name != "daemons/ns/obj/watch" || p[1].Daemon {
+		if p := ex.Pending(); len(p) != 2 || !p[0].Daemon || p[0].Name != daemonName || p[1].Daemon {
 			t.Errorf("Pending = %+v, want the daemon listed as one", p)
 		}
 		if s := ex.Stats(); s.Slow != 1 || s.Oldest != ex.Pending()[1].Started {
@@ -41,7 +42,7 @@ func TestDaemon(t *testing.T) {
 		}
 		for _, l := range lines.get() {
 			for _, c := range l.Calls {
-				if c.Name == "daemons/ns/obj/watch" {
+				if c.Name == daemonName {
 					t.Errorf("the daemon was logged: %s", l.raw)
 				}
 			}

@@ -380,7 +380,7 @@ func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn func(c
 			return nil, err
 		}
 	}
-	c := newCall(e, ctx, o, fn)
+	c := newCall(ctx, e, o, fn)
 	e.mu.Lock()
 	if e.isDraining {
 		e.mu.Unlock()
@@ -477,8 +477,8 @@ func (e *Executor) refuse(o *internal.CallOptions) error {
 // Canceled holds), each counted in Stats.Abandoned once. Drain is idempotent; concurrent
 // Drains all wait. A nil ctx waits without limit.
 //
-// As it begins, the drain cancels the contexts of daemons (internal.CallOptions.Daemon),
-// and of every call at CancelAfter. Reports are logged on Options.Clock, the first
+// As it begins, the drain cancels the contexts of daemons (see Pending.Daemon), and of
+// every call at CancelAfter. Reports are logged on Options.Clock, the first
 // ReportAfter after the drain began and then every ReportEvery, while a Drain waits and a
 // call is pending. Drain returns as soon as the last call returns. Once it returned, no
 // report follows: it waits for a line being logged at that moment (at most 100ms), and

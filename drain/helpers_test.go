@@ -155,3 +155,6 @@ func blocking(started chan<- string, release <-chan struct{}) func(context.Conte
 func funcName(f any) string {
 	return runtime.FuncForPC(reflect.ValueOf(f).Pointer()).Name()
 }
+
+// oneMinute is how a report shows an age of one minute.
+const oneMinute = "1m0s"

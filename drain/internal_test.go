@@ -8,6 +8,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/go-logr/logr/funcr"
+
 	"github.com/quiesce-dev/quiesce/internal"
 )
 
@@ -108,6 +110,33 @@ func TestCaptureIsShared(t *testing.T) {
 		e.Locate(-1)
 		if n := taken.Load(); n != 3 {
 			t.Errorf("a capture older than captureReuse was reused (%d captures)", n)
+		}
+		close(release)
+		if err := e.Drain(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// TestSlowCallsCaptureOnlyWhenTheyLog: while the set of slow calls is unchanged, the
+// checks between two lines take no capture.
+func TestSlowCallsCaptureOnlyWhenTheyLog(t *testing.T) {
+	var taken atomic.Int32
+	saved := captureTaken
+	t.Cleanup(func() { captureTaken = saved })
+	captureTaken = func() { taken.Add(1) }
+
+	synctest.Test(t, func(t *testing.T) {
+		var lines atomic.Int32
+		e := New(Options{Logger: funcr.New(func(string, string) { lines.Add(1) }, funcr.Options{})})
+		release := make(chan struct{})
+		if err := e.Go(context.Background(), "stuck", func(context.Context) error { <-release; return nil }); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Hour)
+		synctest.Wait()
+		if n, l := taken.Load(), lines.Load(); n != l || l != 10 {
+			t.Errorf("%d captures for %d lines in an hour, want one per line, 10 lines", n, l)
 		}
 		close(release)
 		if err := e.Drain(context.Background()); err != nil {

@@ -36,17 +36,18 @@ func goroutineLabels(t *testing.T, key, value string) []map[string][]string {
 // TestLabelsBelongToTheCaller: fn's context and goroutine carry the caller's labels plus
 // quiesce, and Run restores the caller's labels exactly.
 func TestLabelsBelongToTheCaller(t *testing.T) {
+	const span = "abc"
 	ex := newExecutor(t, drain.Options{})
 	for _, mode := range []string{modeCall, modeRun} {
 		t.Run(mode, func(t *testing.T) {
 			id := "labels-" + mode
-			pprof.Do(context.Background(), pprof.Labels("test", id, "span", "abc"), func(ctx context.Context) {
+			pprof.Do(context.Background(), pprof.Labels("test", id, "span", span), func(ctx context.Context) {
 				run := ex.Call
 				if mode == modeRun {
 					run = ex.Run
 				}
 				err := run(ctx, "labelled", func(ctx context.Context) error {
-					if v, _ := pprof.Label(ctx, "span"); v != "abc" {
+					if v, _ := pprof.Label(ctx, "span"); v != span {
 						t.Errorf("fn's context has span=%q, want the caller's abc", v)
 					}
 					if v, _ := pprof.Label(ctx, "quiesce"); v == "" {
@@ -58,7 +59,7 @@ func TestLabelsBelongToTheCaller(t *testing.T) {
 							fns = append(fns, set)
 						}
 					}
-					if len(fns) != 1 || len(fns[0]) != 3 || fns[0]["span"][0] != "abc" {
+					if len(fns) != 1 || len(fns[0]) != 3 || fns[0]["span"][0] != span {
 						t.Errorf("fn's goroutine has labels %v, want the caller's plus quiesce", fns)
 					}
 					return nil
@@ -70,7 +71,7 @@ func TestLabelsBelongToTheCaller(t *testing.T) {
 					return
 				}
 				sets := goroutineLabels(t, "test", id)
-				if len(sets) != 1 || len(sets[0]) != 2 || sets[0]["span"][0] != "abc" {
+				if len(sets) != 1 || len(sets[0]) != 2 || sets[0]["span"][0] != span {
 					t.Errorf("after Run the caller's goroutine has labels %v, want exactly its own", sets)
 				}
 			})

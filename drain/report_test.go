@@ -97,7 +97,7 @@ func TestReportShowsWaitingCaller(t *testing.T) {
 		time.Sleep(time.Minute)
 		synctest.Wait()
 		got := lines.get()
-		want := fmt.Sprint([]reportRow{{"waited", "1m0s", false, where, where}})
+		want := fmt.Sprint([]reportRow{{"waited", oneMinute, false, where, where}})
 		if len(got) != 1 || fmt.Sprint(got[0].Calls) != want {
 			t.Errorf("reports %+v, want one with %s", got, want)
 		}

@@ -420,7 +420,7 @@ func TestSlowCallsBackOff(t *testing.T) {
 				ages = append(ages, l.Calls[0].Age)
 			}
 		}
-		want := []string{"1m0s", "1m5s", "1m15s", "1m35s", "2m15s", "3m35s", "6m15s", "11m35s", "22m15s", "43m35s"}
+		want := []string{oneMinute, "1m5s", "1m15s", "1m35s", "2m15s", "3m35s", "6m15s", "11m35s", "22m15s", "43m35s"}
 		if fmt.Sprint(ages) != fmt.Sprint(want) || len(lines.get()) != len(want) {
 			t.Errorf("slow lines at ages %v (%d lines), want %v", ages, len(lines.get()), want)
 		}
@@ -429,4 +429,26 @@ func TestSlowCallsBackOff(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// TestGoPanicLoggedBeforeDrainReturns: the panic of a call nobody waits for is logged
+// before the call is unlisted, so a Drain that returned has seen it logged.
+func TestGoPanicLoggedBeforeDrainReturns(t *testing.T) {
+	lines := &logs{}
+	ex := drain.New(drain.Options{Logger: lines.logger(t)})
+	release := make(chan struct{})
+	if err := ex.Go(context.Background(), "boom", func(context.Context) error { <-release; panic("kaboom") }); err != nil {
+		t.Fatal(err)
+	}
+	drained := make(chan error, 1)
+	go func() { drained <- ex.Drain(context.Background()) }()
+	<-ex.Draining()
+	close(release)
+	if err := <-drained; err != nil {
+		t.Fatal(err)
+	}
+	got := lines.get()
+	if len(got) != 1 || got[0].Msg != "Call panicked" || got[0].Call != "boom" {
+		t.Errorf("log when Drain returned: %+v, want the panic", got)
+	}
 }

@@ -411,7 +411,7 @@ func TestReportShowsRun(t *testing.T) {
 			t.Fatalf("%d reports, want 1", len(got))
 		}
 		for i := range want {
-			want[i].Age = "1m0s"
+			want[i].Age = oneMinute
 		}
 		if fmt.Sprint(got[0].Calls) != fmt.Sprint(want) {
 			t.Errorf("report calls\n %+v\nwant\n %+v", got[0].Calls, want)

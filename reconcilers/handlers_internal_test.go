@@ -128,12 +128,13 @@ func TestHandlersRetriesSaturate(t *testing.T) {
 func TestHandlersStoredDelayIsCapped(t *testing.T) {
 	h := &handlersReconciler[*corev1.ConfigMap]{opts: HandlersOptions{MaxBackoff: time.Minute}}
 	h.opts.setDefaults()
-	h.handlers = []Handler[*corev1.ConfigMap]{{ID: "far"}, {ID: "near"}}
+	const farID = "far"
+	h.handlers = []Handler[*corev1.ConfigMap]{{ID: farID}, {ID: "near"}}
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	far, near := now.AddDate(300, 0, 0), now.Add(30*time.Second)
-	p := Progress{Handlers: map[string]HandlerProgress{"far": {Retries: 1, Delayed: &far}, "near": {Retries: 1, Delayed: &near}}}
+	p := Progress{Handlers: map[string]HandlerProgress{farID: {Retries: 1, Delayed: &far}, "near": {Retries: 1, Delayed: &near}}}
 	todo, ready, soonest := h.todo(p, now)
-	if len(todo) != 2 || len(ready) != 1 || ready[0] != "far" || soonest != 30*time.Second {
+	if len(todo) != 2 || len(ready) != 1 || ready[0] != farID || soonest != 30*time.Second {
 		t.Errorf("todo = %v, ready = %v, soonest = %v; want the far-future delay not waited for", todo, ready, soonest)
 	}
 }

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"sigs.k8s.io/controller-runtime/pkg/controller"
+	crcontroller "sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -116,7 +116,7 @@ func (w *wrapped[R]) Reconcile(ctx context.Context, req R) (reconcile.Result, er
 	err := w.ex.Run(ctx, internal.CallOptions{
 		Name:        w.name(req),
 		Controller:  w.controller,
-		ReconcileID: string(controller.ReconcileIDFromContext(ctx)),
+		ReconcileID: string(crcontroller.ReconcileIDFromContext(ctx)),
 		Tag:         tag,
 		Shield:      true,
 		Repanic:     true,
@@ -173,7 +173,6 @@ func namer[R comparable](controller string) func(R) string {
 // and stack (fn ran on another goroutine, whose stack the caller's panic cannot show;
 // errors.As and Unwrap reach a panicked error). A panic in fn after Call stopped waiting
 // (ctx ended first) has nobody to reach: the executor logs it ("Call panicked").
-
 func Call(ctx context.Context, name string, fn func(context.Context) error) error {
 	return call(ctx, name, fn, true)
 }

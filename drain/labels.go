@@ -18,11 +18,10 @@ import (
 // labelKey is the pprof label key of goroutines running a call's fn.
 const labelKey = "quiesce"
 
-// A label is one id, with its label set ready.
+// A label is one id, with its label context ready.
 type label struct {
 	id  string
-	set pprof.LabelSet  // quiesce=id
-	ctx context.Context // pprof.WithLabels(context.Background(), set)
+	ctx context.Context // pprof.WithLabels(context.Background(), quiesce=id)
 
 	// seq orders the labellings of the process: set when a call took the label, after
 	// its goroutine carried it.
@@ -40,8 +39,18 @@ var labels struct {
 }
 
 // enter gives c a free label, labels the current goroutine with it (merged with the
-// labels of c's caller, as pprof.Do merges them) and returns it.
+// labels of c's caller, as pprof.Do merges them) and returns it. The goroutine carries the
+// label before the label gets its seq: a capture that saw the seq saw the label.
 func (c *call) enter() *label {
+	var pairs []string
+	pprof.ForLabels(c.parent, func(k, v string) bool {
+		if k != labelKey {
+			pairs = append(pairs, k, v)
+		}
+		return true
+	})
+	c.entered.Store(true)
+
 	labels.mu.Lock()
 	var l *label
 	if n := len(labels.free); n > 0 {
@@ -50,26 +59,13 @@ func (c *call) enter() *label {
 	} else {
 		labels.n++
 		id := strconv.Itoa(labels.n)
-		set := pprof.Labels(labelKey, id)
-		l = &label{id: id, set: set, ctx: pprof.WithLabels(context.Background(), set)}
+		l = &label{id: id, ctx: pprof.WithLabels(context.Background(), pprof.Labels(labelKey, id))}
 	}
-	labels.mu.Unlock()
-
-	c.entered.Store(true)
 	c.labels = l.ctx
-	var pairs []string
-	pprof.ForLabels(c.parent, func(k, v string) bool {
-		if k != labelKey {
-			pairs = append(pairs, k, v)
-		}
-		return true
-	})
 	if pairs != nil { // the caller has labels of its own: fn keeps them
 		c.labels = pprof.WithLabels(context.Background(), pprof.Labels(append(pairs, labelKey, l.id)...))
 	}
 	pprof.SetGoroutineLabels(c.labels)
-
-	labels.mu.Lock()
 	labels.seq++
 	l.seq, l.call = labels.seq, c
 	if labels.active == nil {

@@ -242,8 +242,11 @@ func validate(opts Options) error {
 		return fmt.Errorf("CancelAfter (%v) must be below GracePeriod (%v): lower CancelAfter, or raise GracePeriod", opts.CancelAfter, grace)
 	}
 	timeout, source := defaultGracefulShutdownTimeout, "controller-runtime's default; pass the manager's Options as ManagerOptions if you set it"
-	if mo := opts.ManagerOptions; mo != nil && mo.GracefulShutdownTimeout != nil {
-		timeout, source = *mo.GracefulShutdownTimeout, "from ManagerOptions"
+	if mo := opts.ManagerOptions; mo != nil {
+		source = "controller-runtime's default, as ManagerOptions set none"
+		if mo.GracefulShutdownTimeout != nil {
+			timeout, source = *mo.GracefulShutdownTimeout, "from ManagerOptions"
+		}
 	}
 	if timeout < 0 { // the manager waits for its runnables as long as they take
 		return nil

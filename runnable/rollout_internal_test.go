@@ -501,10 +501,9 @@ var _ webhook.Server = (*fakeServer)(nil)
 
 type managerOptions = manager.Options
 
-// ptrManager is a manager that is a pointer, as controller-runtime's is.
-type ptrManager struct{ manager.Manager }
-
-func TestAddedDoesNotKeepManagersAlive(t *testing.T) {
+// claimTwice claims a new manager twice, and returns its key in added and a channel closed
+// once it is collected.
+func claimTwice(t *testing.T) (weak.Pointer[byte], chan struct{}) {
 	m := &ptrManager{}
 	if !added.claim(m) {
 		t.Fatal("first claim of a manager = false")
@@ -512,10 +511,16 @@ func TestAddedDoesNotKeepManagersAlive(t *testing.T) {
 	if added.claim(m) {
 		t.Fatal("second claim of a manager = true")
 	}
-	key := weak.Make((*byte)(unsafe.Pointer(m)))
 	collected := make(chan struct{})
 	runtime.AddCleanup(m, func(ch chan struct{}) { close(ch) }, collected)
-	m = nil
+	return weak.Make((*byte)(unsafe.Pointer(m))), collected
+}
+
+// ptrManager is a manager that is a pointer, as controller-runtime's is.
+type ptrManager struct{ manager.Manager }
+
+func TestAddedDoesNotKeepManagersAlive(t *testing.T) {
+	key, collected := claimTwice(t)
 	runtime.GC()
 	select {
 	case <-collected:

@@ -145,12 +145,12 @@ func (h *trackedHook) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	ctx, cancel := liveContext(req.Context())
 	defer cancel()
 	ran := false
-	err := internal.Run(r.ex, ctx, internal.CallOptions{Name: [4]string{"webhook", h.name, namespace, name}, Repanic: true},
-		func(ctx context.Context) error {
-			ran = true
-			h.hook.ServeHTTP(w, req.WithContext(ctx))
-			return nil
-		})
+	o := internal.CallOptions{Name: [4]string{"webhook", h.name, namespace, name}, Repanic: true}
+	err := internal.Run(r.ex, ctx, o, func(ctx context.Context) error {
+		ran = true
+		h.hook.ServeHTTP(w, req.WithContext(ctx))
+		return nil
+	})
 	if !ran && errors.Is(err, drain.ErrDraining) {
 		h.hook.ServeHTTP(w, req.WithContext(ctx))
 	}

@@ -195,6 +195,8 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 		q, err := runnable.Add(mgr, runnable.Options{
 			Options:     drain.Options{Logger: logs.logger(), ReportAfter: 500 * time.Millisecond, ReportEvery: time.Second},
 			GracePeriod: 3 * time.Second,
+			// At once: the reconcile returns and only the executor waits for the call (detached).
+			CancelAtOnce: true,
 		})
 		Expect(err).NotTo(HaveOccurred())
 

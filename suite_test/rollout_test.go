@@ -144,7 +144,7 @@ var _ = Describe("A rolling update", func() {
 
 		By("waiting for the listener to close after the delay")
 		Eventually(func() error {
-			conn, err := net.DialTimeout("tcp", addr, time.Second)
+			conn, err := tls.DialWithDialer(&net.Dialer{Timeout: time.Second}, "tcp", addr, &tls.Config{RootCAs: pool})
 			if err == nil {
 				_ = conn.Close()
 			}

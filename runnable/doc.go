@@ -12,6 +12,24 @@
 //
 // All methods are safe for concurrent use; none blocks but Start. A Runnable starts once.
 //
+// Through a Runnable, in-flight reconciles get to finish: the drain cancels their contexts
+// at 4/5 of GracePeriod, not at once (Options.CancelAfter, Options.CancelAtOnce).
+//
+// For rolling updates, Add also adds a stop procedure that runs on every replica, leader and
+// standbys (it does not need leader election, and controller-runtime stops such runnables
+// first and waits for them): when the manager's stop begins, readiness fails at once, the
+// manager keeps serving for Options.ShutdownDelay, then the WebhookServer's listener closes
+// and the drain proceeds (on a standby, the stop procedure drains the executor itself, which
+// tracks the webhook calls). Each step logs one line with its offset from the stop,
+// "sinceStop": "Stop began", "Shutdown delay over", "Closing webhook listener", "Draining
+// executor", "All calls returned" (or the abandoned line), "Webhook server stopped".
+// WebhookServer wraps the manager's webhook server so that each admission request is a
+// tracked call with a context the stop does not cancel.
+//
+// Add checks its Options (negative ShutdownDelay, CancelAfter not below GracePeriod,
+// ShutdownDelay + GracePeriod not below the manager's GracefulShutdownTimeout, a second Add
+// on one manager) and returns an error naming the value to change.
+//
 // Add also registers:
 //   - a readyz check, "quiesce", failing from the moment the drain begins;
 //   - the Runnable's ServeHTTP at /debug/quiesce on the manager's metrics server, behind

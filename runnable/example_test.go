@@ -8,10 +8,12 @@ import (
 	"net/http/httptest"
 	"time"
 
+	"github.com/go-logr/logr"
 	"k8s.io/client-go/rest"
 	clocktesting "k8s.io/utils/clock/testing"
 	ctrl "sigs.k8s.io/controller-runtime"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/quiesce-dev/quiesce/drain"
 	"github.com/quiesce-dev/quiesce/runnable"
@@ -83,4 +85,38 @@ func ExampleRunnable_ServeHTTP() {
 	// Output:
 	// 200 draining: false count: 1
 	// backup 3s detached: true
+}
+
+// For rolling updates: wrap the webhook server, give Add the manager's options and a
+// ShutdownDelay. Add checks the time budget and names the value to change.
+func ExampleWebhookServer() {
+	mgrOpts := ctrl.Options{
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		WebhookServer:          runnable.WebhookServer(webhook.NewServer(webhook.Options{})),
+	}
+	// In an operator: ctrl.GetConfigOrDie().
+	mgr, err := ctrl.NewManager(&rest.Config{Host: "http://127.0.0.1:1"}, mgrOpts)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	opts := runnable.Options{
+		ManagerOptions: &mgrOpts,
+		ShutdownDelay:  5 * time.Second,
+		GracePeriod:    25 * time.Second,
+		Options:        drain.Options{Logger: logr.Discard()},
+	}
+	if _, err := runnable.Add(mgr, opts); err != nil {
+		fmt.Println(err)
+	}
+
+	timeout := 40 * time.Second
+	mgrOpts.GracefulShutdownTimeout = &timeout // as given to ctrl.NewManager
+	if _, err := runnable.Add(mgr, opts); err == nil {
+		fmt.Println("added")
+	}
+	// Output:
+	// failed to add quiesce runnable: ShutdownDelay (5s) + GracePeriod (25s) = 30s must be below the manager's GracefulShutdownTimeout (30s, controller-runtime's default, as ManagerOptions set none): raise GracefulShutdownTimeout in the manager's Options above 30s, or lower GracePeriod or ShutdownDelay
+	// added
 }

@@ -340,24 +340,37 @@ func TestWebhookContextEndsWhenTheClientGoesAway(t *testing.T) {
 	})
 }
 
-func TestWebhookPanicReachesTheServer(t *testing.T) {
-	r := newRunnable(withDefaults(Options{}), false)
+func TestWebhookPanicIsNamedAndAnswered(t *testing.T) {
+	logs := &lines{}
+	r := newRunnable(withDefaults(Options{Options: drain.Options{Logger: logs.logger()}}), false)
 	ws := WebhookServer(newFakeServer()).(*webhookServer)
 	newStopper(r, 0, ws)
 	ws.connect(r)
 	ws.Register("/p", http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("boom") }))
+	ws.Register("/abort", http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic(http.ErrAbortHandler) }))
+	rec := httptest.NewRecorder()
 	h, _ := ws.WebhookMux().Handler(httptest.NewRequest(http.MethodPost, "/p", nil))
-	func() {
-		defer func() {
-			if v := recover(); v != "boom" {
-				t.Errorf("recovered %v, want the handler's panic (net/http recovers it and logs it)", v)
-			}
-		}()
-		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodPost, "/p", strings.NewReader(review("ns", "x"))))
-	}()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/p", strings.NewReader(review("ns", "x"))))
+	if rec.Code != http.StatusInternalServerError {
+		t.Errorf("a panicking handler's response = %d, want 500", rec.Code)
+	}
+	if l := logs.line("Webhook handler panicked"); !strings.Contains(l, `"name"="webhook/p/ns/x"`) || !strings.Contains(l, "boom") ||
+		!strings.Contains(l, "rollout_internal_test.go") {
+		t.Errorf("panic line %q lacks the call's name, the value or the stack", l)
+	}
 	if s := r.ex.Stats(); s.Panicked != 1 || s.InFlight != 0 {
 		t.Errorf("Stats = %+v, want 1 panicked, none in flight", s)
 	}
+
+	h, _ = ws.WebhookMux().Handler(httptest.NewRequest(http.MethodPost, "/abort", nil))
+	func() {
+		defer func() {
+			if v := recover(); v != http.ErrAbortHandler { //nolint:errorlint // the sentinel itself
+				t.Errorf("recovered %v, want http.ErrAbortHandler, for net/http to abort the response", v)
+			}
+		}()
+		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodPost, "/abort", nil))
+	}()
 }
 
 func TestWebhookServedOnceTheDrainBegan(t *testing.T) {
@@ -501,10 +514,9 @@ var _ webhook.Server = (*fakeServer)(nil)
 
 type managerOptions = manager.Options
 
-// ptrManager is a manager that is a pointer, as controller-runtime's is.
-type ptrManager struct{ manager.Manager }
-
-func TestAddedDoesNotKeepManagersAlive(t *testing.T) {
+// claimTwice claims a new manager twice, and returns its key in added and a channel closed
+// once it is collected.
+func claimTwice(t *testing.T) (weak.Pointer[byte], chan struct{}) {
 	m := &ptrManager{}
 	if !added.claim(m) {
 		t.Fatal("first claim of a manager = false")
@@ -512,10 +524,16 @@ func TestAddedDoesNotKeepManagersAlive(t *testing.T) {
 	if added.claim(m) {
 		t.Fatal("second claim of a manager = true")
 	}
-	key := weak.Make((*byte)(unsafe.Pointer(m)))
 	collected := make(chan struct{})
 	runtime.AddCleanup(m, func(ch chan struct{}) { close(ch) }, collected)
-	m = nil
+	return weak.Make((*byte)(unsafe.Pointer(m))), collected
+}
+
+// ptrManager is a manager that is a pointer, as controller-runtime's is.
+type ptrManager struct{ manager.Manager }
+
+func TestAddedDoesNotKeepManagersAlive(t *testing.T) {
+	key, collected := claimTwice(t)
 	runtime.GC()
 	select {
 	case <-collected:

@@ -17,13 +17,16 @@ import (
 	"github.com/quiesce-dev/quiesce/runnable"
 )
 
+// noAPIServer is the host of a manager that never reaches an API server.
+const noAPIServer = "http://127.0.0.1:1"
+
 // newManager makes a real manager that needs no API server as long as nothing reads
 // through its cache, with no listeners.
 func newManager(t *testing.T, opts *ctrl.Options) ctrl.Manager {
 	t.Helper()
 	opts.Metrics = metricsserver.Options{BindAddress: "0"}
 	opts.HealthProbeBindAddress = "0"
-	mgr, err := ctrl.NewManager(&rest.Config{Host: "http://127.0.0.1:1"}, *opts)
+	mgr, err := ctrl.NewManager(&rest.Config{Host: noAPIServer}, *opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -191,10 +191,12 @@ func Add(mgr manager.Manager, opts Options) (*Runnable, error) {
 	r := newRunnable(opts, true)
 	st := newStopper(r, opts.ShutdownDelay, ws)
 	if !added.claim(mgr) {
-		return nil, errors.New("failed to add quiesce runnable: this manager has one already (call runnable.Add once per manager)")
+		return nil, errors.New("failed to add quiesce runnable: " +
+			"this manager has one already (call runnable.Add once per manager)")
 	}
 	if ws != nil && !ws.connect(r) {
-		return nil, errors.New("failed to add quiesce runnable: its WebhookServer is connected to another Runnable already (use one WebhookServer per manager)")
+		return nil, errors.New("failed to add quiesce runnable: " +
+			"its WebhookServer is connected to another Runnable already (use one WebhookServer per manager)")
 	}
 	internal.Of(r.ex).Settings().Driven.Store(true)
 	// Tracked before mgr.Add, which may start r at once: a Start that returned before it
@@ -212,7 +214,8 @@ func Add(mgr manager.Manager, opts Options) (*Runnable, error) {
 	}
 	if mo := opts.ManagerOptions; mo != nil && mo.Metrics.BindAddress == "0" {
 		r.log.Info("Not serving /debug/quiesce: the manager's metrics server is off", "path", DebugPath,
-			"howToServe", "set Metrics.BindAddress in the manager's Options, or serve the Runnable (an http.Handler) on a server of your own")
+			"howToServe", "set Metrics.BindAddress in the manager's Options, "+
+				"or serve the Runnable (an http.Handler) on a server of your own")
 		return r, nil
 	}
 	if err := mgr.AddMetricsServerExtraHandler(DebugPath, r); err != nil {
@@ -238,17 +241,23 @@ func validate(opts Options) error {
 		return fmt.Errorf("CancelAtOnce is set with CancelAfter %v: set one of them", opts.CancelAfter)
 	}
 	if opts.CancelAfter > 0 && opts.CancelAfter >= grace {
-		return fmt.Errorf("CancelAfter (%v) must be below GracePeriod (%v): lower CancelAfter, or raise GracePeriod", opts.CancelAfter, grace)
+		return fmt.Errorf("CancelAfter (%v) must be below GracePeriod (%v): lower CancelAfter, or raise GracePeriod",
+			opts.CancelAfter, grace)
 	}
-	timeout, source := defaultGracefulShutdownTimeout, "controller-runtime's default; pass the manager's Options as ManagerOptions if you set it"
-	if mo := opts.ManagerOptions; mo != nil && mo.GracefulShutdownTimeout != nil {
-		timeout, source = *mo.GracefulShutdownTimeout, "from ManagerOptions"
+	timeout := defaultGracefulShutdownTimeout
+	source := "controller-runtime's default; pass the manager's Options as ManagerOptions if you set it"
+	if mo := opts.ManagerOptions; mo != nil {
+		source = "controller-runtime's default, as ManagerOptions set none"
+		if mo.GracefulShutdownTimeout != nil {
+			timeout, source = *mo.GracefulShutdownTimeout, "from ManagerOptions"
+		}
 	}
 	if timeout < 0 { // the manager waits for its runnables as long as they take
 		return nil
 	}
 	if need := opts.ShutdownDelay + grace; need >= timeout {
-		return fmt.Errorf("ShutdownDelay (%v) + GracePeriod (%v) = %v must be below the manager's GracefulShutdownTimeout (%v, %s): "+
+		return fmt.Errorf("ShutdownDelay (%v) + GracePeriod (%v) = %v must be below "+
+			"the manager's GracefulShutdownTimeout (%v, %s): "+
 			"raise GracefulShutdownTimeout in the manager's Options above %v, or lower GracePeriod or ShutdownDelay",
 			opts.ShutdownDelay, grace, need, timeout, source, need)
 	}

@@ -39,7 +39,10 @@ import (
 // served, untracked: the executor refuses new calls, and failing an admission would fail
 // the API server's request.
 //
-// Handlers added to WebhookMux directly are served, but not tracked. A wrapper that Add did
+// A handler that panics is logged ("Webhook handler panicked", with the call's name and
+// stack), counted, and answered with 500, as controller-runtime's admission webhooks do
+// with RecoverPanic; http.ErrAbortHandler still aborts the response. Handlers added to
+// WebhookMux directly are served, but not tracked. A wrapper that Add did
 // not connect fails to start ("not connected"), so that the manager does not start.
 // WebhookServer panics if inner is nil.
 func WebhookServer(inner webhook.Server) webhook.Server {
@@ -145,14 +148,24 @@ func (h *trackedHook) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	ctx, cancel := liveContext(req.Context())
 	defer cancel()
 	ran := false
-	err := internal.Of(r.ex).Run(ctx, internal.CallOptions{Name: webhookCallName(h.name, namespace, name), Repanic: true},
-		func(ctx context.Context) error {
-			ran = true
-			h.hook.ServeHTTP(w, req.WithContext(ctx))
-			return nil
-		})
-	if !ran && errors.Is(err, drain.ErrDraining) {
+	o := internal.CallOptions{Name: webhookCallName(h.name, namespace, name)}
+	err := internal.Of(r.ex).Run(ctx, o, func(ctx context.Context) error {
+		ran = true
 		h.hook.ServeHTTP(w, req.WithContext(ctx))
+		return nil
+	})
+	var pe *drain.PanicError
+	switch {
+	case !ran && errors.Is(err, drain.ErrDraining):
+		h.hook.ServeHTTP(w, req.WithContext(ctx))
+	case errors.As(err, &pe):
+		if pe.Value == http.ErrAbortHandler { //nolint:errorlint // the sentinel itself, as net/http compares it
+			panic(http.ErrAbortHandler) // the handler aborts the response: net/http closes the connection quietly
+		}
+		// As controller-runtime's admission webhooks do with RecoverPanic: log it (here
+		// named after the request, with its stack) and answer with an error.
+		r.log.Error(pe, "Webhook handler panicked", "name", pe.Name, "stack", string(pe.Stack))
+		http.Error(w, "webhook handler panicked", http.StatusInternalServerError)
 	}
 }
 

@@ -71,7 +71,7 @@ var _ = Describe("A rolling update", func() {
 		expectNoLeaks(cur)
 	})
 
-	It("should finish a webhook request in flight with a live context after the delay, closing connections during it", func(ctx SpecContext) {
+	It("should finish a webhook request in flight with a live context after the delay, closing connections during it", func() {
 		cur := goleak.IgnoreCurrent()
 		certs := &envtest.WebhookInstallOptions{}
 		Expect(certs.PrepWithoutInstalling()).To(Succeed())
@@ -117,7 +117,7 @@ var _ = Describe("A rolling update", func() {
 		Eventually(func() error {
 			resp, err := post("ready")
 			if err == nil {
-				resp.Body.Close()
+				_ = resp.Body.Close()
 			}
 			return err
 		}, 10*time.Second, 50*time.Millisecond).Should(Succeed())
@@ -138,15 +138,15 @@ var _ = Describe("A rolling update", func() {
 		Eventually(func() error { return q.ReadyzCheck(nil) }, time.Second, 10*time.Millisecond).Should(HaveOccurred())
 		resp, err := post("during-delay")
 		Expect(err).NotTo(HaveOccurred(), "the webhook server keeps serving during the delay")
-		resp.Body.Close()
+		Expect(resp.Body.Close()).To(Succeed())
 		Expect(resp.StatusCode).To(Equal(http.StatusOK))
 		Expect(resp.Close).To(BeTrue(), "responses during the delay carry Connection: close")
 
 		By("waiting for the listener to close after the delay")
 		Eventually(func() error {
-			conn, err := net.DialTimeout("tcp", addr, time.Second)
+			conn, err := tls.DialWithDialer(&net.Dialer{Timeout: time.Second}, "tcp", addr, &tls.Config{RootCAs: pool})
 			if err == nil {
-				conn.Close()
+				_ = conn.Close()
 			}
 			return err
 		}, 10*time.Second, 50*time.Millisecond).Should(HaveOccurred())
@@ -156,7 +156,7 @@ var _ = Describe("A rolling update", func() {
 		Eventually(handlerCtxErr).Should(Receive(BeNil()), "the request in flight kept a live context")
 		var r *http.Response
 		Eventually(slow).Should(Receive(&r))
-		r.Body.Close()
+		Expect(r.Body.Close()).To(Succeed())
 		Expect(r.StatusCode).To(Equal(http.StatusOK))
 		Eventually(done, 20*time.Second).Should(Receive(BeNil()))
 		Expect(q.Err()).NotTo(HaveOccurred())

@@ -193,9 +193,10 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 		mgr := newManager(inNamespace(ns), func(o *manager.Options) { o.GracefulShutdownTimeout = ptr.To(30 * time.Second) })
 		var logs logLines
 		q, err := runnable.Add(mgr, runnable.Options{
-			Options:      drain.Options{Logger: logs.logger(), ReportAfter: 500 * time.Millisecond, ReportEvery: time.Second},
-			GracePeriod:  3 * time.Second,
-			CancelAtOnce: true, // the reconcile returns at once, its handler call stays detached
+			Options:     drain.Options{Logger: logs.logger(), ReportAfter: 500 * time.Millisecond, ReportEvery: time.Second},
+			GracePeriod: 3 * time.Second,
+			// At once: the reconcile returns and only the executor waits for the call (detached).
+			CancelAtOnce: true,
 		})
 		Expect(err).NotTo(HaveOccurred())
 

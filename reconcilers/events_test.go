@@ -40,7 +40,7 @@ func recorded(t *testing.T, c client.Client) []corev1.Event {
 }
 
 func reasons(evs []corev1.Event) string {
-	var out []string
+	out := make([]string, 0, len(evs))
 	for _, e := range evs {
 		out = append(out, e.InvolvedObject.Name+":"+e.Reason)
 	}
@@ -207,7 +207,7 @@ func TestWithEventsFailureIsLoggedOnceAndBounded(t *testing.T) {
 	})
 }
 
-type typedReq struct{ id string }
+type typedReq struct{ _ string }
 
 func TestWithEventsNeedsRequests(t *testing.T) {
 	defer func() {

@@ -24,7 +24,7 @@ func eventsOf(ctx context.Context, ns string, uid types.UID) []string {
 	var list corev1.EventList
 	Expect(k8sClient.List(ctx, &list, client.InNamespace(ns),
 		client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector("involvedObject.uid", string(uid))})).To(Succeed())
-	var out []string
+	out := make([]string, 0, len(list.Items))
 	for _, e := range list.Items {
 		out = append(out, e.Reason)
 	}
@@ -58,7 +58,7 @@ var _ = Describe("WithEvents", func() {
 			stuck := make(chan struct{}, 1)
 			Expect(ctrl.NewControllerManagedBy(mgr).For(&corev1.ConfigMap{}).Named("evented").
 				Complete(reconcilers.Wrap(q.Executor(), "evented", reconcile.Func(
-					func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+					func(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
 						return reconcile.Result{}, reconcilers.Call(ctx, "export", func(context.Context) error {
 							stuck <- struct{}{}
 							<-hold // ignores its context

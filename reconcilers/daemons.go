@@ -200,8 +200,8 @@ func (d *Daemons) Ensure(ctx context.Context, obj client.Object, name string, fn
 	case isNil(obj):
 		return fmt.Errorf("failed to ensure daemon %q: nil object: %w", name, drain.ErrInvalidCall)
 	case obj.GetUID() == "":
-		return fmt.Errorf("failed to ensure daemon %q of %s/%s: the object has no UID (pass the object read from the API server): %w",
-			name, obj.GetNamespace(), obj.GetName(), drain.ErrInvalidCall)
+		return fmt.Errorf("failed to ensure daemon %q of %s/%s: the object has no UID "+
+			"(pass the object read from the API server): %w", name, obj.GetNamespace(), obj.GetName(), drain.ErrInvalidCall)
 	}
 	select {
 	case <-d.ex.Draining():
@@ -233,7 +233,8 @@ func (d *Daemons) Ensure(ctx context.Context, obj client.Object, name string, fn
 			prev = old
 		}
 	}
-	logger := d.opts.Logger.WithValues("controller", d.controller, "namespace", k.namespace, "name", k.name, "daemon", name)
+	logger := d.opts.Logger.WithValues(
+		"controller", d.controller, "namespace", k.namespace, "name", k.name, "daemon", name)
 	dctx, cancel := context.WithCancel(log.IntoContext(d.drainCtx, logger))
 	dm := &daemon{uid: uid, generation: gen, cancel: cancel, done: make(chan struct{})}
 	d.daemons[k] = dm

@@ -24,7 +24,7 @@ func BenchmarkDaemonsEnsureLoop(b *testing.B) {
 	defer func() { _ = ex.Drain(context.Background()) }()
 	internal.SettingsOf(ex).Driven = true // as a runnable.Runnable does
 	d := reconcilers.NewDaemons(ex, "bench", reconcilers.DaemonsOptions{})
-	daemon := func(ctx context.Context) error { <-ctx.Done(); return nil }
+	daemon := func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }
 
 	// The requests of benchLoop are all distinct; they map onto 64 objects whose daemons run.
 	objs := make([]*corev1.ConfigMap, 64)

@@ -71,7 +71,7 @@ func ExampleDaemons() {
 	ex := drain.New(drain.Options{}) // in an operator: q.Executor(), q from runnable.Add
 	defer func() { _ = ex.Drain(context.Background()) }()
 
-	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "cache", UID: "6e1f"}}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web", UID: "6e1f"}}
 	c := fake.NewClientBuilder().WithObjects(cm).Build()
 	r := &HeartbeatReconciler{
 		Client:  c,
@@ -101,7 +101,7 @@ func ExampleDaemons() {
 	fmt.Println("object gone:", apierrors.IsNotFound(err), "pending:", len(ex.Pending()))
 	// Output:
 	// heartbeat started
-	// tracked as heartbeat/default/cache/heartbeat
+	// tracked as heartbeat/default/web/heartbeat
 	// heartbeat stopped
 	// object gone: true pending: 0
 }

@@ -195,7 +195,7 @@ func TestDaemonsReturningNilIsDoneUntilANewGeneration(t *testing.T) {
 		drainedWithin(t, ex)
 		d := reconcilers.NewDaemons(ex, "cm", reconcilers.DaemonsOptions{})
 		var runs atomic.Int32
-		fn := func(context.Context) error { runs.Add(1); return nil }
+		fn := func(ctx context.Context) error { runs.Add(1); return ctx.Err() }
 		obj := daemonObject("a", "uid-a")
 		ensure := func() {
 			t.Helper()
@@ -578,8 +578,8 @@ func TestDaemonsBadInput(t *testing.T) {
 		t.Errorf("bad input started something: %v", names(ex.Pending()))
 	}
 	for name, setup := range map[string]func(){
-		"nil executor":     func() { reconcilers.NewDaemons(nil, "cm", reconcilers.DaemonsOptions{}) },
-		"empty controller": func() { reconcilers.NewDaemons(ex, "", reconcilers.DaemonsOptions{}) },
+		"no executor":        func() { reconcilers.NewDaemons(nil, "cm", reconcilers.DaemonsOptions{}) },
+		"no controller name": func() { reconcilers.NewDaemons(ex, "", reconcilers.DaemonsOptions{}) },
 	} {
 		func() {
 			defer func() {

@@ -160,8 +160,9 @@ func startHeartbeats(ns string, logs *logLines, hold <-chan struct{}, opts runna
 
 // pendingNames returns the names of ex's pending calls.
 func pendingNames(ex *drain.Executor) []string {
-	var out []string
-	for _, p := range ex.Pending() {
+	pending := ex.Pending()
+	out := make([]string, 0, len(pending))
+	for _, p := range pending {
 		out = append(out, p.Name)
 	}
 	return out
@@ -177,6 +178,7 @@ var _ = Describe("Daemons", func() {
 				Options: drain.Options{ReportAfter: 300 * time.Millisecond},
 			})
 			names := []string{"cm-0", "cm-1", "cm-2"}
+			deleted := names[0]
 			for _, name := range names {
 				configMap(ctx, ns, name)
 			}
@@ -195,14 +197,14 @@ var _ = Describe("Daemons", func() {
 
 			By("deleting one: its daemon stops, then its finalizer is released")
 			cm0 := &corev1.ConfigMap{}
-			Expect(k8sClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: "cm-0"}, cm0)).To(Succeed())
+			Expect(k8sClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: deleted}, cm0)).To(Succeed())
 			Expect(k8sClient.Delete(ctx, cm0)).To(Succeed())
 			Eventually(func() error {
 				return k8sClient.Get(ctx, client.ObjectKeyFromObject(cm0), &corev1.ConfigMap{})
 			}, 10*time.Second).Should(Satisfy(apierrors.IsNotFound))
 			Eventually(h.notes).Should(Equal([]string{"cm-0 stopped", "cm-0 released"}))
-			beats0, beats1 := h.beatsOf("cm-0"), h.beatsOf("cm-1")
-			Consistently(func() int32 { return h.beatsOf("cm-0") }, 500*time.Millisecond).Should(Equal(beats0))
+			beats0, beats1 := h.beatsOf(deleted), h.beatsOf("cm-1")
+			Consistently(func() int32 { return h.beatsOf(deleted) }, 500*time.Millisecond).Should(Equal(beats0))
 			Expect(h.beatsOf("cm-1")).To(BeNumerically(">", beats1), "the others beat on")
 			Expect(pendingNames(q.Executor())).To(ConsistOf("daemons/"+ns+"/cm-1/heartbeat", "daemons/"+ns+"/cm-2/heartbeat"))
 

@@ -2,6 +2,7 @@ package reconcilers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime/debug"
 	"sync"
@@ -181,9 +182,10 @@ func NewDaemons(ex *drain.Executor, controller string, opts DaemonsOptions) *Dae
 //
 // When fn returns an error or panics while its context is alive, it runs again after a
 // backoff (see DaemonsOptions.Backoff), logged (message "Daemon failed, restarting after a
-// backoff") and counted (Stats, and the metric quiesce_daemon_restarts_total). When it
-// returns nil, the daemon is done: Ensure does not start it again for the same object
-// until the object's generation (metadata.generation) grows past the one it ran for.
+// backoff", with the stack of a panic) and counted (Stats, and the metric
+// quiesce_daemon_restarts_total). When it returns nil, the daemon is done: Ensure does not
+// start it again for the same object until the object's generation (metadata.generation)
+// grows past the one it ran for.
 // A running daemon is not restarted when its object changes: read the object inside fn.
 //
 // ctx is the reconcile's: if it ended already, Ensure starts nothing and returns its error.
@@ -319,7 +321,12 @@ func (d *Daemons) run(ctx context.Context, logger logr.Logger, k daemonKey, dm *
 		delay -= time.Duration(jitterRand() * backoffJitter * float64(delay))
 		d.restarted.Add(1)
 		d.restarts.Inc()
-		logger.Error(err, "Daemon failed, restarting after a backoff", "delay", delay.String())
+		kv := []any{"delay", delay.String()}
+		var pe *drain.PanicError
+		if errors.As(err, &pe) {
+			kv = append(kv, "stack", string(pe.Stack))
+		}
+		logger.Error(err, "Daemon failed, restarting after a backoff", kv...)
 		t := d.opts.Clock.NewTimer(delay)
 		select {
 		case <-ctx.Done():

@@ -180,6 +180,9 @@ func TestDaemonsRestartAfterACappedJitteredBackoff(t *testing.T) {
 		if !strings.Contains(restarts[2], `call \"cm/ns/a/poll\" panicked: boom`) {
 			t.Errorf("the panic's restart line does not name the panic: %s", restarts[2])
 		}
+		if !strings.Contains(restarts[2], `"stack"=`) || strings.Contains(restarts[1], `"stack"=`) {
+			t.Errorf("want a stack on the panic's restart line only: %s", restarts[1:3])
+		}
 		if s := d.Stats(); s.Restarts != 5 || s.Running != 1 {
 			t.Errorf("Stats = %+v, want 5 restarts, 1 running", s)
 		}

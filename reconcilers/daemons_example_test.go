@@ -98,10 +98,10 @@ func ExampleDaemons() {
 		fmt.Println(err)
 	}
 	err := c.Get(ctx, req.NamespacedName, &corev1.ConfigMap{})
-	fmt.Println("object gone:", apierrors.IsNotFound(err), "pending:", len(ex.Pending()))
+	fmt.Println("object gone:", apierrors.IsNotFound(err), "daemons running:", r.Daemons.Stats().Running)
 	// Output:
 	// heartbeat started
 	// tracked as heartbeat/default/web/heartbeat
 	// heartbeat stopped
-	// object gone: true pending: 0
+	// object gone: true daemons running: 0
 }

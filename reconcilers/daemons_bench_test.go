@@ -56,3 +56,22 @@ func BenchmarkDaemonsEnsureLoop(b *testing.B) {
 		b.Fatalf("%d daemons running, want %d", s.Running, len(objs))
 	}
 }
+
+// BenchmarkDaemonsEnsureRunning is the bare cost of Ensure on a daemon that runs already.
+func BenchmarkDaemonsEnsureRunning(b *testing.B) {
+	ex := drain.New(drain.Options{})
+	defer func() { _ = ex.Drain(context.Background()) }()
+	d := reconcilers.NewDaemons(ex, "bench", reconcilers.DaemonsOptions{})
+	daemon := func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }
+	obj := daemonObject("object", "uid")
+	ctx := context.Background()
+	if err := d.Ensure(ctx, obj, "heartbeat", daemon); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := d.Ensure(ctx, obj, "heartbeat", daemon); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

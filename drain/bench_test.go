@@ -3,7 +3,6 @@ package drain_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"runtime"
 	"runtime/pprof"
@@ -218,15 +217,17 @@ func BenchmarkDrainWake(b *testing.B) {
 	b.ReportMetric(float64(baseline.Nanoseconds())/float64(b.N), "baseline-ns")
 }
 
-// blockedCalls starts n calls on ex that block until the returned func is called.
-func blockedCalls(b *testing.B, ex *drain.Executor, n int) (release func()) {
+// blockedCalls starts n calls that block, each depth frames deep, until release.
+func blockedCalls(b *testing.B, ex *drain.Executor, n, depth int) (release func()) {
 	ch := make(chan struct{})
 	var started sync.WaitGroup
 	started.Add(n)
 	for range n {
 		if err := ex.Go(context.Background(), "blocked", func(context.Context) error {
-			started.Done()
-			<-ch
+			deep(depth, func() {
+				started.Done()
+				<-ch
+			})
 			return nil
 		}); err != nil {
 			b.Fatal(err)
@@ -236,29 +237,76 @@ func blockedCalls(b *testing.B, ex *drain.Executor, n int) (release func()) {
 	return func() { close(ch) }
 }
 
-// BenchmarkReport measures one drain report while 100 or 10,000 calls are pending:
-// snapshot, one goroutine profile with labels, and the log line. Its floor is
-// BenchmarkReportCaptureFloor.
+// deep calls f depth frames below it.
+//
+//go:noinline
+func deep(depth int, f func()) {
+	if depth <= 1 {
+		f()
+		return
+	}
+	deep(depth-1, f)
+}
+
+// idleGoroutines starts n goroutines that quiesce does not track, blocked until release.
+func idleGoroutines(n int) (release func()) {
+	ch := make(chan struct{})
+	var started sync.WaitGroup
+	started.Add(n)
+	for range n {
+		go func() {
+			started.Done()
+			<-ch
+		}()
+	}
+	started.Wait()
+	return func() { close(ch) }
+}
+
+// reportCases are the budgets of issue 14: a report of 100 pending calls, of 10,000
+// pending calls 150 frames deep, and of 10 pending calls among 10,000 other goroutines.
+var reportCases = []struct {
+	name                  string
+	pending, depth, other int
+}{
+	{"100", 100, 10, 0},
+	{"10000x150", 10_000, 150, 0},
+	{"10among10000", 10, 10, 10_000},
+}
+
+// BenchmarkReport measures one drain report, each with a fresh capture: the snapshot, one
+// goroutine profile (protobuf) parsed, and the log line. Its floor, in the same run, is
+// BenchmarkReportFloor.
 func BenchmarkReport(b *testing.B) {
-	for _, pending := range []int{100, 10_000} {
-		b.Run(fmt.Sprint(pending), func(b *testing.B) {
-			lines := 0
+	for _, tc := range reportCases {
+		b.Run(tc.name, func(b *testing.B) {
+			lines, measuring := 0, true
+			listed := min(tc.pending, 20)
 			ex := drain.New(drain.Options{
 				CancelAfter: -1,
 				Logger: (&logs{}).loggerFunc(b, func(l logLine) {
-					if l.Pending != pending || len(l.Calls) != 20 || l.Calls[0].Handler == drain.Unknown {
+					if !measuring { // the final Drain's reports, as the calls return
+						return
+					}
+					// Deeper than the profile keeps (128 frames), a call has its Where, not
+					// its Handler.
+					if l.Pending != tc.pending || len(l.Calls) != listed || l.Calls[0].Where == drain.Unknown {
 						b.Errorf("report: pending %d, %d calls, %+v", l.Pending, len(l.Calls), l.Calls[0])
 					}
 					lines++
 				}),
 			})
-			release := blockedCalls(b, ex, pending)
+			release := blockedCalls(b, ex, tc.pending, tc.depth)
+			releaseOther := idleGoroutines(tc.other)
+			b.ReportAllocs()
 			for b.Loop() {
 				drain.ReportPending(ex)
 			}
 			if lines != b.N {
 				b.Errorf("%d reports logged, want %d", lines, b.N)
 			}
+			measuring = false
+			releaseOther()
 			release()
 			if err := ex.Drain(context.Background()); err != nil {
 				b.Fatal(err)
@@ -267,28 +315,32 @@ func BenchmarkReport(b *testing.B) {
 	}
 }
 
-// BenchmarkReportCaptureFloor is the part of a report that it cannot avoid: one goroutine
-// profile, with labels, of the same pending goroutines ("pprof"), and for comparison the
-// label-less runtime.GoroutineProfile ("runtime"), which keeps 32 frames and no labels.
-func BenchmarkReportCaptureFloor(b *testing.B) {
-	for _, pending := range []int{100, 10_000} {
+// BenchmarkReportFloor is, for the cases of BenchmarkReport, what no report can avoid:
+// runtime.GoroutineProfile ("runtime", no labels, the raw floor), and the goroutine
+// profile with labels written in its protobuf form ("pprof").
+func BenchmarkReportFloor(b *testing.B) {
+	for _, tc := range reportCases {
 		ex := drain.New(drain.Options{CancelAfter: -1})
-		release := blockedCalls(b, ex, pending)
-		b.Run(fmt.Sprint("pprof/", pending), func(b *testing.B) {
-			for b.Loop() {
-				if err := pprof.Lookup("goroutine").WriteTo(io.Discard, 1); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
-		b.Run(fmt.Sprint("runtime/", pending), func(b *testing.B) {
-			records := make([]runtime.StackRecord, pending+100)
+		release := blockedCalls(b, ex, tc.pending, tc.depth)
+		releaseOther := idleGoroutines(tc.other)
+		b.Run("runtime/"+tc.name, func(b *testing.B) {
+			records := make([]runtime.StackRecord, tc.pending+tc.other+100)
+			b.ReportAllocs()
 			for b.Loop() {
 				if _, ok := runtime.GoroutineProfile(records); !ok {
 					b.Fatal("too few records")
 				}
 			}
 		})
+		b.Run("pprof/"+tc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := pprof.Lookup("goroutine").WriteTo(io.Discard, 0); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		releaseOther()
 		release()
 		if err := ex.Drain(context.Background()); err != nil {
 			b.Fatal(err)
@@ -301,10 +353,12 @@ func BenchmarkReportCaptureFloor(b *testing.B) {
 func BenchmarkDrainGivesUp10k(b *testing.B) {
 	const pending = 10_000
 	ex := drain.New(drain.Options{CancelAfter: -1})
-	release := blockedCalls(b, ex, pending)
+	release := blockedCalls(b, ex, pending, 10)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
+	b.ReportAllocs()
 	for b.Loop() {
+		drain.ForgetCapture()
 		var pe *drain.PendingError
 		if err := ex.Drain(ctx); !errors.As(err, &pe) || len(pe.Pending) != pending || pe.Pending[pending-1].Where == drain.Unknown {
 			b.Fatalf("Drain = %v", err)
@@ -314,4 +368,23 @@ func BenchmarkDrainGivesUp10k(b *testing.B) {
 	if err := ex.Drain(context.Background()); err != nil {
 		b.Fatal(err)
 	}
+}
+
+// The pairs of the budgets of issue 14, each measured right next to its baseline. -count N
+// runs each half N times in a row: to alternate them on a busy machine, run the test
+// binary N times with -test.count 1, and compare the medians of the per-run ratios.
+
+func BenchmarkPairCall(b *testing.B) {
+	b.Run("Call", BenchmarkCall)
+	b.Run("baseline", BenchmarkCallBaseline)
+}
+
+func BenchmarkPairGo(b *testing.B) {
+	b.Run("Go", BenchmarkGo)
+	b.Run("errgroup", BenchmarkGoErrgroup)
+}
+
+func BenchmarkPairRun(b *testing.B) {
+	b.Run("Run", BenchmarkRun)
+	b.Run("direct", BenchmarkRunDirect)
 }

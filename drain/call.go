@@ -5,34 +5,40 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
-	"runtime/pprof"
-	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/quiesce-dev/quiesce/internal"
 )
 
-// call is one admitted call. It is also fn's context (see context.go): one allocation per
-// call, and it is never reused, because fn may keep its context after returning.
+// call is one admitted call. It is also fn's context: the standard library's context made
+// for the call (see newCall), plus the answers of Value for the call itself and for the
+// goroutine's pprof labels.
 type call struct {
-	parent     context.Context
-	e          *Executor
-	name       [4]string // joined by Name when needed
-	controller string
-	fn         func(context.Context) error
-	shield     bool // ignore the parent's cancellation, not its deadline
-	repanic    bool
-	start      time.Time
+	context.Context                         // fn's context, before the two answers of Value
+	cancel          context.CancelCauseFunc // ends fn's context
+	stop            func() bool             // releases a shielded call's deadline, or nil
+
+	e      *Executor
+	parent context.Context // the caller's ctx
+	opts   internal.CallOptions
+	fn     func(context.Context) error
+	start  time.Time
+
+	onCaller bool // Run: fn runs on the caller's goroutine
 
 	prev, next *call // the executor's list, guarded by Executor.mu
 
-	runner    atomic.Pointer[runner] // set while fn runs: the label fn's goroutine carries
-	sig       chan struct{}          // Call waits on it; nil for Go and Run
-	state     atomic.Uint32          // callWaiting, callDetached or callFinished
-	err       error                  // fn's result, for Call and Run; written before sig is signalled
-	abandoned atomic.Bool            // counted in Stats.Abandoned already
+	// labels is what Value gives for pprof's labels: the caller's labels plus
+	// quiesce=<label id>. Set before fn runs, by the goroutine that runs it.
+	labels  context.Context
+	label   atomic.Pointer[label] // the label while fn runs (see labels.go)
+	entered atomic.Bool           // fn began
 
-	ctxState // fn's context
+	done      chan struct{} // closed when fn returned and err is set, for Call; nil otherwise
+	state     atomic.Uint32 // callWaiting, callDetached or callFinished
+	err       error         // fn's result, written before done is closed
+	abandoned atomic.Bool   // counted in Stats.Abandoned already
 }
 
 // Call hand-off states.
@@ -42,89 +48,84 @@ const (
 	callFinished               // fn returned and the result was handed over
 )
 
-// errGoexit is the result of a call whose fn called runtime.Goexit (e.g. t.FailNow).
-var errGoexit = errors.New("fn called runtime.Goexit")
-
-// Name returns the call's name.
-func (c *call) Name() string { return joinName(&c.name) }
-
-// joinName joins the non-empty parts of a call's name with "/".
-func joinName(parts *[4]string) string {
-	n, only := 0, ""
-	for _, p := range parts {
-		if p != "" {
-			n++
-			only = p
-		}
-	}
-	if n <= 1 {
-		return only
-	}
-	var b []byte
-	for _, p := range parts {
-		if p == "" {
-			continue
-		}
-		if len(b) > 0 {
-			b = append(b, '/')
-		}
-		b = append(b, p...)
-	}
-	return string(b)
-}
-
-func (c *call) pending() Pending {
-	return Pending{Name: c.Name(), Started: c.start, Detached: c.state.Load() == callDetached}
-}
-
-// A runner is the identity that a goroutine carries while it runs a call's fn: a pprof
-// label, by which a goroutine profile tells which call a stack belongs to (see locate).
-// Its label context is built once and reused, so a call costs no label allocation;
-// runners are pooled, and their ids are never reused, so a label names one runner for the
-// life of the process.
-type runner struct {
-	id     string
-	labels context.Context // pprof.WithLabels(Background, labelKey=id)
-}
-
-// labelKey is the pprof label key of goroutines running a call's fn.
-const labelKey = "quiesce"
-
 var (
-	runnerIDs atomic.Uint64
-	runners   = sync.Pool{New: func() any {
-		id := "r" + strconv.FormatUint(runnerIDs.Add(1), 10)
-		return &runner{id: id, labels: pprof.WithLabels(context.Background(), pprof.Labels(labelKey, id))}
-	}}
+	// errGoexit is the result of a call whose fn called runtime.Goexit (e.g. t.FailNow).
+	errGoexit = errors.New("fn called runtime.Goexit")
+
+	// errFinished is the cause of fn's context once fn returned.
+	errFinished = errors.New("call returned")
+
+	// errCancelledByDrain is the cause (context.Cause) of a call's context cancelled by
+	// the drain: at Options.CancelAfter, or, for a daemon, when the drain began.
+	errCancelledByDrain = errors.New("cancelled by the drain")
 )
 
-// enter labels the current goroutine with r.
-func (r *runner) enter() { pprof.SetGoroutineLabels(r.labels) }
-
-// release restores the labels of ctx on the current goroutine and gives r back.
-func (r *runner) release(ctx context.Context) {
-	pprof.SetGoroutineLabels(ctx)
-	runners.Put(r)
+// newCall makes c's context. A shielded call (CallOptions.Shield on a driven executor)
+// keeps its caller's values and deadline but not its cancellation.
+func newCall(ctx context.Context, e *Executor, o *internal.CallOptions, fn func(context.Context) error) *call {
+	c := &call{e: e, parent: ctx, opts: *o, fn: fn}
+	base := ctx
+	if o.Shield && e.settings.Driven.Load() {
+		base = context.WithoutCancel(ctx)
+		if d, ok := ctx.Deadline(); ok {
+			var cancel context.CancelFunc
+			base, cancel = context.WithDeadline(base, d)
+			c.stop = func() bool { cancel(); return true }
+		}
+	}
+	c.Context, c.cancel = context.WithCancelCause(base)
+	return c
 }
 
-// work runs c on a new goroutine (Call and Go). Starting a goroutine per call costs less
-// than handing calls to parked workers, and leaves nothing behind when the executor idles.
-func (c *call) work() {
-	r := runners.Get().(*runner)
-	r.enter()
-	c.exec(r)
-	runners.Put(r) // not deferred: after a Goexit the runner is simply dropped
+// Value answers for the call itself (internal.CallKey, see FromContext), for pprof's
+// labels (so that pprof.Do inside fn, and a Run nested in fn, keep them), and otherwise
+// as the caller's ctx.
+func (c *call) Value(key any) any {
+	if _, ok := key.(internal.CallKey); ok {
+		return c
+	}
+	if c.labels != nil {
+		// c.labels derives from context.Background: it answers for pprof's key alone.
+		if v := c.labels.Value(key); v != nil {
+			return v
+		}
+	}
+	return c.Context.Value(key)
 }
 
-// exec runs fn on r and settles the call however fn ends: it returns, it panics, or it
-// calls runtime.Goexit. It tells a recovered nil panic (GODEBUG=panicnil=1) from a Goexit
-// by whether the inner function returned, as golang.org/x/sync/singleflight does.
-func (c *call) exec(r *runner) {
-	c.runner.Store(r)
+// String names the context, as the standard library's contexts do.
+func (c *call) String() string { return "drain.Call(" + c.opts.Name + ")" }
+
+// Executor and Options make c an internal.Call.
+func (c *call) Executor() internal.Executor   { return c.e }
+func (c *call) Options() internal.CallOptions { return c.opts }
+
+func (c *call) pending() Pending {
+	return Pending{
+		Name:        c.opts.Name,
+		Started:     c.start,
+		Detached:    c.state.Load() == callDetached,
+		Daemon:      c.opts.Daemon,
+		ReconcileID: c.opts.ReconcileID,
+	}
+}
+
+// outer returns the tracked call whose fn's context c's caller passed, if any.
+func (c *call) outer() *call {
+	a, _ := c.parent.Value(internal.CallKey{}).(*call)
+	return a
+}
+
+// exec runs fn with the call's label and settles the call however fn ends: it returns, it
+// panics, or it calls runtime.Goexit. It tells a recovered nil panic (GODEBUG=panicnil=1)
+// from a Goexit by whether the inner function returned, as golang.org/x/sync/singleflight
+// does. Whichever way fn ends, finish restores the goroutine's labels.
+func (c *call) exec() {
+	l := c.enter()
 	settled := false
 	defer func() {
 		if !settled { // runtime.Goexit: nothing was recovered, the goroutine goes on exiting
-			c.finish(fmt.Errorf("failed to run call %q: %w", c.Name(), errGoexit))
+			c.finish(l, fmt.Errorf("failed to run call %q: %w", internal.Cut(c.opts.Name), errGoexit))
 		}
 	}()
 	var err error
@@ -139,10 +140,11 @@ func (c *call) exec(r *runner) {
 				return // runtime.Goexit, or a recovered panic(nil): told apart below
 			}
 			settled = true
-			c.finish(c.panicError(v))
-			if c.repanic {
-				// Raised from this deferred call, the panic keeps fn's frames below it:
-				// whoever recovers it next sees the stack where fn panicked.
+			pe := c.panicError(v)
+			c.finish(l, pe)
+			if c.opts.Repanic && c.onCaller {
+				// Run: raised from this deferred call, the panic keeps fn's frames below
+				// it, so whoever recovers it next sees the stack where fn panicked.
 				panic(v)
 			}
 		}()
@@ -154,25 +156,30 @@ func (c *call) exec(r *runner) {
 	}
 	settled = true
 	if !returned { // a panic(nil) that recover could not tell from no panic
-		c.finish(c.panicError(nil))
-		if c.repanic {
+		c.finish(l, c.panicError(nil))
+		if c.opts.Repanic && c.onCaller {
 			panic(nil) // re-raise exactly what fn raised
 		}
 		return
 	}
-	c.finish(err)
+	c.finish(l, err)
 }
 
 func (c *call) panicError(v any) *PanicError {
+	if pe, ok := v.(*PanicError); ok && pe.raised {
+		// A nested call's panic that its caller raised again (internal.CallOptions.Repanic):
+		// counted once, where fn panicked, and told with that fn's stack.
+		return pe
+	}
 	c.e.panicked.Add(1)
-	return &PanicError{Name: c.Name(), Value: v, Stack: debug.Stack()}
+	return &PanicError{Name: c.opts.Name, Value: v, Stack: debug.Stack()}
 }
 
-// finish settles c with fn's result err: counts it, ends fn's context, unlists it, and
-// hands err to whoever waits.
-func (c *call) finish(err error) {
+// finish settles c with fn's result err: gives its label back, counts it, ends fn's
+// context, logs a panic nobody will see, unlists it and hands err to whoever waits.
+func (c *call) finish(l *label, err error) {
 	e := c.e
-	c.runner.Store(nil)
+	c.leave(l)
 	if e.slots != nil {
 		<-e.slots
 	}
@@ -180,20 +187,30 @@ func (c *call) finish(err error) {
 	if after := e.settings.AfterCall; after != nil {
 		e.afterCall(after, c, err)
 	}
-	c.cancel(context.Canceled) // fn's context ends with fn
+	c.cancel(errFinished) // fn's context ends with fn
+	if c.stop != nil {
+		c.stop()
+	}
 	c.err = err
 	waited := c.state.CompareAndSwap(callWaiting, callFinished)
-	e.unlink(c)
-	if waited {
-		if c.sig != nil { // nil for Run, which reads c.err on this goroutine
-			c.sig <- struct{}{}
-		}
-		return
+	if !waited && err != nil {
+		e.logPanic(err)
 	}
+	e.unlink(c)                  // before the caller learns the result: a call it saw return is not pending
+	if waited && c.done != nil { // nil for Run, which reads c.err on this goroutine
+		close(c.done)
+	}
+}
+
+// logPanic logs err if it is a panic: of a call nobody waits for, which nobody else sees.
+// It is logged before the call is unlisted: a Drain that returns once the call is gone
+// returns after this line.
+func (e *Executor) logPanic(err error) {
 	var pe *PanicError
-	if err != nil && errors.As(err, &pe) {
+	if errors.As(err, &pe) {
 		e.safely(func() {
-			e.log.Error(err, "Call panicked", "call", pe.Name, "panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))
+			e.log.Error(err, "Call panicked",
+				"call", internal.Cut(pe.Name), "panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))
 		})
 	}
 }
@@ -203,11 +220,12 @@ func (e *Executor) afterCall(after func(string, time.Duration, error), c *call, 
 	defer func() {
 		if v := recover(); v != nil {
 			e.safely(func() {
-				e.log.Error(fmt.Errorf("%v", v), "AfterCall panicked", "call", c.Name(), "stack", string(debug.Stack()))
+				e.log.Error(fmt.Errorf("%v", v), "AfterCall panicked",
+					"call", internal.Cut(c.opts.Name), "stack", string(debug.Stack()))
 			})
 		}
 	}()
-	after(c.controller, e.clock.Since(c.start), err)
+	after(c.opts.Controller, e.clock.Since(c.start), err)
 }
 
 // safely runs log, a call of the Logger, and contains a panic in it: a broken Logger must

@@ -16,9 +16,14 @@
 // way. Locate gives the same view on demand.
 //
 // Stacks are captured only when a report is due, when Locate is called, or when a Drain gives
-// up, never per call: fn's goroutine carries a pprof label naming the call, set once per
-// call from a context built in advance, and the goroutine profile (runtime/pprof) gives each
-// labelled goroutine's stack.
+// up, never per call: fn's goroutine carries the pprof label "quiesce" (added to the
+// caller's labels, its values reused and so bounded by the calls running at once), and the
+// goroutine profile, read in its protobuf form, gives each labelled goroutine's stack. One
+// capture serves everyone who asks at the same time, and for a second after.
+//
+// Steady state is quiet: nothing is logged while no call is slow, and while the set of slow
+// calls stays the same, "Slow calls" backs off (see Options.SlowAfter). Once Drain returned,
+// no report follows and the executor runs no goroutine of its own.
 //
 // What blocks:
 //   - Call blocks until fn returns or the caller's ctx ends (then fn keeps running, tracked).

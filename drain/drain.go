@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -41,17 +42,22 @@ type Options struct {
 	CancelAfter time.Duration
 
 	// SlowAfter: while the executor is not draining, calls running longer than this are
-	// logged as slow ("Slow calls"), at most once per ReportEvery, nothing while none is.
-	// 0: 1 minute, the API server's default request timeout: a call running longer is
-	// not waiting on a healthy API server, and a reconcile that long holds one of the
-	// controller's workers. Negative: never. It costs nothing per call: one timer per
-	// executor, armed while calls run; it needs a Clock with AfterFunc
-	// (clock.WithDelayedExecution, as clock.RealClock and the fake clocks have).
+	// logged as slow ("Slow calls"), nothing while none is. 0: 1 minute, the API server's
+	// default request timeout: a call running longer is not waiting on a healthy API
+	// server, and a reconcile that long holds one of the controller's workers. Negative:
+	// never. It costs nothing per call: one timer per executor, armed while calls run.
+	//
+	// The schedule: a call is logged within ReportEvery of turning slow. While the set of
+	// slow calls stays the same, the next line waits twice as long as the one before,
+	// from ReportEvery up to an hour: for one call stuck an hour with the defaults, lines
+	// at 1m, 1m5s, 1m15s, 1m35s, 2m15s, 3m35s, 6m15s, 11m35s, 22m15s and 43m35s (10),
+	// then one an hour. A call turning slow, or one returning, changes the set and logs
+	// again within ReportEvery. Only a line captures stacks.
 	SlowAfter time.Duration
 
 	// Clock schedules the reports, CancelAfter and SlowAfter, and stamps calls' start
 	// times. nil: clock.RealClock{}.
-	Clock clock.WithTicker
+	Clock clock.WithTickerAndDelayedExecution
 }
 
 // ErrDraining is returned (wrapped) by Call, Go and Run once the executor drains.
@@ -73,6 +79,12 @@ type Pending struct {
 	Name     string
 	Started  time.Time // when the call was admitted
 	Detached bool      // its caller stopped waiting; only the executor still tracks it
+	// Daemon: the call runs until the drain stops it (reconcilers' per-object daemons).
+	// It is never counted nor logged as slow, and the drain cancels it as it begins.
+	Daemon bool
+	// ReconcileID is controller-runtime's reconcileID of the wrapped reconcile that the
+	// call is, or runs inside (reconcilers.Wrap, reconcilers.Call); "" otherwise.
+	ReconcileID string
 	// Where its goroutine is blocked: the innermost frame outside the Go runtime, the
 	// standard library and quiesce, as "pkg.Func (file.go:123)". Filled by Locate,
 	// reports and PendingError; Pending leaves it empty.
@@ -88,10 +100,12 @@ type PanicError struct {
 	Name  string
 	Value any
 	Stack []byte
+
+	raised bool // raised again on the caller's goroutine (internal.CallOptions.Repanic)
 }
 
 func (e *PanicError) Error() string {
-	return fmt.Sprintf("call %q panicked: %v", e.Name, e.Value)
+	return fmt.Sprintf("call %q panicked: %v", internal.Cut(e.Name), e.Value)
 }
 
 // Unwrap returns the panic value when it is an error, so that errors.Is and errors.As
@@ -102,7 +116,8 @@ func (e *PanicError) Unwrap() error {
 }
 
 // PendingError is returned by Drain when its ctx ends before every call returned.
-// Pending holds every call still running; Error names only the first maxListed.
+// Pending holds every call still running; Error names only the first maxListed, each name
+// quoted and cut to 256 bytes, so that no name can forge or flood a line.
 type PendingError struct {
 	Pending []Pending
 	Err     error
@@ -121,10 +136,10 @@ func (e *PendingError) Error() string {
 		} else {
 			b.WriteString(", ")
 		}
-		b.WriteString(p.Name)
+		b.WriteString(strconv.Quote(internal.Cut(p.Name)))
 		if p.Where != "" {
 			b.WriteString(" at ")
-			b.WriteString(p.Where)
+			b.WriteString(strconv.Quote(internal.Cut(p.Where)))
 		}
 	}
 	return b.String()
@@ -144,6 +159,7 @@ type Stats struct {
 	Abandoned uint64 // calls still running when a Drain gave up (its ctx ended)
 
 	// Oldest is when the oldest pending call was admitted; zero while none is pending.
+	// Daemons are left out, here and in Slow: they run until the drain by design.
 	Oldest time.Time
 	// Slow counts the pending calls that have run for SlowAfter or longer (0 when it is
 	// off), as the "Slow calls" line would list them now.
@@ -165,36 +181,42 @@ const (
 // safe for concurrent use. An Executor drains once: after Drain began it refuses every call
 // for the rest of its life.
 type Executor struct {
-	opts  Options
-	clock clock.WithTicker
-	log   logr.Logger
-	slots chan struct{} // MaxConcurrent tokens; nil when unbounded
-	// With the real clock, calls' start times are base plus the monotonic time since base:
-	// one clock read (time.Since) instead of two (time.Now) per call.
-	realTime bool
-	base     time.Time
+	hidden // gives quiesce's packages the Core (see internal.Of)
+
+	opts     Options
+	clock    clock.WithTickerAndDelayedExecution
+	log      logr.Logger
+	slots    chan struct{} // MaxConcurrent tokens; nil when unbounded
 	settings internal.Settings
-	signals  sync.Pool // chan struct{} (cap 1) on which fn's goroutine tells Call that fn returned
 
 	// mu guards admission and the list of admitted calls: a call is admitted, listed and
-	// counted in one step, so that Drain, Pending and the counters always agree.
+	// counted in one step, so that Drain, Pending and the counters always agree. It also
+	// guards the timers and the state of the reports.
 	mu         sync.Mutex
 	oldest     *call // the admitted calls, a list in admission order, oldest first
 	newest     *call
 	inFlight   int64
 	isDraining bool
-	slowTimer  clock.Timer // armed while calls are in flight, see checkSlow
+	waiters    int           // Drain calls waiting; reports are logged only while one waits
+	lineDone   chan struct{} // closed when the last report line begun was logged
+	slow       slowState     // see report.go
+	slowTimer  clock.Timer   // armed while calls are in flight outside a drain
 	slowArmed  bool
+	report     clock.Timer // the next report, while a Drain waits
+	cancelTmr  clock.Timer // CancelAfter, until it fired or the calls all returned
 
 	draining  chan struct{} // closed when Drain begins
 	done      chan struct{} // closed when draining and nothing is in flight
 	drainOnce sync.Once
-	waiters   atomic.Int32  // Drain calls waiting; reports are logged only while one waits
 	logging   atomic.Bool   // a report is being logged (see logAsync)
 	unknown   atomic.Uint32 // reasons for an unknown location already logged (bits)
 
 	started, finished, refused, panicked, abandoned atomic.Uint64
 }
+
+// hidden is internal.Hidden under an unexported name: its method is promoted to
+// *Executor, its field is not part of the API.
+type hidden = internal.Hidden
 
 // New returns an Executor configured by opts; zero fields of opts take their defaults.
 func New(opts Options) *Executor {
@@ -220,26 +242,29 @@ func New(opts Options) *Executor {
 		draining: make(chan struct{}),
 		done:     make(chan struct{}),
 	}
+	e.hidden = internal.NewHidden((*core)(e))
 	if opts.MaxConcurrent > 0 {
 		e.slots = make(chan struct{}, opts.MaxConcurrent)
 	}
-	switch opts.Clock.(type) {
-	case clock.RealClock, *clock.RealClock:
-		e.realTime, e.base = true, time.Now()
-	}
-	// The pool belongs to the executor, not the package: a channel made inside a
-	// testing/synctest bubble must not be used outside it.
-	e.signals.New = func() any { return make(chan struct{}, 1) }
 	return e
 }
 
-// now returns the time on e's clock. With the real clock it follows the monotonic clock
-// from New on, so a step of the wall clock does not show in calls' start times.
-func (e *Executor) now() time.Time {
-	if e.realTime {
-		return e.base.Add(time.Since(e.base))
-	}
-	return e.clock.Now()
+// core is the Executor as internal.Core: the calls shaped by internal.CallOptions that
+// reconcilers and runnable start.
+type core Executor
+
+func (c *core) Settings() *internal.Settings { return &c.settings }
+
+func (c *core) Run(ctx context.Context, o internal.CallOptions, fn func(context.Context) error) error {
+	return (*Executor)(c).run(ctx, &o, fn)
+}
+
+func (c *core) Call(ctx context.Context, o internal.CallOptions, fn func(context.Context) error) error {
+	return (*Executor)(c).call(ctx, &o, fn)
+}
+
+func (c *core) Go(ctx context.Context, o internal.CallOptions, fn func(context.Context) error) error {
+	return (*Executor)(c).goCall(ctx, &o, fn)
 }
 
 // Call runs fn on a tracked goroutine and waits until fn returns or ctx ends.
@@ -250,42 +275,47 @@ func (e *Executor) now() time.Time {
 // an error wrapping ErrInvalidCall.
 //
 // fn's context carries ctx's values and deadline, ends when ctx ends, when the drain
-// cancels it (see Options.CancelAfter), and when fn returns. fn's goroutine carries the
-// pprof label "quiesce" (so do the contexts derived from fn's), by which reports find it.
-// A panic in fn never crashes the process: Call returns a *PanicError with the value and
-// stack. If fn calls runtime.Goexit, Call returns an error.
+// cancels it (see Options.CancelAfter; context.Cause then says so), and when fn returns.
+// fn's goroutine and context carry ctx's pprof labels plus the label "quiesce", by which
+// reports find it. A panic in fn never crashes the process: Call returns a *PanicError
+// with the value and stack. If fn calls runtime.Goexit, Call returns an error.
 //
 // With MaxConcurrent > 0, Call first waits for a free slot; while it waits, ctx ending
 // returns ctx.Err() and the drain beginning refuses the call.
 func (e *Executor) Call(ctx context.Context, name string, fn func(context.Context) error) error {
-	return e.call(ctx, internal.CallOptions{Name: [4]string{name}}, fn)
+	return e.call(ctx, &internal.CallOptions{Name: name}, fn)
 }
 
-func (e *Executor) call(ctx context.Context, o internal.CallOptions, fn func(context.Context) error) error {
-	c, err := e.admit(ctx, &o, fn)
+func (e *Executor) call(ctx context.Context, o *internal.CallOptions, fn func(context.Context) error) error {
+	c, err := e.admit(ctx, o, fn)
 	if err != nil {
 		return err
 	}
-	sig := e.signals.Get().(chan struct{})
-	c.sig = sig
-	go c.work()
-	if done := ctx.Done(); done == nil {
-		<-sig // a plain receive is cheaper than a select
-	} else {
-		select {
-		case <-sig:
-		case <-done:
-			if c.state.CompareAndSwap(callWaiting, callDetached) {
-				// fn's goroutine will not signal: sig is clean and can be reused.
-				e.signals.Put(sig)
-				return ctx.Err()
-			}
-			<-sig // fn returned meanwhile; take its result instead
+	c.done = make(chan struct{})
+	go c.exec()
+	select {
+	case <-c.done:
+	case <-ctx.Done():
+		if c.state.CompareAndSwap(callWaiting, callDetached) {
+			return ctx.Err()
 		}
+		<-c.done // fn returned meanwhile; take its result instead
 	}
-	err = c.err
-	e.signals.Put(sig)
-	return err
+	if o.Repanic && c.err != nil {
+		repanic(c.err)
+	}
+	return c.err
+}
+
+// repanic raises err again on the caller's goroutine if it is a panic of fn: settled and
+// counted, the caller's goroutine panics as it would calling fn itself, with fn's value and
+// stack in the *PanicError.
+func repanic(err error) {
+	var pe *PanicError
+	if errors.As(err, &pe) {
+		pe.raised = true
+		panic(pe)
+	}
 }
 
 // Go is Call without waiting: it returns nil once fn is tracked, or the error that Call
@@ -293,12 +323,16 @@ func (e *Executor) call(ctx context.Context, o internal.CallOptions, fn func(con
 // Call. Nobody waits for fn's result: Pending reports the call as detached, and a panic
 // in fn is logged (message "Call panicked") and counted.
 func (e *Executor) Go(ctx context.Context, name string, fn func(context.Context) error) error {
-	c, err := e.admit(ctx, &internal.CallOptions{Name: [4]string{name}}, fn)
+	return e.goCall(ctx, &internal.CallOptions{Name: name}, fn)
+}
+
+func (e *Executor) goCall(ctx context.Context, o *internal.CallOptions, fn func(context.Context) error) error {
+	c, err := e.admit(ctx, o, fn)
 	if err != nil {
 		return err
 	}
 	c.state.Store(callDetached)
-	go c.work()
+	go c.exec()
 	return nil
 }
 
@@ -309,23 +343,21 @@ func (e *Executor) Go(ctx context.Context, name string, fn func(context.Context)
 // Run blocks until fn returns, even when ctx ends first: then fn's context ends, and Run
 // still waits for fn and returns its result (it never detaches). Everything else is as
 // for Call: admission, refusal, bad input, MaxConcurrent, fn's context. While fn runs,
-// the caller's goroutine carries the pprof label "quiesce"; Run then restores the labels
-// of ctx, as pprof.Do does. A panic in fn is recovered: Run returns a *PanicError. If fn
-// calls runtime.Goexit, the call is settled and the caller's goroutine exits, as it would
-// calling fn directly.
+// the caller's goroutine carries ctx's pprof labels plus "quiesce"; Run then restores the
+// labels of ctx, as pprof.Do does. A panic in fn is recovered: Run returns a *PanicError.
+// If fn calls runtime.Goexit, the call is settled and the caller's goroutine exits, as it
+// would calling fn directly.
 func (e *Executor) Run(ctx context.Context, name string, fn func(context.Context) error) error {
-	return e.run(ctx, internal.CallOptions{Name: [4]string{name}}, fn)
+	return e.run(ctx, &internal.CallOptions{Name: name}, fn)
 }
 
-func (e *Executor) run(ctx context.Context, o internal.CallOptions, fn func(context.Context) error) error {
-	c, err := e.admit(ctx, &o, fn)
+func (e *Executor) run(ctx context.Context, o *internal.CallOptions, fn func(context.Context) error) error {
+	c, err := e.admit(ctx, o, fn)
 	if err != nil {
 		return err
 	}
-	r := runners.Get().(*runner)
-	defer r.release(ctx) // deferred: a Goexit or a re-raised panic must restore the labels too
-	r.enter()
-	c.exec(r)
+	c.onCaller = true
+	c.exec()
 	return c.err
 }
 
@@ -334,42 +366,34 @@ func (e *Executor) run(ctx context.Context, o internal.CallOptions, fn func(cont
 func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn func(context.Context) error) (*call, error) {
 	switch {
 	case ctx == nil:
-		return nil, fmt.Errorf("failed to run call %q: nil context: %w", joinName(&o.Name), ErrInvalidCall)
-	case o.Name == [4]string{}:
+		return nil, fmt.Errorf("failed to run call %q: nil context: %w", internal.Cut(o.Name), ErrInvalidCall)
+	case o.Name == "":
 		return nil, fmt.Errorf("failed to run call: empty name: %w", ErrInvalidCall)
 	case fn == nil:
-		return nil, fmt.Errorf("failed to run call %q: nil func: %w", joinName(&o.Name), ErrInvalidCall)
+		return nil, fmt.Errorf("failed to run call %q: nil func: %w", internal.Cut(o.Name), ErrInvalidCall)
 	}
-	if done := ctx.Done(); done != nil {
-		select {
-		case <-done:
-			return nil, ctx.Err()
-		default:
-		}
+	if err := ctx.Err(); err != nil {
+		return nil, err
 	}
 	if e.slots != nil {
 		if err := e.acquire(ctx, o); err != nil {
 			return nil, err
 		}
 	}
-	c := &call{
-		parent:     ctx,
-		e:          e,
-		name:       o.Name,
-		controller: o.Controller,
-		fn:         fn,
-		shield:     o.Shield && e.settings.Driven,
-		repanic:    o.Repanic,
-		start:      e.now(),
-	}
+	c := newCall(ctx, e, o, fn)
 	e.mu.Lock()
 	if e.isDraining {
 		e.mu.Unlock()
 		if e.slots != nil {
 			<-e.slots
 		}
+		c.cancel(errFinished)
+		if c.stop != nil {
+			c.stop()
+		}
 		return nil, e.refuse(o)
 	}
+	c.start = e.clock.Now()
 	e.link(c)
 	e.mu.Unlock()
 	return c, nil
@@ -386,7 +410,7 @@ func (e *Executor) link(c *call) {
 		e.oldest = c
 	}
 	e.newest = c
-	if !e.slowArmed {
+	if !e.slowArmed && !c.opts.Daemon {
 		e.armSlow(e.opts.SlowAfter)
 	}
 }
@@ -407,9 +431,21 @@ func (e *Executor) unlink(c *call) {
 	c.prev, c.next = nil, nil
 	e.inFlight--
 	last := e.inFlight == 0 && e.isDraining
+	if last {
+		// Nothing left to report on nor to cancel: the timers go with the calls.
+		stopTimer(e.report)
+		stopTimer(e.cancelTmr)
+		e.report, e.cancelTmr = nil, nil
+	}
 	e.mu.Unlock()
 	if last {
 		close(e.done)
+	}
+}
+
+func stopTimer(t clock.Timer) {
+	if t != nil {
+		t.Stop()
 	}
 }
 
@@ -432,7 +468,7 @@ func (e *Executor) acquire(ctx context.Context, o *internal.CallOptions) error {
 
 func (e *Executor) refuse(o *internal.CallOptions) error {
 	e.refused.Add(1)
-	return fmt.Errorf("failed to run call %q: %w", joinName(&o.Name), ErrDraining)
+	return fmt.Errorf("failed to run call %q: %w", internal.Cut(o.Name), ErrDraining)
 }
 
 // Drain refuses new calls, then waits for every tracked call to return, logging reports of
@@ -441,17 +477,26 @@ func (e *Executor) refuse(o *internal.CallOptions) error {
 // Canceled holds), each counted in Stats.Abandoned once. Drain is idempotent; concurrent
 // Drains all wait. A nil ctx waits without limit.
 //
-// Drain returns as soon as the last call returns. Reports are logged on Options.Clock, the
-// first ReportAfter after the drain began and then every ReportEvery, while a Drain waits
-// and a call is pending. Calls still running when a Drain gives up keep running and stay
-// tracked; a later Drain waits for them again.
+// As it begins, the drain cancels the contexts of daemons (see Pending.Daemon), and of
+// every call at CancelAfter. Reports are logged on Options.Clock, the first
+// ReportAfter after the drain began and then every ReportEvery, while a Drain waits and a
+// call is pending. Drain returns as soon as the last call returns. Once it returned, no
+// report follows: it waits for a line being logged at that moment (at most 100ms), and
+// leaves no goroutine nor timer behind, except the CancelAfter timer while it is due.
+// Calls still running when a Drain gives up keep running and stay tracked; a later Drain
+// waits for them again.
 func (e *Executor) Drain(ctx context.Context) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	e.waiters.Add(1)
-	defer e.waiters.Add(-1)
+	e.mu.Lock()
+	e.waiters++
+	if e.waiters == 1 && e.isDraining && e.inFlight > 0 {
+		e.armReport(e.opts.ReportEvery) // a Drain waits again after one gave up
+	}
+	e.mu.Unlock()
 	e.drainOnce.Do(e.beginDrain)
+	defer e.stopWaiting()
 	select {
 	case <-e.done:
 		return nil
@@ -471,71 +516,68 @@ func (e *Executor) Drain(ctx context.Context) error {
 	return &PendingError{Pending: e.locate(calls), Err: ctx.Err()}
 }
 
-// beginDrain is the drain's first step, run once.
-func (e *Executor) beginDrain() {
-	// Timers first, so that they exist on a fake clock once Draining() is closed.
-	var cancelTimer clock.Timer
-	if e.opts.CancelAfter > 0 {
-		cancelTimer = e.clock.NewTimer(e.opts.CancelAfter)
+// stopWaiting ends a Drain's wait: the last one stops the reports, and waits (a little)
+// for a line being logged, so that no report follows Drain's return.
+func (e *Executor) stopWaiting() {
+	e.mu.Lock()
+	e.waiters--
+	if e.waiters == 0 {
+		stopTimer(e.report)
+		e.report = nil
 	}
-	reportTimer := e.clock.NewTimer(e.opts.ReportAfter)
+	lineDone := e.lineDone
+	e.mu.Unlock()
+	if lineDone != nil {
+		t := time.NewTimer(100 * time.Millisecond)
+		defer t.Stop()
+		select {
+		case <-lineDone:
+		case <-t.C: // a blocked Logger does not hold the drain up longer
+		}
+	}
+}
 
+// beginDrain is the drain's first step, run once, by a Drain counted in e.waiters.
+func (e *Executor) beginDrain() {
 	// Tell the world, then refuse new calls: a refused caller always finds Draining()
 	// closed. A call admitted before this is listed, so it is waited for and cancelled.
 	close(e.draining)
 	e.mu.Lock()
 	e.isDraining = true
 	idle := e.inFlight == 0
-	if e.slowTimer != nil {
-		e.slowTimer.Stop()
+	stopTimer(e.slowTimer)
+	if !idle {
+		// Timers before Draining() is seen closed with the lock: they exist on a fake
+		// clock once a test saw the drain begin and the call listed.
+		e.armReport(e.opts.ReportAfter)
+		if e.opts.CancelAfter > 0 {
+			e.cancelTmr = e.clock.AfterFunc(e.opts.CancelAfter, func() { e.cancelCalls(false) })
+		}
 	}
 	e.mu.Unlock()
 	if idle {
 		close(e.done)
+		return
 	}
-	if e.opts.CancelAfter == 0 {
-		e.cancelCalls()
-	}
-	go e.supervise(cancelTimer, reportTimer)
+	e.cancelCalls(e.opts.CancelAfter != 0)
 }
 
-// supervise fires CancelAfter and the reports until the drain ends. It never waits for
-// the Logger (see logAsync), so that a blocking Logger cannot delay CancelAfter.
-func (e *Executor) supervise(cancelTimer, reportTimer clock.Timer) {
-	defer reportTimer.Stop()
-	var cancelC <-chan time.Time
-	if cancelTimer != nil {
-		defer cancelTimer.Stop()
-		cancelC = cancelTimer.C()
-	}
-	for {
-		select {
-		case <-e.done:
-			return
-		case <-cancelC:
-			cancelC = nil
-			e.cancelCalls()
-		case <-reportTimer.C():
-			select {
-			case <-e.done: // the last call returned as the report fell due: no report
-				return
-			default:
-			}
-			// Re-arm first: the schedule does not drift by the time a report takes.
-			reportTimer.Reset(e.opts.ReportEvery)
-			if e.waiters.Load() > 0 {
-				e.logAsync(e.reportPending)
-			}
-		}
-	}
+// armReport arms the next report in d. The caller holds e.mu.
+func (e *Executor) armReport(d time.Duration) {
+	// A new timer each time, not Reset: the fake clocks' AfterFunc timers fire only once.
+	stopTimer(e.report)
+	// A fake clock calls the func with its lock held: the report needs the clock.
+	e.report = e.clock.AfterFunc(d, func() { go e.reportDue() })
 }
 
-// cancelCalls ends the contexts of all admitted calls. The drain calls it once no call can
-// be admitted any more, so it reaches every call.
-func (e *Executor) cancelCalls() {
+// cancelCalls ends the contexts of the admitted calls: all of them, or only the daemons.
+// The drain calls it once no call can be admitted any more, so it reaches every call.
+func (e *Executor) cancelCalls(daemonsOnly bool) {
 	calls, _ := e.list(-1)
 	for _, c := range calls {
-		c.cancel(context.Canceled)
+		if !daemonsOnly || c.opts.Daemon {
+			c.cancel(errCancelledByDrain)
+		}
 	}
 }
 
@@ -568,9 +610,11 @@ func (e *Executor) Pending() []Pending {
 	return out
 }
 
-// Locate is Pending with Where and Handler filled, from one capture of every goroutine's
-// stack (the cost grows with the goroutines of the process: ~3 ms for 100, ~300 ms for
-// 10,000). It returns the oldest limit calls (all if limit < 0) and how many are pending.
+// Locate is Pending with Where and Handler filled, from a capture of every goroutine's
+// stack. One capture serves every report, Locate, and PendingError that asks while it is
+// taken or in the second after; its cost grows with the goroutines of the process (see
+// the README, "Performance"). It returns the oldest limit calls (all if limit < 0) and how
+// many are pending.
 func (e *Executor) Locate(limit int) (calls []Pending, total int) {
 	cs, total := e.list(limit)
 	return e.locate(cs), total
@@ -585,10 +629,13 @@ func (e *Executor) Stats() Stats {
 	s := Stats{Finished: e.finished.Load()}
 	e.mu.Lock()
 	s.InFlight = e.inFlight
-	if e.oldest != nil {
-		s.Oldest = e.oldest.start
-		s.Slow = e.countSlow(e.now())
+	for c := e.oldest; c != nil; c = c.next {
+		if !c.opts.Daemon {
+			s.Oldest = c.start
+			break
+		}
 	}
+	s.Slow = e.countSlow(e.clock.Now())
 	e.mu.Unlock()
 	s.Started = e.started.Load()
 	s.Refused = e.refused.Load()
@@ -596,9 +643,6 @@ func (e *Executor) Stats() Stats {
 	s.Abandoned = e.abandoned.Load()
 	return s
 }
-
-// callKey is the key under which fn's context (a *call) returns itself from Value.
-type callKey struct{}
 
 // FromContext reports whether ctx is, or derives from (through Value lookups, as
 // context.WithCancel and context.WithValue do), the context that a tracked call's fn got
@@ -608,30 +652,9 @@ func FromContext(ctx context.Context) (ex *Executor, name string, ok bool) {
 	if ctx == nil {
 		return nil, "", false
 	}
-	c, ok := ctx.Value(callKey{}).(*call)
+	c, ok := ctx.Value(internal.CallKey{}).(*call)
 	if !ok {
 		return nil, "", false
 	}
-	return c.e, c.Name(), true
-}
-
-func init() {
-	internal.SettingsOf = func(ex any) *internal.Settings { return &ex.(*Executor).settings }
-	internal.Run = func(ex any, ctx context.Context, o internal.CallOptions, fn func(context.Context) error) error {
-		return ex.(*Executor).run(ctx, o, fn)
-	}
-	internal.Call = func(ex any, ctx context.Context, o internal.CallOptions, fn func(context.Context) error) error {
-		o.Repanic = false
-		return ex.(*Executor).call(ctx, o, fn)
-	}
-	internal.CallOf = func(ctx context.Context) (any, internal.CallOptions, bool) {
-		if ctx == nil {
-			return nil, internal.CallOptions{}, false
-		}
-		c, ok := ctx.Value(callKey{}).(*call)
-		if !ok {
-			return nil, internal.CallOptions{}, false
-		}
-		return c.e, internal.CallOptions{Name: [4]string{c.Name()}, Controller: c.controller, Shield: c.shield}, true
-	}
+	return c.e, c.opts.Name, true
 }

@@ -1,4 +1,21 @@
 package drain
 
-// ReportPending logs one drain report at once, for benchmarks.
-var ReportPending = (*Executor).reportPending
+// ReportPending takes a fresh capture and logs one drain report at once, as if a Drain
+// waited, for benchmarks.
+func ReportPending(e *Executor) {
+	ForgetCapture()
+	e.mu.Lock()
+	e.waiters++
+	e.mu.Unlock()
+	e.reportPending()
+	e.mu.Lock()
+	e.waiters--
+	e.mu.Unlock()
+}
+
+// ForgetCapture drops the capture that later askers would reuse.
+func ForgetCapture() {
+	captures.mu.Lock()
+	captures.last = nil
+	captures.mu.Unlock()
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"reflect"
 	"runtime"
 	"strings"
 	"sync"
@@ -149,3 +150,11 @@ func blocking(started chan<- string, release <-chan struct{}) func(context.Conte
 		return nil
 	}
 }
+
+// funcName returns the full name of the function f.
+func funcName(f any) string {
+	return runtime.FuncForPC(reflect.ValueOf(f).Pointer()).Name()
+}
+
+// oneMinute is how a report shows an age of one minute.
+const oneMinute = "1m0s"

@@ -2,7 +2,13 @@ package drain
 
 import (
 	"context"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/go-logr/logr/funcr"
 
 	"github.com/quiesce-dev/quiesce/internal"
 )
@@ -12,7 +18,7 @@ import (
 func TestLocateCallNotStarted(t *testing.T) {
 	e := New(Options{})
 	ran := make(chan struct{})
-	c, err := e.admit(context.Background(), &internal.CallOptions{Name: [4]string{"admitted"}}, func(context.Context) error {
+	c, err := e.admit(context.Background(), &internal.CallOptions{Name: "admitted"}, func(context.Context) error {
 		close(ran)
 		return nil
 	})
@@ -24,7 +30,7 @@ func TestLocateCallNotStarted(t *testing.T) {
 	if len(calls) != 1 || calls[0].Name != "admitted" || calls[0].Where != NotStarted || calls[0].Handler != NotStarted {
 		t.Errorf("locate = %+v, want the call not started", calls)
 	}
-	go c.work()
+	go c.exec()
 	<-ran
 	if err := e.Drain(context.Background()); err != nil {
 		t.Fatal(err)
@@ -51,4 +57,90 @@ func TestIsStdInADotlessModule(t *testing.T) {
 			t.Errorf("isStd(%q) = %v, want %v", pkg, got, want)
 		}
 	}
+}
+
+// TestCaptureIsShared: concurrent askers share one capture, later ones reuse it for a
+// second if it saw their calls' labels, and a call labelled after it gets a new one.
+func TestCaptureIsShared(t *testing.T) {
+	var taken atomic.Int32
+	saved := captureTaken
+	t.Cleanup(func() { captureTaken = saved })
+	captureTaken = func() { taken.Add(1) }
+
+	synctest.Test(t, func(t *testing.T) {
+		e := New(Options{})
+		release := make(chan struct{})
+		started := make(chan struct{})
+		if err := e.Go(context.Background(), "first", func(context.Context) error { close(started); <-release; return nil }); err != nil {
+			t.Fatal(err)
+		}
+		<-started
+		captures.mu.Lock()
+		captures.last = nil
+		captures.mu.Unlock()
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() {
+				if calls, _ := e.Locate(-1); len(calls) != 1 || calls[0].Where == Unknown {
+					t.Errorf("Locate = %+v", calls)
+				}
+			})
+		}
+		wg.Wait()
+		if n := taken.Load(); n != 1 {
+			t.Errorf("8 concurrent Locates took %d captures, want 1", n)
+		}
+		time.Sleep(captureReuse - time.Millisecond)
+		e.Locate(-1)
+		if n := taken.Load(); n != 1 {
+			t.Errorf("a Locate within captureReuse took a capture of its own (%d)", n)
+		}
+		started2 := make(chan struct{})
+		if err := e.Go(context.Background(), "second", func(context.Context) error { close(started2); <-release; return nil }); err != nil {
+			t.Fatal(err)
+		}
+		<-started2
+		if calls, _ := e.Locate(-1); len(calls) != 2 || calls[1].Where == Unknown {
+			t.Errorf("Locate = %+v", calls)
+		}
+		if n := taken.Load(); n != 2 {
+			t.Errorf("a call labelled after the capture was located from it (%d captures)", n)
+		}
+		time.Sleep(captureReuse)
+		e.Locate(-1)
+		if n := taken.Load(); n != 3 {
+			t.Errorf("a capture older than captureReuse was reused (%d captures)", n)
+		}
+		close(release)
+		if err := e.Drain(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// TestSlowCallsCaptureOnlyWhenTheyLog: while the set of slow calls is unchanged, the
+// checks between two lines take no capture.
+func TestSlowCallsCaptureOnlyWhenTheyLog(t *testing.T) {
+	var taken atomic.Int32
+	saved := captureTaken
+	t.Cleanup(func() { captureTaken = saved })
+	captureTaken = func() { taken.Add(1) }
+
+	synctest.Test(t, func(t *testing.T) {
+		var lines atomic.Int32
+		e := New(Options{Logger: funcr.New(func(string, string) { lines.Add(1) }, funcr.Options{})})
+		release := make(chan struct{})
+		if err := e.Go(context.Background(), "stuck", func(context.Context) error { <-release; return nil }); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Hour)
+		synctest.Wait()
+		if n, l := taken.Load(), lines.Load(); n != l || l != 10 {
+			t.Errorf("%d captures for %d lines in an hour, want one per line, 10 lines", n, l)
+		}
+		close(release)
+		if err := e.Drain(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
 }

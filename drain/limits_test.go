@@ -165,14 +165,14 @@ func TestAfterCall(t *testing.T) {
 		var got []seen
 		var mu sync.Mutex
 		ex := drain.New(drain.Options{})
-		internal.SettingsOf(ex).AfterCall = func(controller string, took time.Duration, err error) {
+		internal.Of(ex).Settings().AfterCall = func(controller string, took time.Duration, err error) {
 			mu.Lock()
 			got = append(got, seen{controller, took, err})
 			mu.Unlock()
 		}
 		boom := errors.New("boom")
 		// The calls' results reach AfterCall, which is what this test checks.
-		_ = internal.Call(ex, context.Background(), internal.CallOptions{Name: [4]string{"sleeps"}, Controller: "c1"}, func(context.Context) error { time.Sleep(3 * time.Second); return boom })
+		_ = internal.Of(ex).Call(context.Background(), internal.CallOptions{Name: "sleeps", Controller: "c1"}, func(context.Context) error { time.Sleep(3 * time.Second); return boom })
 		_ = ex.Call(context.Background(), "panics", func(context.Context) error { panic(1) })
 		if err := ex.Drain(context.Background()); err != nil {
 			t.Fatal(err)
@@ -187,7 +187,7 @@ func TestAfterCall(t *testing.T) {
 func TestAfterCallPanicIsContained(t *testing.T) {
 	lines := &logs{}
 	ex := newExecutor(t, drain.Options{Logger: lines.logger(t)})
-	internal.SettingsOf(ex).AfterCall = func(string, time.Duration, error) { panic("bad hook") }
+	internal.Of(ex).Settings().AfterCall = func(string, time.Duration, error) { panic("bad hook") }
 	if err := ex.Call(context.Background(), "x", func(context.Context) error { return nil }); err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package drain
 
 import (
 	"bytes"
+	"os"
 	"reflect"
 	"runtime"
 	"runtime/debug"
@@ -9,14 +10,20 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
+
+	"github.com/google/pprof/profile"
 )
 
-// Locating a call: while fn runs, its goroutine carries the pprof label quiesce=<runner
-// id> (see runner). The goroutine profile at debug level 1 is the one public view of
-// other goroutines' stacks that includes their labels; it keeps GODEBUG profstackdepth
-// frames (128 by default) from the innermost. Capturing it costs ~3 ms with 100
-// goroutines and ~300 ms with 10,000: a report is logged every few seconds at most,
-// and lists 20 calls, so locating stays off the call path entirely.
+// Locating a call: while fn runs, its goroutine carries the pprof label quiesce=<id> (see
+// labels.go). The goroutine profile, in its documented protobuf form, gives every
+// goroutine's stack with its labels; it keeps GODEBUG profstackdepth frames (128 by
+// default) from the innermost. One capture serves everyone who asks while it is taken, and
+// whoever asks within captureReuse after, if it saw their calls' labels. Locating stays
+// off the call path entirely.
+
+// captureReuse is how long a capture answers later askers.
+const captureReuse = time.Second
 
 // Reasons why a location is unknown, each logged once per executor.
 const (
@@ -26,88 +33,240 @@ const (
 )
 
 var unknownReasons = map[uint32]string{
-	unknownNoProfile: "the goroutine profile could not be written",
-	unknownNoLabel: "no goroutine carries the call's pprof label: fn replaced its goroutine's labels " +
+	unknownNoProfile: "the goroutine profile could not be written or read",
+	unknownNoLabel: "no goroutine running the call carries its pprof label: fn replaced its goroutine's labels " +
 		"(pprof.SetGoroutineLabels with a context not derived from fn's)",
 	unknownTooDeep: "the call's stack is deeper than the goroutine profile keeps " +
 		"(GODEBUG profstackdepth, 128 frames by default)",
 }
 
-// locate returns the Pending of each call, with Where and Handler filled.
-func (e *Executor) locate(calls []*call) []Pending {
-	out := make([]Pending, len(calls))
-	index := make(map[*call]int, len(calls))
-	byLabel := make(map[string]int, len(calls))
-	ran := make([]*runner, len(calls))
-	for i, c := range calls {
-		out[i] = c.pending()
-		index[c] = i
-		if r := c.runner.Load(); r != nil {
-			ran[i] = r
-			byLabel[r.id] = i
-		} else {
-			out[i].Where, out[i].Handler = NotStarted, NotStarted
-		}
-	}
-	if len(byLabel) == 0 {
-		return out
-	}
-	stacks, ok := labelledStacks(byLabel)
-	if !ok {
-		e.unknownWhy(unknownNoProfile)
-	}
-	frames := make([][]runtime.Frame, len(calls))
-	for i, c := range calls {
-		if ran[i] == nil || !ok {
-			continue
-		}
-		frames[i] = pickStack(stacks[ran[i].id])
-		// A call that returned since the snapshot may have passed its runner on: only a
-		// call still running on the same runner ran on the profiled goroutine all along.
-		if c.runner.Load() != ran[i] {
-			frames[i] = nil
-		}
-		if frames[i] != nil {
-			out[i].Where, out[i].Handler = describe(frames[i], 0)
-		}
-	}
-	// A Run inside fn, on fn's goroutine, relabels it for as long as it runs: the outer
-	// call is on the inner call's stack, above the next exec frame.
-	for i, c := range calls {
-		if frames[i] == nil {
-			continue
-		}
-		n := 0
-		for a := c.outer(); a != nil; a = a.outer() {
-			n++
-			j, listed := index[a]
-			if listed && frames[j] == nil && ran[j] != nil && a.runner.Load() == ran[j] {
-				out[j].Where, out[j].Handler = describe(frames[i], n)
+// frame is one frame of a stack, innermost first.
+type frame struct {
+	Function string
+	File     string
+	Line     int
+}
+
+// stack is one goroutine's stack in a capture (or several goroutines', identical).
+type stack struct {
+	locs      []*profile.Location // innermost first
+	truncated bool                // the profile kept only its innermost frames
+	execs     int                 // how many exec frames it has: calls running on it
+}
+
+// frames returns the frames of st, innermost first: in each location, the inlined calls,
+// then their caller. They are made only for the stacks a report describes.
+func (st stack) frames() []frame {
+	var out []frame
+	for _, loc := range st.locs {
+		for _, ln := range loc.Line {
+			if ln.Function != nil {
+				out = append(out, frame{Function: ln.Function.Name, File: ln.Function.Filename, Line: int(ln.Line)})
 			}
-		}
-	}
-	for i := range out {
-		if ran[i] == nil {
-			continue
-		}
-		switch {
-		case !ok:
-			out[i].Where, out[i].Handler = Unknown, Unknown
-		case out[i].Where == "":
-			out[i].Where, out[i].Handler = Unknown, Unknown
-			e.unknownWhy(unknownNoLabel)
-		case out[i].Handler == "":
-			out[i].Handler = Unknown
-			e.unknownWhy(unknownTooDeep)
 		}
 	}
 	return out
 }
 
-// outer returns the tracked call whose fn's context c's caller passed, if any.
-func (c *call) outer() *call {
-	a, _ := c.parent.Value(callKey{}).(*call)
-	return a
+// capture is the part of a goroutine profile that locating needs: the stacks of the
+// goroutines labelled by quiesce.
+type capture struct {
+	at     time.Time
+	seq    uint64             // every label with a seq up to this was on its goroutine
+	stacks map[string][]stack // by label id
+	ok     bool               // the profile was written and read
+}
+
+// captureTaken is called after each capture: a seam for tests.
+var captureTaken = func() {}
+
+// captures shares the goroutine profile among those who ask at once or soon after.
+var captures struct {
+	mu     sync.Mutex
+	last   *capture
+	flight chan struct{} // closed when the capture being taken is in last
+}
+
+// captureSince returns a capture that saw every label whose seq is up to seq.
+func captureSince(seq uint64) *capture {
+	for {
+		captures.mu.Lock()
+		if c := captures.last; c != nil && c.seq >= seq && fresh(c.at) {
+			captures.mu.Unlock()
+			return c
+		}
+		if f := captures.flight; f != nil {
+			captures.mu.Unlock()
+			<-f
+			continue
+		}
+		f := make(chan struct{})
+		captures.flight = f
+		captures.mu.Unlock()
+
+		c := takeCapture()
+		captureTaken()
+		captures.mu.Lock()
+		captures.last, captures.flight = c, nil
+		captures.mu.Unlock()
+		close(f)
+		return c
+	}
+}
+
+// fresh reports whether a capture taken at is young enough to be reused.
+func fresh(at time.Time) bool {
+	age := time.Since(at)
+	return age >= 0 && age < captureReuse
+}
+
+// takeCapture writes the goroutine profile and keeps the stacks labelled by quiesce.
+func takeCapture() *capture {
+	labels.mu.Lock()
+	c := &capture{at: time.Now(), seq: labels.seq}
+	labels.mu.Unlock()
+	var buf bytes.Buffer
+	if err := pprof.Lookup("goroutine").WriteTo(&buf, 0); err != nil {
+		return c
+	}
+	p, err := profile.Parse(&buf)
+	if err != nil {
+		return c
+	}
+	c.ok = true
+	c.stacks = make(map[string][]stack)
+	depth := profStackDepth()
+	for _, s := range p.Sample {
+		ids := s.Label[labelKey]
+		if len(ids) != 1 {
+			continue
+		}
+		st := stack{locs: s.Location, truncated: len(s.Location) >= depth}
+		for _, loc := range s.Location {
+			for _, ln := range loc.Line {
+				if ln.Function != nil && ln.Function.Name == execFunc {
+					st.execs++
+				}
+			}
+		}
+		c.stacks[ids[0]] = append(c.stacks[ids[0]], st)
+	}
+	return c
+}
+
+// profStackDepth returns how many frames of a stack the goroutine profile keeps: GODEBUG
+// profstackdepth (the runtime caps it at 1024), 128 by default.
+func profStackDepth() int {
+	depth := 128
+	for _, kv := range strings.Split(os.Getenv("GODEBUG"), ",") { // the last one counts
+		if v, ok := strings.CutPrefix(strings.TrimSpace(kv), "profstackdepth="); ok {
+			if n, err := strconv.Atoi(v); err == nil && n > 0 {
+				depth = min(n, 1024)
+			}
+		}
+	}
+	return depth
+}
+
+// ownStack returns, among the stacks labelled with a call's id, the one of the call's own
+// goroutine: the one running exec (the others are goroutines fn started, which inherit its
+// labels), or else the only one cut at the profile's depth, whose exec frame was cut.
+func ownStack(stacks []stack) (stack, bool) {
+	var cut []stack
+	for _, st := range stacks {
+		if st.execs > 0 {
+			return st, true
+		}
+		if st.truncated {
+			cut = append(cut, st)
+		}
+	}
+	if len(cut) == 1 {
+		return cut[0], true
+	}
+	return stack{}, false
+}
+
+// locate returns the Pending of each call, with Where and Handler filled.
+func (e *Executor) locate(calls []*call) []Pending {
+	out := make([]Pending, len(calls))
+	held := make([]*label, len(calls))
+	var seq uint64
+	for i, c := range calls {
+		out[i] = c.pending()
+		l, s := c.heldLabel()
+		switch {
+		case l != nil:
+			held[i] = l
+			seq = max(seq, s)
+		case c.label.Load() == nil && !c.entered.Load():
+			out[i].Where, out[i].Handler = NotStarted, NotStarted
+		default: // fn returned a moment ago
+			out[i].Where, out[i].Handler = Unknown, Unknown
+		}
+	}
+	if seq == 0 {
+		return out
+	}
+	cp := captureSince(seq)
+	if !cp.ok {
+		e.unknownWhy(unknownNoProfile)
+	}
+	index := make(map[*call]int, len(calls))
+	for i, c := range calls {
+		index[c] = i
+	}
+	found := make([]bool, len(calls))
+	for i, l := range held {
+		if l == nil || !cp.ok {
+			continue
+		}
+		st, ok := ownStack(cp.stacks[l.id])
+		if !ok {
+			continue
+		}
+		found[i] = true
+		out[i].Where, out[i].Handler = describe(st.frames(), 0)
+		if out[i].Handler == "" {
+			out[i].Handler = Unknown
+			e.unknownWhy(unknownTooDeep)
+		}
+	}
+	// A Run inside fn, on fn's goroutine, relabels it while it runs: the enclosing calls,
+	// of any executor, are on the inner call's stack, each above the next exec frame.
+	for id, stacks := range cp.stacks {
+		inner := labelled(id, cp.seq)
+		if inner == nil {
+			continue
+		}
+		st, ok := ownStack(stacks)
+		if !ok {
+			continue
+		}
+		n := 0
+		for c := inner; c.onCaller; {
+			a := c.outer()
+			if a == nil {
+				break
+			}
+			n++
+			if i, listed := index[a]; listed && held[i] != nil && !found[i] && st.execs > n {
+				found[i] = true
+				out[i].Where, out[i].Handler = describe(st.frames(), n)
+			}
+			c = a
+		}
+	}
+	for i := range out {
+		if held[i] == nil || found[i] {
+			continue
+		}
+		out[i].Where, out[i].Handler = Unknown, Unknown
+		if cp.ok {
+			e.unknownWhy(unknownNoLabel)
+		}
+	}
+	return out
 }
 
 // unknownWhy logs, once per executor and reason, why a location is unknown.
@@ -120,106 +279,10 @@ func (e *Executor) unknownWhy(reason uint32) {
 	})
 }
 
-// labelledStacks returns the stacks of the goroutines labelled with one of want's keys,
-// from the goroutine profile. Several goroutines carry the same label when fn started
-// goroutines of its own: they inherit its labels.
-func labelledStacks(want map[string]int) (map[string][][]uintptr, bool) {
-	var buf bytes.Buffer
-	if err := pprof.Lookup("goroutine").WriteTo(&buf, 1); err != nil {
-		return nil, false
-	}
-	// Records are "<count> @ <pc> <pc> ...", then "# labels: {...}" if the goroutines have
-	// labels, then one "#\t<pc>\t<func>\t<file:line>" line per frame.
-	const labelPrefix = "# labels: "
-	labelKeyQuoted := strconv.Quote(labelKey) + ":"
-	stacks := make(map[string][][]uintptr, len(want))
-	var pcs []byte
-	for data := buf.Bytes(); len(data) > 0; {
-		line := data
-		if i := bytes.IndexByte(data, '\n'); i >= 0 {
-			line, data = data[:i], data[i+1:]
-		} else {
-			data = nil
-		}
-		if len(line) > 0 && line[0] >= '0' && line[0] <= '9' {
-			_, pcs, _ = bytes.Cut(line, []byte(" @ "))
-			continue
-		}
-		labels, ok := bytes.CutPrefix(line, []byte(labelPrefix))
-		if !ok || pcs == nil {
-			continue
-		}
-		id, ok := labelValue(string(labels), labelKeyQuoted)
-		if _, wanted := want[id]; ok && wanted {
-			stacks[id] = append(stacks[id], parsePCs(pcs))
-		}
-		pcs = nil
-	}
-	return stacks, true
-}
-
-// labelValue finds key's value in a label set printed as {"k1":"v1", "k2":"v2"}, where
-// quotedKey is strconv.Quote(key)+":".
-func labelValue(labels, quotedKey string) (string, bool) {
-	i := strings.Index(labels, quotedKey)
-	if i != 1 && (i < 2 || labels[i-2:i] != ", ") { // a key starts the set or follows ", "
-		return "", false
-	}
-	value, err := strconv.QuotedPrefix(labels[i+len(quotedKey):])
-	if err != nil {
-		return "", false
-	}
-	v, err := strconv.Unquote(value)
-	return v, err == nil
-}
-
-func parsePCs(field []byte) []uintptr {
-	var pcs []uintptr
-	for _, f := range bytes.Fields(field) {
-		pc, err := strconv.ParseUint(strings.TrimPrefix(string(f), "0x"), 16, 64)
-		if err == nil {
-			pcs = append(pcs, uintptr(pc))
-		}
-	}
-	return pcs
-}
-
-// pickStack returns the frames of the call's own goroutine among those that carry its
-// label: the one running exec (the others are goroutines fn started); if no stack shows
-// exec (too deep to be kept whole), the only one.
-func pickStack(stacks [][]uintptr) []runtime.Frame {
-	var only []runtime.Frame
-	for _, pcs := range stacks {
-		frames := symbolize(pcs)
-		for _, f := range frames {
-			if f.Function == execFunc {
-				return frames
-			}
-		}
-		only = frames
-	}
-	if len(stacks) == 1 {
-		return only
-	}
-	return nil
-}
-
-func symbolize(pcs []uintptr) []runtime.Frame {
-	frames := make([]runtime.Frame, 0, len(pcs))
-	it := runtime.CallersFrames(pcs)
-	for {
-		f, more := it.Next()
-		frames = append(frames, f)
-		if !more {
-			return frames
-		}
-	}
-}
-
 // describe returns where the goroutine of frames (innermost first) is blocked, and the
 // handler line of the call whose fn runs above its nth exec frame from the innermost.
 // Handler is "" when that exec frame is not in frames.
-func describe(frames []runtime.Frame, n int) (where, handler string) {
+func describe(frames []frame, n int) (where, handler string) {
 	top := len(frames) // frames[:top] run inside the call's fn
 	for i, f := range frames {
 		if f.Function == execFunc {
@@ -264,11 +327,11 @@ const reconcilePkg = "sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 // isAdapter reports whether f only passes the call on to the user's function: a compiler
 // generated wrapper (a method value's), or one of controller-runtime's reconcile adapters.
-func isAdapter(f runtime.Frame) bool {
+func isAdapter(f frame) bool {
 	return f.File == "<autogenerated>" || packagePath(f.Function) == reconcilePkg
 }
 
-func formatFrame(f runtime.Frame) string {
+func formatFrame(f frame) string {
 	fn := f.Function
 	if i := strings.LastIndexByte(fn, '/'); i >= 0 {
 		fn = fn[i+1:]
@@ -281,8 +344,12 @@ func formatFrame(f runtime.Frame) string {
 }
 
 // packagePath returns the import path of a function's package, from its full name
-// ("example.com/a/b.(*T).M" → "example.com/a/b").
+// ("example.com/a/b.(*T).M" → "example.com/a/b"), type arguments aside
+// ("example.com/a/b.(*T[example.com/c.U]).M").
 func packagePath(function string) string {
+	if i := strings.IndexByte(function, '['); i >= 0 {
+		function = function[:i]
+	}
 	slash := strings.LastIndexByte(function, '/')
 	dot := strings.IndexByte(function[slash+1:], '.')
 	if dot < 0 {

@@ -3,36 +3,43 @@ package drain
 import (
 	"time"
 
-	"k8s.io/utils/clock"
-
 	"github.com/quiesce-dev/quiesce/internal"
 )
 
-// reportEntry is one call in the "calls" list of a report.
-type reportEntry struct {
-	Name     string `json:"name"`
-	Age      string `json:"age"`
-	Detached bool   `json:"detached"`
-	Where    string `json:"where"`
-	Handler  string `json:"handler"`
-}
-
-// entries renders located calls for a log line, as of now.
-func entries(calls []Pending, now time.Time) []reportEntry {
-	out := make([]reportEntry, len(calls))
+// entries renders located calls for a log line, as of now: names and locations cut to
+// internal.MaxNameBytes.
+func entries(calls []Pending, now time.Time) []internal.Entry {
+	out := make([]internal.Entry, len(calls))
 	for i, p := range calls {
-		out[i] = reportEntry{
-			Name:     p.Name,
-			Age:      internal.Age(now.Sub(p.Started)),
-			Detached: p.Detached,
-			Where:    p.Where,
-			Handler:  p.Handler,
+		out[i] = internal.Entry{
+			Name:        internal.Cut(p.Name),
+			Age:         internal.Age(now.Sub(p.Started)),
+			Detached:    p.Detached,
+			Daemon:      p.Daemon,
+			ReconcileID: p.ReconcileID,
+			Where:       internal.Cut(p.Where),
+			Handler:     internal.Cut(p.Handler),
 		}
 	}
 	return out
 }
 
-// reportPending logs one line about the pending calls, if any, during a drain.
+// reportDue runs when a drain report falls due: it re-arms the next one and logs this one,
+// while a Drain waits and a call is pending.
+func (e *Executor) reportDue() {
+	e.mu.Lock()
+	if e.waiters == 0 || e.inFlight == 0 || e.report == nil {
+		e.mu.Unlock()
+		return
+	}
+	// Re-armed first: the schedule does not drift by the time a report takes.
+	e.armReport(e.opts.ReportEvery)
+	e.mu.Unlock()
+	e.logAsync(e.reportPending)
+}
+
+// reportPending logs one line about the pending calls, if any, during a drain, unless the
+// last Drain stopped waiting meanwhile (see stopWaiting).
 func (e *Executor) reportPending() {
 	calls, total := e.Locate(maxListed)
 	if total == 0 {
@@ -42,6 +49,15 @@ func (e *Executor) reportPending() {
 	if more := total - len(calls); more > 0 {
 		kv = append(kv, "more", more)
 	}
+	e.mu.Lock()
+	if e.waiters == 0 || e.inFlight == 0 {
+		e.mu.Unlock()
+		return
+	}
+	lineDone := make(chan struct{})
+	e.lineDone = lineDone
+	e.mu.Unlock()
+	defer close(lineDone)
 	e.log.Info("Waiting for pending calls", kv...)
 }
 
@@ -60,42 +76,75 @@ func (e *Executor) logAsync(log func()) {
 
 // Slow calls are watched by one timer per executor, armed while calls are in flight and
 // outside a drain, so that a call costs no timer of its own and an idle executor leaves
-// no goroutine behind. The timer fires when the oldest call turns slow, then every
-// ReportEvery while some call is slow.
+// no timer behind. The timer fires when the oldest call turns slow, then every ReportEvery
+// while some call is slow; each time it counts the slow calls, and logs them only if the
+// set changed since the last line or the backoff interval passed (see Options.SlowAfter).
+
+// maxSlowBackoff caps the interval between two lines about an unchanged set of slow calls.
+const maxSlowBackoff = time.Hour
+
+// slowState is what the last "Slow calls" line said, guarded by Executor.mu.
+type slowState struct {
+	// The set of slow calls is a prefix of the list (daemons aside): its size and its
+	// newest call tell it apart from any other set that can follow it, since calls only
+	// join it at its newest end.
+	count   int
+	newest  *call
+	logged  time.Time     // when the line was logged
+	backoff time.Duration // how long after logged the next line about the same set is due
+}
 
 // armSlow arms the slow-call timer to fire in d. The caller holds e.mu.
 func (e *Executor) armSlow(d time.Duration) {
 	if e.opts.SlowAfter < 0 || e.isDraining {
 		return
 	}
-	if e.slowTimer != nil {
-		e.slowTimer.Reset(d)
-		e.slowArmed = true
-		return
-	}
-	clk, ok := e.clock.(clock.WithDelayedExecution)
-	if !ok {
-		return
-	}
-	// A fake clock calls the func with its lock held: check on a goroutine of its own.
-	e.slowTimer = clk.AfterFunc(d, func() { go e.checkSlow() })
 	e.slowArmed = true
+	// A new timer each time, not Reset: the fake clocks' AfterFunc timers fire only once.
+	stopTimer(e.slowTimer)
+	// A fake clock calls the func with its lock held: check on a goroutine of its own.
+	e.slowTimer = e.clock.AfterFunc(d, func() { go e.checkSlow() })
 }
 
-// countSlow counts the calls that have run for SlowAfter or longer at now: a prefix of the
-// list, oldest first. The caller holds e.mu.
-func (e *Executor) countSlow(now time.Time) int64 {
+// slowCalls returns the calls (daemons aside) that have run for SlowAfter or longer at
+// now, up to limit of them (all if limit < 0), their count, and the newest of them. The
+// caller holds e.mu.
+func (e *Executor) slowCalls(now time.Time, limit int) (calls []*call, count int, newest *call) {
 	if e.opts.SlowAfter < 0 {
-		return 0
+		return nil, 0, nil
 	}
-	var n int64
 	for c := e.oldest; c != nil && now.Sub(c.start) >= e.opts.SlowAfter; c = c.next {
-		n++
+		if c.opts.Daemon {
+			continue
+		}
+		count++
+		newest = c
+		if limit < 0 || len(calls) < limit {
+			calls = append(calls, c)
+		}
 	}
-	return n
+	return calls, count, newest
 }
 
-// checkSlow logs the slow calls, if any, and re-arms the timer while calls are in flight.
+// countSlow counts the slow calls at now. The caller holds e.mu.
+func (e *Executor) countSlow(now time.Time) int64 {
+	_, n, _ := e.slowCalls(now, 0)
+	return int64(n)
+}
+
+// nextToTurnSlow returns how long until the oldest call that is not slow yet (daemons
+// aside) turns slow, or false if there is none. The caller holds e.mu.
+func (e *Executor) nextToTurnSlow(now time.Time) (time.Duration, bool) {
+	for c := e.oldest; c != nil; c = c.next {
+		if d := c.start.Add(e.opts.SlowAfter).Sub(now); !c.opts.Daemon && d > 0 {
+			return d, true
+		}
+	}
+	return 0, false
+}
+
+// checkSlow logs the slow calls, if the line is due, and re-arms the timer while calls
+// are in flight.
 func (e *Executor) checkSlow() {
 	e.mu.Lock()
 	e.slowArmed = false
@@ -103,25 +152,37 @@ func (e *Executor) checkSlow() {
 		e.mu.Unlock()
 		return
 	}
-	now := e.now()
-	total := int(e.countSlow(now))
-	slow := make([]*call, 0, min(total, maxListed))
-	for c := e.oldest; len(slow) < cap(slow); c = c.next {
-		slow = append(slow, c)
-	}
-	if total > 0 {
+	now := e.clock.Now()
+	slow, count, newest := e.slowCalls(now, maxListed)
+	switch d, ok := e.nextToTurnSlow(now); {
+	case count > 0:
 		e.armSlow(e.opts.ReportEvery)
-	} else {
-		e.armSlow(e.oldest.start.Add(e.opts.SlowAfter).Sub(now))
+	case ok:
+		e.armSlow(d)
+	}
+	s := &e.slow
+	due := false
+	switch {
+	case count == 0:
+		s.count, s.newest = 0, nil
+	case count != s.count || newest != s.newest:
+		due = true
+		s.count, s.newest, s.backoff = count, newest, e.opts.ReportEvery
+	case now.Sub(s.logged) >= s.backoff:
+		due = true
+		s.backoff = min(2*s.backoff, maxSlowBackoff)
+	}
+	if due {
+		s.logged = now
 	}
 	e.mu.Unlock()
-	if total == 0 || !e.logging.CompareAndSwap(false, true) {
+	if !due || !e.logging.CompareAndSwap(false, true) {
 		return
 	}
 	defer e.logging.Store(false)
 	calls := e.locate(slow)
-	kv := []any{"slow", total, "slowAfter", e.opts.SlowAfter.String(), "calls", entries(calls, now)}
-	if more := total - len(calls); more > 0 {
+	kv := []any{"slow", count, "slowAfter", e.opts.SlowAfter.String(), "calls", entries(calls, now)}
+	if more := count - len(calls); more > 0 {
 		kv = append(kv, "more", more)
 	}
 	e.safely(func() { e.log.Info("Slow calls", kv...) })

@@ -8,6 +8,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"go.uber.org/goleak"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/quiesce-dev/quiesce/drain"
@@ -96,7 +97,7 @@ func TestReportShowsWaitingCaller(t *testing.T) {
 		time.Sleep(time.Minute)
 		synctest.Wait()
 		got := lines.get()
-		want := fmt.Sprint([]reportRow{{"waited", "1m0s", false, where, where}})
+		want := fmt.Sprint([]reportRow{{"waited", oneMinute, false, where, where}})
 		if len(got) != 1 || fmt.Sprint(got[0].Calls) != want {
 			t.Errorf("reports %+v, want one with %s", got, want)
 		}
@@ -210,4 +211,81 @@ func TestReportOnFakeClock(t *testing.T) {
 		t.Errorf("report %s, want calls %s", line.raw, want)
 	}
 	close(release)
+}
+
+// TestNoReportAfterTheEnd: a report falling due at the very moment a Drain gives up is
+// either logged before Drain returns, or not at all; so is one when the last call returns.
+func TestNoReportAfterTheEnd(t *testing.T) {
+	for i := range 20 {
+		synctest.Test(t, func(t *testing.T) {
+			lines := &logs{}
+			log := lines.logger(t)
+			fake := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+			ex := drain.New(drain.Options{Logger: log, Clock: fake, CancelAfter: -1, ReportAfter: time.Second, ReportEvery: time.Second})
+			release := make(chan struct{})
+			started := make(chan string, 1)
+			mustGo(t, ex, "x", blocking(started, release))
+			<-started
+			ctx, cancel := context.WithCancel(context.Background())
+			fake.AfterFunc(3*time.Second, cancel) // the grace period ends with the third report
+			result := make(chan error, 1)
+			go func() { result <- ex.Drain(ctx) }()
+			<-ex.Draining()
+			synctest.Wait()
+			for range 3 {
+				fake.Step(time.Second)
+				synctest.Wait()
+			}
+			var pe *drain.PendingError
+			if err := <-result; !errors.As(err, &pe) {
+				t.Fatalf("Drain = %v, want a *PendingError", err)
+			}
+			log.Info("Abandoned")
+			synctest.Wait() // whatever the drain left running has run
+			fake.Step(time.Minute)
+			synctest.Wait()
+			got := lines.get()
+			if last := got[len(got)-1]; last.Msg != "Abandoned" {
+				t.Errorf("run %d: a line followed the end of the drain: %s", i, last.raw)
+			}
+			if n := len(got); n < 3 || n > 4 {
+				t.Errorf("run %d: %d lines, want 2 or 3 reports and the end", i, n)
+			}
+			close(release)
+			if err := ex.Drain(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestNothingLeftBehind: once a Drain returned, having given up, the executor runs no
+// goroutine of its own; only the hung call's remains.
+func TestNothingLeftBehind(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		before := goleak.IgnoreCurrent()
+		lines := &logs{}
+		ex := drain.New(drain.Options{Logger: lines.logger(t), CancelAfter: -1, ReportAfter: time.Second, ReportEvery: time.Second})
+		release := make(chan struct{})
+		hung := func(context.Context) error { <-release; return nil }
+		mustGo(t, ex, "hung", hung)
+		ctx, cancel := context.WithTimeout(context.Background(), 5500*time.Millisecond)
+		defer cancel()
+		if err := ex.Drain(ctx); err == nil {
+			t.Fatal("Drain = nil, want a *PendingError")
+		}
+		synctest.Wait()
+		n := len(lines.get())
+		if err := goleak.Find(before, goleak.IgnoreAnyFunction(funcName(hung))); err != nil {
+			t.Errorf("after Drain gave up: %v", err)
+		}
+		time.Sleep(time.Hour)
+		if got := len(lines.get()); got != n || n != 5 {
+			t.Errorf("%d report lines during the drain, %d after, want 5 and none", n, got-n)
+		}
+		close(release)
+		if err := ex.Drain(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
 }

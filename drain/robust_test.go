@@ -261,12 +261,30 @@ func TestPendingErrorIsBounded(t *testing.T) {
 		pe.Pending = append(pe.Pending, drain.Pending{Name: fmt.Sprint("call-", i), Where: "x.f (x.go:1)"})
 	}
 	msg := pe.Error()
-	if !strings.HasPrefix(msg, "failed to drain: context deadline exceeded: 25 call(s) still running: call-0 at x.f (x.go:1), ") ||
-		!strings.HasSuffix(msg, "call-19 at x.f (x.go:1) and 5 more") || strings.Contains(msg, "call-20") {
+	if !strings.HasPrefix(msg, `failed to drain: context deadline exceeded: 25 call(s) still running: "call-0" at "x.f (x.go:1)", `) ||
+		!strings.HasSuffix(msg, `"call-19" at "x.f (x.go:1)" and 5 more`) || strings.Contains(msg, "call-20") {
 		t.Errorf("Error() = %q", msg)
 	}
 	if len(pe.Pending) != 25 {
 		t.Errorf("Pending has %d calls, want all 25", len(pe.Pending))
+	}
+}
+
+// TestHostileNames: a name cannot forge a line of an error, nor flood it.
+func TestHostileNames(t *testing.T) {
+	huge := strings.Repeat("x", 10<<20)
+	pe := &drain.PendingError{Err: context.DeadlineExceeded, Pending: []drain.Pending{
+		{Name: "a\nlevel=error msg=forged"}, {Name: huge},
+	}}
+	msg := pe.Error()
+	if strings.Contains(msg, "\n") {
+		t.Errorf("Error() has a newline: %q", msg)
+	}
+	if len(msg) > 1024 || !strings.Contains(msg, "...(10485760 bytes)") {
+		t.Errorf("Error() is %d bytes, want the huge name cut and marked: %.400q", len(msg), msg)
+	}
+	if got := (&drain.PanicError{Name: huge, Value: "boom"}).Error(); len(got) > 512 {
+		t.Errorf("PanicError.Error() is %d bytes", len(got))
 	}
 }
 
@@ -304,24 +322,26 @@ func TestSlowCalls(t *testing.T) {
 			t.Errorf("slow line = %s", got.raw)
 		}
 		check(4*time.Second, 1) // at most once per ReportEvery
-		check(time.Second, 2)
+		check(time.Second, 2)   // 15s: the same set, ReportEvery later
 
-		// Bounded: 25 more stuck calls, 26 slow, 20 listed.
+		// Bounded: 25 more stuck calls, 26 slow, 20 listed. They turn slow at 25s, when
+		// the unchanged set would have waited 10s more anyway.
 		for i := range 25 {
 			if err := ex.Go(context.Background(), fmt.Sprint("more-", i), blocking(started, release)); err != nil {
 				t.Fatal(err)
 			}
 			<-started
 		}
-		check(10*time.Second, 4)
-		if last := lines.get()[3]; last.Slow != 26 || len(last.Calls) != 20 || last.More != 6 || last.Calls[0].Name != "stuck" {
+		check(9*time.Second, 2)
+		check(time.Second, 3)
+		if last := lines.get()[2]; last.Slow != 26 || len(last.Calls) != 20 || last.More != 6 || last.Calls[0].Name != "stuck" {
 			t.Errorf("slow line = %s", last.raw)
 		}
 
 		// Nothing slow, nothing logged; and no goroutine is left while the executor idles.
 		close(release)
 		synctest.Wait()
-		check(time.Minute, 4)
+		check(time.Minute, 3)
 		if n := ex.Stats().InFlight; n != 0 {
 			t.Fatalf("%d in flight", n)
 		}
@@ -377,4 +397,58 @@ func TestStatsOldestAndSlow(t *testing.T) {
 			t.Errorf("drained Stats = %+v", s)
 		}
 	})
+}
+
+// TestSlowCallsBackOff: one call stuck for an hour, with the default SlowAfter and
+// ReportEvery, is logged 10 times, on the schedule Options.SlowAfter documents, and each
+// line but the first reuses nothing it need not: the set is unchanged.
+func TestSlowCallsBackOff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		lines := &logs{}
+		ex := drain.New(drain.Options{Logger: lines.logger(t)})
+		release := make(chan struct{})
+		started := make(chan string, 1)
+		if err := ex.Go(context.Background(), "stuck", blocking(started, release)); err != nil {
+			t.Fatal(err)
+		}
+		<-started
+		time.Sleep(time.Hour)
+		synctest.Wait()
+		var ages []string
+		for _, l := range lines.get() {
+			if l.Msg == "Slow calls" && len(l.Calls) == 1 {
+				ages = append(ages, l.Calls[0].Age)
+			}
+		}
+		want := []string{oneMinute, "1m5s", "1m15s", "1m35s", "2m15s", "3m35s", "6m15s", "11m35s", "22m15s", "43m35s"}
+		if fmt.Sprint(ages) != fmt.Sprint(want) || len(lines.get()) != len(want) {
+			t.Errorf("slow lines at ages %v (%d lines), want %v", ages, len(lines.get()), want)
+		}
+		close(release)
+		if err := ex.Drain(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// TestGoPanicLoggedBeforeDrainReturns: the panic of a call nobody waits for is logged
+// before the call is unlisted, so a Drain that returned has seen it logged.
+func TestGoPanicLoggedBeforeDrainReturns(t *testing.T) {
+	lines := &logs{}
+	ex := drain.New(drain.Options{Logger: lines.logger(t)})
+	release := make(chan struct{})
+	if err := ex.Go(context.Background(), "boom", func(context.Context) error { <-release; panic("kaboom") }); err != nil {
+		t.Fatal(err)
+	}
+	drained := make(chan error, 1)
+	go func() { drained <- ex.Drain(context.Background()) }()
+	<-ex.Draining()
+	close(release)
+	if err := <-drained; err != nil {
+		t.Fatal(err)
+	}
+	got := lines.get()
+	if len(got) != 1 || got[0].Msg != "Call panicked" || got[0].Call != "boom" {
+		t.Errorf("log when Drain returned: %+v, want the panic", got)
+	}
 }

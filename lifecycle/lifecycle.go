@@ -27,54 +27,38 @@ type Progress struct {
 // would mean.
 type Func func(pending []string, progress map[string]Progress) []string
 
-var (
-	// AllAtOnce returns all pending handlers, in order.
-	AllAtOnce Func = allAtOnce
-
-	// OneByOne returns the first pending handler only.
-	OneByOne Func = oneByOne
-
-	// Randomized returns one pending handler, picked at random.
-	Randomized Func = randomized
-
-	// Shuffled returns all pending handlers, in random order.
-	Shuffled Func = shuffled
-
-	// ASAP returns one pending handler: the one with the fewest retries; on a tie, the first
-	// in pending, that is in registration order. A handler missing from progress has zero
-	// retries. ASAP is the default lifecycle of the reconcilers: a handler that keeps failing
-	// does not hold back the others, which run before its next retry.
-	ASAP Func = asap
-)
-
 // Test seams: the sources of randomness of Randomized and Shuffled.
 var (
 	intN    = rand.IntN
 	shuffle = rand.Shuffle
 )
 
-func allAtOnce(pending []string, _ map[string]Progress) []string {
+// AllAtOnce returns all pending handlers, in order.
+func AllAtOnce(pending []string, _ map[string]Progress) []string {
 	if len(pending) == 0 {
 		return nil
 	}
 	return slices.Clone(pending)
 }
 
-func oneByOne(pending []string, _ map[string]Progress) []string {
+// OneByOne returns the first pending handler only.
+func OneByOne(pending []string, _ map[string]Progress) []string {
 	if len(pending) == 0 {
 		return nil
 	}
 	return []string{pending[0]}
 }
 
-func randomized(pending []string, _ map[string]Progress) []string {
+// Randomized returns one pending handler, picked at random.
+func Randomized(pending []string, _ map[string]Progress) []string {
 	if len(pending) == 0 {
 		return nil
 	}
 	return []string{pending[intN(len(pending))]}
 }
 
-func shuffled(pending []string, _ map[string]Progress) []string {
+// Shuffled returns all pending handlers, in random order.
+func Shuffled(pending []string, _ map[string]Progress) []string {
 	if len(pending) == 0 {
 		return nil
 	}
@@ -83,7 +67,11 @@ func shuffled(pending []string, _ map[string]Progress) []string {
 	return s
 }
 
-func asap(pending []string, progress map[string]Progress) []string {
+// ASAP returns one pending handler: the one with the fewest retries; on a tie, the first in
+// pending, that is in registration order. A handler missing from progress has zero retries.
+// ASAP is the default lifecycle of the reconcilers: a handler that keeps failing does not
+// hold back the others, which run before its next retry.
+func ASAP(pending []string, progress map[string]Progress) []string {
 	if len(pending) == 0 {
 		return nil
 	}
@@ -98,6 +86,15 @@ func asap(pending []string, progress map[string]Progress) []string {
 }
 
 // names lists the lifecycles known to Named, in the order Names returns them.
+// The lifecycles are functions, not variables: nothing can replace them.
+var (
+	_ Func = AllAtOnce
+	_ Func = OneByOne
+	_ Func = Randomized
+	_ Func = Shuffled
+	_ Func = ASAP
+)
+
 var names = []struct {
 	name string
 	fn   Func
@@ -110,7 +107,7 @@ var names = []struct {
 }
 
 // Named returns the lifecycle called name, and whether there is one. The names are those of the
-// package variables, matched without regard to case, '-' or '_': "ASAP", "asap", "OneByOne",
+// package's functions, matched without regard to case, '-' or '_': "ASAP", "asap", "OneByOne",
 // "one-by-one" and kopf's "one_by_one" all work. It suits a command-line flag.
 func Named(name string) (Func, bool) {
 	key := normalize(name)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -26,7 +27,7 @@ import (
 // newDriven returns an executor as a runnable.Runnable owns it.
 func newDriven(opts drain.Options) *drain.Executor {
 	ex := drain.New(opts)
-	internal.SettingsOf(ex).Driven = true
+	internal.Of(ex).Settings().Driven.Store(true)
 	return ex
 }
 
@@ -35,7 +36,7 @@ func TestWrappedReconcileKeepsTheDeadline(t *testing.T) {
 		t.Run(fmt.Sprint("driven=", driven), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				ex := drain.New(drain.Options{CancelAfter: -1})
-				internal.SettingsOf(ex).Driven = driven
+				internal.Of(ex).Settings().Driven.Store(driven)
 				ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 				defer cancel()
 				want, _ := ctx.Deadline()
@@ -230,30 +231,29 @@ func (s *stuckReconciler) Reconcile(context.Context, reconcile.Request) (reconci
 }
 
 func TestLocateNamesTheReconcilersOwnLine(t *testing.T) {
-	ex := newDriven(drain.Options{})
-	drained(t, ex)
-	s := &stuckReconciler{at: make(chan string, 1), release: make(chan struct{})}
-	r := reconcilers.Wrap(ex, "cm", s)
-	done := make(chan error, 1)
-	go func() {
-		_, err := r.Reconcile(context.Background(), request("ns", "obj"))
-		done <- err
-	}()
-	at := <-s.at
-	var calls []drain.Pending
-	for range 1000 { // until the reconcile blocks on release
-		if calls, _ = ex.Locate(-1); len(calls) == 1 && calls[0].Where == at {
-			break
+	synctest.Test(t, func(t *testing.T) {
+		ex := newDriven(drain.Options{})
+		s := &stuckReconciler{at: make(chan string, 1), release: make(chan struct{})}
+		r := reconcilers.Wrap(ex, "cm", s)
+		done := make(chan error, 1)
+		go func() {
+			_, err := r.Reconcile(context.Background(), request("ns", "obj"))
+			done <- err
+		}()
+		at := <-s.at
+		synctest.Wait() // the reconcile blocks on release
+		calls, _ := ex.Locate(-1)
+		close(s.release)
+		if err := <-done; err != nil {
+			t.Fatal(err)
 		}
-		runtime.Gosched()
-	}
-	close(s.release)
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	if len(calls) != 1 || calls[0].Name != "cm/ns/obj" || calls[0].Where != at || calls[0].Handler != at {
-		t.Errorf("Locate = %+v, want cm/ns/obj at and in %q, the reconciler's own line", calls, at)
-	}
+		if len(calls) != 1 || calls[0].Name != "cm/ns/obj" || calls[0].Where != at || calls[0].Handler != at {
+			t.Errorf("Locate = %+v, want cm/ns/obj at and in %q, the reconciler's own line", calls, at)
+		}
+		if err := ex.Drain(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
 }
 
 // lineBelow returns how a location shows the line below its caller.
@@ -262,4 +262,107 @@ func lineBelow() string {
 	name := runtime.FuncForPC(pc).Name()
 	name = name[strings.LastIndexByte(name, '/')+1:]
 	return fmt.Sprintf("%s (%s:%d)", name, filepath.Base(file), line+1)
+}
+
+// TestCallPanicReachesControllerRuntime: a panic in a handler Call, while the reconcile
+// waits for it, is raised on the reconcile's goroutine once the call settled: controller-
+// runtime recovers and counts it as a panic of the reconciler, and the executor logs none.
+func TestCallPanicReachesControllerRuntime(t *testing.T) {
+	const name = "call-panicking-controller"
+	var logged capture
+	ex := newDriven(drain.Options{Logger: logged.logger(0)})
+	drained(t, ex)
+	var (
+		mu      sync.Mutex
+		handled []any
+		atPanic drain.Stats
+	)
+	saved := utilruntime.PanicHandlers
+	utilruntime.PanicHandlers = append(append([]func(context.Context, any){}, saved...), func(_ context.Context, v any) {
+		mu.Lock()
+		defer mu.Unlock()
+		handled = append(handled, v)
+		atPanic = ex.Stats()
+	})
+	t.Cleanup(func() { utilruntime.PanicHandlers = saved })
+	returned := make(chan struct{}, 1)
+	r := reconcilers.Wrap(ex, name, reconcile.Func(func(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+		defer func() { returned <- struct{}{} }()
+		return reconcile.Result{}, reconcilers.Call(ctx, "export", func(context.Context) error {
+			panicInReconcile("handler broke")
+			return nil
+		})
+	}))
+	before := panicsMetric(t, name)
+	events, stop := runController(t, name, r, 1)
+	events <- event.TypedGenericEvent[reconcile.Request]{Object: request("ns", "a")}
+	<-returned
+	stop()
+	if got := panicsMetric(t, name) - before; got != 1 {
+		t.Errorf("controller_runtime_reconcile_panics_total grew by %v, want 1", got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	var pe *drain.PanicError
+	if len(handled) != 1 || !errors.As(handled[0].(error), &pe) || pe.Name != name+"/ns/a/export" || pe.Value != "handler broke" ||
+		!strings.Contains(string(pe.Stack), "reconcilers_test.panicInReconcile") {
+		t.Errorf("controller-runtime's panic handlers saw %#v, want the *drain.PanicError with fn's value and stack", handled)
+	}
+	if atPanic.Panicked != 1 || atPanic.Finished != 2 {
+		t.Errorf("Stats when controller-runtime recovered = %+v, want both calls settled and counted", atPanic)
+	}
+	for _, l := range logged.all() {
+		if strings.Contains(l, "Call panicked") {
+			t.Errorf("the executor logged a panic that reached controller-runtime: %s", l)
+		}
+	}
+}
+
+// TestReconcileIDInReports: a wrapped reconcile and its Calls carry controller-runtime's
+// reconcileID.
+func TestReconcileIDInReports(t *testing.T) {
+	const name = "reconcile-id-controller"
+	ex := newDriven(drain.Options{})
+	drained(t, ex)
+	seen := make(chan string, 1)
+	pending := make(chan []drain.Pending, 1)
+	r := reconcilers.Wrap(ex, name, reconcile.Func(func(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+		seen <- string(controller.ReconcileIDFromContext(ctx))
+		return reconcile.Result{}, reconcilers.Call(ctx, "export", func(context.Context) error {
+			pending <- ex.Pending()
+			return nil
+		})
+	}))
+	events, stop := runController(t, name, r, 1)
+	events <- event.TypedGenericEvent[reconcile.Request]{Object: request("ns", "a")}
+	id, calls := <-seen, <-pending
+	stop()
+	if id == "" || len(calls) != 2 || calls[0].ReconcileID != id || calls[1].ReconcileID != id {
+		t.Errorf("Pending = %+v, want the reconcile and its call with reconcileID %q", calls, id)
+	}
+}
+
+// TestReconcileCancelledBeforeItBeganIsRequeuedQuietly: controller-runtime cancelled the
+// context in the moment before the drain began; the request is requeued, not run, and
+// no error reaches controller-runtime's "Reconciler error".
+func TestReconcileCancelledBeforeItBeganIsRequeuedQuietly(t *testing.T) {
+	for _, driven := range []bool{false, true} {
+		ex := drain.New(drain.Options{})
+		if driven {
+			internal.Of(ex).Settings().Driven.Store(true)
+		}
+		r := reconcilers.Wrap(ex, "cm", reconcile.Func(func(context.Context, reconcile.Request) (reconcile.Result, error) {
+			t.Error("ran")
+			return reconcile.Result{}, nil
+		}))
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		res, err := r.Reconcile(ctx, request("ns", "a"))
+		if err != nil || res.RequeueAfter != reconcilers.DefaultRequeueAfter {
+			t.Errorf("driven %v: Reconcile = %+v, %v; want a requeue and no error", driven, res, err)
+		}
+		if err := ex.Drain(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"reflect"
 	"strings"
@@ -105,8 +106,9 @@ type HandlersOptions struct {
 	// retry at the same moment. 0 or negative: DefaultBackoff; above 100 years: 100 years.
 	Backoff time.Duration
 
-	// MaxBackoff caps the retry delay; the jitter never lengthens a delay beyond it. 0 or
-	// negative: DefaultMaxBackoff; below Backoff: Backoff; above 100 years: 100 years.
+	// MaxBackoff caps the retry delay; the jitter never lengthens a delay beyond it. A
+	// stored retry time further than MaxBackoff away is not waited for. 0 or negative:
+	// DefaultMaxBackoff; below Backoff: Backoff; above 100 years: 100 years.
 	MaxBackoff time.Duration
 
 	// NextCycle is the RequeueAfter of a reconcile that leaves handlers ready to run now,
@@ -430,7 +432,9 @@ func (h *handlersReconciler[T]) record(
 		logger.Error(err, "Handler failed for good: not retried for this generation")
 		h.event(obj, corev1.EventTypeWarning, ReasonHandlerFailed, "Handler %s failed for good: %s", id, err.Error())
 	case ranFailed:
-		hp.Retries++
+		if hp.Retries < math.MaxInt { // saturates: a stored count may be any int
+			hp.Retries++
+		}
 		delay := h.backoff(hp.Retries)
 		until := h.opts.Clock.Now().Add(delay).UTC()
 		hp.Delayed, hp.Message = &until, truncateMessage(err.Error())
@@ -515,8 +519,10 @@ func (h *handlersReconciler[T]) todo(p Progress, now time.Time) (todo, ready []s
 			continue
 		}
 		todo = append(todo, hd.ID)
-		if hp.Delayed != nil && now.Before(*hp.Delayed) {
-			if d := hp.Delayed.Sub(now); soonest == 0 || d < soonest {
+		// A delay is at most MaxBackoff: a stored time further away (an edited annotation,
+		// a clock that jumped) is not waited for, lest it park the handler for centuries.
+		if d := waitFor(hp.Delayed, now); d > 0 && d <= h.opts.MaxBackoff {
+			if soonest == 0 || d < soonest {
 				soonest = d
 			}
 			continue
@@ -524,6 +530,14 @@ func (h *handlersReconciler[T]) todo(p Progress, now time.Time) (todo, ready []s
 		ready = append(ready, hd.ID)
 	}
 	return todo, ready, soonest
+}
+
+// waitFor returns how long from now until delayed, 0 for none.
+func waitFor(delayed *time.Time, now time.Time) time.Duration {
+	if delayed == nil {
+		return 0
+	}
+	return delayed.Sub(now)
 }
 
 // pick calls the lifecycle inline and checks that it picked only ready handlers, once each.
@@ -551,7 +565,7 @@ func (h *handlersReconciler[T]) run(ctx context.Context, id string, obj T) (outc
 			fmt.Errorf("failed to copy the object: DeepCopyObject of %T is not a %T", obj, own))
 	}
 	fn := h.handlers[h.index[id]].Fn
-	err := Call(ctx, id, func(ctx context.Context) error { return fn(ctx, own) })
+	err := call(ctx, id, func(ctx context.Context) error { return fn(ctx, own) }, false)
 	switch {
 	case err == nil:
 		return ranOK, nil

@@ -1,6 +1,8 @@
 package reconcilers
 
 import (
+	"context"
+	"errors"
 	"math"
 	"strings"
 	"testing"
@@ -107,5 +109,32 @@ func TestProgressTruncateMessage(t *testing.T) {
 		if got != tc.want || len(got) > maxMessageBytes || !utf8.ValidString(got) {
 			t.Errorf("%s: truncateMessage = %d bytes %.30q...; want %d bytes %.30q...", tc.name, len(got), got, len(tc.want), tc.want)
 		}
+	}
+}
+
+func TestHandlersRetriesSaturate(t *testing.T) {
+	fixJitter(t, 0)
+	h := &handlersReconciler[*corev1.ConfigMap]{opts: HandlersOptions{}}
+	h.opts.setDefaults()
+	hp := h.record(context.Background(), &corev1.ConfigMap{}, "h", HandlerProgress{Retries: math.MaxInt}, ranFailed, errors.New("boom"))
+	if hp.Retries != math.MaxInt {
+		t.Errorf("Retries = %d after a failure at math.MaxInt, want it to stay", hp.Retries)
+	}
+	if hp.Delayed == nil || hp.Delayed.Sub(h.opts.Clock.Now()) > h.opts.MaxBackoff {
+		t.Errorf("Delayed = %v, want at most MaxBackoff away", hp.Delayed)
+	}
+}
+
+func TestHandlersStoredDelayIsCapped(t *testing.T) {
+	h := &handlersReconciler[*corev1.ConfigMap]{opts: HandlersOptions{MaxBackoff: time.Minute}}
+	h.opts.setDefaults()
+	const farID = "far"
+	h.handlers = []Handler[*corev1.ConfigMap]{{ID: farID}, {ID: "near"}}
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	far, near := now.AddDate(300, 0, 0), now.Add(30*time.Second)
+	p := Progress{Handlers: map[string]HandlerProgress{farID: {Retries: 1, Delayed: &far}, "near": {Retries: 1, Delayed: &near}}}
+	todo, ready, soonest := h.todo(p, now)
+	if len(todo) != 2 || len(ready) != 1 || ready[0] != farID || soonest != 30*time.Second {
+		t.Errorf("todo = %v, ready = %v, soonest = %v; want the far-future delay not waited for", todo, ready, soonest)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	crcontroller "sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -37,112 +38,109 @@ func WithRequeueAfter(d time.Duration) Option {
 
 // Wrap runs each Reconcile of r as a tracked call of ex named "<controller>/<namespace>/<name>"
 // ("<controller>/<name>" for cluster-scoped objects), on controller-runtime's worker
-// goroutine. Inside it, Call runs blocking handler calls as tracked calls too.
+// goroutine. Inside it, Call runs blocking handler calls as tracked calls too. Reports
+// show each call with controller-runtime's reconcileID. Wrap panics if ex or r is nil: a
+// programming error, found when the controller is set up.
 //
 // The reconcile keeps what controller-runtime gives it: its context's values and deadline
 // (ReconciliationTimeout still ends it), and its panics, which reach controller-runtime
 // (RecoverPanic, the panic metric and log) with their original stack, once the executor
-// settled and counted the call. What changes: while ex is owned by a runnable.Runnable, the
-// reconcile's context ignores controller-runtime's cancellation at shutdown and ends when
-// the drain cancels it (drain.Options.CancelAfter), so a reconcile in flight can finish
-// within the grace period. With an executor no Runnable owns, the context is the one
-// controller-runtime passed, deadline and cancellation alike.
+// settled and counted the call. What changes: once ex is driven by a runnable.Runnable
+// (runnable.Add, or Start), the reconcile's context ignores controller-runtime's
+// cancellation at shutdown and ends when the drain cancels it (drain.Options.CancelAfter),
+// so a reconcile in flight can finish within the grace period. With an executor no
+// Runnable drives, the context is the one controller-runtime passed, deadline and
+// cancellation alike.
 //
 // Once ex drains, new requests are not run: they are requeued (see WithRequeueAfter), with
 // one V(1) log line, not an error per request. So is a reconcile that returns an error
-// wrapping drain.ErrDraining: one whose handler Call the drain refused.
+// wrapping drain.ErrDraining (one whose handler Call the drain refused), and one whose
+// context controller-runtime had already cancelled when it began (the moment before the
+// drain begins, at shutdown).
 func Wrap(ex *drain.Executor, controller string, r reconcile.Reconciler, opts ...Option) reconcile.Reconciler {
+	if ex == nil || r == nil {
+		panic(fmt.Sprintf("reconcilers.Wrap(%q): nil executor or reconciler (executor nil: %t, reconciler nil: %t)",
+			controller, ex == nil, r == nil))
+	}
 	return WrapTyped(ex, controller, r, opts...)
 }
 
 // WrapTyped is Wrap for a reconcile.TypedReconciler. The call is named
 // "<controller>/<request>", the request rendered by its String method if it has one, else
-// by fmt's %v.
+// by fmt's %v. It panics if ex or r is nil.
 func WrapTyped[R comparable](
 	ex *drain.Executor, controller string, r reconcile.TypedReconciler[R], opts ...Option,
 ) reconcile.TypedReconciler[R] {
+	if ex == nil || r == nil {
+		panic(fmt.Sprintf("reconcilers.WrapTyped(%q): nil executor or reconciler (executor nil: %t, reconciler nil: %t)",
+			controller, ex == nil, r == nil))
+	}
 	o := options{requeueAfter: DefaultRequeueAfter}
 	for _, opt := range opts {
 		opt(&o)
 	}
-	w := &wrapped[R]{ex: ex, r: r, opts: o, controller: controller, name: namer[R](controller)}
-	w.invocations.New = func() any {
-		inv := &invocation[R]{r: r}
-		inv.fn = inv.run
-		return inv
-	}
-	return w
+	return &wrapped[R]{ex: internal.Of(ex), r: r, opts: o, controller: controller, name: namer[R](controller)}
 }
 
 type wrapped[R comparable] struct {
-	ex          *drain.Executor
-	r           reconcile.TypedReconciler[R]
-	opts        options
-	controller  string
-	name        func(R) [4]string
-	refusedLog  sync.Once
-	invocations sync.Pool // *invocation[R]
-}
-
-// invocation carries one Reconcile into the tracked call and its result out. It is pooled
-// with its fn bound once: a closure per reconcile would cost an allocation each.
-type invocation[R comparable] struct {
-	r   reconcile.TypedReconciler[R]
-	req R
-	res reconcile.Result
-	fn  func(context.Context) error // run
-}
-
-func (inv *invocation[R]) run(ctx context.Context) error {
-	var err error
-	inv.res, err = inv.r.Reconcile(ctx, inv.req)
-	return err
+	ex         internal.Core
+	r          reconcile.TypedReconciler[R]
+	opts       options
+	controller string
+	name       func(R) string // the call's name for a request
+	refusedLog sync.Once
 }
 
 func (w *wrapped[R]) Reconcile(ctx context.Context, req R) (reconcile.Result, error) {
-	if w.ex == nil || w.r == nil {
-		return reconcile.Result{}, reconcile.TerminalError(
-			errors.New("failed to reconcile: reconcilers.Wrap got a nil executor or reconciler"))
+	if errors.Is(ctx.Err(), context.Canceled) {
+		// controller-runtime cancelled it before it began: the manager is stopping.
+		return w.requeue(ctx), nil
 	}
 	// Run, not Call: controller-runtime's worker waits for its reconcile anyway, so the
-	// reconcile runs on that goroutine, tracked, with no hand-off. Run never returns before
-	// fn, so inv is free again once it returned; if fn panics, inv is simply not reused.
-	inv := w.invocations.Get().(*invocation[R])
-	inv.req = req
-	err := internal.Run(w.ex, ctx, internal.CallOptions{
-		Name:       w.name(req),
-		Controller: w.controller,
-		Shield:     true,
-		Repanic:    true,
-	}, inv.fn)
-	res := inv.res
-	var zero R
-	inv.req, inv.res = zero, reconcile.Result{}
-	w.invocations.Put(inv)
+	// reconcile runs on that goroutine, tracked, with no hand-off.
+	var res reconcile.Result
+	err := w.ex.Run(ctx, internal.CallOptions{
+		Name:        w.name(req),
+		Controller:  w.controller,
+		ReconcileID: string(crcontroller.ReconcileIDFromContext(ctx)),
+		Shield:      true,
+		Repanic:     true,
+	}, func(ctx context.Context) error {
+		var err error
+		res, err = w.r.Reconcile(ctx, req)
+		return err
+	})
 	if errors.Is(err, drain.ErrDraining) {
-		w.refusedLog.Do(func() {
-			log.FromContext(ctx).V(1).Info("Executor is draining: requeueing requests instead of running them")
-		})
-		return reconcile.Result{RequeueAfter: w.opts.requeueAfter}, nil
+		return w.requeue(ctx), nil
 	}
 	return res, err
 }
 
-// namer returns the function giving the parts of a reconcile's name, chosen once: a
-// reconcile.Request is split without going through an interface (no allocation), and the
-// executor joins the parts only when a report or Pending needs the name.
-func namer[R comparable](controller string) func(R) [4]string {
+// requeue is the result of a request not run because the manager stops.
+func (w *wrapped[R]) requeue(ctx context.Context) reconcile.Result {
+	w.refusedLog.Do(func() {
+		log.FromContext(ctx).V(1).Info("Executor is draining: requeueing requests instead of running them")
+	})
+	return reconcile.Result{RequeueAfter: w.opts.requeueAfter}
+}
+
+// namer returns the function naming a reconcile of controller, chosen once: a
+// reconcile.Request is read without going through an interface (no allocation).
+func namer[R comparable](controller string) func(R) string {
 	var zero R
 	if _, ok := any(zero).(reconcile.Request); ok {
-		return any(func(r reconcile.Request) [4]string {
-			return [4]string{controller, r.Namespace, r.Name}
-		}).(func(R) [4]string)
+		return any(func(r reconcile.Request) string {
+			if r.Namespace == "" {
+				return controller + "/" + r.Name
+			}
+			return controller + "/" + r.Namespace + "/" + r.Name
+		}).(func(R) string)
 	}
-	return func(req R) [4]string {
+	return func(req R) string {
 		if s, ok := any(req).(fmt.Stringer); ok {
-			return [4]string{controller, s.String()}
+			return controller + "/" + s.String()
 		}
-		return [4]string{controller, fmt.Sprint(req)}
+		return controller + "/" + fmt.Sprint(req)
 	}
 }
 
@@ -150,32 +148,51 @@ func namer[R comparable](controller string) func(R) [4]string {
 // named "<reconcile name>/<name>", and waits for it like drain.Executor.Call: if ctx ends
 // first, Call returns ctx.Err() and fn stays tracked. Calls nest: a Call inside fn is named
 // "<reconcile name>/<name>/<inner name>". Inside any other tracked call (drain.FromContext)
-// it is named after that call. Outside a tracked call it runs fn(ctx) directly. A panic in
-// fn becomes a *drain.PanicError either way; an empty name or a nil fn is an error wrapping
-// drain.ErrInvalidCall.
+// it is named after that call. Outside a tracked call it runs fn(ctx) directly. An empty
+// name or a nil fn is an error wrapping drain.ErrInvalidCall.
+//
+// Panics: a panic in fn while Call waits for it is raised again on the caller's goroutine
+// once the executor settled and counted the call (outside a tracked call, at once), so
+// that it travels as it would without quiesce: to controller-runtime's RecoverPanic, its
+// panic metric, or a crash. The value raised is a *drain.PanicError carrying fn's value
+// and stack (fn ran on another goroutine, whose stack the caller's panic cannot show;
+// errors.As and Unwrap reach a panicked error). A panic in fn after Call stopped waiting
+// (ctx ended first) has nobody to reach: the executor logs it ("Call panicked").
 func Call(ctx context.Context, name string, fn func(context.Context) error) error {
+	return call(ctx, name, fn, true)
+}
+
+// call is Call; with repanic false, a panic in fn is returned as a *drain.PanicError
+// instead, wrapped or not (Handlers counts it as a failed handler).
+func call(ctx context.Context, name string, fn func(context.Context) error, repanic bool) error {
 	if name == "" {
 		return fmt.Errorf("failed to run call: empty name: %w", drain.ErrInvalidCall)
 	}
-	ex, outer, ok := internal.CallOf(ctx)
+	c, ok := internal.CallOf(ctx)
 	if !ok {
-		return direct(ctx, name, fn)
+		return direct(ctx, name, fn, repanic)
 	}
-	return internal.Call(ex, ctx, internal.CallOptions{
-		Name:       [4]string{outer.Name[0], name},
-		Controller: outer.Controller,
+	outer := c.Options()
+	return internal.Of(c.Executor()).Call(ctx, internal.CallOptions{
+		Name:        outer.Name + "/" + name,
+		Controller:  outer.Controller,
+		ReconcileID: outer.ReconcileID,
+		Repanic:     repanic,
 	}, fn)
 }
 
-// direct runs fn on the caller's goroutine, with the executor's guarantees for bad input
-// and panics, so that code behaves the same wrapped or not.
-func direct(ctx context.Context, name string, fn func(context.Context) error) (err error) {
+// direct runs fn on the caller's goroutine, with the executor's check of bad input.
+func direct(ctx context.Context, name string, fn func(context.Context) error, repanic bool) (err error) {
 	if fn == nil {
 		return fmt.Errorf("failed to run call %q: nil func: %w", name, drain.ErrInvalidCall)
 	}
 	defer func() {
 		if v := recover(); v != nil {
-			err = &drain.PanicError{Name: name, Value: v, Stack: debug.Stack()}
+			pe := &drain.PanicError{Name: name, Value: v, Stack: debug.Stack()}
+			if repanic {
+				panic(pe)
+			}
+			err = pe
 		}
 	}()
 	return fn(ctx)

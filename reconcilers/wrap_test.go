@@ -143,10 +143,15 @@ func TestCallOutsideAWrappedReconcileRunsDirectly(t *testing.T) {
 		t.Fatalf("Call = %v, ran with the caller's ctx = %v", err, ran)
 	}
 
-	err = reconcilers.Call(ctx, "boom", func(context.Context) error { panic("kaboom") })
-	var pe *drain.PanicError
-	if !errors.As(err, &pe) || pe.Name != "boom" || pe.Value != "kaboom" || len(pe.Stack) == 0 {
-		t.Fatalf("Call of a panicking fn = %v, want a *drain.PanicError", err)
+	// A panic travels as inside a wrapped reconcile: raised on the caller's goroutine as
+	// a *drain.PanicError.
+	v := func() (v any) {
+		defer func() { v = recover() }()
+		_ = reconcilers.Call(ctx, "boom", func(context.Context) error { panic("kaboom") })
+		return nil
+	}()
+	if pe, ok := v.(*drain.PanicError); !ok || pe.Name != "boom" || pe.Value != "kaboom" || len(pe.Stack) == 0 {
+		t.Fatalf("Call of a panicking fn panicked with %#v, want a *drain.PanicError", v)
 	}
 
 	if err := reconcilers.Call(ctx, "nil", nil); !errors.Is(err, drain.ErrInvalidCall) {
@@ -157,13 +162,24 @@ func TestCallOutsideAWrappedReconcileRunsDirectly(t *testing.T) {
 	}
 }
 
-func TestWrapWithNilExecutorOrReconcilerFailsTerminally(t *testing.T) {
-	r := reconcilers.Wrap(nil, "cm", reconcile.Func(func(context.Context, reconcile.Request) (reconcile.Result, error) {
-		t.Error("ran")
+func TestWrapWithNilExecutorOrReconcilerPanicsAtSetup(t *testing.T) {
+	ok := reconcile.Func(func(context.Context, reconcile.Request) (reconcile.Result, error) {
 		return reconcile.Result{}, nil
-	}))
-	if _, err := r.Reconcile(context.Background(), request("ns", "obj")); !errors.Is(err, reconcile.TerminalError(nil)) {
-		t.Fatalf("Reconcile = %v, want a terminal error", err)
+	})
+	for name, wrap := range map[string]func(){
+		"Wrap nil executor":        func() { reconcilers.Wrap(nil, "cm", ok) },
+		"Wrap nil reconciler":      func() { reconcilers.Wrap(drain.New(drain.Options{}), "cm", nil) },
+		"WrapTyped nil executor":   func() { reconcilers.WrapTyped[reconcile.Request](nil, "cm", ok) },
+		"WrapTyped nil reconciler": func() { reconcilers.WrapTyped[reconcile.Request](drain.New(drain.Options{}), "cm", nil) },
+	} {
+		v := func() (v any) {
+			defer func() { v = recover() }()
+			wrap()
+			return nil
+		}()
+		if msg, _ := v.(string); !strings.Contains(msg, `(cm)`) && !strings.Contains(msg, `("cm")`) || !strings.Contains(msg, "nil executor or reconciler") {
+			t.Errorf("%s: panicked with %#v, want a message naming the controller and the nil argument", name, v)
+		}
 	}
 }
 
@@ -235,7 +251,7 @@ func TestContextOfAWrappedReconcile(t *testing.T) {
 	t.Run("driven: the drain ends it at CancelAfter, not the caller", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			ex := drain.New(drain.Options{CancelAfter: 10 * time.Second})
-			internal.SettingsOf(ex).Driven = true
+			internal.Of(ex).Settings().Driven.Store(true)
 			ctx, cancel := context.WithCancel(context.Background())
 			var live bool
 			started := make(chan struct{})
@@ -269,7 +285,7 @@ func TestContextOfAWrappedReconcile(t *testing.T) {
 	t.Run("driven: CancelAfter cancels a reconcile that outlives it", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			ex := drain.New(drain.Options{CancelAfter: 10 * time.Second})
-			internal.SettingsOf(ex).Driven = true
+			internal.Of(ex).Settings().Driven.Store(true)
 			start := time.Now()
 			r := reconcilers.Wrap(ex, "cm", reconcile.Func(func(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
 				<-ctx.Done()

@@ -66,9 +66,9 @@ var (
 // New returns a Runnable owning a new executor configured by opts.Options. It is not added
 // to a manager: Add does that, with its readyz check, metrics and debug handler.
 //
-// The executor is driven from the start: while the Runnable exists, the contexts of the
+// Once the Runnable is added (Add) or started, the executor is driven: the contexts of the
 // reconciles wrapped with reconcilers.Wrap end by its drain, not by their caller's
-// cancellation (see Options.CancelAfter).
+// cancellation (see Options.CancelAfter). New alone changes no context.
 func New(opts Options) *Runnable { return newRunnable(opts, false) }
 
 func newRunnable(opts Options, metered bool) *Runnable {
@@ -87,10 +87,8 @@ func newRunnable(opts Options, metered bool) *Runnable {
 	// Fixed here, before the executor is shared: a reconcile gets the same context policy
 	// whether it starts before or after the manager starts the Runnable, and every call of
 	// a metered executor is observed.
-	settings := internal.SettingsOf(ex)
-	settings.Driven = true
 	if metered {
-		settings.AfterCall = observeCall
+		internal.Of(ex).Settings().AfterCall = observeCall
 	}
 	return &Runnable{
 		ex:      ex,
@@ -117,6 +115,7 @@ func Add(mgr manager.Manager, opts Options) (*Runnable, error) {
 		opts.Logger = mgr.GetLogger().WithName("quiesce")
 	}
 	r := newRunnable(opts, true)
+	internal.Of(r.ex).Settings().Driven.Store(true)
 	// Tracked before mgr.Add, which may start r at once: a Start that returned before it
 	// was tracked would leave it tracked for good.
 	stats.track(r)
@@ -167,6 +166,7 @@ func (r *Runnable) Start(ctx context.Context) error {
 	if !r.started.CompareAndSwap(false, true) {
 		return errors.New("failed to start quiesce runnable: already started")
 	}
+	internal.Of(r.ex).Settings().Driven.Store(true)
 	select {
 	case <-r.ex.Draining():
 		r.finish(errors.New("failed to start quiesce runnable: its executor already drained"))

@@ -71,7 +71,7 @@ func TestStartDrainsWhenAllCallsReturnInTime(t *testing.T) {
 		started := make(chan error, 1)
 		go func() { started <- r.Start(ctx) }()
 		synctest.Wait()
-		if !internal.SettingsOf(r.Executor()).Driven {
+		if !internal.Of(r.Executor()).Settings().Driven.Load() {
 			t.Fatal("a Runnable does not drive its executor")
 		}
 		if err := r.ReadyzCheck(nil); err != nil {
@@ -305,19 +305,35 @@ func TestAbandonedCallsWithoutLoggerAreInTheError(t *testing.T) {
 	})
 }
 
-func TestShieldingIsFixedAtCreation(t *testing.T) {
-	// A reconcile that runs before the manager started the Runnable gets the same context
-	// policy as one after: the Runnable owns the executor from New on.
+func TestShieldingBeginsAtStart(t *testing.T) {
+	// A Runnable only created with New changes no reconcile's context; once started (or
+	// added, see Add), its executor's wrapped reconciles are shielded.
+	synctest.Test(t, func(t *testing.T) { shieldingBeginsAtStart(t) })
+}
+
+func shieldingBeginsAtStart(t *testing.T) {
 	r := runnable.New(runnable.Options{Options: drain.Options{CancelAfter: -1}})
-	ctx, cancel := context.WithCancel(context.Background())
-	wrapped := reconcilers.Wrap(r.Executor(), "cm", reconcile.Func(func(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
-		cancel() // controller-runtime's shutdown
-		return reconcile.Result{}, ctx.Err()
-	}))
-	if _, err := wrapped.Reconcile(ctx, reconcile.Request{}); err != nil {
-		t.Errorf("a reconcile before Start saw its caller's cancellation: %v", err)
+	reconcileOnce := func() error {
+		ctx, cancel := context.WithCancel(context.Background())
+		wrapped := reconcilers.Wrap(r.Executor(), "cm", reconcile.Func(func(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+			cancel() // controller-runtime's shutdown
+			return reconcile.Result{}, ctx.Err()
+		}))
+		_, err := wrapped.Reconcile(ctx, reconcile.Request{})
+		return err
 	}
-	if err := r.Executor().Drain(context.Background()); err != nil {
+	if err := reconcileOnce(); !errors.Is(err, context.Canceled) {
+		t.Errorf("a reconcile with a Runnable only created saw %v, want its caller's cancellation", err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	started := make(chan error, 1)
+	go func() { started <- r.Start(ctx) }()
+	synctest.Wait() // Start blocks
+	if err := reconcileOnce(); err != nil {
+		t.Errorf("a reconcile once the Runnable started saw its caller's cancellation: %v", err)
+	}
+	stop()
+	if err := <-started; err != nil {
 		t.Fatal(err)
 	}
 }

@@ -292,7 +292,7 @@ var _ = Describe("The Handlers reconciler", func() {
 		}
 		var mgr manager.Manager
 		mgr, q = newHandlers(ns, "handlers-inline", drain.Options{}, hs, reconcilers.HandlersOptions{Lifecycle: inline})
-		settings := internal.SettingsOf(q.Executor())
+		settings := internal.Of(q.Executor()).Settings()
 		metered := settings.AfterCall
 		settings.AfterCall = func(controller string, took time.Duration, err error) {
 			mu.Lock()

@@ -12,11 +12,9 @@
 //
 //	Eventually(q).Should(draintest.HaveNoPendingCalls())
 //
-// A failure lists each pending call with its name, age, whether a caller still waits for
-// it, and the line where its goroutine is blocked. Locations need a stack capture, which the
-// executor makes only when it drains: they are listed when the executor is draining or has
-// drained, as it has once its manager stopped. Neither VerifyNone nor the matcher ever
-// starts a drain (see VerifyNone for why).
+// A failure lists each pending call with its name (quoted, cut to 256 bytes), age, whether a
+// caller still waits for it, and the line where its goroutine is blocked (see
+// drain.Executor.Locate). Neither VerifyNone nor the matcher ever starts a drain.
 //
 // Nothing in the package blocks. VerifyNone and HaveNoPendingCalls are safe to call
 // concurrently; a matcher returned by HaveNoPendingCalls keeps the snapshot of its last

@@ -79,7 +79,7 @@ func describe(calls []drain.Pending, now time.Time) string {
 	}
 	unknown := false
 	for _, p := range calls {
-		fmt.Fprintf(&b, "\n\t%s: age %s", p.Name, internal.Age(now.Sub(p.Started)))
+		fmt.Fprintf(&b, "\n\t%q: age %s", internal.Cut(p.Name), internal.Age(now.Sub(p.Started)))
 		if p.Detached {
 			b.WriteString(", detached")
 		}
@@ -91,9 +91,9 @@ func describe(calls []drain.Pending, now time.Time) string {
 			b.WriteString(", at an unknown location")
 			unknown = true
 		default:
-			b.WriteString(", at " + p.Where)
+			b.WriteString(", at " + internal.Cut(p.Where))
 			if p.Handler != "" && p.Handler != p.Where {
-				b.WriteString(", in " + p.Handler)
+				b.WriteString(", in " + internal.Cut(p.Handler))
 			}
 		}
 	}

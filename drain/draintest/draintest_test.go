@@ -126,8 +126,8 @@ func TestVerifyNoneListsPendingCallsOfDrainedExecutor(t *testing.T) {
 	var ft fakeT
 	draintest.VerifyNone(&ft, ex, draintest.WithClock(clk))
 	want := "2 tracked calls still pending:\n" +
-		"\tdemo/default/a/export: age 3s, detached, at " + whereA + "\n" +
-		"\tdemo/default/b/export: age 1s, detached, at " + whereB
+		"\t\"demo/default/a/export\": age 3s, detached, at " + whereA + "\n" +
+		"\t\"demo/default/b/export\": age 1s, detached, at " + whereB
 	if len(ft.failures) != 1 || ft.failures[0] != want {
 		t.Errorf("VerifyNone failures:\n%q\nwant one:\n%q", ft.failures, want)
 	}
@@ -152,7 +152,7 @@ func TestVerifyNoneNeverStartsADrain(t *testing.T) {
 	var ft fakeT
 	draintest.VerifyNone(&ft, ex, draintest.WithClock(clk))
 	want := "1 tracked call still pending:\n" +
-		"\tworker: age 250ms, detached, at " + where
+		"\t\"worker\": age 250ms, detached, at " + where
 	if len(ft.failures) != 1 || ft.failures[0] != want {
 		t.Errorf("VerifyNone failures:\n%q\nwant one:\n%q", ft.failures, want)
 	}
@@ -194,7 +194,7 @@ func TestHaveNoPendingCalls(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(ok).To(BeFalse())
 	g.Expect(m.FailureMessage(ex)).To(Equal("Expected no tracked call pending, found 1 tracked call still pending:\n" +
-		"\tdemo/default/a/export: age 3s, detached, at " + where))
+		"\t\"demo/default/a/export\": age 3s, detached, at " + where))
 	g.Expect(ex.Draining()).NotTo(BeClosed(), "the matcher started a drain")
 
 	stop(t, ex)
@@ -202,7 +202,7 @@ func TestHaveNoPendingCalls(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(ok).To(BeFalse())
 	g.Expect(m.FailureMessage(ex)).To(Equal("Expected no tracked call pending, found 1 tracked call still pending:\n" +
-		"\tdemo/default/a/export: age 3s, detached, at " + where))
+		"\t\"demo/default/a/export\": age 3s, detached, at " + where))
 
 	// Eventually polls until the call returned.
 	close(release)
@@ -236,7 +236,7 @@ func TestVerifyNoneUnknownLocation(t *testing.T) {
 
 	var ft fakeT
 	draintest.VerifyNone(&ft, ex, draintest.WithClock(clk))
-	want := "1 tracked call still pending:\n\trelabelled: age 0s, detached, at an unknown location\n" +
+	want := "1 tracked call still pending:\n\t\"relabelled\": age 0s, detached, at an unknown location\n" +
 		"(the executor logs once why a location is unknown)"
 	if len(ft.failures) != 1 || ft.failures[0] != want {
 		t.Errorf("VerifyNone failures:\n%q\nwant one:\n%q", ft.failures, want)
@@ -251,7 +251,7 @@ func TestVerifyNoneSeesACallFromAdmission(t *testing.T) {
 	// Whether fn's goroutine began or not, the call is pending from the moment Go returned.
 	var ft fakeT
 	draintest.VerifyNone(&ft, ex, draintest.WithClock(clk))
-	want := "1 tracked call still pending:\n\tadmitted: age 0s, detached, "
+	want := "1 tracked call still pending:\n\t\"admitted\": age 0s, detached, "
 	if len(ft.failures) != 1 || !strings.HasPrefix(ft.failures[0], want) {
 		t.Errorf("VerifyNone failures:\n%q\nwant one starting with:\n%q", ft.failures, want)
 	}

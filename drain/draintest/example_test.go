@@ -52,7 +52,7 @@ func ExampleVerifyNone() {
 	draintest.VerifyNone(printT{}, ex) // passes: prints nothing
 	// Output:
 	// 1 tracked call still pending:
-	// 	demo/default/a/export: age 3s, detached, at draintest_test.ExampleVerifyNone.func1 (example_test.go:30)
+	// 	"demo/default/a/export": age 3s, detached, at draintest_test.ExampleVerifyNone.func1 (example_test.go:30)
 }
 
 func ExampleHaveNoPendingCalls() {

@@ -1,0 +1,249 @@
+package drain_test
+
+import (
+	"bytes"
+	"context"
+	"runtime/pprof"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/google/pprof/profile"
+
+	"github.com/quiesce-dev/quiesce/drain"
+)
+
+// goroutineLabels returns the label sets of the goroutines carrying the label key=value.
+func goroutineLabels(t *testing.T, key, value string) []map[string][]string {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := pprof.Lookup("goroutine").WriteTo(&buf, 0); err != nil {
+		t.Fatal(err)
+	}
+	p, err := profile.Parse(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []map[string][]string
+	for _, s := range p.Sample {
+		if v := s.Label[key]; len(v) == 1 && v[0] == value {
+			out = append(out, s.Label)
+		}
+	}
+	return out
+}
+
+// TestLabelsBelongToTheCaller: fn's context and goroutine carry the caller's labels plus
+// quiesce, and Run restores the caller's labels exactly.
+func TestLabelsBelongToTheCaller(t *testing.T) {
+	const span = "abc"
+	ex := newExecutor(t, drain.Options{})
+	for _, mode := range []string{modeCall, modeRun} {
+		t.Run(mode, func(t *testing.T) {
+			id := "labels-" + mode
+			pprof.Do(context.Background(), pprof.Labels("test", id, "span", span), func(ctx context.Context) {
+				run := ex.Call
+				if mode == modeRun {
+					run = ex.Run
+				}
+				err := run(ctx, "labelled", func(ctx context.Context) error {
+					if v, _ := pprof.Label(ctx, "span"); v != span {
+						t.Errorf("fn's context has span=%q, want the caller's abc", v)
+					}
+					if v, _ := pprof.Label(ctx, "quiesce"); v == "" {
+						t.Error("fn's context has no quiesce label")
+					}
+					var fns []map[string][]string // Call's caller waits on a goroutine of its own
+					for _, set := range goroutineLabels(t, "test", id) {
+						if set["quiesce"] != nil {
+							fns = append(fns, set)
+						}
+					}
+					if len(fns) != 1 || len(fns[0]) != 3 || fns[0]["span"][0] != span {
+						t.Errorf("fn's goroutine has labels %v, want the caller's plus quiesce", fns)
+					}
+					return nil
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if mode != modeRun {
+					return
+				}
+				sets := goroutineLabels(t, "test", id)
+				if len(sets) != 1 || len(sets[0]) != 2 || sets[0]["span"][0] != span {
+					t.Errorf("after Run the caller's goroutine has labels %v, want exactly its own", sets)
+				}
+			})
+		})
+	}
+}
+
+// TestLabelValuesAreBounded: the quiesce label takes as many values as calls run at once.
+func TestLabelValuesAreBounded(t *testing.T) {
+	ex := newExecutor(t, drain.Options{})
+	seen := map[string]bool{}
+	for range 300 {
+		_ = ex.Call(context.Background(), "sequential", func(ctx context.Context) error {
+			v, _ := pprof.Label(ctx, "quiesce")
+			seen[v] = true
+			return nil
+		})
+	}
+	if len(seen) > 2 {
+		t.Errorf("300 sequential calls carried %d label values, want at most 2", len(seen))
+	}
+	var mu sync.Mutex
+	seen = map[string]bool{}
+	release := make(chan struct{})
+	var started, wg sync.WaitGroup
+	started.Add(10)
+	for range 10 {
+		wg.Go(func() {
+			_ = ex.Call(context.Background(), "concurrent", func(ctx context.Context) error {
+				v, _ := pprof.Label(ctx, "quiesce")
+				mu.Lock()
+				seen[v] = true
+				mu.Unlock()
+				started.Done()
+				<-release
+				return nil
+			})
+		})
+	}
+	started.Wait()
+	close(release)
+	wg.Wait()
+	if len(seen) != 10 {
+		t.Errorf("10 concurrent calls carried %d label values, want 10", len(seen))
+	}
+}
+
+// TestReusedLabelNeverMislocates: a goroutine that a finished call started keeps that
+// call's label; a later call given the same label is still located on its own goroutine.
+func TestReusedLabelNeverMislocates(t *testing.T) {
+	ex := newExecutor(t, drain.Options{})
+	leaked := make(chan struct{})
+	defer close(leaked)
+	var first string
+	childAt := make(chan string, 1)
+	if err := ex.Call(context.Background(), "first", func(ctx context.Context) error {
+		first, _ = pprof.Label(ctx, "quiesce")
+		go func() { // left behind by fn, with fn's labels
+			childAt <- lineBelow()
+			<-leaked
+		}()
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	<-childAt
+	release := make(chan struct{})
+	at := make(chan string, 1)
+	var second string
+	if err := ex.Go(context.Background(), "second", func(ctx context.Context) error {
+		second, _ = pprof.Label(ctx, "quiesce")
+		blockAt(0, at, release)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	where := <-at
+	calls := locateAt(ex, where)
+	close(release)
+	if first != second {
+		t.Fatalf("the second call got label %q, not the first's %q: nothing to test", second, first)
+	}
+	if len(calls) != 1 || calls[0].Where != where {
+		t.Errorf("Locate = %+v, want second at %q, not at the first call's goroutine", calls, where)
+	}
+}
+
+// TestHostileLabelsHideNothing: the caller's label keys and values, whatever they hold,
+// never hide a call.
+func TestHostileLabelsHideNothing(t *testing.T) {
+	ex := newExecutor(t, drain.Options{})
+	for _, kv := range [][2]string{
+		{`"quiesce":`, `"1"`},
+		{`a"b:c, "quiesce":"x"`, "v"},
+		{"k", `{"quiesce":"7"}`},
+		{"quiesce ", "x\ny"},
+	} {
+		pprof.Do(context.Background(), pprof.Labels(kv[0], kv[1]), func(ctx context.Context) {
+			release := make(chan struct{})
+			at := make(chan string, 1)
+			if err := ex.Go(ctx, "hostile", func(context.Context) error { blockAt(0, at, release); return nil }); err != nil {
+				t.Fatal(err)
+			}
+			where := <-at
+			calls := locateAt(ex, where)
+			close(release)
+			if len(calls) != 1 || calls[0].Where != where {
+				t.Errorf("with the caller's label %q=%q, Locate = %+v, want at %q", kv[0], kv[1], calls, where)
+			}
+			for len(ex.Pending()) > 0 {
+				drain.ForgetCapture() // the call returns
+				_, _ = ex.Locate(-1)
+			}
+		})
+	}
+}
+
+// TestLocateTooDeepWithChildren: a call deeper than the profile keeps, whose goroutine
+// started goroutines (which carry its label), is located on its own goroutine, and the
+// reason logged for its unknown handler is the depth.
+func TestLocateTooDeepWithChildren(t *testing.T) {
+	lines := &logs{lines: make(chan logLine, 10)}
+	ex := newExecutor(t, drain.Options{Logger: lines.logger(t)})
+	release := make(chan struct{})
+	at := make(chan string, 1)
+	children := make(chan struct{}, 2)
+	if err := ex.Go(context.Background(), "deep with children", func(context.Context) error {
+		for range 2 {
+			go func() { children <- struct{}{}; <-release }()
+		}
+		<-children
+		<-children
+		blockAt(300, at, release)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	where := <-at
+	calls := locateAt(ex, where)
+	close(release)
+	if len(calls) != 1 || calls[0].Where != where || calls[0].Handler != drain.Unknown {
+		t.Fatalf("Locate = %+v, want where %q and an unknown handler", calls, where)
+	}
+	line := <-lines.lines
+	if line.Msg != "Cannot locate pending calls" || !strings.Contains(line.raw, "deeper than the goroutine profile keeps") {
+		t.Errorf("logged %s, want the depth as the reason", line.raw)
+	}
+}
+
+// TestLocateNestedRunOfAnotherExecutor: a Run of a second executor on a call's goroutine
+// relabels it; the outer call is still located, at the line of fn that runs the inner one.
+func TestLocateNestedRunOfAnotherExecutor(t *testing.T) {
+	outer := newExecutor(t, drain.Options{})
+	inner := newExecutor(t, drain.Options{})
+	release := make(chan struct{})
+	at := make(chan string, 1)
+	outerAt := make(chan string, 1)
+	if err := outer.Go(context.Background(), "outer", func(ctx context.Context) error {
+		outerAt <- lineBelow()
+		return inner.Run(ctx, "inner", func(context.Context) error { blockAt(0, at, release); return nil })
+	}); err != nil {
+		t.Fatal(err)
+	}
+	where, wantOuter := <-at, <-outerAt
+	innerCalls := locateAt(inner, where)
+	drain.ForgetCapture()
+	outerCalls, _ := outer.Locate(-1)
+	close(release)
+	if len(innerCalls) != 1 || innerCalls[0].Where != where {
+		t.Errorf("inner Locate = %+v, want at %q", innerCalls, where)
+	}
+	if len(outerCalls) != 1 || outerCalls[0].Where != where || outerCalls[0].Handler != wantOuter {
+		t.Errorf("outer Locate = %+v, want at %q (its goroutine is blocked there) and in %q", outerCalls, where, wantOuter)
+	}
+}

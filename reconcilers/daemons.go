@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/quiesce-dev/quiesce/drain"
+	"github.com/quiesce-dev/quiesce/internal"
 )
 
 // DefaultStopTimeout is how long Stop waits for a daemon to return by default.
@@ -94,8 +95,10 @@ func init() {
 // restarts failed daemons, stops them at shutdown, and waits for them there.
 //
 // Each daemon runs as a tracked call of the executor, on a goroutine of its own, named
-// "<controller>/<namespace>/<name>/<daemon>": Pending, the drain's reports, /debug/quiesce
-// and the metrics show it. When the drain begins, every daemon's context ends at once (not
+// "<controller>/<namespace>/<name>/<daemon>": Pending (with Daemon set), the drain's
+// reports and /debug/quiesce show it, and the metrics count it. Running long is its job: it
+// is never logged or counted as a slow call, nor taken as the oldest call (Stats.Oldest,
+// quiesce_oldest_call_age_seconds). When the drain begins, every daemon's context ends at once (not
 // at drain.Options.CancelAfter: a daemon never finishes on its own), and the drain waits
 // for them within its grace period; one that ignores its context is named, located and
 // abandoned like any call. No daemon starts or restarts once the drain began.
@@ -117,12 +120,6 @@ type Daemons struct {
 	controller string
 	opts       DaemonsOptions
 	restarts   prometheus.Counter
-
-	// drainCtx ends when the executor begins to drain; every daemon's context derives from
-	// it. watchOnce starts the goroutine that ends it, at the first daemon's start.
-	drainCtx    context.Context
-	drainCancel context.CancelFunc
-	watchOnce   sync.Once
 
 	mu      sync.Mutex
 	daemons map[daemonKey]*daemon
@@ -165,7 +162,6 @@ func NewDaemons(ex *drain.Executor, controller string, opts DaemonsOptions) *Dae
 		restarts:   daemonRestarts.WithLabelValues(controller),
 		daemons:    map[daemonKey]*daemon{},
 	}
-	d.drainCtx, d.drainCancel = context.WithCancel(context.Background())
 	return d
 }
 
@@ -237,7 +233,7 @@ func (d *Daemons) Ensure(ctx context.Context, obj client.Object, name string, fn
 	}
 	logger := d.opts.Logger.WithValues(
 		"controller", d.controller, "namespace", k.namespace, "name", k.name, "daemon", name)
-	dctx, cancel := context.WithCancel(log.IntoContext(d.drainCtx, logger))
+	dctx, cancel := context.WithCancel(log.IntoContext(context.Background(), logger))
 	dm := &daemon{uid: uid, generation: gen, cancel: cancel, done: make(chan struct{})}
 	d.daemons[k] = dm
 	d.running++
@@ -266,20 +262,11 @@ func (d *Daemons) Ensure(ctx context.Context, obj client.Object, name string, fn
 	return nil
 }
 
-// start starts fn as a tracked call of the executor named name, without waiting for it.
-// ctx derives from d.drainCtx, which ends the moment the drain begins.
-//
-// Until the executor can mark a call as a daemon itself, the drain's beginning reaches
-// the daemons through one goroutine per Daemons, started here on the first start and
-// ending with the drain.
+// start starts fn as a tracked call of the executor named name, marked as a daemon, without
+// waiting for it: Pending lists it with Daemon set, it is never logged or counted as slow,
+// and the drain ends its context the moment it begins.
 func (d *Daemons) start(ctx context.Context, name string, fn func(context.Context) error) error {
-	d.watchOnce.Do(func() {
-		go func() {
-			<-d.ex.Draining()
-			d.drainCancel()
-		}()
-	})
-	return d.ex.Go(ctx, name, fn)
+	return internal.Of(d.ex).Go(ctx, internal.CallOptions{Name: name, Controller: d.controller, Daemon: true}, fn)
 }
 
 // joinDaemonName returns "<controller>/<namespace>/<name>/<daemon>", without the namespace

@@ -598,3 +598,28 @@ func TestDaemonsBadInput(t *testing.T) {
 		}()
 	}
 }
+
+func TestDaemonsAreListedAsDaemonsAndNeverSlow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs capture
+		ex := drain.New(drain.Options{Logger: logs.logger(0), SlowAfter: time.Second, ReportEvery: time.Second})
+		drainedWithin(t, ex)
+		d := reconcilers.NewDaemons(ex, "cm", reconcilers.DaemonsOptions{})
+		var starts atomic.Int32
+		if err := d.Ensure(context.Background(), daemonObject("a", "uid-a"), "heartbeat", untilStopped(&starts)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Hour)
+		synctest.Wait()
+		ps := ex.Pending()
+		if len(ps) != 1 || !ps[0].Daemon {
+			t.Fatalf("Pending = %+v, want one daemon", ps)
+		}
+		if s := ex.Stats(); s.Slow != 0 || !s.Oldest.IsZero() || s.InFlight != 1 {
+			t.Errorf("Stats = %+v, want 1 in flight, none slow, no oldest", s)
+		}
+		if lines := logs.all(); len(lines) != 0 {
+			t.Errorf("logged %v, want nothing: a daemon is never slow", lines)
+		}
+	})
+}

@@ -194,6 +194,7 @@ var _ = Describe("Daemons", func() {
 			}
 			Expect(pendingNames(q.Executor())).To(ConsistOf(
 				"daemons/"+ns+"/cm-0/heartbeat", "daemons/"+ns+"/cm-1/heartbeat", "daemons/"+ns+"/cm-2/heartbeat"))
+			Expect(q.Executor().Pending()).To(HaveEach(HaveField("Daemon", BeTrue())))
 
 			By("deleting one: its daemon stops, then its finalizer is released")
 			cm0 := &corev1.ConfigMap{}
@@ -250,9 +251,13 @@ var _ = Describe("Daemons", func() {
 		Expect(msgs[0]).To(Equal("Draining executor"))
 		Expect(msgs[len(msgs)-1]).To(Equal("Abandoned calls still running after the grace period"))
 		Expect(msgs[1 : len(msgs)-1]).To(HaveEach("Waiting for pending calls"))
-		for _, line := range logs.all()[1:] {
+		lines := logs.all()
+		for _, line := range lines[1:] {
 			Expect(line).To(ContainSubstring(`"name"="` + stuck + `"`))
 			Expect(line).NotTo(ContainSubstring("/cm-"), "only the daemon that ignores its context is named")
+		}
+		for _, report := range lines[1 : len(lines)-1] {
+			Expect(report).To(ContainSubstring(`"daemon"=true`))
 		}
 
 		release()

@@ -358,10 +358,11 @@ func (d *Daemons) exited(k daemonKey, dm *daemon, finished bool) {
 
 // Stop signals the daemon named name of the object key (its context ends) and waits up to
 // StopTimeout for it to return. It reports whether the daemon is stopped: true when its fn
-// returned (the executor unlists its call a moment later), or when none runs (Stop is idempotent); false when it still runs after
-// StopTimeout, in which case it stays signalled and tracked: call Stop again later (for
-// example after a requeue) before releasing the object's finalizer. It returns ctx.Err()
-// if ctx ends first, and an error wrapping drain.ErrInvalidCall for an empty name.
+// returned (the executor unlists its call a moment later), or when none runs (Stop is
+// idempotent); false when it still runs after StopTimeout, in which case it stays
+// signalled and tracked: call Stop again later (for example after a requeue) before
+// releasing the object's finalizer. It returns ctx.Err() if ctx ends first, and an error
+// wrapping drain.ErrInvalidCall for an empty name.
 //
 // Stop works during a drain too. It takes a key, not an object, so that a reconciler that
 // got NotFound can call it with the request's NamespacedName.

@@ -1,8 +1,10 @@
 package internal_test
 
 import (
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"go.uber.org/goleak"
 
@@ -23,5 +25,25 @@ func TestAge(t *testing.T) {
 		if got := internal.Age(d); got != want {
 			t.Errorf("Age(%v) = %q, want %q", d, got, want)
 		}
+	}
+}
+
+func TestCut(t *testing.T) {
+	if got := internal.Cut("short"); got != "short" {
+		t.Errorf("Cut(short) = %q", got)
+	}
+	exact := strings.Repeat("a", internal.MaxNameBytes)
+	if got := internal.Cut(exact); got != exact {
+		t.Errorf("Cut of exactly MaxNameBytes changed it")
+	}
+	huge := strings.Repeat("x", 10<<20)
+	if got := internal.Cut(huge); got != strings.Repeat("x", internal.MaxNameBytes)+"...(10485760 bytes)" {
+		t.Errorf("Cut(10 MB) = %.300q...", got)
+	}
+	// A multi-byte rune across the bound is not split.
+	s := strings.Repeat("a", internal.MaxNameBytes-1) + "é" + "tail"
+	got := internal.Cut(s)
+	if !utf8.ValidString(got) || !strings.HasPrefix(got, strings.Repeat("a", internal.MaxNameBytes-1)+"...(") {
+		t.Errorf("Cut split a rune: %q", got)
 	}
 }

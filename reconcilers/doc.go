@@ -5,11 +5,15 @@
 // wrapped reconcile, runs a blocking handler as a tracked call named
 // "<controller>/<namespace>/<name>/<handler>" and waits for it (if the reconcile's context
 // ends first, Call returns and the handler stays tracked, reported as detached); outside one
-// it runs the handler directly. When a runnable.Runnable owns the executor (from
-// runnable.New or Add on), a wrapped reconcile's context ends when the drain cancels it
-// (drain.Options.CancelAfter), not when controller-runtime begins to stop; it keeps its
-// deadline. A panic in a wrapped reconcile reaches controller-runtime as it would
-// unwrapped. Once the executor drains, new requests are requeued instead of run.
+// it runs the handler directly. Once a runnable.Runnable drives the executor (runnable.Add,
+// or Start; runnable.New alone does not), a wrapped reconcile's context ends when the drain
+// cancels it (drain.Options.CancelAfter), not when controller-runtime begins to stop; it
+// keeps its deadline. A panic in a wrapped reconcile, or in a Call it waits for, reaches
+// controller-runtime on the reconcile's goroutine as it would unwrapped (a Call's as a
+// *drain.PanicError carrying the handler's value and stack); a panic nobody waits for is
+// logged by the executor. Once the executor drains, new requests are requeued instead of
+// run, and so is a request whose context controller-runtime had already cancelled.
+// Reports name each call with controller-runtime's reconcileID.
 //
 // Handlers builds a reconciler of several named handlers per object, kopf-style: a
 // lifecycle function picks which pending handlers run in each cycle (inline, never through

@@ -101,7 +101,9 @@ func init() {
 // quiesce_oldest_call_age_seconds). When the drain begins, every daemon's context ends at once (not
 // at drain.Options.CancelAfter: a daemon never finishes on its own), and the drain waits
 // for them within its grace period; one that ignores its context is named, located and
-// abandoned like any call. No daemon starts or restarts once the drain began.
+// abandoned like any call. No daemon starts or restarts once the drain began. Daemons run
+// where Ensure is called, the reconciles: with leader election, on the leader, whose
+// runnable.Runnable (NeedLeaderElection true by default) drains with its controllers.
 //
 // Daemons are keyed by the object's namespace and name and the daemon's name, and carry
 // the object's UID: an Ensure for an object recreated under the same name (a new UID)

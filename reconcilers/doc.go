@@ -20,5 +20,12 @@
 // the executor), each handler runs as a tracked call, and progress is kept in an annotation
 // on the object, so that an operator stopped mid-way resumes where it was.
 //
-// The reconcilers returned are safe for concurrent use, as controller-runtime requires.
+// Daemons runs long-lived functions per object, kopf-style: Ensure, called from Reconcile
+// while the object exists, starts one per object and daemon name as a tracked call
+// "<controller>/<namespace>/<name>/<daemon>" on a goroutine of its own, restarted with a
+// backoff when it fails; Stop, once the object is being deleted, ends its context and waits
+// for it. The drain ends every daemon's context the moment it begins and waits for them.
+//
+// The reconcilers returned are safe for concurrent use, as controller-runtime requires, and
+// so is Daemons.
 package reconcilers

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
@@ -21,11 +22,16 @@ import (
 const SnapshotAnnotation = "quiesce.dev/snapshot"
 
 // ConfigMapReconciler runs one handler per labelled ConfigMap: "snapshot", or
-// "legacy-export" for the ConfigMaps whose name starts with "hang".
+// "legacy-export" for the ConfigMaps whose name starts with "hang". The ConfigMaps whose name
+// starts with "watch" get instead a daemon, "heartbeat", for as long as they exist.
 type ConfigMapReconciler struct {
 	client.Client
 	// Work is how long the snapshot handler takes.
 	Work time.Duration
+	// Heartbeat is the interval of the heartbeat daemon's log line; 0: 2s.
+	Heartbeat time.Duration
+
+	daemons *reconcilers.Daemons // made by SetupWithManager
 }
 
 // Reconcile runs the ConfigMap's handler once, then records it in SnapshotAnnotation.
@@ -33,7 +39,16 @@ func (r *ConfigMapReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	logger := log.FromContext(ctx)
 	var cm corev1.ConfigMap
 	if err := r.Get(ctx, req.NamespacedName, &cm); err != nil {
+		if apierrors.IsNotFound(err) && strings.HasPrefix(req.Name, "watch") {
+			// quiesce: the ConfigMap is gone: stop its daemon, waiting up to the stop timeout.
+			_, err = r.daemons.Stop(ctx, req.NamespacedName, "heartbeat")
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if strings.HasPrefix(cm.Name, "watch") {
+		// quiesce: one daemon per ConfigMap, "demo/<namespace>/<name>/heartbeat", started once
+		// (Ensure is idempotent), stopped when the ConfigMap goes or the operator stops.
+		return ctrl.Result{}, r.daemons.Ensure(ctx, &cm, "heartbeat", r.heartbeat)
 	}
 	if _, done := cm.Annotations[SnapshotAnnotation]; done {
 		return ctrl.Result{}, nil
@@ -82,6 +97,26 @@ func (r *ConfigMapReconciler) snapshot(ctx context.Context) error {
 	}
 }
 
+// heartbeat is a daemon: it logs a line every r.Heartbeat until its context ends.
+func (r *ConfigMapReconciler) heartbeat(ctx context.Context) error {
+	logger := log.FromContext(ctx) // carries controller, namespace, name and daemon
+	every := r.Heartbeat
+	if every <= 0 {
+		every = 2 * time.Second
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for beats := 1; ; beats++ {
+		select {
+		case <-ctx.Done():
+			logger.Info("Heartbeat stopped", "beats", beats-1)
+			return nil
+		case <-t.C:
+			logger.Info("Heartbeat", "beats", beats)
+		}
+	}
+}
+
 // legacyClient stands for an SDK whose calls take no context and have no timeout: a call
 // to a server that never answers blocks forever, and nothing can cancel it.
 type legacyClient struct {
@@ -99,6 +134,7 @@ func (c *legacyClient) Export(_ string) error {
 // tracked call of ex, with up to workers reconciles at once: a hanging handler holds one
 // until its context ends.
 func (r *ConfigMapReconciler) SetupWithManager(mgr ctrl.Manager, ex *drain.Executor, workers int) error {
+	r.daemons = reconcilers.NewDaemons(ex, "demo", reconcilers.DaemonsOptions{}) // quiesce: per-object daemons
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&corev1.ConfigMap{}).
 		Named("demo").

@@ -2,7 +2,7 @@
 // project would: runnable.Add in main, its reconciler wrapped with reconcilers.Wrap, and
 // each blocking handler run with reconcilers.Call.
 //
-// It reconciles the ConfigMaps labelled demo=quiesce. For each one it runs one handler:
+// It reconciles the ConfigMaps labelled demo=quiesce. For each one it runs one handler or a daemon:
 //
 //   - "snapshot" takes --work (2s by default) and honours its context. A reconcile in flight
 //     when the operator gets SIGTERM finishes it within the grace period, because the drain
@@ -12,6 +12,9 @@
 //     that takes no context and never answers. It cannot be stopped: the drain reports it
 //     with its age and the line where it blocks, and at the end of --grace-period the
 //     operator names it as abandoned.
+//   - "heartbeat", for ConfigMaps whose name starts with "watch", is a daemon
+//     (reconcilers.Daemons): it logs a line every 2s for as long as the ConfigMap exists,
+//     stops when it is deleted, and stops at once on SIGTERM, when the drain begins.
 //
 // With --metrics-bind-address, its metrics server serves /metrics and quiesce's
 // /debug/quiesce (the pending calls as JSON) over plain HTTP, without authentication: fine

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -23,6 +22,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/quiesce-dev/quiesce/examples/internal/runner"
 )
 
 // Names shared with examples/demo-operator.
@@ -169,7 +170,7 @@ func run(ctx context.Context, cfg config) (res result, err error) {
 	if err := cfg.setDefaults(); err != nil {
 		return res, err
 	}
-	out := &syncWriter{w: cfg.Out}
+	out := &runner.SyncWriter{W: cfg.Out}
 	say := func(format string, args ...any) {
 		_, _ = fmt.Fprintf(out, "==> "+format+"\n", args...) // nowhere to report a failed write to
 	}
@@ -194,13 +195,13 @@ func run(ctx context.Context, cfg config) (res result, err error) {
 	built := make(chan error, 1)
 	if bin == "" {
 		bin = filepath.Join(dir, "demo-operator")
-		root, err := moduleRoot(ctx)
+		root, err := runner.ModuleRoot(ctx)
 		if err != nil {
 			return res, err
 		}
 		args := append(append([]string{"build", "-o", bin}, cfg.BuildFlags...), operatorPackage)
 		say("building the operator: go %s (in %s)", strings.Join(args, " "), root)
-		go func() { built <- goCmd(ctx, root, args...) }()
+		go func() { built <- runner.GoCmd(ctx, root, args...) }()
 	} else {
 		built <- nil
 	}
@@ -250,7 +251,7 @@ func run(ctx context.Context, cfg config) (res result, err error) {
 	if err := buildErr(); err != nil {
 		return res, fmt.Errorf("failed to build the operator: %w", err)
 	}
-	metricsAddr, err := freeAddr()
+	metricsAddr, err := runner.FreeAddr()
 	if err != nil {
 		return res, err
 	}
@@ -375,21 +376,6 @@ func collectSnapshots(ctx context.Context, c client.Client, res *result, say fun
 		say("%s: snapshot recorded %s after SIGTERM", name, at.Sub(res.SignalAt).Round(10*time.Millisecond))
 	}
 	return nil
-}
-
-// freeAddr returns a 127.0.0.1 address with a port free right now, for the operator's
-// metrics server. Another process could take the port before the operator binds it; the
-// operator then fails to start, and the demo says so.
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", fmt.Errorf("failed to find a free port for the operator's metrics server: %w", err)
-	}
-	addr := l.Addr().String()
-	if err := l.Close(); err != nil {
-		return "", fmt.Errorf("failed to free port %s for the operator's metrics server: %w", addr, err)
-	}
-	return addr, nil
 }
 
 // fetch GETs url and returns its body, an error unless it is 200 OK with a JSON body.
@@ -552,42 +538,4 @@ func (op *operator) kill() {
 		<-op.exited
 	}
 	<-op.logDone
-}
-
-// moduleRoot returns the directory of the main module's go.mod, as the go command sees it
-// from the working directory: the demo builds the operator from that module.
-func moduleRoot(ctx context.Context) (string, error) {
-	cmd := exec.CommandContext(ctx, "go", "env", "GOMOD")
-	b, err := cmd.Output()
-	if err != nil {
-		return "", fmt.Errorf("failed to run go env GOMOD: %w", err)
-	}
-	gomod := strings.TrimSpace(string(b))
-	if gomod == "" || gomod == os.DevNull {
-		return "", errors.New("failed to find the quiesce module: " +
-			"run the demo from inside it (make demo does), or pass --operator")
-	}
-	return filepath.Dir(gomod), nil
-}
-
-// goCmd runs the go command in dir, returning its output in the error if it fails.
-func goCmd(ctx context.Context, dir string, args ...string) error {
-	cmd := exec.CommandContext(ctx, "go", args...)
-	cmd.Dir = dir
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, b)
-	}
-	return nil
-}
-
-// syncWriter serialises the demo's narration and the operator's log lines.
-type syncWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.Write(p)
 }

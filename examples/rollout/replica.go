@@ -13,6 +13,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/quiesce-dev/quiesce/examples/internal/runner"
 )
 
 // replica is one operator process and its log.
@@ -31,11 +33,11 @@ type replica struct {
 
 // startReplica runs bin with args and KUBECONFIG; its output goes to out (nil: kept only).
 func startReplica(bin, name string, args []string, kubeconfig string, out io.Writer) (*replica, error) {
-	webhookAddr, err := freeAddr()
+	webhookAddr, err := runner.FreeAddr()
 	if err != nil {
 		return nil, err
 	}
-	probeAddr, err := freeAddr()
+	probeAddr, err := runner.FreeAddr()
 	if err != nil {
 		return nil, err
 	}

@@ -7,10 +7,8 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -20,6 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/quiesce-dev/quiesce/examples/internal/runner"
 )
 
 // Names shared with examples/rollout/operator.
@@ -79,7 +79,7 @@ func (c *config) setDefaults() {
 // Whatever happens, it leaves no process running and removes its temporary files.
 func run(ctx context.Context, cfg config) (res []*result, err error) {
 	cfg.setDefaults()
-	out := &syncWriter{w: cfg.Out}
+	out := &runner.SyncWriter{W: cfg.Out}
 	cfg.Out = out
 	say := func(format string, args ...any) { _, _ = fmt.Fprintf(out, "==> "+format+"\n", args...) }
 
@@ -100,12 +100,12 @@ func run(ctx context.Context, cfg config) (res []*result, err error) {
 	built := make(chan struct{})
 	if bin == "" {
 		bin = filepath.Join(dir, "operator")
-		root, err := moduleRoot(ctx)
+		root, err := runner.ModuleRoot(ctx)
 		if err != nil {
 			return nil, err
 		}
 		say("building the operator: go build -o %s %s (in %s)", bin, operatorPackage, root)
-		go func() { defer close(built); buildErr = goCmd(ctx, root, "build", "-o", bin, operatorPackage) }()
+		go func() { defer close(built); buildErr = runner.GoCmd(ctx, root, "build", "-o", bin, operatorPackage) }()
 	} else {
 		close(built)
 	}
@@ -266,49 +266,4 @@ func waitAllReconciled(
 		err = nil // the count says it
 	}
 	return lost, by, err
-}
-
-// freeAddr returns a 127.0.0.1 address with a port free right now.
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", fmt.Errorf("failed to find a free port: %w", err)
-	}
-	addr := l.Addr().String()
-	return addr, l.Close()
-}
-
-// moduleRoot returns the directory of the main module's go.mod, as the go command sees it.
-func moduleRoot(ctx context.Context) (string, error) {
-	b, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
-	if err != nil {
-		return "", fmt.Errorf("failed to run go env GOMOD: %w", err)
-	}
-	gomod := strings.TrimSpace(string(b))
-	if gomod == "" || gomod == os.DevNull {
-		return "", errors.New("failed to find the quiesce module: run from inside it, or pass --operator")
-	}
-	return filepath.Dir(gomod), nil
-}
-
-// goCmd runs the go command in dir, returning its output in the error if it fails.
-func goCmd(ctx context.Context, dir string, args ...string) error {
-	cmd := exec.CommandContext(ctx, "go", args...)
-	cmd.Dir = dir
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, b)
-	}
-	return nil
-}
-
-// syncWriter serialises the narration and the replicas' log lines.
-type syncWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.Write(p)
 }

@@ -539,21 +539,24 @@ func (e *Executor) stopWaiting() {
 
 // beginDrain is the drain's first step, run once, by a Drain counted in e.waiters.
 func (e *Executor) beginDrain() {
-	// Tell the world, then refuse new calls: a refused caller always finds Draining()
-	// closed. A call admitted before this is listed, so it is waited for and cancelled.
-	close(e.draining)
+	// Refuse new calls and tell the world, under the lock: a refused caller (which checks
+	// isDraining under it) always finds Draining() closed, and the timers exist once
+	// Draining() is closed (a test stepping a fake clock right after cannot miss them). A
+	// call admitted before this is listed, so it is waited for and cancelled.
 	e.mu.Lock()
 	e.isDraining = true
 	idle := e.inFlight == 0
 	stopTimer(e.slowTimer)
 	if !idle {
-		// Timers before Draining() is seen closed with the lock: they exist on a fake
-		// clock once a test saw the drain begin and the call listed.
 		e.armReport(e.opts.ReportAfter)
 		if e.opts.CancelAfter > 0 {
-			e.cancelTmr = e.clock.AfterFunc(e.opts.CancelAfter, func() { e.cancelCalls(false) })
+			// On a goroutine of its own, as the reports: a fake clock calls the func with its
+			// lock held, and cancelCalls takes e.mu, which a report holds while it stops its
+			// timer (a lock-order inversion with k8s.io/utils' newer fake clock).
+			e.cancelTmr = e.clock.AfterFunc(e.opts.CancelAfter, func() { go e.cancelCalls(false) })
 		}
 	}
+	close(e.draining)
 	e.mu.Unlock()
 	if idle {
 		close(e.done)

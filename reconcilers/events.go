@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
@@ -31,7 +32,7 @@ const (
 
 // EventTimeout bounds the Event writes of one "Slow calls" line, and those of the end of
 // the grace period: the Runnable's Start returns at most this long after the grace period.
-const EventTimeout = internal.ObserveTimeout
+const EventTimeout = 2 * time.Second
 
 // WithEvents records Warning Events on the object of a wrapped reconcile that needs
 // attention, so that `kubectl describe` shows them where users look first:

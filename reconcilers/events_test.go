@@ -219,3 +219,9 @@ func TestWithEventsNeedsRequests(t *testing.T) {
 		reconcile.TypedFunc[typedReq](func(context.Context, typedReq) (reconcile.Result, error) { return reconcile.Result{}, nil }),
 		reconcilers.WithEvents(eventsClient(interceptor.Funcs{}), &corev1.ConfigMap{}))
 }
+
+func TestEventTimeout(t *testing.T) {
+	if reconcilers.EventTimeout != internal.ObserveTimeout {
+		t.Fatalf("EventTimeout = %v, but the runnable waits %v for the abandoned Events", reconcilers.EventTimeout, internal.ObserveTimeout)
+	}
+}

@@ -26,6 +26,7 @@ type call struct {
 	start  time.Time
 
 	onCaller bool // Run: fn runs on the caller's goroutine
+	slot     bool // holds a MaxConcurrent slot, given back by finish
 
 	prev, next *call // the executor's list, guarded by Executor.mu
 
@@ -180,7 +181,7 @@ func (c *call) panicError(v any) *PanicError {
 func (c *call) finish(l *label, err error) {
 	e := c.e
 	c.leave(l)
-	if e.slots != nil {
+	if c.slot {
 		<-e.slots
 	}
 	e.finished.Add(1)

@@ -27,6 +27,11 @@ type Options struct {
 
 	// MaxConcurrent bounds how many fn run at once. 0 or negative: unbounded.
 	// When > 0, Call, Go and Run wait for a free slot, honouring their ctx and the drain.
+	// A call made inside a tracked call of the same executor (its fn's context, or one
+	// derived from it) runs in that call's slot instead of waiting for one of its own, so
+	// that nested calls cannot deadlock. Daemons and webhook calls (reconcilers.Daemons,
+	// runnable.WebhookServer) never take a slot: MaxConcurrent bounds reconciles and
+	// their calls.
 	MaxConcurrent int
 
 	// ReportAfter is how long Drain waits before its first report of pending calls.
@@ -267,6 +272,14 @@ func (c *core) Go(ctx context.Context, o internal.CallOptions, fn func(context.C
 	return (*Executor)(c).goCall(ctx, &o, fn)
 }
 
+func (c *core) Fence(cause error) int {
+	calls, _ := (*Executor)(c).list(-1)
+	for _, cl := range calls {
+		cl.cancel(cause)
+	}
+	return len(calls)
+}
+
 // Call runs fn on a tracked goroutine and waits until fn returns or ctx ends.
 // If ctx ends first, Call returns ctx.Err() at once, and fn keeps running, still tracked:
 // Drain waits for it and reports it as detached. If ctx is already done, Call returns
@@ -375,16 +388,18 @@ func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn func(c
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if e.slots != nil {
+	slot := e.needsSlot(ctx, o)
+	if slot {
 		if err := e.acquire(ctx, o); err != nil {
 			return nil, err
 		}
 	}
 	c := newCall(ctx, e, o, fn)
+	c.slot = slot
 	e.mu.Lock()
 	if e.isDraining {
 		e.mu.Unlock()
-		if e.slots != nil {
+		if slot {
 			<-e.slots
 		}
 		c.cancel(errFinished)
@@ -447,6 +462,18 @@ func stopTimer(t clock.Timer) {
 	if t != nil {
 		t.Stop()
 	}
+}
+
+// needsSlot reports whether a call takes a MaxConcurrent slot: MaxConcurrent bounds
+// reconciles and their calls, so daemons and webhook calls take none, and a call made
+// inside a call of e that holds a slot runs in that slot (a reconcile's handler calls
+// cannot deadlock waiting for the slot their own reconcile holds).
+func (e *Executor) needsSlot(ctx context.Context, o *internal.CallOptions) bool {
+	if e.slots == nil || o.Daemon || o.NoSlot {
+		return false
+	}
+	outer, ok := ctx.Value(internal.CallKey{}).(*call)
+	return !ok || outer.e != e || !outer.slot
 }
 
 // acquire takes a MaxConcurrent slot, giving up when ctx ends or the drain begins.

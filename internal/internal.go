@@ -56,8 +56,13 @@ type CallOptions struct {
 
 	// Daemon: the call is meant to run until the drain stops it (a per-object daemon).
 	// It is listed with drain.Pending.Daemon set, never counted or logged as slow, and its
-	// context is cancelled the moment the drain begins, not at CancelAfter.
+	// context is cancelled the moment the drain begins, not at CancelAfter. It never waits
+	// for nor holds a MaxConcurrent slot.
 	Daemon bool
+
+	// NoSlot: the call never waits for nor holds a MaxConcurrent slot (webhook calls:
+	// MaxConcurrent bounds reconciles and their calls only).
+	NoSlot bool
 }
 
 // Core is what quiesce's packages use of a *drain.Executor beyond its public methods.
@@ -75,6 +80,9 @@ type Core interface {
 	// Abandoned tells the Observers of every call still running, located. runnable calls
 	// it once, at the end of the grace period; it returns when they did or ctx ended.
 	Abandoned(ctx context.Context)
+	// Fence ends the context of every call still running at once, with cause, and returns
+	// how many it ended. runnable calls it when the lease is lost, once the drain began.
+	Fence(cause error) int
 }
 
 // Hidden is embedded in drain.Executor under an unexported field name: its method core is

@@ -55,9 +55,10 @@ func WithRequeueAfter(d time.Duration) Option {
 //
 // Once ex drains, new requests are not run: they are requeued (see WithRequeueAfter), with
 // one V(1) log line, not an error per request. So is a reconcile that returns an error
-// wrapping drain.ErrDraining (one whose handler Call the drain refused), and one whose
-// context controller-runtime had already cancelled when it began (the moment before the
-// drain begins, at shutdown).
+// wrapping drain.ErrDraining (one whose handler Call the drain refused), one whose context
+// controller-runtime had already cancelled when it began (the moment before the drain
+// begins, at shutdown), and one cancelled while it waited for a drain.Options.MaxConcurrent
+// slot. MaxConcurrent bounds the reconciles; their Calls run in their reconcile's slot.
 func Wrap(ex *drain.Executor, controller string, r reconcile.Reconciler, opts ...Option) reconcile.Reconciler {
 	if ex == nil || r == nil {
 		panic(fmt.Sprintf("reconcilers.Wrap(%q): nil executor or reconciler (executor nil: %t, reconciler nil: %t)",
@@ -109,6 +110,7 @@ func (w *wrapped[R]) Reconcile(ctx context.Context, req R) (reconcile.Result, er
 	// Run, not Call: controller-runtime's worker waits for its reconcile anyway, so the
 	// reconcile runs on that goroutine, tracked, with no hand-off.
 	var res reconcile.Result
+	ran := false
 	var tag any
 	if w.opts.events != nil {
 		tag = w.opts.events.tag(any(req))
@@ -121,10 +123,16 @@ func (w *wrapped[R]) Reconcile(ctx context.Context, req R) (reconcile.Result, er
 		Shield:      true,
 		Repanic:     true,
 	}, func(ctx context.Context) error {
+		ran = true
 		var err error
 		res, err = w.r.Reconcile(ctx, req)
 		return err
 	})
+	if !ran && (errors.Is(err, drain.ErrDraining) || errors.Is(err, context.Canceled)) {
+		// Refused by the drain, or cancelled by controller-runtime's stop while it waited
+		// for a MaxConcurrent slot: not run, so requeued.
+		return w.requeue(ctx), nil
+	}
 	if errors.Is(err, drain.ErrDraining) {
 		return w.requeue(ctx), nil
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -37,32 +38,32 @@ type Options struct {
 	// letting them finish. Add refuses it together with a non-zero CancelAfter.
 	CancelAtOnce bool
 
-	// GracePeriod bounds how long Start waits, once its context ended, for the tracked
-	// calls to return. 0 or negative: 25s, below the manager's default
-	// GracefulShutdownTimeout of 30s, so that the Runnable names what it abandons before
-	// the manager gives up on it. Add checks that ShutdownDelay + GracePeriod is below
-	// GracefulShutdownTimeout. It is measured on real time (the time package), not on
-	// Options.Clock.
+	// GracePeriod bounds the drain: how long, once the manager's stop began, quiesce waits
+	// for the tracked calls to return before it names the ones it abandons. 0 or
+	// negative: 25s, below the manager's default GracefulShutdownTimeout of 30s, so that
+	// the abandoned calls are named before the manager gives up. Add checks that it is
+	// below GracefulShutdownTimeout. It counts from the end of ShutdownDelay (the
+	// manager's stop) and is measured on real time, not on Options.Clock.
 	GracePeriod time.Duration
 
-	// ShutdownDelay is how long the manager keeps serving once its stop began, before
-	// anything stops; default 0. Used by Add (New ignores it). From the moment the stop
-	// begins, ReadyzCheck fails on every replica, leader and standbys, so that Services
-	// stop routing to the pod, while webhooks, controllers, probes and metrics keep
-	// serving; a WebhookServer answers with "Connection: close" so that the API server's
-	// keep-alive connections move to another replica. When the delay is over, the webhook
-	// listener closes, and the drain proceeds within GracePeriod. Set it to a few
-	// readiness probe periods (see the README, "Rolling updates"). Negative: Add fails.
-	//
-	// It works with controller-runtime's own stop order: Add adds a second, small
-	// runnable that does not need leader election, and the manager stops those first and
-	// waits for them (up to GracefulShutdownTimeout) before it stops the controllers.
+	// ShutdownDelay is how long everything keeps serving once the stop began (SIGTERM),
+	// before the manager's stop begins; default 0. It needs the manager started with
+	// StopContext (mgr.Start(q.StopContext(ctx))); Add's stop procedure fails to start
+	// otherwise. From SIGTERM on, ReadyzCheck fails on every replica, leader and
+	// standbys, so that Services stop routing to the pod, while webhooks, controllers
+	// (with and without leader election), probes and metrics keep serving; a
+	// WebhookServer answers with "Connection: close" so that the API server's keep-alive
+	// connections move to another replica. Then the manager stops, and the drain proceeds
+	// within GracePeriod. Set it to a few readiness probe periods (see the README,
+	// "Rolling updates"); terminationGracePeriodSeconds must cover ShutdownDelay +
+	// GracefulShutdownTimeout. Negative: Add fails. With no delay, ReadyzCheck never fails:
+	// a single replica stays in its Service until its webhooks stop, as without quiesce.
 	// A second SIGTERM during the delay still exits at once (ctrl.SetupSignalHandler).
 	ShutdownDelay time.Duration
 
 	// ManagerOptions are the Options given to ctrl.NewManager, if known. Add reads:
 	// GracefulShutdownTimeout (nil: controller-runtime's default, 30s; negative: no
-	// limit) to check the time budget; Metrics.BindAddress, to say once when
+	// limit) to check GracePeriod against it; Metrics.BindAddress, to say once when
 	// /debug/quiesce cannot be served ("0": the metrics server is off); and WebhookServer,
 	// which Add connects to the Runnable when it is a WebhookServer. nil: Add assumes
 	// controller-runtime's defaults, and a WebhookServer stays unconnected (its Start
@@ -83,20 +84,20 @@ func defaultCancelAfter(grace time.Duration) time.Duration { return grace / 5 * 
 // Runnable is a manager.Runnable that owns a drain.Executor and drains it when the manager
 // stops. Create it with New or Add; all its methods are safe for concurrent use.
 type Runnable struct {
-	ex      *drain.Executor
-	log     logr.Logger
-	clock   clock.PassiveClock // the executor's: calls are stamped with it
-	grace   time.Duration
-	elected bool
-	metered bool // created by Add: in the metrics until Start returns
+	ex         *drain.Executor
+	log        logr.Logger
+	clock      clock.PassiveClock       // the executor's: calls are stamped with it
+	delayClock clock.WithDelayedExecution // times ShutdownDelay (Options.Clock)
+	grace      time.Duration
+	elected    bool
+	metered    bool // created by Add: in the metrics until the drain is over
 
-	// The stop procedure of a Runnable created by Add (see stop.go); nil for New.
-	stop *stopState
+	stop *stopState // see stop.go
 
-	started atomic.Bool
-	standby atomic.Bool   // drained by the stop procedure, as Start never ran
-	stopped chan struct{} // closed when Start returned
-	err     error         // what Start returned; written before stopped is closed
+	started   atomic.Bool
+	drainOnce sync.Once
+	stopped   chan struct{} // closed when the drain is over
+	err       error         // the drain's result; written before stopped is closed
 }
 
 // DebugPath is where Add serves ServeHTTP on the manager's metrics server.
@@ -136,7 +137,7 @@ func newRunnable(opts Options, metered bool) *Runnable {
 	if opts.NeedLeaderElection != nil {
 		elected = *opts.NeedLeaderElection
 	}
-	var clk clock.PassiveClock = clock.RealClock{}
+	var clk clock.WithTickerAndDelayedExecution = clock.RealClock{}
 	if opts.Clock != nil {
 		clk = opts.Clock
 	}
@@ -148,31 +149,51 @@ func newRunnable(opts Options, metered bool) *Runnable {
 		internal.Of(ex).Settings().AfterCall = observeCall
 	}
 	return &Runnable{
-		ex:      ex,
-		log:     opts.Logger,
-		clock:   clk,
-		grace:   opts.GracePeriod,
-		elected: elected,
-		metered: metered,
+		ex:         ex,
+		log:        opts.Logger,
+		clock:      clk,
+		delayClock: clk,
+		grace:      opts.GracePeriod,
+		elected:    elected,
+		metered:    metered,
+		stop: &stopState{
+			delay:    opts.ShutdownDelay,
+			stopping: make(chan struct{}),
+		},
 		stopped: make(chan struct{}),
 	}
+}
+
+// core returns the executor's internal.Core.
+func (r *Runnable) core() internal.Core { return internal.Of(r.ex) }
+
+// timelineLog is the logger of the stop's timeline: at the default verbosity with a
+// ShutdownDelay or a WebhookServer, at V(1) otherwise, as quiet as the reports.
+func (r *Runnable) timelineLog() logr.Logger {
+	if r.stop.timeline {
+		return r.log
+	}
+	return r.log.V(1)
 }
 
 // Add creates a Runnable as New does and adds it to mgr, with ReadyzCheck as the readyz
 // check "quiesce", the executor's metrics in controller-runtime's metrics.Registry, the
 // Runnable itself (ServeHTTP) at DebugPath on the manager's metrics server, behind its
-// FilterProvider like /metrics, and its stop procedure: a small runnable that does not
-// need leader election, so that it runs on every replica (see Options.ShutdownDelay). It
+// FilterProvider like /metrics, and its stop procedure: a small runnable that needs no
+// leader election, so that it runs on every replica and the manager stops it first: the
+// drain begins when the manager's stop begins, for every controller (see stop.go). It
 // connects the manager's WebhookServer, if Options.ManagerOptions hold one.
 //
 // It must be called before mgr.Start, once per manager: a second Add on the same manager
-// returns an error. It checks opts first, and returns an error naming the value to change
-// when ShutdownDelay is negative, when CancelAfter > 0 is not below GracePeriod, when
-// CancelAtOnce comes with a CancelAfter, or when ShutdownDelay + GracePeriod is not below
-// the manager's GracefulShutdownTimeout. When ManagerOptions say that the metrics server
-// is off, it logs once that DebugPath is not served.
+// returns an error (the readyz check "quiesce" exists already). It checks opts first, and
+// returns an error naming the value to change when ShutdownDelay is negative, when
+// CancelAfter > 0 is not below GracePeriod, when CancelAtOnce comes with a CancelAfter, or
+// when GracePeriod is not below the manager's GracefulShutdownTimeout. An Add that fails
+// adds nothing to mgr and leaves the WebhookServer unconnected, unless mgr itself refuses
+// a runnable (it started already). When ManagerOptions say that the metrics server is off,
+// it logs once that DebugPath is not served.
 //
-// The metrics hold the executor until Start returns, then keep only its counters.
+// The metrics hold the executor until the drain is over, then keep only its counters.
 func Add(mgr manager.Manager, opts Options) (*Runnable, error) {
 	if mgr == nil {
 		return nil, errors.New("failed to add quiesce runnable: nil manager")
@@ -189,28 +210,30 @@ func Add(mgr manager.Manager, opts Options) (*Runnable, error) {
 	}
 	opts = withDefaults(opts)
 	r := newRunnable(opts, true)
-	st := newStopper(r, opts.ShutdownDelay, ws)
-	if !added.claim(mgr) {
-		return nil, errors.New("failed to add quiesce runnable: " +
-			"this manager has one already (call runnable.Add once per manager)")
-	}
+	r.stop.timeline = opts.ShutdownDelay > 0 || ws != nil
 	if ws != nil && !ws.connect(r) {
 		return nil, errors.New("failed to add quiesce runnable: " +
 			"its WebhookServer is connected to another Runnable already (use one WebhookServer per manager)")
 	}
-	internal.Of(r.ex).Settings().Driven.Store(true)
-	// Tracked before mgr.Add, which may start r at once: a Start that returned before it
-	// was tracked would leave it tracked for good.
-	stats.track(r)
-	if err := mgr.Add(r); err != nil {
-		stats.fold(r)
-		return nil, fmt.Errorf("failed to add quiesce runnable: %w", err)
+	// The readyz check first: it is what a second Add on this manager fails on, before
+	// anything else was added.
+	if err := mgr.AddReadyzCheck("quiesce", r.ReadyzCheck); err != nil {
+		if ws != nil {
+			ws.disconnect(r)
+		}
+		return nil, fmt.Errorf("failed to add quiesce runnable: %w "+
+			"(call runnable.Add once per manager)", err)
 	}
-	if err := mgr.Add(st); err != nil {
+	r.core().Settings().Driven.Store(true)
+	// Tracked before mgr.Add, which may start r at once: a drain over before it was
+	// tracked would leave it tracked for good.
+	stats.track(r)
+	if err := mgr.Add(&stopper{r: r}); err != nil {
+		stats.fold(r)
 		return nil, fmt.Errorf("failed to add quiesce stop procedure: %w", err)
 	}
-	if err := mgr.AddReadyzCheck("quiesce", r.ReadyzCheck); err != nil {
-		return nil, fmt.Errorf("failed to add quiesce readyz check: %w", err)
+	if err := mgr.Add(r); err != nil {
+		return nil, fmt.Errorf("failed to add quiesce runnable: %w", err)
 	}
 	if mo := opts.ManagerOptions; mo != nil && mo.Metrics.BindAddress == "0" {
 		r.log.Info("Not serving /debug/quiesce: the manager's metrics server is off", "path", DebugPath,
@@ -255,11 +278,10 @@ func validate(opts Options) error {
 	if timeout < 0 { // the manager waits for its runnables as long as they take
 		return nil
 	}
-	if need := opts.ShutdownDelay + grace; need >= timeout {
-		return fmt.Errorf("ShutdownDelay (%v) + GracePeriod (%v) = %v must be below "+
-			"the manager's GracefulShutdownTimeout (%v, %s): "+
-			"raise GracefulShutdownTimeout in the manager's Options above %v, or lower GracePeriod or ShutdownDelay",
-			opts.ShutdownDelay, grace, need, timeout, source, need)
+	if grace >= timeout {
+		return fmt.Errorf("GracePeriod (%v) must be below the manager's GracefulShutdownTimeout (%v, %s): "+
+			"raise GracefulShutdownTimeout in the manager's Options above %v, or lower GracePeriod",
+			grace, timeout, source, grace)
 	}
 	return nil
 }
@@ -267,63 +289,57 @@ func validate(opts Options) error {
 // Executor returns the executor the Runnable owns and drains. Pass it to reconcilers.Wrap.
 func (r *Runnable) Executor() *drain.Executor { return r.ex }
 
-// NeedLeaderElection reports whether the manager starts the Runnable only once elected.
+// NeedLeaderElection reports whether the manager starts the Runnable only once elected
+// (Options.NeedLeaderElection, true by default).
 //
-// It is true by default, and should stay so where the controllers need leader election:
-// controller-runtime stops the runnables that do not need leader election first, while
-// the controllers still dequeue and reconcile, so an executor in that group would drain
-// (and refuse work) while the controllers feeding it still run. In the leader-election
-// group, the executor stops together with the controllers that feed it, and the
-// controllers' wait for their reconciles and the executor's drain share one grace period.
-//
-// On a standby, which never starts the leader-election group, the stop procedure that Add
-// adds drains the executor instead (webhook calls run on every replica).
+// Where the drain runs does not depend on it: for a Runnable created by Add, the stop
+// procedure drains on every replica as the manager's stop begins. In the leader-election
+// group (the default), the Runnable also fences: when the lease is lost, controller-runtime
+// stops every group at once, with no grace, because another replica may lead already; the
+// Runnable then ends the context of every tracked call at once ("Leadership lost:
+// cancelling calls"), and they stay tracked and reported.
 func (r *Runnable) NeedLeaderElection() bool { return r.elected }
 
-// ReadyzCheck is a healthz.Checker that fails from the moment the manager's stop begins
-// (for a Runnable created by Add, on every replica) or the executor drains, so that a
-// Service stops sending work to a pod that is shutting down.
+// ReadyzCheck is a healthz.Checker that fails from the moment the stop began, when there is
+// a ShutdownDelay (on every replica: see StopContext), so that Services stop sending work to
+// a pod that is shutting down while it still serves. With no delay it never fails: a
+// replica stays in its Service until its webhooks stop, as it would without quiesce.
 func (r *Runnable) ReadyzCheck(*http.Request) error {
-	if r.stop != nil && r.stop.began() {
-		return errors.New("quiesce: the manager is stopping")
-	}
-	if r.draining() {
-		return errors.New("quiesce executor is draining")
+	if r.stop.delay > 0 && r.stop.began() {
+		return fmt.Errorf("quiesce: shutting down: out of rotation for the %v shutdown delay", r.stop.delay)
 	}
 	return nil
 }
 
-// Start blocks until ctx ends. Then, for a Runnable created by Add whose manager started
-// the stop procedure, it waits for the end of ShutdownDelay (already over when the
-// manager stops the leader-election group).
-// Then it drains the executor: it refuses new calls and
-// waits up to GracePeriod for the tracked ones to return, while the executor logs what it
-// still waits for. It returns nil when every call returned. Otherwise it logs the calls it
-// abandoned as one error line (the oldest 20, and how many more) and returns an error
-// that counts them, points at the log, and wraps the *drain.PendingError listing them
-// all (errors.As), itself wrapping context.DeadlineExceeded; with no Logger, it logs
-// nothing and returns the *drain.PendingError itself. A Runnable starts once: a second
-// Start, or a Start after its executor drained, returns an error at once; a Start after
-// the stop procedure drained a standby's executor returns nil at once.
+// Start blocks until ctx ends, then until the drain is over, and returns its result. It
+// returns nil when every call returned. Otherwise it logs the calls it abandoned as one
+// error line (the oldest 20, and how many more) and returns an error that counts them,
+// points at the log, and wraps the *drain.PendingError listing them all (errors.As),
+// itself wrapping context.DeadlineExceeded; with no Logger, it logs nothing and returns
+// the *drain.PendingError itself.
+//
+// The drain refuses new calls and waits up to GracePeriod for the tracked ones to return,
+// while the executor logs what it still waits for. For a Runnable created by Add, the stop
+// procedure runs it as the manager's stop begins, on every replica, and Start, stopped
+// later with the leader-election group, only waits for its end; if ctx ends while the
+// drain is still going, controller-runtime did not wait for it: the lease was lost, and
+// Start fences (see NeedLeaderElection). For a Runnable created by New, Start drains when
+// ctx ends. A Runnable starts once: a second Start returns an error at once.
 func (r *Runnable) Start(ctx context.Context) error {
 	if !r.started.CompareAndSwap(false, true) {
-		if r.standby.Load() {
-			return nil // elected during the stop: the stop procedure drains
-		}
 		return errors.New("failed to start quiesce runnable: already started")
 	}
-	internal.Of(r.ex).Settings().Driven.Store(true)
-	select {
-	case <-r.ex.Draining():
-		r.finish(errors.New("failed to start quiesce runnable: its executor already drained"))
-		return r.err
-	default:
-	}
+	r.core().Settings().Driven.Store(true)
 	<-ctx.Done()
-	if r.stop != nil && r.stop.running.Load() {
-		<-r.stop.delayOver
+	if r.elected && r.stop.procedure.Load() {
+		select {
+		case <-r.stopped: // the stop procedure drained: the normal stop
+		default:
+			r.fence()
+		}
 	}
-	r.finish(r.drain())
+	r.startDrain()
+	<-r.stopped
 	return r.err
 }
 
@@ -332,12 +348,9 @@ func (r *Runnable) drain() error {
 	pending := r.ex.Stats().InFlight
 	log := r.log.WithValues("gracePeriod", r.grace.String())
 	// Say nothing at the default verbosity when nothing is pending, as the reports do,
-	// unless the stop procedure logs its timeline (see stopState.timeline).
+	// unless the stop logs its timeline (see stopState.timeline).
 	info := log.V(1)
-	if pending > 0 {
-		info = log
-	}
-	if r.stop != nil && r.stop.timeline {
+	if pending > 0 || r.stop.timeline {
 		info = log
 	}
 
@@ -370,7 +383,7 @@ func (r *Runnable) drain() error {
 	// each abandoned reconcile's object), bounded, before Start and so mgr.Start return.
 	octx, ocancel := context.WithTimeout(context.Background(), internal.ObserveTimeout)
 	defer ocancel()
-	internal.Of(r.ex).Abandoned(octx)
+	r.core().Abandoned(octx)
 	return err
 }
 
@@ -425,8 +438,8 @@ func (e *abandonedError) Error() string {
 // Unwrap returns the *drain.PendingError that lists every abandoned call.
 func (e *abandonedError) Unwrap() error { return e.pending }
 
-// finish records Start's result, and, for a Runnable created by Add, folds its executor's
-// counters into the metrics' totals so that they no longer hold it.
+// finish records the drain's result, and, for a Runnable created by Add, folds its
+// executor's counters into the metrics' totals so that they no longer hold it.
 func (r *Runnable) finish(err error) {
 	r.err = err
 	if r.metered {
@@ -435,10 +448,11 @@ func (r *Runnable) finish(err error) {
 	close(r.stopped)
 }
 
-// Done returns a channel closed when Start returned.
+// Done returns a channel closed when the drain is over: when Start returns, or, on a
+// standby (whose Start never runs), when the stop procedure drained.
 func (r *Runnable) Done() <-chan struct{} { return r.stopped }
 
-// Err returns what Start returned, once Done is closed: nil when every call returned, or
+// Err returns the drain's result, once Done is closed: nil when every call returned, or
 // an error wrapping the *drain.PendingError naming the abandoned calls (see Start). Before
 // that it returns nil.
 //

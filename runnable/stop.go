@@ -2,30 +2,32 @@ package runnable
 
 import (
 	"context"
-	"reflect"
+	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
-	"weak"
 
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 )
 
-// stopState is the stop procedure's progress, shared with the Runnable (its readiness and
-// drain) and the webhook server.
+// stopState is the stop's progress, shared by the Runnable (its readiness and drain), its
+// stop procedure, StopContext and the webhook server.
 type stopState struct {
 	delay time.Duration
 	// timeline: log each step of the stop at the default verbosity (with a ShutdownDelay
 	// or a WebhookServer); otherwise the stop stays as quiet as a plain Runnable's.
 	timeline bool
 
-	running   atomic.Bool   // the manager started the stop procedure
+	procedure atomic.Bool // the manager started the stop procedure (Add)
+	delayed   atomic.Bool // StopContext was called: the manager's stop comes after the delay
+
+	beginOnce sync.Once
 	at        time.Time     // when the stop began; written before stopping is closed
-	stopping  chan struct{} // closed when the manager's stop began
-	delayOver chan struct{} // closed when ShutdownDelay is over
+	stopping  chan struct{} // closed when the stop began
 }
 
-// began reports whether the manager's stop began.
+// began reports whether the stop began.
 func (s *stopState) began() bool {
 	select {
 	case <-s.stopping:
@@ -35,113 +37,109 @@ func (s *stopState) began() bool {
 	}
 }
 
+// beginStop marks the beginning of the stop, once: readiness fails from now on if there is
+// a ShutdownDelay, and webhook responses close their connections.
+func (r *Runnable) beginStop() {
+	r.stop.beginOnce.Do(func() {
+		r.stop.at = time.Now()
+		close(r.stop.stopping)
+		r.timelineLog().Info("Stop began", "sinceStop", "0s",
+			"shutdownDelay", r.stop.delay.String(), "gracePeriod", r.grace.String())
+	})
+}
+
 // sinceStop returns the key and value giving the time since the stop began, for the lines
-// of the stop's timeline; nothing for a Runnable without stop procedure, or before the stop.
+// of the stop's timeline; nothing before the stop.
 func (r *Runnable) sinceStop() []any {
-	if r.stop == nil || !r.stop.began() {
+	if !r.stop.began() {
 		return nil
 	}
 	return []any{"sinceStop", time.Since(r.stop.at).Round(time.Millisecond).String()}
 }
 
-// stopper is the stop procedure that Add adds to the manager. It does not need leader
-// election, so it runs on every replica, and controller-runtime stops it, and waits for
-// it, before it stops the leader-election runnables (the controllers and, by default, the
-// Runnable): pkg/manager/internal.go, engageStopProcedure, from v0.22 through v0.25.
-type stopper struct {
-	r  *Runnable
-	ws *webhookServer // nil without a WebhookServer
+// StopContext returns the context to start the manager with: mgr.Start(q.StopContext(ctx)).
+// It ends ShutdownDelay after ctx ends, with ctx's cause. When ctx ends, the stop begins:
+// ReadyzCheck fails (when ShutdownDelay > 0), a WebhookServer answers with
+// "Connection: close", and the manager, which still has a live context, keeps serving
+// everything for the delay: webhooks, probes, metrics, and every controller, with or
+// without leader election. Then the manager's own stop procedure begins, and quiesce's drain
+// with it. This is how kube-apiserver delays its own stop (--shutdown-delay-duration):
+// controller-runtime cancels a whole group of runnables at once, so only the manager's
+// context can keep them all serving.
+//
+// A second SIGTERM during the delay still exits at once (ctrl.SetupSignalHandler). With
+// ShutdownDelay > 0, Add's stop procedure refuses to start unless the manager's context
+// came from StopContext; with no delay it is optional (the stop's timeline then counts
+// from ctx's end). Call it once, before mgr.Start.
+func (r *Runnable) StopContext(ctx context.Context) context.Context {
+	r.stop.delayed.Store(true)
+	out, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	context.AfterFunc(ctx, func() {
+		r.beginStop()
+		if r.stop.delay <= 0 {
+			cancel(context.Cause(ctx))
+			return
+		}
+		r.delayClock.AfterFunc(r.stop.delay, func() {
+			r.timelineLog().Info("Shutdown delay over", r.sinceStop()...)
+			cancel(context.Cause(ctx))
+		})
+	})
+	return out
 }
+
+// errLeadershipLost is the cause of the contexts that the fence ends.
+var errLeadershipLost = errors.New("leader election lost")
+
+// stopper is the stop procedure that Add adds to the manager. It does not need leader
+// election, so it runs on every replica, and controller-runtime stops it first, with the
+// other runnables that need no leader election, and waits for it before it stops the
+// leader-election group (pkg/manager/internal.go, engageStopProcedure, v0.22 through
+// v0.25). So the drain begins when the manager's stop begins, for the controllers of both
+// groups, and the webhooks, stopped last, serve until it is over.
+type stopper struct{ r *Runnable }
 
 var _ manager.LeaderElectionRunnable = (*stopper)(nil)
-
-func newStopper(r *Runnable, delay time.Duration, ws *webhookServer) *stopper {
-	r.stop = &stopState{
-		delay:     delay,
-		timeline:  delay > 0 || ws != nil,
-		stopping:  make(chan struct{}),
-		delayOver: make(chan struct{}),
-	}
-	return &stopper{r: r, ws: ws}
-}
 
 // NeedLeaderElection is false: the stop procedure runs on standbys too.
 func (s *stopper) NeedLeaderElection() bool { return false }
 
-// Start blocks until ctx ends, then runs the stop procedure, one step at a time.
+// Start blocks until ctx ends, then runs the stop procedure, one step at a time. It fails at
+// once when ShutdownDelay is set and the manager's context did not come from StopContext.
 func (s *stopper) Start(ctx context.Context) error {
-	r, st := s.r, s.r.stop
-	st.running.Store(true)
+	r := s.r
+	if r.stop.delay > 0 && !r.stop.delayed.Load() {
+		return fmt.Errorf("failed to start quiesce stop procedure: ShutdownDelay is %v, "+
+			"but the manager's context does not come from StopContext: start the manager with "+
+			"mgr.Start(q.StopContext(ctx)), or set no ShutdownDelay", r.stop.delay)
+	}
+	r.stop.procedure.Store(true)
 	<-ctx.Done()
-	log := r.log.V(1)
-	if st.timeline {
-		log = r.log
-	}
 
-	// Step 1: the stop began: readiness fails at once, webhook responses close their
-	// connections; everything else keeps serving.
-	st.at = time.Now()
-	close(st.stopping)
-	log.Info("Stop began", "sinceStop", "0s", "shutdownDelay", st.delay.String(), "gracePeriod", r.grace.String())
+	// Step 1: the stop began (at the end of ShutdownDelay, StopContext logged its start).
+	r.beginStop()
 
-	// Step 2: keep serving for ShutdownDelay, while Services stop routing to this replica.
-	// A second SIGTERM meanwhile exits the process at once (ctrl.SetupSignalHandler).
-	if st.delay > 0 {
-		t := time.NewTimer(st.delay)
-		<-t.C
-		log.Info("Shutdown delay over", r.sinceStop()...)
-	}
-	close(st.delayOver)
-
-	// Step 3: stop accepting webhook connections; requests in flight are tracked calls,
-	// which the drain waits for.
-	if s.ws != nil {
-		log.Info("Closing webhook listener", r.sinceStop()...)
-		s.ws.closeListener()
-	}
-
-	// Step 4: on a standby the Runnable never started (it needs leader election): drain
-	// its executor here, so that the webhook calls it tracks are waited for, reported, and
-	// bounded by GracePeriod. On the leader the manager stops the Runnable next, and its
-	// Start drains.
-	if r.started.CompareAndSwap(false, true) {
-		r.standby.Store(true)
-		r.finish(r.drain())
-		return r.err
-	}
+	// Step 2: drain every tracked call of this replica, leader or standby, within
+	// GracePeriod: reconciles of both groups, their calls, daemons and webhook calls. The
+	// leader-election group, the caches and the webhooks stop after this returns.
+	r.startDrain()
+	<-r.stopped
 	return nil
 }
 
-// added remembers the managers given to Add, so that a second Add on one manager fails,
-// without keeping them alive: a map with weak keys, as the weak package describes. A weak
-// pointer maps to an object, not to an address: a manager allocated where a collected one
-// was gets a key of its own. The key points at the manager's first byte because Add only
-// knows it as an interface; a manager that is not a pointer cannot be told apart from
-// others without holding it, and is not recorded.
-var added = managers{m: map[weak.Pointer[byte]]struct{}{}}
-
-type managers struct {
-	mu sync.Mutex
-	m  map[weak.Pointer[byte]]struct{}
+// startDrain starts the drain, once, on a goroutine of its own; r.stopped is closed when it
+// is over.
+func (r *Runnable) startDrain() {
+	r.drainOnce.Do(func() {
+		go func() { r.finish(r.drain()) }()
+	})
 }
 
-// claim records mgr; false if it was recorded already.
-func (ms *managers) claim(mgr manager.Manager) bool {
-	v := reflect.ValueOf(mgr)
-	if v.Kind() != reflect.Pointer || v.IsNil() {
-		return true
-	}
-	key := weak.Make((*byte)(v.UnsafePointer()))
-	ms.mu.Lock()
-	defer ms.mu.Unlock()
-	for k := range ms.m {
-		if k.Value() == nil {
-			delete(ms.m, k) // its manager is gone
-		}
-	}
-	if _, ok := ms.m[key]; ok {
-		return false
-	}
-	ms.m[key] = struct{}{}
-	return true
+// fence ends the contexts of every tracked call at once: the lease was lost, so another
+// replica may lead already, and controller-runtime gives its runnables no grace.
+func (r *Runnable) fence() {
+	r.startDrain()
+	<-r.ex.Draining() // every call still running is listed, and no other is admitted
+	n := r.core().Fence(errLeadershipLost)
+	r.log.Info("Leadership lost: cancelling calls", append(r.sinceStop(), "cancelled", n)...)
 }

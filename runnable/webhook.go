@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"sync"
 	"sync/atomic"
 
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
@@ -29,15 +28,18 @@ import (
 //   - get a context that the server's stop does not cancel (controller-runtime v0.24 and
 //     later cancel it when the webhook server stops), only the client going away, or the
 //     drain at CancelAfter;
-//   - from the moment the manager's stop begins, answer with "Connection: close" (HTTP/2:
-//     a graceful GOAWAY), so that the API server's keep-alive connections move to a ready
-//     replica.
+//   - never wait for nor hold a MaxConcurrent slot (it bounds reconciles and their calls);
+//   - from the moment the stop begins, answer with "Connection: close" (HTTP/2: a graceful
+//     GOAWAY), so that the API server's keep-alive connections move to a ready replica.
 //
-// When ShutdownDelay is over, the wrapper stops the inner server: its listener closes, and
-// the requests in flight finish within GracePeriod, as the drain waits for them (on
-// standbys too). A request that arrives on an open connection once the drain began is
-// served, untracked: the executor refuses new calls, and failing an admission would fail
-// the API server's request.
+// The webhooks stop last, as controller-runtime orders them ("they might be still serving
+// some requests"): the wrapper serves until the manager stops the webhook group, after the
+// drain of this replica's reconciles and calls, and the caches; then the inner server
+// closes its listener and waits for the requests in flight, whose contexts stay live. The
+// drain waits for the admission calls that began before it (on standbys too); a request
+// that arrives once the drain began is served untracked: the executor refuses new calls,
+// and failing an admission would fail the API server's request (a reconcile of this
+// replica that writes an object its own webhook validates is still admitted).
 //
 // A handler that panics is logged ("Webhook handler panicked", with the call's name and
 // stack), counted, and answered with 500, as controller-runtime's admission webhooks do
@@ -63,16 +65,15 @@ var errServerStopping = errors.New("quiesce webhook server stopping")
 type webhookServer struct {
 	inner webhook.Server
 	r     atomic.Pointer[Runnable]
-
-	mu     sync.Mutex
-	cancel context.CancelCauseFunc // cancels the inner server's context; nil before Start
-	closed bool                    // closeListener was called
 }
 
 var _ webhook.Server = (*webhookServer)(nil)
 
 // connect connects s to r; false if s is connected to another Runnable.
 func (s *webhookServer) connect(r *Runnable) bool { return s.r.CompareAndSwap(nil, r) }
+
+// disconnect undoes connect(r), for an Add that failed.
+func (s *webhookServer) disconnect(r *Runnable) { s.r.CompareAndSwap(r, nil) }
 
 // NeedLeaderElection is the inner server's (false for controller-runtime's).
 func (s *webhookServer) NeedLeaderElection() bool { return s.inner.NeedLeaderElection() }
@@ -88,8 +89,9 @@ func (s *webhookServer) StartedChecker() healthz.Checker { return s.inner.Starte
 // WebhookMux is the inner server's: handlers added to it directly are not tracked.
 func (s *webhookServer) WebhookMux() *http.ServeMux { return s.inner.WebhookMux() }
 
-// Start runs the inner server until the stop procedure closes its listener (at the end of
-// ShutdownDelay) or ctx ends, and returns once the inner server returned.
+// Start runs the inner server until ctx ends (the manager stops the webhooks last), and
+// returns once the inner server returned. The inner server gets a context of its own, that
+// ends with ctx: its requests in flight keep a live context (see liveContext).
 func (s *webhookServer) Start(ctx context.Context) error {
 	r := s.r.Load()
 	if r == nil {
@@ -97,35 +99,14 @@ func (s *webhookServer) Start(ctx context.Context) error {
 	}
 	innerCtx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer cancel(nil)
-	s.mu.Lock()
-	s.cancel = cancel
-	if s.closed {
-		cancel(errServerStopping)
-	}
-	s.mu.Unlock()
 	stop := context.AfterFunc(ctx, func() { cancel(errServerStopping) })
 	defer stop()
 
 	err := s.inner.Start(innerCtx)
 	if r.stop.began() {
-		log := r.log.V(1)
-		if r.stop.timeline {
-			log = r.log
-		}
-		log.Info("Webhook server stopped", r.sinceStop()...)
+		r.timelineLog().Info("Webhook server stopped", r.sinceStop()...)
 	}
 	return err
-}
-
-// closeListener stops the inner server: it closes its listener and waits for the requests
-// in flight.
-func (s *webhookServer) closeListener() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.closed = true
-	if s.cancel != nil {
-		s.cancel(errServerStopping)
-	}
 }
 
 // trackedHook serves one registered path.
@@ -148,8 +129,8 @@ func (h *trackedHook) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	ctx, cancel := liveContext(req.Context())
 	defer cancel()
 	ran := false
-	o := internal.CallOptions{Name: webhookCallName(h.name, namespace, name)}
-	err := internal.Of(r.ex).Run(ctx, o, func(ctx context.Context) error {
+	o := internal.CallOptions{Name: webhookCallName(h.name, namespace, name), NoSlot: true}
+	err := r.core().Run(ctx, o, func(ctx context.Context) error {
 		ran = true
 		h.hook.ServeHTTP(w, req.WithContext(ctx))
 		return nil

@@ -86,7 +86,7 @@ func defaultCancelAfter(grace time.Duration) time.Duration { return grace / 5 * 
 type Runnable struct {
 	ex         *drain.Executor
 	log        logr.Logger
-	clock      clock.PassiveClock       // the executor's: calls are stamped with it
+	clock      clock.PassiveClock         // the executor's: calls are stamped with it
 	delayClock clock.WithDelayedExecution // times ShutdownDelay (Options.Clock)
 	grace      time.Duration
 	elected    bool

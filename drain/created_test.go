@@ -14,11 +14,11 @@ func TestExecutorNotCreatedByNewPanicsInEveryMethod(t *testing.T) {
 	var zero drain.Executor
 	executors := map[string]*drain.Executor{
 		"var e drain.Executor": &zero,
-		"&drain.Executor{}":    &drain.Executor{},
+		"&drain.Executor{}":    {},
 		"nil":                  nil,
 	}
 	ran := false
-	fn := func(context.Context) error { ran = true; return nil }
+	fn := func(ctx context.Context) error { ran = true; return ctx.Err() }
 	ctx := context.Background()
 	methods := map[string]func(e *drain.Executor){
 		"Call":     func(e *drain.Executor) { _ = e.Call(ctx, "c", fn) },

@@ -83,7 +83,7 @@ func TestObserversHearOfMoreSlowCallsThanTheLineLists(t *testing.T) {
 		time.Sleep(10 * time.Second)
 		synctest.Wait()
 		got := lines.get()
-		if len(got) != 1 || got[0].Msg != "Slow calls" || got[0].Slow != n || len(got[0].Calls) != 20 || got[0].More != n-20 {
+		if len(got) != 1 || got[0].Slow != n || len(got[0].Calls) != 20 || got[0].More != n-20 {
 			t.Fatalf("log lines = %+v, want one Slow calls line listing 20 of %d", got, n)
 		}
 		slow, _ := obs.get()

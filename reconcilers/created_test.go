@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/quiesce-dev/quiesce/drain"
@@ -23,7 +23,8 @@ func TestSetupPanicsForExecutorNotCreatedByNew(t *testing.T) {
 		"Wrap":      func(ex *drain.Executor) { reconcilers.Wrap(ex, "cms", noop) },
 		"WrapTyped": func(ex *drain.Executor) { reconcilers.WrapTyped[reconcile.Request](ex, "cms", noop) },
 		"Wrap WithEvents": func(ex *drain.Executor) {
-			reconcilers.Wrap(ex, "cms", noop, reconcilers.WithEvents(eventsClient(interceptor.Funcs{}), &corev1.ConfigMap{}))
+			// A client that is never used: the setup panics first.
+			reconcilers.Wrap(ex, "cms", noop, reconcilers.WithEvents(struct{ client.Client }{}, &corev1.ConfigMap{}))
 		},
 		"NewDaemons": func(ex *drain.Executor) { reconcilers.NewDaemons(ex, "cms", reconcilers.DaemonsOptions{}) },
 	}

@@ -82,7 +82,7 @@ func TestWithEventsRecordsEverySlowReconcile(t *testing.T) {
 		}
 
 		close(release)
-		var errs []error
+		errs := make([]error, 0, n+1)
 		for range n {
 			errs = append(errs, <-done)
 		}
@@ -123,7 +123,7 @@ func TestWithEventsSlowBound(t *testing.T) {
 		}
 
 		close(release)
-		var errs []error
+		errs := make([]error, 0, n+1)
 		for range n {
 			errs = append(errs, <-done)
 		}

@@ -400,6 +400,7 @@ func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn func(c
 	}
 	c := newCall(ctx, e, o, fn)
 	c.slot = slot
+	c.inSlot = slot || e.slots != nil && !o.Daemon && !o.NoSlot // else it runs in its outer call's
 	e.mu.Lock()
 	if e.isDraining {
 		e.mu.Unlock()
@@ -477,7 +478,7 @@ func (e *Executor) needsSlot(ctx context.Context, o *internal.CallOptions) bool 
 		return false
 	}
 	outer, ok := ctx.Value(internal.CallKey{}).(*call)
-	return !ok || outer.e != e || !outer.slot
+	return !ok || outer.e != e || !outer.inSlot
 }
 
 // acquire takes a MaxConcurrent slot, giving up when ctx ends or the drain begins.

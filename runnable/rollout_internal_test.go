@@ -666,3 +666,24 @@ func TestAddedDoesNotKeepManagersAlive(t *testing.T) {
 		t.Error("the collected manager's entry was not pruned")
 	}
 }
+
+// A Logger that panics on the timeline's lines neither crashes the process nor holds the
+// manager's stop: StopContext still ends the manager's context after the delay.
+func TestStopContextWithAPanickingLogger(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		log := funcr.New(func(string, string) { panic("broken logger") }, funcr.Options{})
+		r := newRunnable(withDefaults(Options{ShutdownDelay: time.Second, Options: drain.Options{Logger: log}}), false)
+		r.stop.timeline = true
+		sig, sigterm := context.WithCancel(context.Background())
+		ctx := r.StopContext(sig)
+		begin := time.Now()
+		sigterm()
+		<-ctx.Done()
+		if took := time.Since(begin); took != time.Second {
+			t.Errorf("the manager's context ended %v after SIGTERM, want the 1s delay", took)
+		}
+		if !errors.Is(context.Cause(ctx), context.Canceled) {
+			t.Errorf("cause = %v, want the signal context's", context.Cause(ctx))
+		}
+	})
+}

@@ -174,11 +174,13 @@ func newReplica(t *testing.T, opts Options, leader bool) *replica {
 		select {
 		case <-mgrCtx.Done():
 			stopOthers()
-			<-rp.others
+			errOthers := <-rp.others
 			stopElected()
-			<-rp.elected
+			<-rp.elected //nolint:errcheck // the Runnable's result: Err, which the tests check
 			stopWebhooks()
-			<-rp.webhooks
+			if err := errors.Join(errOthers, <-rp.webhooks); err != nil {
+				t.Errorf("the stop procedure or the webhook server returned %v", err)
+			}
 		case <-rp.lost:
 			stopOthers()
 			stopElected()
@@ -390,9 +392,11 @@ func TestLeaseLostFences(t *testing.T) {
 			t.Errorf("Err = %v", err)
 		}
 		<-rp.stopped
-		<-rp.others
-		<-rp.elected
-		<-rp.webhooks
+		for _, ch := range []chan error{rp.others, rp.elected, rp.webhooks} {
+			if err := <-ch; err != nil {
+				t.Errorf("a group returned %v", err)
+			}
+		}
 	})
 }
 

@@ -13,10 +13,30 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 )
 
-// timelineSteps are the messages of quiesce's timeline lines (key sinceStop) on the old
-// leader, in order: the webhooks stop last, after the drain, as controller-runtime orders them.
-var timelineSteps = []string{
-	"Stop began", "Shutdown delay over", "Draining executor", "All calls returned", "Webhook server stopped",
+// The messages of quiesce's timeline lines (key sinceStop).
+const (
+	stepStopBegan      = "Stop began"
+	stepDelayOver      = "Shutdown delay over"
+	stepDraining       = "Draining executor"
+	stepReturned       = "All calls returned"
+	stepWebhookStopped = "Webhook server stopped"
+)
+
+// timelineSteps are the timeline of the old leader, in order: the webhooks stop last, after
+// the drain, as controller-runtime orders them.
+var timelineSteps = []string{stepStopBegan, stepDelayOver, stepDraining, stepReturned, stepWebhookStopped}
+
+// The runs' modes.
+const (
+	modeQuiesce = "quiesce"
+	modePlain   = "plain"
+)
+
+func modeOf(quiesce bool) string {
+	if quiesce {
+		return modeQuiesce
+	}
+	return modePlain
 }
 
 func main() {

@@ -30,7 +30,7 @@ func TestRollout(t *testing.T) {
 	runs := rep.Rollouts
 	t.Logf("the rollouts side by side:\n%s", table(runs))
 	q := runs[0]
-	if q.Mode != "quiesce" {
+	if q.Mode != modeQuiesce {
 		t.Fatalf("first run = %s, want quiesce", q.Mode)
 	}
 	if err := q.check(); err != nil {
@@ -51,7 +51,7 @@ func TestRollout(t *testing.T) {
 	}
 	t.Logf("one replica, no shutdown delay, side by side:\n%s", singleTable(rep.Single))
 	sq := rep.Single[0]
-	if sq.Mode != "quiesce" {
+	if sq.Mode != modeQuiesce {
 		t.Fatalf("first single-replica run = %s, want quiesce", sq.Mode)
 	}
 	if err := sq.check(); err != nil {
@@ -74,8 +74,8 @@ func TestRollout(t *testing.T) {
 // steps fail the check.
 func TestCheckTimeline(t *testing.T) {
 	good := []step{
-		{"Stop began", "0s"}, {"Shutdown delay over", "2s"}, {"Draining executor", "2.03s"},
-		{"All calls returned", "2.2s"}, {"Webhook server stopped", "2.21s"},
+		{stepStopBegan, "0s"}, {stepDelayOver, "2s"}, {stepDraining, "2.03s"},
+		{stepReturned, "2.2s"}, {stepWebhookStopped, "2.21s"},
 	}
 	if err := checkTimeline(good); err != nil {
 		t.Errorf("checkTimeline(good) = %v, want nil", err)
@@ -115,15 +115,15 @@ func TestSingleMeasure(t *testing.T) {
 	good := func() []map[string]any {
 		return []map[string]any{
 			line(-900*ms, reconcileWorking), line(-800*ms, reconcileWorking),
-			line(0, "Stop began", "sinceStop", "0s"), line(ms, "Draining executor", "sinceStop", "1ms"),
+			line(0, stepStopBegan, "sinceStop", "0s"), line(ms, stepDraining, "sinceStop", "1ms"),
 			line(100*ms, ownWriteAdmitted), ended(-900*ms, 110*ms, true, ""),
 			line(200*ms, ownWriteAdmitted), ended(-800*ms, 210*ms, true, ""),
-			line(211*ms, "All calls returned", "sinceStop", "211ms"),
-			line(212*ms, "Webhook server stopped", "sinceStop", "212ms"),
+			line(211*ms, stepReturned, "sinceStop", "211ms"),
+			line(212*ms, stepWebhookStopped, "sinceStop", "212ms"),
 		}
 	}
 	measure := func(es []map[string]any) *singleResult {
-		res := &singleResult{Mode: "quiesce", Objects: 2, SignalAt: t0.Add(-ms), ExitAfter: 300 * ms}
+		res := &singleResult{Mode: modeQuiesce, Objects: 2, SignalAt: t0.Add(-ms), ExitAfter: 300 * ms}
 		res.measure(es, nil)
 		return res
 	}

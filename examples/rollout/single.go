@@ -25,7 +25,7 @@ const (
 
 // singleTimelineSteps are the timeline of a stop with no ShutdownDelay: the drain begins at
 // SIGTERM, and the webhooks, which admit the reconciles' own writes, stop after it.
-var singleTimelineSteps = []string{"Stop began", "Draining executor", "All calls returned", "Webhook server stopped"}
+var singleTimelineSteps = []string{stepStopBegan, stepDraining, stepReturned, stepWebhookStopped}
 
 // single is the single-replica case of issue 22: one replica, no ShutdownDelay, whose
 // reconciles write objects that its own webhook validates (--self-write), stopped with
@@ -38,12 +38,7 @@ type single struct {
 	say                                  func(string, ...any)
 }
 
-func (s *single) mode() string {
-	if s.quiesce {
-		return "quiesce"
-	}
-	return "plain"
-}
+func (s *single) mode() string { return modeOf(s.quiesce) }
 
 func (s *single) args(ns string) []string {
 	return []string{
@@ -101,7 +96,7 @@ func (s *single) play(ctx context.Context) (*singleResult, error) {
 	}
 	defer a.kill()
 	rt.add(a.name, a.webhookAddr, a.readyz)
-	if err := a.waitFor(ctx, leaseAcquired, 1, startTimeout); err != nil {
+	if err := a.waitFor(ctx, leaseAcquired, 1); err != nil {
 		return nil, err
 	}
 	if err := pool.waitIn(ctx, a.name); err != nil {
@@ -124,7 +119,7 @@ func (s *single) play(ctx context.Context) (*singleResult, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("failed to create the ConfigMaps: %w", err)
 	}
-	if err := a.waitFor(ctx, reconcileWorking, n, startTimeout); err != nil {
+	if err := a.waitFor(ctx, reconcileWorking, n); err != nil {
 		return nil, err
 	}
 	res := &singleResult{Mode: mode, Objects: n, SignalAt: time.Now()}
@@ -176,7 +171,7 @@ func (res *singleResult) measure(entries []map[string]any, pool []poolEvent) {
 	// replica's first line is not the drain's. Otherwise by the runner's SIGTERM.
 	ref := res.SignalAt
 	for _, e := range entries {
-		if e["msg"] == "Stop began" {
+		if e["msg"] == stepStopBegan {
 			ref = entryTime(e)
 			break
 		}
@@ -190,9 +185,9 @@ func (res *singleResult) measure(entries []map[string]any, pool []poolEvent) {
 			res.Timeline = append(res.Timeline, step{Msg: msg, SinceStop: d})
 			add(entryTime(e), "%s: %q sinceStop=%v", name, msg, d)
 			switch msg {
-			case "Draining executor":
+			case stepDraining:
 				drainFrom = entryTime(e)
-			case "All calls returned":
+			case stepReturned:
 				drainTo = entryTime(e)
 			}
 		}

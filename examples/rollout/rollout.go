@@ -169,10 +169,12 @@ func run(ctx context.Context, cfg config) (res *report, err error) {
 	for _, quiesce := range []bool{true, false} {
 		s := &scenario{cfg: cfg, quiesce: quiesce, bin: bin, kubeconfig: kubeconfigPath,
 			certDir: certDir, routerAddr: routerAddr, c: c, say: say}
+		start := time.Now()
 		r, err := s.play(ctx)
 		if err != nil {
 			return res, fmt.Errorf("%s run: %w", s.mode(), err)
 		}
+		s.say("%s run: played in %s", s.mode(), time.Since(start).Round(time.Millisecond))
 		res.Rollouts = append(res.Rollouts, r)
 	}
 	if cfg.SkipSingle {
@@ -181,10 +183,12 @@ func run(ctx context.Context, cfg config) (res *report, err error) {
 	for _, quiesce := range []bool{true, false} {
 		s := &single{cfg: cfg, quiesce: quiesce, bin: bin, kubeconfig: kubeconfigPath,
 			certDir: certDir, routerAddr: routerAddr, c: c, say: say}
+		start := time.Now()
 		r, err := s.play(ctx)
 		if err != nil {
 			return res, fmt.Errorf("%s single-replica run: %w", s.mode(), err)
 		}
+		s.say("%s single-replica run: played in %s", s.mode(), time.Since(start).Round(time.Millisecond))
 		res.Single = append(res.Single, r)
 	}
 	return res, nil

@@ -120,8 +120,9 @@ func (rp *replica) count(substr string) int {
 	return n
 }
 
-// waitFor waits until n lines of its log contain substr, in any case.
-func (rp *replica) waitFor(ctx context.Context, substr string, n int, timeout time.Duration) error {
+// waitFor waits until n lines of its log contain substr, in any case, for startTimeout at most.
+func (rp *replica) waitFor(ctx context.Context, substr string, n int) error {
+	timeout := startTimeout
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
 	for rp.count(substr) < n {

@@ -207,7 +207,10 @@ func (res *result) check() error {
 
 // checkTimeline: the timeline has the expected steps, in order, their sinceStop never
 // decreasing: the webhook server stops after the drain.
-func checkTimeline(steps []step) error {
+func checkTimeline(steps []step) error { return checkSteps(steps, timelineSteps) }
+
+// checkSteps: steps are want, in order, their sinceStop never decreasing.
+func checkSteps(steps []step, want []string) error {
 	var msgs []string
 	prev := time.Duration(-1)
 	for _, s := range steps {
@@ -221,8 +224,8 @@ func checkTimeline(steps []step) error {
 		prev = d
 		msgs = append(msgs, s.Msg)
 	}
-	if !slices.Equal(msgs, timelineSteps) {
-		return fmt.Errorf("timeline steps = %q, want %q", msgs, timelineSteps)
+	if !slices.Equal(msgs, want) {
+		return fmt.Errorf("timeline steps = %q, want %q", msgs, want)
 	}
 	return nil
 }

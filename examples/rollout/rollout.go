@@ -45,11 +45,16 @@ type config struct {
 	HTTP2       bool // the webhook servers speak HTTP/2 too
 	// Before is how many reconciles the first leader finishes before its SIGTERM (default
 	// 20); After how long the client keeps creating once the new leader reconciles (1s).
-	Before   int
-	After    time.Duration
-	Operator string    // an operator binary; empty: build one
-	Out      io.Writer // the narration; nil: discard
-	ShowLogs bool      // stream the replicas' logs to Out
+	Before int
+	After  time.Duration
+	// The single-replica case: SingleObjects ConfigMaps (default 10) whose reconciles work
+	// SingleWork each (default 1s) when SIGTERM comes; SkipSingle leaves it out.
+	SingleObjects int
+	SingleWork    time.Duration
+	SkipSingle    bool
+	Operator      string    // an operator binary; empty: build one
+	Out           io.Writer // the narration; nil: discard
+	ShowLogs      bool      // stream the replicas' logs to Out
 }
 
 func (c *config) setDefaults() {
@@ -64,6 +69,10 @@ func (c *config) setDefaults() {
 	def(&c.Interval, 25*time.Millisecond)
 	def(&c.WebhookWork, 20*time.Millisecond)
 	def(&c.After, time.Second)
+	def(&c.SingleWork, time.Second)
+	if c.SingleObjects <= 0 {
+		c.SingleObjects = 10
+	}
 	if c.Burst <= 0 {
 		c.Burst = 1
 	}
@@ -75,9 +84,16 @@ func (c *config) setDefaults() {
 	}
 }
 
-// run starts one control plane and plays the rollout with quiesce, then without.
+// report is what run measured: the rollouts, then the single-replica runs (quiesce first).
+type report struct {
+	Rollouts []*result
+	Single   []*singleResult
+}
+
+// run starts one control plane and plays the rollout with quiesce, then without, then the
+// single-replica case with quiesce, then without (unless cfg.SkipSingle).
 // Whatever happens, it leaves no process running and removes its temporary files.
-func run(ctx context.Context, cfg config) (res []*result, err error) {
+func run(ctx context.Context, cfg config) (res *report, err error) {
 	cfg.setDefaults()
 	out := &runner.SyncWriter{W: cfg.Out}
 	cfg.Out = out
@@ -148,14 +164,32 @@ func run(ctx context.Context, cfg config) (res []*result, err error) {
 
 	routerAddr := net.JoinHostPort(env.WebhookInstallOptions.LocalServingHost,
 		strconv.Itoa(env.WebhookInstallOptions.LocalServingPort))
+	certDir := env.WebhookInstallOptions.LocalServingCertDir
+	res = &report{}
 	for _, quiesce := range []bool{true, false} {
 		s := &scenario{cfg: cfg, quiesce: quiesce, bin: bin, kubeconfig: kubeconfigPath,
-			certDir: env.WebhookInstallOptions.LocalServingCertDir, routerAddr: routerAddr, c: c, say: say}
+			certDir: certDir, routerAddr: routerAddr, c: c, say: say}
+		start := time.Now()
 		r, err := s.play(ctx)
 		if err != nil {
 			return res, fmt.Errorf("%s run: %w", s.mode(), err)
 		}
-		res = append(res, r)
+		s.say("%s run: played in %s", s.mode(), time.Since(start).Round(time.Millisecond))
+		res.Rollouts = append(res.Rollouts, r)
+	}
+	if cfg.SkipSingle {
+		return res, nil
+	}
+	for _, quiesce := range []bool{true, false} {
+		s := &single{cfg: cfg, quiesce: quiesce, bin: bin, kubeconfig: kubeconfigPath,
+			certDir: certDir, routerAddr: routerAddr, c: c, say: say}
+		start := time.Now()
+		r, err := s.play(ctx)
+		if err != nil {
+			return res, fmt.Errorf("%s single-replica run: %w", s.mode(), err)
+		}
+		s.say("%s single-replica run: played in %s", s.mode(), time.Since(start).Round(time.Millisecond))
+		res.Single = append(res.Single, r)
 	}
 	return res, nil
 }

@@ -30,12 +30,7 @@ type scenario struct {
 	say                                  func(string, ...any)
 }
 
-func (s *scenario) mode() string {
-	if s.quiesce {
-		return "quiesce"
-	}
-	return "plain"
-}
+func (s *scenario) mode() string { return modeOf(s.quiesce) }
 
 func (s *scenario) args(ns string) []string {
 	return []string{
@@ -71,7 +66,7 @@ func (s *scenario) play(ctx context.Context) (*result, error) {
 	}
 	defer a.kill()
 	rt.add(a.name, a.webhookAddr, a.readyz)
-	if err := a.waitFor(ctx, leaseAcquired, 1, startTimeout); err != nil {
+	if err := a.waitFor(ctx, leaseAcquired, 1); err != nil {
 		return nil, err
 	}
 	if err := pool.waitIn(ctx, a.name); err != nil {
@@ -96,7 +91,7 @@ func (s *scenario) play(ctx context.Context) (*result, error) {
 			cr.finish()
 		}
 	}()
-	if err := a.waitFor(ctx, `"done":true`, s.cfg.Before, startTimeout); err != nil {
+	if err := a.waitFor(ctx, `"done":true`, s.cfg.Before); err != nil {
 		return nil, err
 	}
 	res := &result{Mode: mode, SignalAt: time.Now()}
@@ -115,7 +110,7 @@ func (s *scenario) play(ctx context.Context) (*result, error) {
 	<-a.logDone
 	res.ExitCode = a.cmd.ProcessState.ExitCode()
 	s.say("%s exited with code %d, %s after SIGTERM", a.name, res.ExitCode, res.ExitAfter.Round(time.Millisecond))
-	if err := b.waitFor(ctx, reconcileEnded, 1, startTimeout); err != nil {
+	if err := b.waitFor(ctx, reconcileEnded, 1); err != nil {
 		return nil, err
 	}
 	select {

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/go-logr/logr"
+	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
@@ -16,7 +18,8 @@ import (
 )
 
 // Reconciler reconciles a labelled ConfigMap once: it works for Work, then writes its ID in
-// DoneAnnotation.
+// DoneAnnotation. That write is an UPDATE of a labelled ConfigMap: the operator's own
+// validating webhook validates it, as it validates the creates.
 type Reconciler struct {
 	client.Client
 	ID   string
@@ -41,7 +44,8 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (worked bo
 	if _, done := cm.Annotations[DoneAnnotation]; done {
 		return false, nil
 	}
-	// The work: it stops when its context ends.
+	// The work: it stops when its context ends. The line says that a reconcile is in flight.
+	log.FromContext(ctx).Info("Reconcile working")
 	t := time.NewTimer(r.Work)
 	defer t.Stop()
 	select {
@@ -69,7 +73,16 @@ var decoder = admission.NewDecoder(scheme.Scheme)
 // validator admits every ConfigMap that has the label LabelKey (the webhook configuration
 // selects those only) after working for work, as a webhook that looks something up; it
 // denies the others.
-type validator struct{ work time.Duration }
+//
+// With ownWrites (--self-write) it also validates the reconciles' own writes: an UPDATE that
+// adds DoneAnnotation must name a replica (a non-empty value), and each one it admits is
+// logged, "Admitted own write", so that the runner can tell when this replica's webhook
+// admitted the writes of its reconciles (during the drain, in the single-replica case).
+type validator struct {
+	work      time.Duration
+	ownWrites bool
+	log       logr.Logger
+}
 
 func (v *validator) Handle(ctx context.Context, req admission.Request) admission.Response {
 	t := time.NewTimer(v.work)
@@ -86,6 +99,29 @@ func (v *validator) Handle(ctx context.Context, req admission.Request) admission
 	if _, ok := cm.Labels[LabelKey]; !ok {
 		return admission.Denied("the ConfigMap has no label " + LabelKey)
 	}
+	if v.ownWrites && req.Operation == admissionv1.Update {
+		return v.ownWrite(req, &cm)
+	}
+	return admission.Allowed("")
+}
+
+// ownWrite validates an UPDATE of cm: one that adds DoneAnnotation is a reconcile's write.
+func (v *validator) ownWrite(req admission.Request, cm *corev1.ConfigMap) admission.Response {
+	by, done := cm.Annotations[DoneAnnotation]
+	if !done {
+		return admission.Allowed("")
+	}
+	var old corev1.ConfigMap
+	if err := decoder.DecodeRaw(req.OldObject, &old); err != nil {
+		return admission.Errored(http.StatusBadRequest, err)
+	}
+	if _, was := old.Annotations[DoneAnnotation]; was {
+		return admission.Allowed("")
+	}
+	if by == "" {
+		return admission.Denied("annotation " + DoneAnnotation + " must name the replica that reconciled the ConfigMap")
+	}
+	v.log.Info("Admitted own write", "namespace", req.Namespace, "name", req.Name, "reconciledBy", by)
 	return admission.Allowed("")
 }
 

@@ -3,11 +3,14 @@
 // Fail, registered with Register) served by every replica, and, on the leader, a controller
 // that reconciles the labelled ConfigMaps to completion.
 //
-// Each reconcile that finds a ConfigMap without DoneAnnotation works for --work, honouring its
-// context, then writes DoneAnnotation (the replica's --id). Every reconcile logs one line,
+// Each reconcile that finds a ConfigMap without DoneAnnotation logs "Reconcile working", works
+// for --work, honouring its context, then writes DoneAnnotation (the replica's --id): an
+// UPDATE that the operator's own webhook validates. Every reconcile logs one line,
 // "Reconcile ended", with the replica, its start and end times and whether it worked and
 // finished, so that a reader of both replicas' logs can check that two leaders never
-// reconcile at once and that no object is left unreconciled.
+// reconcile at once and that no object is left unreconciled. With --self-write the webhook
+// also checks the reconciles' writes (DoneAnnotation must name a replica) and logs each one
+// it admits, "Admitted own write": the single-replica case of the runner counts them.
 //
 // --quiesce=true (the default) wires quiesce in: runnable.Add with ShutdownDelay and
 // GracePeriod, runnable.WebhookServer around the webhook server, reconcilers.Wrap around

@@ -39,6 +39,7 @@ const (
 type config struct {
 	id, namespace, leaseName        string
 	quiesce, leaderElect, http2     bool
+	selfWrite                       bool
 	webhookHost, certDir            string
 	webhookPort                     int
 	metricsAddr, probeAddr          string
@@ -70,6 +71,9 @@ func main() {
 	flag.DurationVar(&c.retryPeriod, "leader-election-retry-period", time.Second,
 		"How often a standby tries to acquire the lease.")
 	flag.IntVar(&c.workers, "max-concurrent-reconciles", 10, "How many reconciles run at once.")
+	flag.BoolVar(&c.selfWrite, "self-write", false,
+		"The webhook validates the reconciles' own writes (an UPDATE adding "+DoneAnnotation+
+			" must name a replica) and logs each one it admits.")
 	opts := zap.Options{
 		Level:           zapcore.InfoLevel,
 		TimeEncoder:     zapcore.RFC3339NanoTimeEncoder,
@@ -147,7 +151,9 @@ func run(setupLog logr.Logger, c config) int {
 		setupLog.Error(err, "Failed to add readyz check")
 		return 1
 	}
-	mgr.GetWebhookServer().Register(ValidatePath, &webhook.Admission{Handler: &validator{work: c.webhookWork}})
+	mgr.GetWebhookServer().Register(ValidatePath, &webhook.Admission{Handler: &validator{
+		work: c.webhookWork, ownWrites: c.selfWrite, log: ctrl.Log.WithName("validator"),
+	}})
 	if err := ctrl.NewControllerManagedBy(mgr).Named("rollout").For(&corev1.ConfigMap{}).
 		WithOptions(controller.Options{MaxConcurrentReconciles: c.workers}).Complete(r); err != nil {
 		setupLog.Error(err, "Failed to create controller", "controller", "rollout")

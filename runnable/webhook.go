@@ -1,13 +1,9 @@
 package runnable
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
-	"io"
 	"net/http"
-	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -22,10 +18,14 @@ import (
 // and the same ctrl.Options as Options.ManagerOptions to Add, which connects it to the
 // Runnable. Handlers registered on it (by ctrl.NewWebhookManagedBy, or by Register) then:
 //
-//   - run each request as a tracked call of the Runnable's executor, named
-//     "webhook/<path>/<namespace>/<name>" after the object of the AdmissionReview (the
-//     parts that are empty left out; a request body that is not a JSON review of at most
-//     7 MiB gives "webhook/<path>"): reports, /debug/quiesce and the metrics show it;
+//   - run each request as a tracked call of the Runnable's executor: reports,
+//     /debug/quiesce and the metrics show it. For an *admission.Webhook (what
+//     ctrl.NewWebhookManagedBy registers), the call is its Handler's Handle, named
+//     "webhook/<path>/<namespace>/<name>" after the admission.Request that controller-runtime
+//     decoded (the object's generateName when it has no name yet; the parts that are empty
+//     left out): the wrapper reads no body and decodes nothing more. Any other handler
+//     (a conversion webhook, a handler of your own) runs as a call named "webhook/<path>",
+//     its body untouched;
 //   - get a context that the server's stop does not cancel (controller-runtime v0.24 and
 //     later cancel it when the webhook server stops), only the client going away, or the
 //     drain at CancelAfter;
@@ -79,7 +79,7 @@ func (s *webhookServer) NeedLeaderElection() bool { return s.inner.NeedLeaderEle
 
 // Register registers hook at path on the inner server, wrapped as the WebhookServer doc says.
 func (s *webhookServer) Register(path string, hook http.Handler) {
-	s.inner.Register(path, &trackedHook{s: s, name: strings.Trim(path, "/"), hook: hook})
+	s.inner.Register(path, newTrackedHook(s, path, hook))
 }
 
 // StartedChecker is the inner server's.
@@ -132,7 +132,11 @@ func (s *webhookServer) closeListener() {
 type trackedHook struct {
 	s    *webhookServer
 	name string // the path without its slashes
+	call string // "webhook/<path>": the name of a call that no admission.Request names
 	hook http.Handler
+	// admission: hook is an *admission.Webhook whose Handler a trackedHandler wraps, and
+	// so runs the tracked call itself; ServeHTTP starts none.
+	admission bool
 }
 
 func (h *trackedHook) ServeHTTP(w http.ResponseWriter, req *http.Request) {
@@ -144,12 +148,17 @@ func (h *trackedHook) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	if r.stop.began() {
 		w.Header().Set("Connection", "close")
 	}
-	namespace, name := peekObject(req)
 	ctx, cancel := liveContext(req.Context())
 	defer cancel()
+	if h.admission {
+		// The Webhook decodes the review once; its wrapped Handler runs the tracked call,
+		// named after the decoded request.
+		defer h.recoverAdmission(w, r)
+		h.hook.ServeHTTP(w, req.WithContext(ctx))
+		return
+	}
 	ran := false
-	o := internal.CallOptions{Name: webhookCallName(h.name, namespace, name)}
-	err := internal.Of(r.ex).Run(ctx, o, func(ctx context.Context) error {
+	err := internal.Of(r.ex).Run(ctx, internal.CallOptions{Name: h.call}, func(ctx context.Context) error {
 		ran = true
 		h.hook.ServeHTTP(w, req.WithContext(ctx))
 		return nil
@@ -183,48 +192,6 @@ func liveContext(parent context.Context) (context.Context, context.CancelFunc) {
 		stop()
 		cancel(nil)
 	}
-}
-
-// maxReviewSize bounds the body read to name a call, as controller-runtime's admission
-// handler bounds it.
-const maxReviewSize = 7 << 20
-
-// peekObject returns the namespace and name of the object of the AdmissionReview in req's
-// body (its generateName when it has no name yet), or "" when the body is not such a
-// review of at most maxReviewSize bytes. It leaves req's body whole for the handler.
-func peekObject(req *http.Request) (namespace, name string) {
-	if req.Body == nil || req.Body == http.NoBody {
-		return "", ""
-	}
-	data, err := io.ReadAll(io.LimitReader(req.Body, maxReviewSize+1))
-	req.Body = readCloser{Reader: io.MultiReader(bytes.NewReader(data), req.Body), Closer: req.Body}
-	if err != nil || len(data) > maxReviewSize {
-		return "", ""
-	}
-	var review struct {
-		Request *struct {
-			Namespace string `json:"namespace"`
-			Name      string `json:"name"`
-			Object    struct {
-				Metadata struct {
-					GenerateName string `json:"generateName"`
-				} `json:"metadata"`
-			} `json:"object"`
-		} `json:"request"`
-	}
-	if json.Unmarshal(data, &review) != nil || review.Request == nil {
-		return "", ""
-	}
-	name = review.Request.Name
-	if name == "" {
-		name = review.Request.Object.Metadata.GenerateName
-	}
-	return review.Request.Namespace, name
-}
-
-type readCloser struct {
-	io.Reader
-	io.Closer
 }
 
 // webhookCallName is the name of an admission request's call: "webhook/<path>/<namespace>/<name>",

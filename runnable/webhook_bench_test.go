@@ -74,7 +74,7 @@ func BenchmarkAdmission(b *testing.B) {
 					mux.Handle("/validate", wh) // as the inner server registers it
 				}
 				req := httptest.NewRequest(http.MethodPost, "/validate", nil)
-				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("Content-Type", jsonType)
 				h, _ := mux.Handler(req)
 				rb := &reusableBody{}
 				b.SetBytes(int64(len(body)))

@@ -19,6 +19,11 @@ import (
 	"github.com/quiesce-dev/quiesce/drain"
 )
 
+const (
+	reviewUID = "uid-1"            // the UID of admissionReview's requests
+	jsonType  = "application/json" // the Content-Type of an AdmissionReview
+)
+
 // connectedWebhookServer returns a WebhookServer over a fakeServer, connected to a new
 // Runnable as Add connects them; the Runnable logs to logs.
 func connectedWebhookServer(logs *lines) (*Runnable, *webhookServer) {
@@ -34,7 +39,7 @@ func connectedWebhookServer(logs *lines) (*Runnable, *webhookServer) {
 func admissionReview(t testing.TB, namespace, name, object string) []byte {
 	t.Helper()
 	ar := admissionv1.AdmissionReview{Request: &admissionv1.AdmissionRequest{
-		UID: "uid-1", Namespace: namespace, Name: name, Operation: admissionv1.Create,
+		UID: reviewUID, Namespace: namespace, Name: name, Operation: admissionv1.Create,
 	}}
 	ar.SetGroupVersionKind(admissionv1.SchemeGroupVersion.WithKind("AdmissionReview"))
 	if object != "" {
@@ -50,7 +55,7 @@ func admissionReview(t testing.TB, namespace, name, object string) []byte {
 // post serves a POST of body at path on h, as the API server sends an AdmissionReview.
 func post(h http.Handler, path string, body io.Reader) *httptest.ResponseRecorder {
 	req := httptest.NewRequest(http.MethodPost, path, body)
-	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Content-Type", jsonType)
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, req)
 	return rec
@@ -106,7 +111,7 @@ func TestAdmissionCallNames(t *testing.T) {
 		{"generateName not a string", "", "", `{"metadata":{"generateName":5}}`, "webhook/validate-v1-job"},
 	} {
 		rec := post(ws.WebhookMux(), "/validate-v1-job", strings.NewReader(string(admissionReview(t, tc.namespace, tc.name, tc.object))))
-		if res := response(t, rec); !res.Allowed || res.UID != "uid-1" {
+		if res := response(t, rec); !res.Allowed || res.UID != reviewUID {
 			t.Errorf("%s: response %+v, want allowed, with the request's UID", tc.what, res)
 		}
 		if got := names.get(); len(got) != 1 || got[0] != tc.want {
@@ -181,18 +186,18 @@ func TestMalformedAdmissionServedAsBefore(t *testing.T) {
 		body, contentType string
 		want              []string // the calls the handler runs in
 	}{
-		{"not json", "application/json", nil},
-		{`{"request":`, "application/json", nil},
+		{"not json", jsonType, nil},
+		{`{"request":`, jsonType, nil},
 		{string(admissionReview(t, "ns", "x", `{}`)), "text/plain", nil},
-		{`{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1"}`, "application/json", []string{"webhook/v"}},
-		{"", "application/json", []string{"webhook/v"}}, // decoded as an empty review
+		{`{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1"}`, jsonType, []string{"webhook/m"}},
+		{"", jsonType, []string{"webhook/m"}}, // decoded as an empty review
 	} {
 		r, ws := connectedWebhookServer(&lines{})
 		names := &callNames{}
-		ws.Register("/v", &admission.Webhook{Handler: names})
+		ws.Register("/m", &admission.Webhook{Handler: names})
 		plain := &admission.Webhook{Handler: &callNames{}}
 		serve := func(h http.Handler) *httptest.ResponseRecorder {
-			req := httptest.NewRequest(http.MethodPost, "/v", strings.NewReader(tc.body))
+			req := httptest.NewRequest(http.MethodPost, "/m", strings.NewReader(tc.body))
 			req.Header.Set("Content-Type", tc.contentType)
 			rec := httptest.NewRecorder()
 			h.ServeHTTP(rec, req)
@@ -234,7 +239,7 @@ func TestAdmissionPanics(t *testing.T) {
 		ws.Register("/p", &admission.Webhook{Handler: boom})
 		rec := post(ws.WebhookMux(), "/p", body())
 		if res := response(t, rec); rec.Code != http.StatusOK || res.Allowed || res.Result == nil ||
-			res.Result.Code != http.StatusInternalServerError || !strings.Contains(res.Result.Message, "boom") || res.UID != "uid-1" {
+			res.Result.Code != http.StatusInternalServerError || !strings.Contains(res.Result.Message, "boom") || res.UID != reviewUID {
 			t.Errorf("response %d %+v, want the Webhook's error response: 500 in the review, naming the panic", rec.Code, res)
 		}
 		onePanicLine(t, logs, "webhook/p/ns/x")

@@ -20,12 +20,12 @@ import (
 //
 //   - run each request as a tracked call of the Runnable's executor: reports,
 //     /debug/quiesce and the metrics show it. For an *admission.Webhook (what
-//     ctrl.NewWebhookManagedBy registers), the call is its Handler's Handle, named
-//     "webhook/<path>/<namespace>/<name>" after the admission.Request that controller-runtime
-//     decoded (the object's generateName when it has no name yet; the parts that are empty
-//     left out): the wrapper reads no body and decodes nothing more. Any other handler
-//     (a conversion webhook, a handler of your own) runs as a call named "webhook/<path>",
-//     its body untouched;
+//     ctrl.NewWebhookManagedBy registers), the call is its Handler's Handle (Register
+//     wraps the Handler field in place), named "webhook/<path>/<namespace>/<name>" after
+//     the admission.Request that controller-runtime decoded (the object's generateName
+//     when it has no name yet; the parts that are empty left out): the wrapper reads no
+//     body and decodes nothing more. Any other handler (a conversion webhook, a handler
+//     of your own) runs as a call named "webhook/<path>", its body untouched;
 //   - get a context that the server's stop does not cancel (controller-runtime v0.24 and
 //     later cancel it when the webhook server stops), only the client going away, or the
 //     drain at CancelAfter;

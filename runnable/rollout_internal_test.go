@@ -1,7 +1,6 @@
 package runnable
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -228,8 +227,8 @@ func TestShutdownDelayOnTheLeader(t *testing.T) {
 		_, cancelB, doneB := rp.inner.serve("/validate", review("ns", "b"))
 		defer cancelB()
 		synctest.Wait()
-		if p := rp.r.Executor().Pending(); len(p) != 1 || p[0].Name != "webhook/validate/ns/b" {
-			t.Fatalf("Pending = %+v, want the call webhook/validate/ns/b", p)
+		if p := rp.r.Executor().Pending(); len(p) != 1 || p[0].Name != "webhook/validate" {
+			t.Fatalf("Pending = %+v, want the call webhook/validate", p)
 		}
 		if err := rp.r.ReadyzCheck(nil); err != nil {
 			t.Fatalf("ReadyzCheck before the stop = %v", err)
@@ -314,10 +313,10 @@ func TestStandbyDrainsItsWebhookCalls(t *testing.T) {
 		}
 		err := rp.r.Err()
 		var pe *drain.PendingError
-		if !errors.As(err, &pe) || len(pe.Pending) != 1 || pe.Pending[0].Name != "webhook/mutate/cluster-scoped" {
-			t.Fatalf("Err = %v, want the abandoned webhook/mutate/cluster-scoped", err)
+		if !errors.As(err, &pe) || len(pe.Pending) != 1 || pe.Pending[0].Name != "webhook/mutate" {
+			t.Fatalf("Err = %v, want the abandoned webhook/mutate", err)
 		}
-		if l := rp.logs.line(abandonedMsg); !strings.Contains(l, `"name"="webhook/mutate/cluster-scoped"`) || !strings.Contains(l, `"sinceStop"="5s"`) {
+		if l := rp.logs.line(abandonedMsg); !strings.Contains(l, `"name"="webhook/mutate"`) || !strings.Contains(l, `"sinceStop"="5s"`) {
 			t.Errorf("abandoned line %q lacks the call or sinceStop", l)
 		}
 		release <- struct{}{}
@@ -479,7 +478,7 @@ func TestWebhookPanicIsNamedAndAnswered(t *testing.T) {
 	if rec.Code != http.StatusInternalServerError {
 		t.Errorf("a panicking handler's response = %d, want 500", rec.Code)
 	}
-	if l := logs.line("Webhook handler panicked"); !strings.Contains(l, `"name"="webhook/p/ns/x"`) || !strings.Contains(l, "boom") ||
+	if l := logs.line("Webhook handler panicked"); !strings.Contains(l, `"name"="webhook/p"`) || !strings.Contains(l, "boom") ||
 		!strings.Contains(l, "rollout_internal_test.go") {
 		t.Errorf("panic line %q lacks the call's name, the value or the stack", l)
 	}
@@ -511,29 +510,6 @@ func TestWebhookServedOnceTheDrainBegan(t *testing.T) {
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v", strings.NewReader(review("ns", "x"))))
 	if rec.Code != http.StatusTeapot {
 		t.Errorf("a request after the drain began got %d, want the handler's answer", rec.Code)
-	}
-}
-
-func TestPeekObjectLeavesTheBodyWhole(t *testing.T) {
-	big := `{"request":{"namespace":"ns","name":"a","object":{"data":"` + strings.Repeat("x", maxReviewSize) + `"}}}`
-	for _, tc := range []struct {
-		body, namespace, name string
-	}{
-		{review("ns", "a"), "ns", "a"},
-		{`{"request":{"namespace":"ns","object":{"metadata":{"generateName":"job-"}}}}`, "ns", "job-"},
-		{`{"request":{"uid":"1","objects":[]}}`, "", ""}, // a ConversionReview
-		{"not json", "", ""},
-		{big, "", ""}, // too big to read for a name
-	} {
-		req := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(tc.body))
-		ns, name := peekObject(req)
-		if ns != tc.namespace || name != tc.name {
-			t.Errorf("peekObject(%.40q) = %q, %q, want %q, %q", tc.body, ns, name, tc.namespace, tc.name)
-		}
-		got, err := io.ReadAll(req.Body)
-		if err != nil || !bytes.Equal(got, []byte(tc.body)) {
-			t.Errorf("body after peekObject(%.40q): %d bytes, %v; want it whole", tc.body, len(got), err)
-		}
 	}
 }
 

@@ -1,13 +1,9 @@
 package runnable
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
-	"io"
 	"net/http"
-	"strings"
 	"sync/atomic"
 
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
@@ -21,10 +17,14 @@ import (
 // and the same ctrl.Options as Options.ManagerOptions to Add, which connects it to the
 // Runnable. Handlers registered on it (by ctrl.NewWebhookManagedBy, or by Register) then:
 //
-//   - run each request as a tracked call of the Runnable's executor, named
-//     "webhook/<path>/<namespace>/<name>" after the object of the AdmissionReview (the
-//     parts that are empty left out; a request body that is not a JSON review of at most
-//     7 MiB gives "webhook/<path>"): reports, /debug/quiesce and the metrics show it;
+//   - run each request as a tracked call of the Runnable's executor: reports,
+//     /debug/quiesce and the metrics show it. For an *admission.Webhook (what
+//     ctrl.NewWebhookManagedBy registers), the call is its Handler's Handle (Register
+//     wraps the Handler field in place), named "webhook/<path>/<namespace>/<name>" after
+//     the admission.Request that controller-runtime decoded (the object's generateName
+//     when it has no name yet; the parts that are empty left out): the wrapper reads no
+//     body and decodes nothing more. Any other handler (a conversion webhook, a handler
+//     of your own) runs as a call named "webhook/<path>", its body untouched;
 //   - get a context that the server's stop does not cancel (controller-runtime v0.24 and
 //     later cancel it when the webhook server stops), only the client going away, or the
 //     drain at CancelAfter;
@@ -42,8 +42,10 @@ import (
 // replica that writes an object its own webhook validates is still admitted).
 //
 // A handler that panics is logged ("Webhook handler panicked", with the call's name and
-// stack), counted, and answered with 500, as controller-runtime's admission webhooks do
-// with RecoverPanic; http.ErrAbortHandler still aborts the response. Handlers added to
+// stack) and counted; then an *admission.Webhook answers as it does itself (with
+// RecoverPanic, its default: an AdmissionReview with code 500, and its panic metric), and
+// any other handler, or an admission.Webhook without RecoverPanic, gets an HTTP 500;
+// http.ErrAbortHandler still aborts the response. Handlers added to
 // WebhookMux directly are served, but not tracked. A wrapper that Add did
 // not connect fails to start ("not connected"), so that the manager does not start.
 // WebhookServer panics if inner is nil.
@@ -80,7 +82,7 @@ func (s *webhookServer) NeedLeaderElection() bool { return s.inner.NeedLeaderEle
 
 // Register registers hook at path on the inner server, wrapped as the WebhookServer doc says.
 func (s *webhookServer) Register(path string, hook http.Handler) {
-	s.inner.Register(path, &trackedHook{s: s, name: strings.Trim(path, "/"), hook: hook})
+	s.inner.Register(path, newTrackedHook(s, path, hook))
 }
 
 // StartedChecker is the inner server's.
@@ -113,7 +115,11 @@ func (s *webhookServer) Start(ctx context.Context) error {
 type trackedHook struct {
 	s    *webhookServer
 	name string // the path without its slashes
+	call string // "webhook/<path>": the name of a call that no admission.Request names
 	hook http.Handler
+	// admission: hook is an *admission.Webhook whose Handler a trackedHandler wraps, and
+	// so runs the tracked call itself; ServeHTTP starts none.
+	admission bool
 }
 
 func (h *trackedHook) ServeHTTP(w http.ResponseWriter, req *http.Request) {
@@ -125,12 +131,17 @@ func (h *trackedHook) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	if r.stop.began() {
 		w.Header().Set("Connection", "close")
 	}
-	namespace, name := peekObject(req)
 	ctx, cancel := liveContext(req.Context())
 	defer cancel()
+	if h.admission {
+		// The Webhook decodes the review once; its wrapped Handler runs the tracked call,
+		// named after the decoded request.
+		defer h.recoverAdmission(w, r)
+		h.hook.ServeHTTP(w, req.WithContext(ctx))
+		return
+	}
 	ran := false
-	o := internal.CallOptions{Name: webhookCallName(h.name, namespace, name), NoSlot: true}
-	err := r.core().Run(ctx, o, func(ctx context.Context) error {
+	err := r.core().Run(ctx, internal.CallOptions{Name: h.call, NoSlot: true}, func(ctx context.Context) error {
 		ran = true
 		h.hook.ServeHTTP(w, req.WithContext(ctx))
 		return nil
@@ -164,48 +175,6 @@ func liveContext(parent context.Context) (context.Context, context.CancelFunc) {
 		stop()
 		cancel(nil)
 	}
-}
-
-// maxReviewSize bounds the body read to name a call, as controller-runtime's admission
-// handler bounds it.
-const maxReviewSize = 7 << 20
-
-// peekObject returns the namespace and name of the object of the AdmissionReview in req's
-// body (its generateName when it has no name yet), or "" when the body is not such a
-// review of at most maxReviewSize bytes. It leaves req's body whole for the handler.
-func peekObject(req *http.Request) (namespace, name string) {
-	if req.Body == nil || req.Body == http.NoBody {
-		return "", ""
-	}
-	data, err := io.ReadAll(io.LimitReader(req.Body, maxReviewSize+1))
-	req.Body = readCloser{Reader: io.MultiReader(bytes.NewReader(data), req.Body), Closer: req.Body}
-	if err != nil || len(data) > maxReviewSize {
-		return "", ""
-	}
-	var review struct {
-		Request *struct {
-			Namespace string `json:"namespace"`
-			Name      string `json:"name"`
-			Object    struct {
-				Metadata struct {
-					GenerateName string `json:"generateName"`
-				} `json:"metadata"`
-			} `json:"object"`
-		} `json:"request"`
-	}
-	if json.Unmarshal(data, &review) != nil || review.Request == nil {
-		return "", ""
-	}
-	name = review.Request.Name
-	if name == "" {
-		name = review.Request.Object.Metadata.GenerateName
-	}
-	return review.Request.Namespace, name
-}
-
-type readCloser struct {
-	io.Reader
-	io.Closer
 }
 
 // webhookCallName is the name of an admission request's call: "webhook/<path>/<namespace>/<name>",

@@ -27,6 +27,7 @@ type call struct {
 
 	onCaller bool // Run: fn runs on the caller's goroutine
 	slot     bool // holds a MaxConcurrent slot, given back by finish
+	inSlot   bool // holds one, or runs in its outer call's: its nested calls take none
 
 	prev, next *call // the executor's list, guarded by Executor.mu
 

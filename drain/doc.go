@@ -35,7 +35,8 @@
 //   - Locate blocks while it captures the goroutine profile.
 //   - Pending, Draining, Stats and FromContext never block.
 //
-// All methods of an Executor are safe for concurrent use, including concurrent Drains, which
-// all wait and see the same outcome. A panic in fn never crashes the process, and neither
-// does a Logger that panics.
+// An Executor comes from New: every method of one that New did not create (a zero
+// Executor) panics at once, saying so. All methods of an Executor are safe for concurrent
+// use, including concurrent Drains, which all wait and see the same outcome. A panic in fn
+// never crashes the process, and neither does a Logger that panics.
 package drain

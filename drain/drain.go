@@ -182,7 +182,8 @@ const (
 	defaultSlowAfter   = time.Minute
 )
 
-// Executor runs named calls on tracked goroutines. Create it with New; all its methods are
+// Executor runs named calls on tracked goroutines. Create it with New: every method of an
+// Executor New did not create (a zero one) panics at once, saying so. All its methods are
 // safe for concurrent use. An Executor drains once: after Drain began it refuses every call
 // for the rest of its life.
 type Executor struct {
@@ -296,6 +297,7 @@ func (c *core) Fence(cause error) int {
 // With MaxConcurrent > 0, Call first waits for a free slot; while it waits, ctx ending
 // returns ctx.Err() and the drain beginning refuses the call.
 func (e *Executor) Call(ctx context.Context, name string, fn func(context.Context) error) error {
+	e.mustBeCreated()
 	return e.call(ctx, &internal.CallOptions{Name: name}, fn)
 }
 
@@ -336,6 +338,7 @@ func repanic(err error) {
 // Call. Nobody waits for fn's result: Pending reports the call as detached, and a panic
 // in fn is logged (message "Call panicked") and counted.
 func (e *Executor) Go(ctx context.Context, name string, fn func(context.Context) error) error {
+	e.mustBeCreated()
 	return e.goCall(ctx, &internal.CallOptions{Name: name}, fn)
 }
 
@@ -361,6 +364,7 @@ func (e *Executor) goCall(ctx context.Context, o *internal.CallOptions, fn func(
 // If fn calls runtime.Goexit, the call is settled and the caller's goroutine exits, as it
 // would calling fn directly.
 func (e *Executor) Run(ctx context.Context, name string, fn func(context.Context) error) error {
+	e.mustBeCreated()
 	return e.run(ctx, &internal.CallOptions{Name: name}, fn)
 }
 
@@ -396,6 +400,7 @@ func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn func(c
 	}
 	c := newCall(ctx, e, o, fn)
 	c.slot = slot
+	c.inSlot = slot || e.slots != nil && !o.Daemon && !o.NoSlot // else it runs in its outer call's
 	e.mu.Lock()
 	if e.isDraining {
 		e.mu.Unlock()
@@ -473,7 +478,7 @@ func (e *Executor) needsSlot(ctx context.Context, o *internal.CallOptions) bool 
 		return false
 	}
 	outer, ok := ctx.Value(internal.CallKey{}).(*call)
-	return !ok || outer.e != e || !outer.slot
+	return !ok || outer.e != e || !outer.inSlot
 }
 
 // acquire takes a MaxConcurrent slot, giving up when ctx ends or the drain begins.
@@ -513,6 +518,7 @@ func (e *Executor) refuse(o *internal.CallOptions) error {
 // Calls still running when a Drain gives up keep running and stay tracked; a later Drain
 // waits for them again.
 func (e *Executor) Drain(ctx context.Context) error {
+	e.mustBeCreated()
 	if ctx == nil {
 		ctx = context.Background()
 	}
@@ -632,6 +638,7 @@ func (e *Executor) list(limit int) (calls []*call, total int) {
 // A call shows from the moment Call, Go or Run admitted it. Where and Handler are left
 // empty: Locate fills them.
 func (e *Executor) Pending() []Pending {
+	e.mustBeCreated()
 	calls, _ := e.list(-1)
 	out := make([]Pending, len(calls))
 	for i, c := range calls {
@@ -646,15 +653,20 @@ func (e *Executor) Pending() []Pending {
 // the README, "Performance"). It returns the oldest limit calls (all if limit < 0) and how
 // many are pending.
 func (e *Executor) Locate(limit int) (calls []Pending, total int) {
+	e.mustBeCreated()
 	cs, total := e.list(limit)
 	return e.locate(cs), total
 }
 
 // Draining returns a channel closed when Drain begins.
-func (e *Executor) Draining() <-chan struct{} { return e.draining }
+func (e *Executor) Draining() <-chan struct{} {
+	e.mustBeCreated()
+	return e.draining
+}
 
 // Stats returns the executor's counters.
 func (e *Executor) Stats() Stats {
+	e.mustBeCreated()
 	// Finished before Started: a call is counted started before it can finish.
 	s := Stats{Finished: e.finished.Load()}
 	e.mu.Lock()

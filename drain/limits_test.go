@@ -284,3 +284,63 @@ func TestStress(t *testing.T) {
 		t.Logf("round %d: %d completed, %d refused", round, completed, refused)
 	}
 }
+
+// MaxConcurrent bounds reconciles and their calls: a call nested in a call holding a slot
+// runs in that slot (no self-deadlock with MaxConcurrent 1), and daemons and webhook calls
+// (internal.CallOptions Daemon, NoSlot) never wait for nor hold one.
+func TestMaxConcurrentSlots(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ex := drain.New(drain.Options{MaxConcurrent: 1, CancelAfter: -1})
+		core := internal.Of(ex)
+		release := make(chan struct{})
+		blocked := func(context.Context) error { <-release; return nil }
+
+		// A daemon and a webhook call run while the only slot is free, and hold none.
+		if err := core.Go(context.Background(), internal.CallOptions{Name: "daemon", Daemon: true}, blocked); err != nil {
+			t.Fatal(err)
+		}
+		if err := core.Go(context.Background(), internal.CallOptions{Name: "webhook", NoSlot: true}, blocked); err != nil {
+			t.Fatal(err)
+		}
+		// A reconcile takes the slot; its nested calls run in it.
+		nested := make(chan error, 1)
+		done := make(chan error, 1)
+		go func() {
+			done <- ex.Run(context.Background(), "reconcile", func(ctx context.Context) error {
+				nested <- ex.Call(ctx, "reconcile/inner", func(ctx context.Context) error {
+					return ex.Call(ctx, "reconcile/inner/deeper", func(context.Context) error { return nil })
+				})
+				<-release
+				return nil
+			})
+		}()
+		if err := <-nested; err != nil {
+			t.Fatalf("nested Call with MaxConcurrent 1 = %v", err)
+		}
+		synctest.Wait()
+		// The slot is the reconcile's: another reconcile waits, and honours its context.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if err := ex.Call(ctx, "other", blocked); !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("a second top-level call = %v, want to wait for the slot until its deadline", err)
+		}
+		// Still, a daemon and a webhook call start at once.
+		if err := core.Run(context.Background(), internal.CallOptions{Name: "webhook2", NoSlot: true},
+			func(context.Context) error { return nil }); err != nil {
+			t.Errorf("a webhook call with the slot taken = %v", err)
+		}
+		close(release)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		// Every slot was given back: a top-level call runs at once.
+		ctx2, cancel2 := context.WithTimeout(context.Background(), time.Second)
+		defer cancel2()
+		if err := ex.Call(ctx2, "after", func(context.Context) error { return nil }); err != nil {
+			t.Errorf("a call after everything returned = %v, want a free slot", err)
+		}
+		if err := ex.Drain(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

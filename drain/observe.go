@@ -18,9 +18,9 @@ func observed(calls []*call, ents []internal.Entry) []internal.Observed {
 	return out
 }
 
-// observeSlow tells the observers of the calls of a "Slow calls" line.
-func (e *Executor) observeSlow(calls []*call, ents []internal.Entry) {
-	obs := e.settings.Observers.List()
+// observeSlow tells the observers obs of the slow calls of a "Slow calls" line: up to
+// internal.MaxObserved of them, located, where the line lists maxListed.
+func (e *Executor) observeSlow(obs []internal.Observer, calls []*call, ents []internal.Entry) {
 	if len(obs) == 0 {
 		return
 	}

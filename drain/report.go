@@ -146,6 +146,13 @@ func (e *Executor) nextToTurnSlow(now time.Time) (time.Duration, bool) {
 // checkSlow logs the slow calls, if the line is due, and re-arms the timer while calls
 // are in flight.
 func (e *Executor) checkSlow() {
+	// The observers (reconcilers.WithEvents) are told of more slow calls than the line
+	// lists; all are located from the same capture, so the line costs no second one.
+	obs := e.settings.Observers.List()
+	limit := maxListed
+	if len(obs) > 0 {
+		limit = max(maxListed, internal.MaxObserved)
+	}
 	e.mu.Lock()
 	e.slowArmed = false
 	if e.isDraining || e.oldest == nil {
@@ -153,7 +160,7 @@ func (e *Executor) checkSlow() {
 		return
 	}
 	now := e.clock.Now()
-	slow, count, newest := e.slowCalls(now, maxListed)
+	slow, count, newest := e.slowCalls(now, limit)
 	switch d, ok := e.nextToTurnSlow(now); {
 	case count > 0:
 		e.armSlow(e.opts.ReportEvery)
@@ -181,10 +188,11 @@ func (e *Executor) checkSlow() {
 	}
 	defer e.logging.Store(false)
 	ents := entries(e.locate(slow), now)
-	kv := []any{"slow", count, "slowAfter", e.opts.SlowAfter.String(), "calls", ents}
-	if more := count - len(ents); more > 0 {
+	listed := ents[:min(len(ents), maxListed)]
+	kv := []any{"slow", count, "slowAfter", e.opts.SlowAfter.String(), "calls", listed}
+	if more := count - len(listed); more > 0 {
 		kv = append(kv, "more", more)
 	}
 	e.safely(func() { e.log.Info("Slow calls", kv...) })
-	e.observeSlow(slow, ents)
+	e.observeSlow(obs, slow, ents)
 }

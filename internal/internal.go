@@ -99,8 +99,20 @@ func (h Hidden) core() Core { return h.c }
 // outside this package with the method core (promoted from Hidden).
 type Executor interface{ core() Core }
 
-// Of returns the Core of ex, a non-nil *drain.Executor.
-func Of(ex Executor) Core { return ex.core() }
+// NotCreated is the panic of every method of a drain.Executor that drain.New did not
+// create (a zero or nil one), and of Of given one.
+const NotCreated = "drain: Executor not created by drain.New (use drain.New(drain.Options{}))"
+
+// Of returns the Core of ex, a non-nil *drain.Executor. It panics with NotCreated if ex is
+// a zero drain.Executor (one drain.New did not create): reconcilers.Wrap and the others
+// that call it when set up fail there, not at their first call.
+func Of(ex Executor) Core {
+	c := ex.core()
+	if c == nil {
+		panic(NotCreated)
+	}
+	return c
+}
 
 // CallKey is the context key under which fn's context (and every context derived from
 // it) returns its Call.

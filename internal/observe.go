@@ -10,6 +10,11 @@ import (
 // writes of one "Slow calls" line, and those about the calls abandoned at its end.
 const ObserveTimeout = 2 * time.Second
 
+// MaxObserved bounds how many slow calls the Observers are told of per "Slow calls" line:
+// the oldest MaxObserved of them, located (Where and Handler filled) from the line's own
+// capture of the stacks. The line lists fewer (20) and counts the rest.
+const MaxObserved = 100
+
 // Observed is a call as an Observer sees it: the entry a log line shows, and the options
 // the call was started with (Tag tells an observer which of its calls it is).
 type Observed struct {
@@ -20,12 +25,13 @@ type Observed struct {
 // Observer is told of calls that need a user's attention. reconcilers.WithEvents records
 // Events on their objects from it.
 type Observer interface {
-	// Slow is called with the calls of each "Slow calls" line, on the goroutine that
-	// logged it, after the line. It must not block. ctx carries the executor's logger
-	// (logr.FromContextOrDiscard) and never ends.
+	// Slow is called after each "Slow calls" line, on the goroutine that logged it, with
+	// every slow call of that moment (daemons aside), oldest first, up to MaxObserved of
+	// them: more than the line lists. Each is located as the line's are. It must not
+	// block. ctx carries the executor's logger (logr.FromContextOrDiscard) and never ends.
 	Slow(ctx context.Context, calls []Observed)
 	// Abandoned is called by runnable.Runnable, once, with every call still running at the
-	// end of the grace period, before its Start returns. It may block until ctx ends; ctx
+	// end of the grace period (all of them, located: no bound), before its Start returns. It may block until ctx ends; ctx
 	// carries the executor's logger.
 	Abandoned(ctx context.Context, calls []Observed)
 }

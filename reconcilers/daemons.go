@@ -148,11 +148,13 @@ type daemon struct {
 
 // NewDaemons returns the Daemons of the controller named controller (the name given to
 // Wrap), running on ex (in an operator, the Executor of the runnable.Runnable). It panics
-// if ex is nil or controller is empty: both are programming errors found at setup.
+// if ex is nil or not created by drain.New, or if controller is empty: programming errors
+// found at setup.
 func NewDaemons(ex *drain.Executor, controller string, opts DaemonsOptions) *Daemons {
 	if ex == nil {
 		panic("reconcilers.NewDaemons: nil executor")
 	}
+	internal.Of(ex) // panics for an Executor drain.New did not create
 	if controller == "" {
 		panic("reconcilers.NewDaemons: empty controller name")
 	}

@@ -37,8 +37,11 @@ const EventTimeout = 2 * time.Second
 // WithEvents records Warning Events on the object of a wrapped reconcile that needs
 // attention, so that `kubectl describe` shows them where users look first:
 //
-//   - ReasonReconcileSlow, when the reconcile (or a Call inside it) is logged as slow:
-//     once per object for as long as it stays slow;
+//   - ReasonReconcileSlow, when the reconcile (or a Call inside it) is found slow by a
+//     "Slow calls" line: once per object for as long as it stays slow. Every slow call
+//     counts, not only the 20 the line lists, up to the oldest 100 per line (a bound on
+//     the Event writes of one line; a reconcile beyond it gets its Event from a later line
+//     once older ones returned);
 //   - ReasonReconcileAbandoned, when the runnable.Runnable abandons it at the end of the
 //     grace period: written before the Runnable's Start returns, so before mgr.Start does.
 //

@@ -332,3 +332,49 @@ func TestAReconcileWhoseHandlerIsRefusedIsRequeued(t *testing.T) {
 		t.Fatal("the handler ran after the drain began")
 	}
 }
+
+// With MaxConcurrent 1, a reconcile's handler Calls run in its slot (no self-deadlock), and
+// a reconcile that controller-runtime cancels while it waits for the slot is requeued
+// quietly, not returned as an error.
+func TestMaxConcurrentBoundsReconcilesNotTheirCalls(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ex := drain.New(drain.Options{MaxConcurrent: 1, CancelAfter: -1})
+		drained(t, ex)
+		release := make(chan struct{})
+		inner := make(chan error, 1)
+		r := reconcilers.Wrap(ex, "cm", reconcile.Func(func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+			if req.Name == "first" {
+				inner <- reconcilers.Call(ctx, "sdk", func(context.Context) error { return nil })
+				<-release
+			}
+			return reconcile.Result{}, nil
+		}))
+		first := make(chan error, 1)
+		go func() {
+			_, err := r.Reconcile(context.Background(), request("ns", "first"))
+			first <- err
+		}()
+		if err := <-inner; err != nil {
+			t.Fatalf("Call inside the reconcile holding the only slot = %v", err)
+		}
+
+		ctx, cancel := context.WithCancel(context.Background())
+		second := make(chan struct{})
+		var res reconcile.Result
+		var err error
+		go func() {
+			defer close(second)
+			res, err = r.Reconcile(ctx, request("ns", "second"))
+		}()
+		synctest.Wait() // waits for the slot
+		cancel()        // controller-runtime's stop
+		<-second
+		if err != nil || res.RequeueAfter != reconcilers.DefaultRequeueAfter {
+			t.Errorf("a reconcile cancelled while waiting for a slot = %+v, %v; want a quiet requeue", res, err)
+		}
+		close(release)
+		if err := <-first; err != nil {
+			t.Fatal(err)
+		}
+	})
+}

@@ -2,36 +2,39 @@
 // drain.Executor and drains it within a grace period when the manager stops.
 //
 // Add it to a manager with Add, before mgr.Start; pass its Executor to reconcilers.Wrap.
-// Start blocks until the manager stops, then drains: it refuses new calls, waits up to
-// GracePeriod for the tracked ones while the executor logs what it still waits for, and
-// returns nil. If calls are still running when GracePeriod ends, it lists them in one
-// error line, "Abandoned calls still running after the grace period" (the oldest 20 with
-// name, age, detached, where and handler, and how many more), and returns an error that
-// counts them and wraps the *drain.PendingError naming each one. Err tells main, after
-// mgr.Start returned, whether calls were abandoned.
+// Add also adds a stop procedure, a runnable that needs no leader election: it runs on every
+// replica, leader and standbys, and controller-runtime stops it first, with the other
+// runnables of its group, and waits for it before it stops the leader-election group, the
+// caches, the webhooks and the HTTP servers (pkg/manager/internal.go, engageStopProcedure).
+// So the drain begins when the manager's stop begins, for every tracked call of the replica:
+// it refuses new calls, waits up to GracePeriod for the tracked ones while the executor logs
+// what it still waits for, and cancels their contexts at CancelAfter. If calls are still
+// running when GracePeriod ends, it lists them in one error line, "Abandoned calls still
+// running after the grace period" (the oldest 20 with name, age, detached, where and
+// handler, and how many more). Err tells main, after mgr.Start returned, whether calls were
+// abandoned. The Runnable's Start, stopped later with the leader-election group, only waits
+// for the drain; if its context ends while the drain still runs, controller-runtime did not
+// wait for it: the lease was lost, and the Runnable cancels every call's context at once.
 //
 // All methods are safe for concurrent use; none blocks but Start. A Runnable starts once.
 //
 // Through a Runnable, in-flight reconciles get to finish: the drain cancels their contexts
 // at 4/5 of GracePeriod, not at once (Options.CancelAfter, Options.CancelAtOnce).
 //
-// For rolling updates, Add also adds a stop procedure that runs on every replica, leader and
-// standbys (it does not need leader election, and controller-runtime stops such runnables
-// first and waits for them): when the manager's stop begins, readiness fails at once, the
-// manager keeps serving for Options.ShutdownDelay, then the WebhookServer's listener closes
-// and the drain proceeds (on a standby, the stop procedure drains the executor itself, which
-// tracks the webhook calls). Each step logs one line with its offset from the stop,
-// "sinceStop": "Stop began", "Shutdown delay over", "Closing webhook listener", "Draining
-// executor", "All calls returned" (or the abandoned line), "Webhook server stopped".
-// WebhookServer wraps the manager's webhook server so that each admission request is a
-// tracked call with a context the stop does not cancel.
+// For rolling updates, Options.ShutdownDelay and StopContext delay the manager's stop
+// itself: at SIGTERM readiness fails on every replica, and the whole manager keeps serving
+// for the delay (mgr.Start(q.StopContext(ctx))). WebhookServer wraps the manager's webhook
+// server so that each admission request is a tracked call with a context the stop does not
+// cancel; the webhooks serve until the drain is over, and stop last. Each step logs one
+// line with its offset from the stop, "sinceStop": "Stop began", "Shutdown delay over",
+// "Draining executor", "All calls returned" (or the abandoned line), "Webhook server stopped".
 //
 // Add checks its Options (negative ShutdownDelay, CancelAfter not below GracePeriod,
-// ShutdownDelay + GracePeriod not below the manager's GracefulShutdownTimeout, a second Add
-// on one manager) and returns an error naming the value to change.
+// GracePeriod not below the manager's GracefulShutdownTimeout, a second Add on one manager)
+// and returns an error naming the value to change; a failed Add adds nothing.
 //
 // Add also registers:
-//   - a readyz check, "quiesce", failing from the moment the drain begins;
+//   - a readyz check, "quiesce", failing from SIGTERM on when there is a ShutdownDelay;
 //   - the Runnable's ServeHTTP at /debug/quiesce on the manager's metrics server, behind
 //     its FilterProvider like /metrics: the pending calls as JSON;
 //   - process-wide Prometheus metrics in controller-runtime's metrics.Registry:

@@ -88,7 +88,8 @@ func ExampleRunnable_ServeHTTP() {
 }
 
 // For rolling updates: wrap the webhook server, give Add the manager's options and a
-// ShutdownDelay. Add checks the time budget and names the value to change.
+// ShutdownDelay, and start the manager with StopContext, which delays its stop. Add checks
+// the time budget and names the value to change.
 func ExampleWebhookServer() {
 	mgrOpts := ctrl.Options{
 		Metrics:                metricsserver.Options{BindAddress: "0"},
@@ -104,7 +105,7 @@ func ExampleWebhookServer() {
 	opts := runnable.Options{
 		ManagerOptions: &mgrOpts,
 		ShutdownDelay:  5 * time.Second,
-		GracePeriod:    25 * time.Second,
+		GracePeriod:    30 * time.Second,
 		Options:        drain.Options{Logger: logr.Discard()},
 	}
 	if _, err := runnable.Add(mgr, opts); err != nil {
@@ -113,10 +114,16 @@ func ExampleWebhookServer() {
 
 	timeout := 40 * time.Second
 	mgrOpts.GracefulShutdownTimeout = &timeout // as given to ctrl.NewManager
-	if _, err := runnable.Add(mgr, opts); err == nil {
-		fmt.Println("added")
+	q, err := runnable.Add(mgr, opts)
+	if err != nil {
+		fmt.Println(err)
+		return
 	}
+	fmt.Println("added")
+	// In main: the first SIGTERM begins the stop, the manager serves 5s more, then stops.
+	start := func(ctx context.Context) error { return mgr.Start(q.StopContext(ctx)) }
+	_ = start // start(ctrl.SetupSignalHandler())
 	// Output:
-	// failed to add quiesce runnable: ShutdownDelay (5s) + GracePeriod (25s) = 30s must be below the manager's GracefulShutdownTimeout (30s, controller-runtime's default, as ManagerOptions set none): raise GracefulShutdownTimeout in the manager's Options above 30s, or lower GracePeriod or ShutdownDelay
+	// failed to add quiesce runnable: GracePeriod (30s) must be below the manager's GracefulShutdownTimeout (30s, controller-runtime's default, as ManagerOptions set none): raise GracefulShutdownTimeout in the manager's Options above 30s, or lower GracePeriod
 	// added
 }

@@ -124,63 +124,85 @@ func review(namespace, name string) string {
 }
 
 // replica is a Runnable with its stop procedure and webhook server, wired as Add wires
-// them, with the manager's three groups as contexts: others (the stop procedure),
-// elected (the Runnable) and webhooks.
+// them, under a manager played by the test in controller-runtime's order: the signal
+// context goes through StopContext; when the manager's context ends, it stops the
+// runnables that need no leader election (the stop procedure), waits for them, then the
+// leader-election group (the Runnable), then the webhooks. loseLease plays the lease
+// loss: every group stopped at once, nothing waited for.
 type replica struct {
 	r     *Runnable
-	st    *stopper
 	ws    *webhookServer
 	inner *fakeServer
 	logs  *lines
 
+	sigterm                               context.CancelFunc // the first SIGTERM
 	stopOthers, stopElected, stopWebhooks context.CancelFunc
 	others, elected, webhooks             chan error
+	lost                                  chan struct{}
+	stopped                               chan struct{} // the manager's stop is over
 }
 
-func newReplica(t *testing.T, opts Options, delay time.Duration, leader bool) *replica {
+func newReplica(t *testing.T, opts Options, leader bool) *replica {
 	t.Helper()
 	logs := &lines{}
 	opts.Logger = logs.logger()
-	rp := &replica{inner: newFakeServer(), logs: logs,
+	rp := &replica{inner: newFakeServer(), logs: logs, lost: make(chan struct{}), stopped: make(chan struct{}),
 		others: make(chan error, 1), elected: make(chan error, 1), webhooks: make(chan error, 1)}
 	rp.ws = WebhookServer(rp.inner).(*webhookServer)
 	rp.r = newRunnable(withDefaults(opts), false)
-	rp.st = newStopper(rp.r, delay, rp.ws)
+	rp.r.stop.timeline = true
+	rp.r.core().Settings().Driven.Store(true)
 	if !rp.ws.connect(rp.r) {
 		t.Fatal("connect failed")
 	}
+	sig, sigterm := context.WithCancel(context.Background())
+	rp.sigterm = sigterm
+	mgrCtx := rp.r.StopContext(sig)
 	webhooks, stopWebhooks := context.WithCancel(context.Background())
 	others, stopOthers := context.WithCancel(context.Background())
 	elected, stopElected := context.WithCancel(context.Background())
 	rp.stopWebhooks, rp.stopOthers, rp.stopElected = stopWebhooks, stopOthers, stopElected
 	go func() { rp.webhooks <- rp.ws.Start(webhooks) }()
-	go func() { rp.others <- rp.st.Start(others) }()
+	go func() { rp.others <- (&stopper{r: rp.r}).Start(others) }()
 	if leader {
 		go func() { rp.elected <- rp.r.Start(elected) }()
+	} else {
+		rp.elected <- nil
 	}
+	go func() {
+		defer close(rp.stopped)
+		select {
+		case <-mgrCtx.Done():
+			stopOthers()
+			<-rp.others
+			stopElected()
+			<-rp.elected
+			stopWebhooks()
+			<-rp.webhooks
+		case <-rp.lost:
+			stopOthers()
+			stopElected()
+			stopWebhooks()
+		}
+	}()
+	t.Cleanup(func() {
+		sigterm()
+		<-rp.stopped
+	})
 	return rp
 }
 
-// stop stops the replica in controller-runtime's order: the runnables that need no
-// leader election, then the others, then the webhooks; it returns what the Runnable's
-// Start returned (the leader's) or the stop procedure (a standby's).
-func (rp *replica) stop(leader bool) error {
-	rp.stopOthers()
-	err := <-rp.others
-	rp.stopElected()
-	if leader {
-		err = <-rp.elected
-	}
-	rp.stopWebhooks()
-	if werr := <-rp.webhooks; werr != nil {
-		return werr
-	}
-	return err
+// stop stops the replica as SIGTERM does, and returns the Runnable's Err once the
+// manager's stop is over.
+func (rp *replica) stop() error {
+	rp.sigterm()
+	<-rp.stopped
+	return rp.r.Err()
 }
 
 func TestShutdownDelayOnTheLeader(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		rp := newReplica(t, Options{GracePeriod: 10 * time.Second}, 5*time.Second, true)
+		rp := newReplica(t, Options{GracePeriod: 10 * time.Second, ShutdownDelay: 5 * time.Second}, true)
 		release := make(chan struct{})
 		var ctxErr error
 		rp.ws.Register("/validate", http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
@@ -211,15 +233,20 @@ func TestShutdownDelayOnTheLeader(t *testing.T) {
 			t.Fatalf("ReadyzCheck before the stop = %v", err)
 		}
 
-		// The stop begins: readiness fails at once, everything keeps serving.
+		// SIGTERM: readiness fails at once, everything keeps serving, the manager too.
 		begin := time.Now()
-		rp.stopOthers()
+		rp.sigterm()
 		synctest.Wait()
-		if err := rp.r.ReadyzCheck(nil); err == nil {
-			t.Fatal("ReadyzCheck once the stop began = nil, want an error")
+		if err := rp.r.ReadyzCheck(nil); err == nil || !strings.Contains(err.Error(), "shutdown delay") {
+			t.Fatalf("ReadyzCheck once the stop began = %v, want the shutdown delay's error", err)
 		}
 		if rp.r.draining() {
 			t.Fatal("the executor drains during the delay")
+		}
+		select {
+		case err := <-rp.others:
+			t.Fatalf("the manager stopped during the delay: the stop procedure returned %v", err)
+		default:
 		}
 		rec, cancel, done = rp.inner.serve("/validate", review("ns", "a"))
 		<-done
@@ -228,45 +255,33 @@ func TestShutdownDelayOnTheLeader(t *testing.T) {
 			t.Errorf("during the delay: %d, Connection: %q, want 200 and close", rec.Code, rec.Header().Get("Connection"))
 		}
 
-		// The delay ends: the listener closes (the inner server's context ends), and the
-		// request in flight keeps a live context.
-		if err := <-rp.others; err != nil {
-			t.Fatalf("the stop procedure returned %v", err)
-		}
-		if took := time.Since(begin); took != 5*time.Second {
-			t.Errorf("the stop procedure returned after %v, want the 5s delay", took)
-		}
-		rp.stopElected()
+		// The delay ends: the manager stops, the drain begins and waits for the request
+		// in flight, which keeps a live context; the webhooks still serve.
+		time.Sleep(5 * time.Second)
 		synctest.Wait()
 		if !rp.r.draining() {
-			t.Fatal("the executor does not drain once the manager stopped the Runnable")
+			t.Fatal("the executor does not drain once the delay is over")
+		}
+		rec, cancel, done = rp.inner.serve("/validate", review("ns", "a"))
+		<-done
+		cancel()
+		if rec.Code != http.StatusOK {
+			t.Errorf("during the drain: %d, want 200: the webhooks serve until the drain is over", rec.Code)
 		}
 		close(release)
 		<-doneB
 		if ctxErr != nil {
 			t.Errorf("the request in flight saw its context end: %v", ctxErr)
 		}
-		if err := <-rp.elected; err != nil {
-			t.Fatalf("Start = %v", err)
+		if err := rp.stop(); err != nil {
+			t.Fatalf("Err = %v", err)
 		}
-		rp.stopWebhooks()
-		if err := <-rp.webhooks; err != nil {
-			t.Fatalf("webhook server Start = %v", err)
+		if took := time.Since(begin); took != 5*time.Second {
+			t.Errorf("the stop took %v, want the 5s delay", took)
 		}
-
-		// The webhook server stops once the request in flight returned, as the drain does:
-		// its line comes after the listener's, in either order with the drain's last.
-		want := []string{"Stop began", "Shutdown delay over", "Closing webhook listener", "Draining executor",
-			"All calls returned"}
-		got := rp.logs.messages()
-		var drained []string
-		for _, m := range got {
-			if m != "Webhook server stopped" {
-				drained = append(drained, m)
-			}
-		}
-		if strings.Join(drained, "|") != strings.Join(want, "|") || len(got) != len(want)+1 || got[len(got)-1] == "Closing webhook listener" {
-			t.Fatalf("log messages = %q, want %q and, after the listener's, Webhook server stopped", got, want)
+		want := []string{"Stop began", "Shutdown delay over", "Draining executor", "All calls returned", "Webhook server stopped"}
+		if got := rp.logs.messages(); strings.Join(got, "|") != strings.Join(want, "|") {
+			t.Fatalf("log messages = %q, want %q", got, want)
 		}
 		if l := rp.logs.line("Shutdown delay over"); !strings.Contains(l, `"sinceStop"="5s"`) {
 			t.Errorf("delay line %s lacks sinceStop 5s", l)
@@ -274,9 +289,10 @@ func TestShutdownDelayOnTheLeader(t *testing.T) {
 	})
 }
 
-func TestShutdownDelayOnAStandbyDrainsItsWebhookCalls(t *testing.T) {
+func TestStandbyDrainsItsWebhookCalls(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		rp := newReplica(t, Options{GracePeriod: 4 * time.Second, Options: drain.Options{CancelAfter: -1}}, time.Second, false)
+		rp := newReplica(t, Options{GracePeriod: 4 * time.Second, ShutdownDelay: time.Second,
+			Options: drain.Options{CancelAfter: -1}}, false)
 		release := make(chan struct{})
 		defer close(release)
 		rp.ws.Register("/mutate", http.HandlerFunc(func(http.ResponseWriter, *http.Request) { <-release })) // hangs
@@ -284,41 +300,147 @@ func TestShutdownDelayOnAStandbyDrainsItsWebhookCalls(t *testing.T) {
 		defer cancel()
 		synctest.Wait()
 
-		rp.stopOthers()
+		rp.sigterm()
 		synctest.Wait()
 		if err := rp.r.ReadyzCheck(nil); err == nil {
 			t.Fatal("a standby's ReadyzCheck once the stop began = nil")
 		}
 		begin := time.Now()
-		err := <-rp.others
+		<-rp.r.Done()
 		if took := time.Since(begin); took != 5*time.Second {
-			t.Errorf("the standby's stop took %v, want delay 1s + grace 4s", took)
+			t.Errorf("the standby's drain took %v, want delay 1s + grace 4s", took)
 		}
+		err := rp.r.Err()
 		var pe *drain.PendingError
 		if !errors.As(err, &pe) || len(pe.Pending) != 1 || pe.Pending[0].Name != "webhook/mutate/cluster-scoped" {
-			t.Fatalf("the stop procedure returned %v, want the abandoned webhook/mutate/cluster-scoped", err)
-		}
-		if !errors.Is(rp.r.Err(), err) {
-			t.Errorf("Err = %v, want %v", rp.r.Err(), err)
+			t.Fatalf("Err = %v, want the abandoned webhook/mutate/cluster-scoped", err)
 		}
 		if l := rp.logs.line(abandonedMsg); !strings.Contains(l, `"name"="webhook/mutate/cluster-scoped"`) || !strings.Contains(l, `"sinceStop"="5s"`) {
 			t.Errorf("abandoned line %q lacks the call or sinceStop", l)
 		}
-		// Elected during the stop: the Runnable's Start returns at once.
-		if err := rp.r.Start(context.Background()); err != nil {
-			t.Errorf("Start after the standby's drain = %v, want nil", err)
-		}
 		release <- struct{}{}
-		rp.stopWebhooks()
-		if err := <-rp.webhooks; err != nil {
+		<-rp.stopped
+	})
+}
+
+// Without a delay, readiness never fails (a single replica stays in its Service until
+// its webhooks stop), and the drain begins when the manager's stop begins.
+func TestNoDelayKeepsReadiness(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rp := newReplica(t, Options{}, true)
+		release := make(chan struct{})
+		if err := rp.r.ex.Go(context.Background(), "job", func(context.Context) error { <-release; return nil }); err != nil {
 			t.Fatal(err)
+		}
+		rp.sigterm()
+		synctest.Wait()
+		if !rp.r.draining() {
+			t.Fatal("the executor does not drain once the manager stops")
+		}
+		if err := rp.r.ReadyzCheck(nil); err != nil {
+			t.Fatalf("ReadyzCheck during the drain, with no delay = %v, want nil", err)
+		}
+		close(release)
+		if err := rp.stop(); err != nil {
+			t.Fatal(err)
+		}
+		if err := rp.r.ReadyzCheck(nil); err != nil {
+			t.Fatalf("ReadyzCheck after the stop, with no delay = %v, want nil", err)
 		}
 	})
 }
 
+// The lease is lost: controller-runtime stops every group at once. Every call's context
+// ends at once, with the cause, and the calls stay tracked and reported.
+func TestLeaseLostFences(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rp := newReplica(t, Options{GracePeriod: 10 * time.Second}, true)
+		ended := make(chan error, 2)
+		release := make(chan struct{})
+		for _, name := range []string{"a", "b"} {
+			if err := rp.r.ex.Go(context.Background(), name, func(ctx context.Context) error {
+				<-ctx.Done()
+				ended <- context.Cause(ctx)
+				<-release // still running after its context ended
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		begin := time.Now()
+		close(rp.lost)
+		for range 2 {
+			if err := <-ended; !errors.Is(err, errLeadershipLost) {
+				t.Errorf("cause = %v, want %v", err, errLeadershipLost)
+			}
+		}
+		if took := time.Since(begin); took != 0 {
+			t.Errorf("the calls were cancelled %v after the lease was lost, want at once", took)
+		}
+		if p := rp.r.Executor().Pending(); len(p) != 2 {
+			t.Errorf("Pending after the fence = %+v, want both calls still tracked", p)
+		}
+		synctest.Wait()
+		if l := rp.logs.line("Leadership lost: cancelling calls"); !strings.Contains(l, `"cancelled"=2`) {
+			t.Errorf("fence line = %q, want cancelled=2", l)
+		}
+		close(release)
+		<-rp.r.Done()
+		if err := rp.r.Err(); err != nil {
+			t.Errorf("Err = %v", err)
+		}
+		<-rp.stopped
+		<-rp.others
+		<-rp.elected
+		<-rp.webhooks
+	})
+}
+
+// A Runnable that needs no leader election stops with the stop procedure: that is no lease
+// loss, and it does not fence.
+func TestNoFenceOutsideTheLeaderElectionGroup(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newRunnable(withDefaults(Options{NeedLeaderElection: new(bool), GracePeriod: 10 * time.Second}), false)
+		r.core().Settings().Driven.Store(true)
+		var cause error
+		if err := r.ex.Go(context.Background(), "job", func(ctx context.Context) error {
+			<-ctx.Done()
+			cause = context.Cause(ctx)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		ctx, stop := context.WithCancel(context.Background())
+		errs := make(chan error, 2)
+		go func() { errs <- (&stopper{r: r}).Start(ctx) }()
+		go func() { errs <- r.Start(ctx) }()
+		synctest.Wait()
+		begin := time.Now()
+		stop()
+		for range 2 {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+		if took := time.Since(begin); took != 8*time.Second || errors.Is(cause, errLeadershipLost) {
+			t.Errorf("the call ended after %v with %v, want at CancelAfter (8s), not fenced", took, cause)
+		}
+	})
+}
+
+// With a ShutdownDelay, the stop procedure refuses to start unless the manager's context
+// came from StopContext: the delay would not keep every controller serving.
+func TestDelayWithoutStopContextFailsAtStart(t *testing.T) {
+	r := newRunnable(withDefaults(Options{ShutdownDelay: time.Second}), false)
+	err := (&stopper{r: r}).Start(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "mgr.Start(q.StopContext(ctx))") {
+		t.Fatalf("stop procedure Start = %v, want the StopContext error", err)
+	}
+}
+
 func TestWebhookContextEndsWhenTheClientGoesAway(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		rp := newReplica(t, Options{}, 0, true)
+		rp := newReplica(t, Options{}, true)
 		ended := make(chan error, 1)
 		rp.ws.Register("/v", http.HandlerFunc(func(_ http.ResponseWriter, req *http.Request) {
 			<-req.Context().Done()
@@ -334,7 +456,7 @@ func TestWebhookContextEndsWhenTheClientGoesAway(t *testing.T) {
 		if err := <-ended; !errors.Is(err, context.Canceled) {
 			t.Errorf("cause = %v, want context.Canceled", err)
 		}
-		if err := rp.stop(true); err != nil {
+		if err := rp.stop(); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -344,7 +466,6 @@ func TestWebhookPanicIsNamedAndAnswered(t *testing.T) {
 	logs := &lines{}
 	r := newRunnable(withDefaults(Options{Options: drain.Options{Logger: logs.logger()}}), false)
 	ws := WebhookServer(newFakeServer()).(*webhookServer)
-	newStopper(r, 0, ws)
 	ws.connect(r)
 	ws.Register("/p", http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("boom") }))
 	ws.Register("/abort", http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic(http.ErrAbortHandler) }))
@@ -376,7 +497,6 @@ func TestWebhookPanicIsNamedAndAnswered(t *testing.T) {
 func TestWebhookServedOnceTheDrainBegan(t *testing.T) {
 	r := newRunnable(withDefaults(Options{}), false)
 	ws := WebhookServer(newFakeServer()).(*webhookServer)
-	newStopper(r, 0, ws)
 	ws.connect(r)
 	ws.Register("/v", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusTeapot) }))
 	if err := r.ex.Drain(context.Background()); err != nil {
@@ -431,17 +551,13 @@ func TestStopWithoutDelayIsQuiet(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		logs := &lines{}
 		r := newRunnable(withDefaults(Options{Options: drain.Options{Logger: logs.logger()}}), false)
-		st := newStopper(r, 0, nil)
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
-		if err := st.Start(ctx); err != nil {
+		if err := (&stopper{r: r}).Start(ctx); err != nil {
 			t.Fatal(err)
 		}
 		if m := logs.messages(); len(m) != 0 {
 			t.Errorf("log = %q, want nothing at verbosity 0", m)
-		}
-		if err := r.ReadyzCheck(nil); err == nil {
-			t.Error("ReadyzCheck after the stop = nil")
 		}
 	})
 }
@@ -491,11 +607,12 @@ func TestValidate(t *testing.T) {
 		{Options{Options: drain.Options{CancelAfter: 30 * time.Second}}, "CancelAfter (30s) must be below GracePeriod (25s)"},
 		{Options{CancelAtOnce: true, Options: drain.Options{CancelAfter: time.Second}}, "CancelAtOnce is set with CancelAfter 1s: set one of them"},
 		{Options{Options: drain.Options{CancelAfter: -1}}, ""},
-		{Options{GracePeriod: 40 * time.Second}, "ShutdownDelay (0s) + GracePeriod (40s) = 40s must be below the manager's " +
+		{Options{GracePeriod: 40 * time.Second}, "GracePeriod (40s) must be below the manager's " +
 			"GracefulShutdownTimeout (30s, controller-runtime's default; pass the manager's Options as ManagerOptions if you set it): " +
 			"raise GracefulShutdownTimeout in the manager's Options above 40s"},
-		{Options{ShutdownDelay: 5 * time.Second}, "ShutdownDelay (5s) + GracePeriod (25s) = 30s must be below"},
-		{Options{ShutdownDelay: 5 * time.Second, ManagerOptions: &managerOptions{GracefulShutdownTimeout: ptr.To(35 * time.Second)}}, ""},
+		{Options{GracePeriod: 30 * time.Second}, "GracePeriod (30s) must be below"},
+		// The delay comes before the manager's stop (StopContext): not in its budget.
+		{Options{ShutdownDelay: 10 * time.Second}, ""},
 		{Options{GracePeriod: 8 * time.Second, ManagerOptions: &managerOptions{GracefulShutdownTimeout: ptr.To(4 * time.Second)}},
 			"GracefulShutdownTimeout (4s, from ManagerOptions)"},
 		{Options{GracePeriod: time.Hour, ManagerOptions: &managerOptions{GracefulShutdownTimeout: ptr.To(time.Duration(-1))}}, ""},

@@ -41,10 +41,8 @@ func TestAddRejectsBadOptions(t *testing.T) {
 		want string
 	}{
 		{"negative delay", runnable.Options{ShutdownDelay: -time.Second}, ctrl.Options{}, "ShutdownDelay is -1s"},
-		{"delay beyond the default budget", runnable.Options{ShutdownDelay: 10 * time.Second}, ctrl.Options{},
-			"raise GracefulShutdownTimeout in the manager's Options above 35s"},
-		{"delay beyond the manager's budget", runnable.Options{ShutdownDelay: 10 * time.Second, GracePeriod: 25 * time.Second},
-			ctrl.Options{GracefulShutdownTimeout: ptr.To(35 * time.Second)}, "= 35s must be below the manager's GracefulShutdownTimeout (35s, from ManagerOptions)"},
+		{"grace at the default budget", runnable.Options{GracePeriod: 30 * time.Second}, ctrl.Options{},
+			"raise GracefulShutdownTimeout in the manager's Options above 30s"},
 		{"grace beyond the budget", runnable.Options{GracePeriod: 8 * time.Second},
 			ctrl.Options{GracefulShutdownTimeout: ptr.To(4 * time.Second)}, "GracefulShutdownTimeout (4s"},
 		{"CancelAfter beyond the grace", runnable.Options{Options: drain.Options{CancelAfter: 30 * time.Second}}, ctrl.Options{},
@@ -55,7 +53,7 @@ func TestAddRejectsBadOptions(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			mgr := newManager(t, &tc.mgr)
 			tc.opts.ManagerOptions = &tc.mgr
-			if tc.name == "delay beyond the default budget" {
+			if tc.name == "grace at the default budget" {
 				tc.opts.ManagerOptions = nil
 			}
 			_, err := runnable.Add(mgr, tc.opts)
@@ -106,15 +104,20 @@ func TestWebhookServerIsConnectedByAdd(t *testing.T) {
 		t.Fatal(err)
 	}
 	// One wrapper serves one manager's Runnable.
-	if _, err := runnable.Add(newManager(t, &opts), runnable.Options{ManagerOptions: &opts}); err == nil ||
+	other := newManager(t, &opts)
+	if _, err := runnable.Add(other, runnable.Options{ManagerOptions: &opts}); err == nil ||
 		!strings.Contains(err.Error(), "connected to another Runnable") {
 		t.Fatalf("Add of a connected wrapper = %v, want an error", err)
 	}
+	// The failed Add claimed nothing: corrected, it works on the same manager.
+	fixed := ctrl.Options{WebhookServer: runnable.WebhookServer(webhook.NewServer(webhook.Options{Port: -1}))}
+	if _, err := runnable.Add(other, runnable.Options{ManagerOptions: &fixed}); err != nil {
+		t.Fatalf("the corrected Add = %v", err)
+	}
 }
 
-// The manager stops the stop procedure, and waits for its delay, before it stops the
-// Runnable: controller-runtime's own stop order, checked on the version in go.mod (the
-// suite and CI check the others).
+// StopContext delays the manager's stop: everything keeps serving for the delay, while
+// readiness fails; then the manager stops and the drain begins.
 func TestRealManagerKeepsServingForTheDelay(t *testing.T) {
 	var logs capture
 	var q *runnable.Runnable
@@ -154,7 +157,7 @@ func TestRealManagerKeepsServingForTheDelay(t *testing.T) {
 	ctx, stop := context.WithCancel(context.Background())
 	stop()
 	begin := time.Now()
-	if err := mgr.Start(ctx); err != nil {
+	if err := mgr.Start(q.StopContext(ctx)); err != nil {
 		t.Fatal(err)
 	}
 	if took := time.Since(begin); took < delay {
@@ -173,6 +176,21 @@ func TestRealManagerKeepsServingForTheDelay(t *testing.T) {
 	}
 	if err := q.Err(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// With a ShutdownDelay and a manager started on another context than StopContext's, the
+// manager does not start: the delay could not keep every controller serving.
+func TestRealManagerRefusesADelayWithoutStopContext(t *testing.T) {
+	opts := ctrl.Options{}
+	mgr := newManager(t, &opts)
+	if _, err := runnable.Add(mgr, runnable.Options{ShutdownDelay: time.Second, ManagerOptions: &opts}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithTimeout(context.Background(), time.Minute)
+	defer stop()
+	if err := mgr.Start(ctx); err == nil || !strings.Contains(err.Error(), "StopContext") {
+		t.Fatalf("mgr.Start = %v, want the StopContext error", err)
 	}
 }
 

@@ -94,10 +94,11 @@ type Runnable struct {
 
 	stop *stopState // see stop.go
 
-	started   atomic.Bool
-	drainOnce sync.Once
-	stopped   chan struct{} // closed when the drain is over
-	err       error         // the drain's result; written before stopped is closed
+	started      atomic.Bool
+	drainStarted atomic.Bool // the Runnable's drain began
+	drainOnce    sync.Once
+	stopped      chan struct{} // closed when the drain is over
+	err          error         // the drain's result; written before stopped is closed
 }
 
 // DebugPath is where Add serves ServeHTTP on the manager's metrics server.
@@ -185,7 +186,7 @@ func (r *Runnable) timelineLog() logr.Logger {
 // connects the manager's WebhookServer, if Options.ManagerOptions hold one.
 //
 // It must be called before mgr.Start, once per manager: a second Add on the same manager
-// returns an error (the readyz check "quiesce" exists already). It checks opts first, and
+// returns an error. It checks opts first, and
 // returns an error naming the value to change when ShutdownDelay is negative, when
 // CancelAfter > 0 is not below GracePeriod, when CancelAtOnce comes with a CancelAfter, or
 // when GracePeriod is not below the manager's GracefulShutdownTimeout. An Add that fails
@@ -215,14 +216,19 @@ func Add(mgr manager.Manager, opts Options) (*Runnable, error) {
 		return nil, errors.New("failed to add quiesce runnable: " +
 			"its WebhookServer is connected to another Runnable already (use one WebhookServer per manager)")
 	}
-	// The readyz check first: it is what a second Add on this manager fails on, before
-	// anything else was added.
-	if err := mgr.AddReadyzCheck("quiesce", r.ReadyzCheck); err != nil {
+	if !added.claim(mgr) {
 		if ws != nil {
 			ws.disconnect(r)
 		}
-		return nil, fmt.Errorf("failed to add quiesce runnable: %w "+
-			"(call runnable.Add once per manager)", err)
+		return nil, errors.New("failed to add quiesce runnable: " +
+			"this manager has one already (call runnable.Add once per manager)")
+	}
+	if err := mgr.AddReadyzCheck("quiesce", r.ReadyzCheck); err != nil {
+		added.release(mgr)
+		if ws != nil {
+			ws.disconnect(r)
+		}
+		return nil, fmt.Errorf("failed to add quiesce readyz check: %w", err)
 	}
 	r.core().Settings().Driven.Store(true)
 	// Tracked before mgr.Add, which may start r at once: a drain over before it was
@@ -330,6 +336,17 @@ func (r *Runnable) Start(ctx context.Context) error {
 		return errors.New("failed to start quiesce runnable: already started")
 	}
 	r.core().Settings().Driven.Store(true)
+	select {
+	case <-r.ex.Draining():
+		if !r.drainStarted.Load() {
+			r.drainOnce.Do(func() {
+				r.finish(errors.New("failed to start quiesce runnable: its executor already drained"))
+			})
+			<-r.stopped
+			return r.err
+		}
+	default:
+	}
 	<-ctx.Done()
 	if r.elected && r.stop.procedure.Load() {
 		select {

@@ -94,12 +94,13 @@ func runSignalChild() {
 		fmt.Println(err)
 		os.Exit(3)
 	}
-	if _, err := runnable.Add(mgr, runnable.Options{Options: drain.Options{Logger: log},
-		ShutdownDelay: 10 * time.Minute, ManagerOptions: &opts}); err != nil {
+	q, err := runnable.Add(mgr, runnable.Options{Options: drain.Options{Logger: log},
+		ShutdownDelay: 10 * time.Minute, ManagerOptions: &opts})
+	if err != nil {
 		fmt.Println(err)
 		os.Exit(3)
 	}
 	fmt.Println("ready")
-	_ = mgr.Start(ctx)
+	_ = mgr.Start(q.StopContext(ctx))
 	os.Exit(0) // not reached: the second signal exits with 1
 }

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
+	"weak"
 
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 )
@@ -131,6 +133,7 @@ func (s *stopper) Start(ctx context.Context) error {
 // is over.
 func (r *Runnable) startDrain() {
 	r.drainOnce.Do(func() {
+		r.drainStarted.Store(true)
 		go func() { r.finish(r.drain()) }()
 	})
 }
@@ -142,4 +145,49 @@ func (r *Runnable) fence() {
 	<-r.ex.Draining() // every call still running is listed, and no other is admitted
 	n := r.core().Fence(errLeadershipLost)
 	r.log.Info("Leadership lost: cancelling calls", append(r.sinceStop(), "cancelled", n)...)
+}
+
+// added remembers the managers given to Add, so that a second Add on one manager fails,
+// without keeping them alive: a map with weak keys, as the weak package describes. A weak
+// pointer maps to an object, not to an address: a manager allocated where a collected one
+// was gets a key of its own. The key points at the manager's first byte because Add only
+// knows it as an interface; a manager that is not a pointer cannot be told apart from
+// others without holding it, and is not recorded.
+var added = managers{m: map[weak.Pointer[byte]]struct{}{}}
+
+type managers struct {
+	mu sync.Mutex
+	m  map[weak.Pointer[byte]]struct{}
+}
+
+// claim records mgr; false if it was recorded already.
+func (ms *managers) claim(mgr manager.Manager) bool {
+	v := reflect.ValueOf(mgr)
+	if v.Kind() != reflect.Pointer || v.IsNil() {
+		return true
+	}
+	key := weak.Make((*byte)(v.UnsafePointer()))
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	for k := range ms.m {
+		if k.Value() == nil {
+			delete(ms.m, k) // its manager is gone
+		}
+	}
+	if _, ok := ms.m[key]; ok {
+		return false
+	}
+	ms.m[key] = struct{}{}
+	return true
+}
+
+// release forgets mgr, for an Add that failed before it added anything.
+func (ms *managers) release(mgr manager.Manager) {
+	v := reflect.ValueOf(mgr)
+	if v.Kind() != reflect.Pointer || v.IsNil() {
+		return
+	}
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	delete(ms.m, weak.Make((*byte)(v.UnsafePointer())))
 }

@@ -19,6 +19,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/quiesce-dev/quiesce/runnable"
 )
 
 // newNamespace creates a namespace of its own for a spec, so specs never see each other's objects.
@@ -55,16 +57,21 @@ func inNamespace(ns string) func(*manager.Options) {
 }
 
 // startManager starts mgr on its own context; stop cancels it (like SIGTERM), done receives
-// what mgr.Start returned. Should the spec fail first, its cleanup stops mgr and waits for it,
+// what mgr.Start returned. With q, the manager's context comes from q.StopContext, as in an
+// operator's main.go. Should the spec fail first, its cleanup stops mgr and waits for it,
 // so that no spec leaves a manager running into the next.
-func startManager(mgr manager.Manager) (stop context.CancelFunc, done <-chan error) {
+func startManager(mgr manager.Manager, q ...*runnable.Runnable) (stop context.CancelFunc, done <-chan error) {
 	ctx, cancel := context.WithCancel(context.Background())
+	mgrCtx := ctx
+	if len(q) > 0 {
+		mgrCtx = q[0].StopContext(ctx)
+	}
 	ch := make(chan error, 1)
 	exited := make(chan struct{})
 	go func() {
 		defer GinkgoRecover()
 		defer close(exited)
-		ch <- mgr.Start(ctx)
+		ch <- mgr.Start(mgrCtx)
 	}()
 	DeferCleanup(func() {
 		cancel()

@@ -46,10 +46,10 @@ var _ = Describe("A rolling update", func() {
 			return mgr, q
 		}
 		leader, ql := candidate()
-		stopLeader, leaderDone := startManager(leader)
+		stopLeader, leaderDone := startManager(leader, ql)
 		Eventually(leader.Elected(), 10*time.Second).Should(BeClosed())
 		standby, qs := candidate()
-		stopStandby, standbyDone := startManager(standby)
+		stopStandby, standbyDone := startManager(standby, qs)
 		Consistently(standby.Elected(), time.Second).ShouldNot(BeClosed(), "the second manager is a standby")
 		Expect(qs.ReadyzCheck(nil)).To(Succeed())
 
@@ -71,7 +71,7 @@ var _ = Describe("A rolling update", func() {
 		expectNoLeaks(cur)
 	})
 
-	It("should finish a webhook request in flight with a live context after the delay, closing connections during it", func() {
+	It("should keep serving webhooks through the delay and the drain, finishing a request in flight with a live context", func() {
 		cur := goleak.IgnoreCurrent()
 		certs := &envtest.WebhookInstallOptions{}
 		Expect(certs.PrepWithoutInstalling()).To(Succeed())
@@ -100,7 +100,7 @@ var _ = Describe("A rolling update", func() {
 				}
 				return admission.Allowed("")
 			})})
-		stop, done := startManager(mgr)
+		stop, done := startManager(mgr, q)
 
 		pool := x509.NewCertPool()
 		Expect(pool.AppendCertsFromPEM(certs.LocalServingCAData)).To(BeTrue())
@@ -142,14 +142,12 @@ var _ = Describe("A rolling update", func() {
 		Expect(resp.StatusCode).To(Equal(http.StatusOK))
 		Expect(resp.Close).To(BeTrue(), "responses during the delay carry Connection: close")
 
-		By("waiting for the listener to close after the delay")
-		Eventually(func() error {
-			conn, err := tls.DialWithDialer(&net.Dialer{Timeout: time.Second}, "tcp", addr, &tls.Config{RootCAs: pool})
-			if err == nil {
-				_ = conn.Close()
-			}
-			return err
-		}, 10*time.Second, 50*time.Millisecond).Should(HaveOccurred())
+		By("draining after the delay, while the webhooks still serve")
+		Eventually(q.Executor().Draining(), 10*time.Second).Should(BeClosed())
+		resp, err = post("during-drain")
+		Expect(err).NotTo(HaveOccurred(), "the webhook server serves until the drain is over (webhooks stop last)")
+		Expect(resp.Body.Close()).To(Succeed())
+		Expect(resp.StatusCode).To(Equal(http.StatusOK))
 		Expect(done).NotTo(Receive(), "the manager waits for the request in flight")
 
 		releaseAll()
@@ -167,8 +165,8 @@ var _ = Describe("A rolling update", func() {
 		mgr := newManager()
 		_, err := runnable.Add(mgr, runnable.Options{ShutdownDelay: -time.Second})
 		Expect(err).To(MatchError(ContainSubstring("ShutdownDelay is -1s")))
-		_, err = runnable.Add(mgr, runnable.Options{ShutdownDelay: 10 * time.Second})
-		Expect(err).To(MatchError(ContainSubstring("raise GracefulShutdownTimeout in the manager's Options above 35s")))
+		_, err = runnable.Add(mgr, runnable.Options{GracePeriod: 30 * time.Second})
+		Expect(err).To(MatchError(ContainSubstring("raise GracefulShutdownTimeout in the manager's Options above 30s")))
 		_, err = runnable.Add(mgr, runnable.Options{GracePeriod: 10 * time.Second, Options: drain.Options{CancelAfter: 12 * time.Second}})
 		Expect(err).To(MatchError(ContainSubstring("CancelAfter (12s) must be below GracePeriod (10s)")))
 		_, err = runnable.Add(mgr, runnable.Options{})

@@ -14,13 +14,10 @@ import (
 )
 
 // timelineSteps are the messages of quiesce's timeline lines (key sinceStop) on the old
-// leader, in order; webhookStopped comes anywhere after "Closing webhook listener", as
-// the webhook server returns once its requests in flight did, while the drain begins.
+// leader, in order: the webhooks stop last, after the drain, as controller-runtime orders them.
 var timelineSteps = []string{
-	"Stop began", "Shutdown delay over", "Closing webhook listener", "Draining executor", "All calls returned",
+	"Stop began", "Shutdown delay over", "Draining executor", "All calls returned", "Webhook server stopped",
 }
-
-const webhookStopped = "Webhook server stopped"
 
 func main() {
 	var cfg config

@@ -206,36 +206,23 @@ func (res *result) check() error {
 }
 
 // checkTimeline: the timeline has the expected steps, in order, their sinceStop never
-// decreasing, and the webhook server stopped once, after its listener closed. That line
-// comes from another goroutine than the steps around it, so only its order relative to
-// "Closing webhook listener" is checked.
+// decreasing: the webhook server stops after the drain.
 func checkTimeline(steps []step) error {
 	var msgs []string
-	prev, closedAt := time.Duration(-1), time.Duration(-1)
-	stopped := 0
+	prev := time.Duration(-1)
 	for _, s := range steps {
 		d, err := sinceStop(s.SinceStop)
 		if err != nil {
 			return fmt.Errorf("timeline line %q: %w", s.Msg, err)
 		}
-		if s.Msg == webhookStopped {
-			if closedAt < 0 || d < closedAt {
-				return fmt.Errorf("timeline: %q before %q", webhookStopped, "Closing webhook listener")
-			}
-			stopped++
-			continue
-		}
 		if d < prev {
 			return fmt.Errorf("timeline out of order: %q at sinceStop=%v after a later step", s.Msg, s.SinceStop)
 		}
 		prev = d
-		if s.Msg == "Closing webhook listener" {
-			closedAt = d
-		}
 		msgs = append(msgs, s.Msg)
 	}
-	if !slices.Equal(msgs, timelineSteps) || stopped != 1 {
-		return fmt.Errorf("timeline steps = %q and %d %q, want %q and one", msgs, stopped, webhookStopped, timelineSteps)
+	if !slices.Equal(msgs, timelineSteps) {
+		return fmt.Errorf("timeline steps = %q, want %q", msgs, timelineSteps)
 	}
 	return nil
 }

@@ -156,6 +156,9 @@ func run(setupLog logr.Logger, c config) int {
 
 	setupLog.Info("Starting manager", "quiesce", c.quiesce, "shutdownDelay", c.delay.String(),
 		"gracePeriod", c.grace.String(), "gracefulShutdownTimeout", shutdownTimeout.String())
+	if q != nil {
+		ctx = q.StopContext(ctx) // the manager's stop begins ShutdownDelay after SIGTERM
+	}
 	if err := mgr.Start(ctx); err != nil {
 		setupLog.Error(err, "Manager stopped with an error", "exitCode", 1)
 		return 1

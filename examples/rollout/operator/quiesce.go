@@ -8,10 +8,11 @@ import (
 	"github.com/quiesce-dev/quiesce/runnable"
 )
 
-// addQuiesce adds quiesce's runnable to mgr, created with opts, and wraps r. When the stop
-// begins, readiness fails on every replica while it keeps serving for --shutdown-delay;
-// then the webhook listener closes and in-flight reconciles and webhook requests finish
-// within --grace-period, their contexts live (cancelled at 4/5 of it at the latest).
+// addQuiesce adds quiesce's runnable to mgr, created with opts, and wraps r. At SIGTERM,
+// readiness fails on every replica while everything keeps serving for --shutdown-delay
+// (main starts the manager with q.StopContext); then in-flight reconciles and webhook
+// requests finish within --grace-period, their contexts live (cancelled at 4/5 of it at
+// the latest), and the webhooks stop last.
 func addQuiesce(mgr ctrl.Manager, opts *ctrl.Options, c config, r reconcile.Reconciler) (
 	*runnable.Runnable, reconcile.Reconciler, error,
 ) {

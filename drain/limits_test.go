@@ -296,7 +296,7 @@ func TestMaxConcurrentSlots(t *testing.T) {
 		blocked := func(context.Context) error { <-release; return nil }
 
 		// A daemon and a webhook call run while the only slot is free, and hold none.
-		if err := core.Go(context.Background(), internal.CallOptions{Name: "daemon", Daemon: true}, blocked); err != nil {
+		if err := core.Go(context.Background(), internal.CallOptions{Name: "a daemon", Daemon: true}, blocked); err != nil {
 			t.Fatal(err)
 		}
 		if err := core.Go(context.Background(), internal.CallOptions{Name: "webhook", NoSlot: true}, blocked); err != nil {

@@ -174,11 +174,13 @@ func newReplica(t *testing.T, opts Options, leader bool) *replica {
 		select {
 		case <-mgrCtx.Done():
 			stopOthers()
-			<-rp.others
+			errOthers := <-rp.others
 			stopElected()
-			<-rp.elected
+			<-rp.elected //nolint:errcheck // the Runnable's result: Err, which the tests check
 			stopWebhooks()
-			<-rp.webhooks
+			if err := errors.Join(errOthers, <-rp.webhooks); err != nil {
+				t.Errorf("the stop procedure or the webhook server returned %v", err)
+			}
 		case <-rp.lost:
 			stopOthers()
 			stopElected()
@@ -390,9 +392,11 @@ func TestLeaseLostFences(t *testing.T) {
 			t.Errorf("Err = %v", err)
 		}
 		<-rp.stopped
-		<-rp.others
-		<-rp.elected
-		<-rp.webhooks
+		for _, ch := range []chan error{rp.others, rp.elected, rp.webhooks} {
+			if err := <-ch; err != nil {
+				t.Errorf("a group returned %v", err)
+			}
+		}
 	})
 }
 
@@ -665,4 +669,25 @@ func TestAddedDoesNotKeepManagersAlive(t *testing.T) {
 	if _, ok := added.m[key]; ok {
 		t.Error("the collected manager's entry was not pruned")
 	}
+}
+
+// A Logger that panics on the timeline's lines neither crashes the process nor holds the
+// manager's stop: StopContext still ends the manager's context after the delay.
+func TestStopContextWithAPanickingLogger(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		log := funcr.New(func(string, string) { panic("broken logger") }, funcr.Options{})
+		r := newRunnable(withDefaults(Options{ShutdownDelay: time.Second, Options: drain.Options{Logger: log}}), false)
+		r.stop.timeline = true
+		sig, sigterm := context.WithCancel(context.Background())
+		ctx := r.StopContext(sig)
+		begin := time.Now()
+		sigterm()
+		<-ctx.Done()
+		if took := time.Since(begin); took != time.Second {
+			t.Errorf("the manager's context ended %v after SIGTERM, want the 1s delay", took)
+		}
+		if !errors.Is(context.Cause(ctx), context.Canceled) {
+			t.Errorf("cause = %v, want the signal context's", context.Cause(ctx))
+		}
+	})
 }

@@ -59,6 +59,7 @@ type Options struct {
 	// GracefulShutdownTimeout. Negative: Add fails. With no delay, ReadyzCheck never fails:
 	// a single replica stays in its Service until its webhooks stop, as without quiesce.
 	// A second SIGTERM during the delay still exits at once (ctrl.SetupSignalHandler).
+	// It is timed on Options.Clock.
 	ShutdownDelay time.Duration
 
 	// ManagerOptions are the Options given to ctrl.NewManager, if known. Add reads:

@@ -45,8 +45,10 @@ func (r *Runnable) beginStop() {
 	r.stop.beginOnce.Do(func() {
 		r.stop.at = time.Now()
 		close(r.stop.stopping)
-		r.timelineLog().Info("Stop began", "sinceStop", "0s",
-			"shutdownDelay", r.stop.delay.String(), "gracePeriod", r.grace.String())
+		safely(func() {
+			r.timelineLog().Info("Stop began", "sinceStop", "0s",
+				"shutdownDelay", r.stop.delay.String(), "gracePeriod", r.grace.String())
+		})
 	})
 }
 
@@ -83,8 +85,8 @@ func (r *Runnable) StopContext(ctx context.Context) context.Context {
 			return
 		}
 		r.delayClock.AfterFunc(r.stop.delay, func() {
-			r.timelineLog().Info("Shutdown delay over", r.sinceStop()...)
-			cancel(context.Cause(ctx))
+			defer cancel(context.Cause(ctx))
+			safely(func() { r.timelineLog().Info("Shutdown delay over", r.sinceStop()...) })
 		})
 	})
 	return out
@@ -144,7 +146,15 @@ func (r *Runnable) fence() {
 	r.startDrain()
 	<-r.ex.Draining() // every call still running is listed, and no other is admitted
 	n := r.core().Fence(errLeadershipLost)
-	r.log.Info("Leadership lost: cancelling calls", append(r.sinceStop(), "cancelled", n)...)
+	safely(func() { r.log.Info("Leadership lost: cancelling calls", append(r.sinceStop(), "cancelled", n)...) })
+}
+
+// safely runs log, a call of the Logger, and contains a panic in it: these lines are logged
+// from goroutines of quiesce's own, where a broken Logger must not crash the process nor
+// stop the manager's stop.
+func safely(log func()) {
+	defer func() { _ = recover() }()
+	log()
 }
 
 // added remembers the managers given to Add, so that a second Add on one manager fails,

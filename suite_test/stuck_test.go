@@ -168,18 +168,21 @@ var _ = Describe("A stuck reconcile", func() {
 		Expect(took).To(BeNumerically(">=", 5*time.Second))
 		Expect(took).To(BeNumerically("<", 15*time.Second))
 
-		By("logging in this order")
+		By("logging in this order: the drain in the first group, then the controller's stop")
 		Expect(atReturn).To(ContainElements(
-			"Stopping and waiting for leader election runnables",
+			"Stopping and waiting for non leader election runnables",
 			"Draining executor",
 			"Waiting for pending calls",
 			"Abandoned calls still running after the grace period",
+			"Stopping and waiting for leader election runnables",
 		))
-		Expect(indexOf(atReturn, "Stopping and waiting for leader election runnables")).
+		Expect(indexOf(atReturn, "Stopping and waiting for non leader election runnables")).
 			To(BeNumerically("<", indexOf(atReturn, "Draining executor")))
 		Expect(indexOf(atReturn, "Draining executor")).To(BeNumerically("<", indexOf(atReturn, "Waiting for pending calls")))
 		Expect(indexOf(atReturn, "Waiting for pending calls")).
 			To(BeNumerically("<", indexOf(atReturn, "Abandoned calls still running after the grace period")))
+		Expect(indexOf(atReturn, "Abandoned calls still running after the grace period")).
+			To(BeNumerically("<", indexOf(atReturn, "Stopping and waiting for leader election runnables")))
 		Expect(atReturn).To(ContainElement("Shutdown signal received, waiting for all workers to finish"))
 		Expect(atReturn).NotTo(ContainElement("All workers finished"), "the worker is still held: the manager gave up on it")
 

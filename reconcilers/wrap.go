@@ -171,7 +171,9 @@ func namer[R comparable](controller string) func(R) string {
 // named "<reconcile name>/<name>", and waits for it like drain.Executor.Call: if ctx ends
 // first, Call returns ctx.Err() and fn stays tracked. Calls nest: a Call inside fn is named
 // "<reconcile name>/<name>/<inner name>". Inside any other tracked call (drain.FromContext)
-// it is named after that call. Outside a tracked call it runs fn(ctx) directly. An empty
+// it is named after that call. Outside a tracked call it runs fn(ctx) directly, and the
+// first such Call of the process logs it, through the logger of ctx (log.FromContext), so
+// that a reconciler left unwrapped is seen. An empty
 // name or a nil fn is an error wrapping drain.ErrInvalidCall.
 //
 // Panics: a panic in fn while Call waits for it is raised again on the caller's goroutine
@@ -193,6 +195,11 @@ func call(ctx context.Context, name string, fn func(context.Context) error, repa
 	}
 	c, ok := internal.CallOf(ctx)
 	if !ok {
+		untracked.Do(func() {
+			log.FromContext(ctx).Info("Call outside a wrapped reconcile: running it untracked (logged once)",
+				"call", internal.Cut(name),
+				"howToTrack", "wrap the reconciler with reconcilers.Wrap in SetupWithManager")
+		})
 		return direct(ctx, name, fn, repanic)
 	}
 	outer := c.Options()
@@ -204,6 +211,10 @@ func call(ctx context.Context, name string, fn func(context.Context) error, repa
 		Repanic:     repanic,
 	}, fn)
 }
+
+// untracked logs, once per process, that a Call ran outside a tracked call: usually a
+// reconciler that SetupWithManager forgot to wrap.
+var untracked sync.Once
 
 // direct runs fn on the caller's goroutine, with the executor's check of bad input.
 func direct(ctx context.Context, name string, fn func(context.Context) error, repanic bool) (err error) {

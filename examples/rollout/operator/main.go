@@ -111,8 +111,8 @@ func run(setupLog logr.Logger, c config) int {
 	}
 	whs := webhook.NewServer(whOpts)
 	if c.quiesce {
-		// quiesce: webhook requests are tracked calls; during the shutdown delay responses
-		// close their connections, and the listener closes only after it.
+		// quiesce: webhook requests are tracked calls; from SIGTERM on, responses close their
+		// connections, and the webhooks serve until the drain is over (controller-runtime stops them last).
 		whs = runnable.WebhookServer(whs)
 	}
 	retry := c.retryPeriod

@@ -85,13 +85,12 @@ func defaultCancelAfter(grace time.Duration) time.Duration { return grace / 5 * 
 // Runnable is a manager.Runnable that owns a drain.Executor and drains it when the manager
 // stops. Create it with New or Add; all its methods are safe for concurrent use.
 type Runnable struct {
-	ex         *drain.Executor
-	log        logr.Logger
-	clock      clock.PassiveClock         // the executor's: calls are stamped with it
-	delayClock clock.WithDelayedExecution // times ShutdownDelay (Options.Clock)
-	grace      time.Duration
-	elected    bool
-	metered    bool // created by Add: in the metrics until the drain is over
+	ex      *drain.Executor
+	log     logr.Logger
+	clock   clock.WithTickerAndDelayedExecution // the executor's: stamps calls, times ShutdownDelay
+	grace   time.Duration
+	elected bool
+	metered bool // created by Add: in the metrics until the drain is over
 
 	stop *stopState // see stop.go
 
@@ -151,13 +150,12 @@ func newRunnable(opts Options, metered bool) *Runnable {
 		internal.Of(ex).Settings().AfterCall = observeCall
 	}
 	return &Runnable{
-		ex:         ex,
-		log:        opts.Logger,
-		clock:      clk,
-		delayClock: clk,
-		grace:      opts.GracePeriod,
-		elected:    elected,
-		metered:    metered,
+		ex:      ex,
+		log:     opts.Logger,
+		clock:   clk,
+		grace:   opts.GracePeriod,
+		elected: elected,
+		metered: metered,
 		stop: &stopState{
 			delay:    opts.ShutdownDelay,
 			stopping: make(chan struct{}),

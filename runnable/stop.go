@@ -84,7 +84,7 @@ func (r *Runnable) StopContext(ctx context.Context) context.Context {
 			cancel(context.Cause(ctx))
 			return
 		}
-		r.delayClock.AfterFunc(r.stop.delay, func() {
+		r.clock.AfterFunc(r.stop.delay, func() {
 			defer cancel(context.Cause(ctx))
 			safely(func() { r.timelineLog().Info("Shutdown delay over", r.sinceStop()...) })
 		})

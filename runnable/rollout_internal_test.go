@@ -316,6 +316,9 @@ func TestStandbyDrainsItsWebhookCalls(t *testing.T) {
 		if !errors.As(err, &pe) || len(pe.Pending) != 1 || pe.Pending[0].Name != "webhook/mutate" {
 			t.Fatalf("Err = %v, want the abandoned webhook/mutate", err)
 		}
+		if !strings.Contains(err.Error(), "after the grace period of 4s, after the 1s shutdown delay") {
+			t.Errorf("Err = %q, want it to say what the grace period counts from", err)
+		}
 		if l := rp.logs.line(abandonedMsg); !strings.Contains(l, `"name"="webhook/mutate"`) || !strings.Contains(l, `"sinceStop"="5s"`) {
 			t.Errorf("abandoned line %q lacks the call or sinceStop", l)
 		}

@@ -433,7 +433,7 @@ func (r *Runnable) abandon(log logr.Logger, pe *drain.PendingError) error {
 		kv = append(kv, "more", more)
 	}
 	log.Error(pe.Err, abandonedMsg, kv...)
-	return &abandonedError{pending: pe, grace: r.grace}
+	return &abandonedError{pending: pe, grace: r.grace, delay: r.stop.delay}
 }
 
 // maxListed bounds how many abandoned calls the log line lists, as drain bounds its reports.
@@ -443,12 +443,17 @@ const maxListed = 20
 type abandonedError struct {
 	pending *drain.PendingError
 	grace   time.Duration
+	delay   time.Duration // ShutdownDelay: the grace period counts from its end
 }
 
 func (e *abandonedError) Error() string {
+	after := ""
+	if e.delay > 0 {
+		after = fmt.Sprintf(", after the %v shutdown delay", e.delay)
+	}
 	return fmt.Sprintf("failed to drain quiesce executor: %v: "+
-		"%d call(s) still running after the grace period of %v, listed in quiesce's log",
-		e.pending.Err, len(e.pending.Pending), e.grace)
+		"%d call(s) still running after the grace period of %v%s, listed in quiesce's log",
+		e.pending.Err, len(e.pending.Pending), e.grace, after)
 }
 
 // Unwrap returns the *drain.PendingError that lists every abandoned call.

@@ -1,0 +1,31 @@
+package runnable
+
+import "flag"
+
+// BindFlags binds the durations of o to flags of fs, with o's values as their defaults, the
+// way kubebuilder's main.go binds its own settings (the standard flag package; pflag users
+// add fs with pflag.CommandLine.AddGoFlagSet). Call it before fs is parsed:
+//
+//	var qopts runnable.Options
+//	qopts.BindFlags(flag.CommandLine)
+//	flag.Parse()
+//
+// The flags, with the zero Options' defaults (suited to `make run`: no delay), are:
+//
+//	--quiesce-shutdown-delay  ShutdownDelay (0)
+//	--quiesce-grace-period    GracePeriod (0: 25s)
+//	--quiesce-cancel-after    CancelAfter (0: 4/5 of the grace period)
+//
+// A Deployment passes its production values as container args, e.g.
+// --quiesce-shutdown-delay=5s. Add checks the values as it checks any Options.
+func (o *Options) BindFlags(fs *flag.FlagSet) {
+	fs.DurationVar(&o.ShutdownDelay, "quiesce-shutdown-delay", o.ShutdownDelay,
+		"How long the operator keeps serving after SIGTERM, with readiness failing, before it stops "+
+			"(needs mgr.Start(q.StopContext(ctx))). 0: no delay.")
+	fs.DurationVar(&o.GracePeriod, "quiesce-grace-period", o.GracePeriod,
+		"How long, once the manager stops, quiesce waits for in-flight reconciles and calls before it "+
+			"names the ones it abandons. 0: 25s.")
+	fs.DurationVar(&o.CancelAfter, "quiesce-cancel-after", o.CancelAfter,
+		"When, after the manager's stop began, the contexts of calls still running are cancelled. "+
+			"0: 4/5 of the grace period; negative: never.")
+}

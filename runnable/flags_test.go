@@ -1,0 +1,44 @@
+package runnable_test
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/quiesce-dev/quiesce/runnable"
+)
+
+func TestBindFlags(t *testing.T) {
+	fs := flag.NewFlagSet("operator", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	opts := runnable.Options{GracePeriod: 20 * time.Second}
+	opts.BindFlags(fs)
+	if err := fs.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	if opts.ShutdownDelay != 0 || opts.GracePeriod != 20*time.Second || opts.CancelAfter != 0 {
+		t.Fatalf("with no flags: %+v, want the values given as defaults", opts)
+	}
+	if err := fs.Parse([]string{"--quiesce-shutdown-delay=5s", "--quiesce-grace-period=25s", "--quiesce-cancel-after=-1s"}); err != nil {
+		t.Fatal(err)
+	}
+	if opts.ShutdownDelay != 5*time.Second || opts.GracePeriod != 25*time.Second || opts.CancelAfter != -time.Second {
+		t.Fatalf("after the flags: delay %v, grace %v, cancelAfter %v", opts.ShutdownDelay, opts.GracePeriod, opts.CancelAfter)
+	}
+	if err := fs.Parse([]string{"--quiesce-grace-period=soon"}); err == nil {
+		t.Fatal("a grace period that is no duration was accepted")
+	}
+}
+
+// Bind quiesce's durations to main's flags, kubebuilder style; the Deployment passes its
+// production values as container args.
+func ExampleOptions_BindFlags() {
+	fs := flag.NewFlagSet("manager", flag.ContinueOnError) // in main.go: flag.CommandLine
+	var opts runnable.Options
+	opts.BindFlags(fs)
+	_ = fs.Parse([]string{"--quiesce-shutdown-delay=5s"}) // in main.go: flag.Parse()
+	fmt.Println(opts.ShutdownDelay, opts.GracePeriod)
+	// Output: 5s 0s
+}

@@ -151,6 +151,7 @@ func newReplica(t *testing.T, opts Options, leader bool) *replica {
 	rp.r = newRunnable(withDefaults(opts), false)
 	rp.r.stop.timeline = true
 	rp.r.core().Settings().Driven.Store(true)
+	rp.r.stop.procedure.Store(true) // as Add does
 	if !rp.ws.connect(rp.r) {
 		t.Fatal("connect failed")
 	}
@@ -408,6 +409,7 @@ func TestNoFenceOutsideTheLeaderElectionGroup(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := newRunnable(withDefaults(Options{NeedLeaderElection: new(bool), GracePeriod: 10 * time.Second}), false)
 		r.core().Settings().Driven.Store(true)
+		r.stop.procedure.Store(true)
 		var cause error
 		if err := r.ex.Go(context.Background(), "job", func(ctx context.Context) error {
 			<-ctx.Done()

@@ -230,6 +230,9 @@ func Add(mgr manager.Manager, opts Options) (*Runnable, error) {
 		return nil, fmt.Errorf("failed to add quiesce readyz check: %w", err)
 	}
 	r.core().Settings().Driven.Store(true)
+	// Before mgr.Start: the Runnable's Start, in another group, must know, however the
+	// goroutines of the groups are scheduled, that the stop procedure drains.
+	r.stop.procedure.Store(true)
 	// Tracked before mgr.Add, which may start r at once: a drain over before it was
 	// tracked would leave it tracked for good.
 	stats.track(r)

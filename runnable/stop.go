@@ -21,7 +21,7 @@ type stopState struct {
 	// or a WebhookServer); otherwise the stop stays as quiet as a plain Runnable's.
 	timeline bool
 
-	procedure atomic.Bool // the manager started the stop procedure (Add)
+	procedure atomic.Bool // Add added the stop procedure, which drains (set before mgr.Start)
 	delayed   atomic.Bool // StopContext was called: the manager's stop comes after the delay
 
 	beginOnce sync.Once
@@ -113,11 +113,11 @@ func (s *stopper) NeedLeaderElection() bool { return false }
 func (s *stopper) Start(ctx context.Context) error {
 	r := s.r
 	if r.stop.delay > 0 && !r.stop.delayed.Load() {
+		r.stop.procedure.Store(false) // the manager stops before its stop: nothing to fence
 		return fmt.Errorf("failed to start quiesce stop procedure: ShutdownDelay is %v, "+
 			"but the manager's context does not come from StopContext: start the manager with "+
 			"mgr.Start(q.StopContext(ctx)), or set no ShutdownDelay", r.stop.delay)
 	}
-	r.stop.procedure.Store(true)
 	<-ctx.Done()
 
 	// Step 1: the stop began (at the end of ShutdownDelay, StopContext logged its start).

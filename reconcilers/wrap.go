@@ -109,8 +109,11 @@ func (w *wrapped[R]) Reconcile(ctx context.Context, req R) (reconcile.Result, er
 	}
 	// Run, not Call: controller-runtime's worker waits for its reconcile anyway, so the
 	// reconcile runs on that goroutine, tracked, with no hand-off.
-	var res reconcile.Result
-	ran := false
+	// One variable for what fn hands back, so that the closure costs one allocation.
+	var out struct {
+		res reconcile.Result
+		ran bool
+	}
 	var tag any
 	if w.opts.events != nil {
 		tag = w.opts.events.tag(any(req))
@@ -123,20 +126,17 @@ func (w *wrapped[R]) Reconcile(ctx context.Context, req R) (reconcile.Result, er
 		Shield:      true,
 		Repanic:     true,
 	}, func(ctx context.Context) error {
-		ran = true
+		out.ran = true
 		var err error
-		res, err = w.r.Reconcile(ctx, req)
+		out.res, err = w.r.Reconcile(ctx, req)
 		return err
 	})
-	if !ran && (errors.Is(err, drain.ErrDraining) || errors.Is(err, context.Canceled)) {
-		// Refused by the drain, or cancelled by controller-runtime's stop while it waited
-		// for a MaxConcurrent slot: not run, so requeued.
+	// Refused by the drain (or a handler Call it made was), or cancelled by
+	// controller-runtime's stop while it waited for a MaxConcurrent slot: requeued.
+	if errors.Is(err, drain.ErrDraining) || !out.ran && errors.Is(err, context.Canceled) {
 		return w.requeue(ctx), nil
 	}
-	if errors.Is(err, drain.ErrDraining) {
-		return w.requeue(ctx), nil
-	}
-	return res, err
+	return out.res, err
 }
 
 // requeue is the result of a request not run because the manager stops.

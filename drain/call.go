@@ -62,12 +62,12 @@ var (
 	errCancelledByDrain = errors.New("cancelled by the drain")
 )
 
-// newCall makes c's context. A shielded call (CallOptions.Shield on a driven executor)
+// newCall makes c's context. A shielded call (CallOptions.Shield on an owned executor)
 // keeps its caller's values and deadline but not its cancellation.
 func newCall(ctx context.Context, e *Executor, o *internal.CallOptions, fn func(context.Context) error) *call {
 	c := &call{e: e, parent: ctx, opts: *o, fn: fn}
 	base := ctx
-	if o.Shield && e.settings.Driven.Load() {
+	if o.Shield && e.settings.Owned {
 		base = context.WithoutCancel(ctx)
 		if d, ok := ctx.Deadline(); ok {
 			var cancel context.CancelFunc
@@ -98,8 +98,8 @@ func (c *call) Value(key any) any {
 // String names the context, as the standard library's contexts do.
 func (c *call) String() string { return "drain.Call(" + c.opts.Name + ")" }
 
-// Executor and Options make c an internal.Call.
-func (c *call) Executor() internal.Executor   { return c.e }
+// Core and Options make c an internal.Call.
+func (c *call) Core() internal.Core           { return (*core)(c.e) }
 func (c *call) Options() internal.CallOptions { return c.opts }
 
 func (c *call) pending() Pending {

@@ -187,8 +187,6 @@ const (
 // safe for concurrent use. An Executor drains once: after Drain began it refuses every call
 // for the rest of its life.
 type Executor struct {
-	hidden // gives quiesce's packages the Core (see internal.Of)
-
 	opts     Options
 	clock    clock.WithTickerAndDelayedExecution
 	log      logr.Logger
@@ -220,10 +218,6 @@ type Executor struct {
 	started, finished, refused, panicked, abandoned atomic.Uint64
 }
 
-// hidden is internal.Hidden under an unexported name: its method is promoted to
-// *Executor, its field is not part of the API.
-type hidden = internal.Hidden
-
 // New returns an Executor configured by opts; zero fields of opts take their defaults.
 func New(opts Options) *Executor {
 	if opts.ReportAfter <= 0 {
@@ -248,7 +242,6 @@ func New(opts Options) *Executor {
 		draining: make(chan struct{}),
 		done:     make(chan struct{}),
 	}
-	e.hidden = internal.NewHidden((*core)(e))
 	if opts.MaxConcurrent > 0 {
 		e.slots = make(chan struct{}, opts.MaxConcurrent)
 	}
@@ -258,6 +251,15 @@ func New(opts Options) *Executor {
 // core is the Executor as internal.Core: the calls shaped by internal.CallOptions that
 // reconcilers and runnable start.
 type core Executor
+
+func init() {
+	internal.CoreOf = func(ex any) internal.Core {
+		if e, _ := ex.(*Executor); e != nil && e.draining != nil {
+			return (*core)(e)
+		}
+		return nil
+	}
+}
 
 func (c *core) Settings() *internal.Settings { return &c.settings }
 

@@ -3,19 +3,16 @@ package internal
 import (
 	"context"
 	"strconv"
-	"sync/atomic"
 	"time"
 )
 
-// Settings are the settings of one executor that only quiesce's own packages change.
-// AfterCall is set before the executor is shared and only read after that; Driven may be
-// set at any time.
+// Settings are the settings of one executor that only quiesce's own packages set, before
+// the executor is shared (runnable.New, reconcilers.Wrap); they are only read after that.
 type Settings struct {
-	// Driven: a runnable.Runnable drains the executor when its manager stops (set by
-	// runnable.Add and runnable.Runnable.Start). The contexts of calls started from then on
-	// with CallOptions.Shield ignore their caller's cancellation (not its deadline) and end
-	// by the drain (drain.Options.CancelAfter) instead.
-	Driven atomic.Bool
+	// Owned: a runnable.Runnable created the executor and drains it when its manager
+	// stops. The contexts of calls with CallOptions.Shield ignore their caller's
+	// cancellation (not its deadline) and end by the drain (drain.Options.CancelAfter).
+	Owned bool
 
 	// AfterCall, if set, is called on the call's goroutine right after fn returned, with
 	// the call's controller (CallOptions.Controller, "" for calls that have none), how long
@@ -40,7 +37,7 @@ type CallOptions struct {
 	// is, or runs inside; "" for any other call. Reports show it.
 	ReconcileID string
 
-	// Shield: if the executor is Driven, fn's context ignores ctx's cancellation (it keeps
+	// Shield: if the executor is Owned, fn's context ignores ctx's cancellation (it keeps
 	// ctx's deadline and values) and ends when the drain cancels the call.
 	Shield bool
 
@@ -85,29 +82,19 @@ type Core interface {
 	Fence(cause error) int
 }
 
-// Hidden is embedded in drain.Executor under an unexported field name: its method core is
-// promoted to *drain.Executor, which so satisfies Executor, without adding anything to
-// drain's public API.
-type Hidden struct{ c Core }
-
-// NewHidden returns the Hidden that gives c.
-func NewHidden(c Core) Hidden { return Hidden{c: c} }
-
-func (h Hidden) core() Core { return h.c }
-
-// Executor is a *drain.Executor, as the packages of this module see it: the only type
-// outside this package with the method core (promoted from Hidden).
-type Executor interface{ core() Core }
-
 // NotCreated is the panic of every method of a drain.Executor that drain.New did not
 // create (a zero or nil one), and of Of given one.
 const NotCreated = "drain: Executor not created by drain.New (use drain.New(drain.Options{}))"
 
-// Of returns the Core of ex, a non-nil *drain.Executor. It panics with NotCreated if ex is
-// a zero drain.Executor (one drain.New did not create): reconcilers.Wrap and the others
-// that call it when set up fail there, not at their first call.
-func Of(ex Executor) Core {
-	c := ex.core()
+// CoreOf returns the Core of ex, a *drain.Executor, or nil if drain.New did not create it.
+// Package drain sets it when initialised: it imports this package, not the reverse.
+var CoreOf func(ex any) Core
+
+// Of returns the Core of ex, a *drain.Executor. It panics with NotCreated if drain.New did
+// not create ex: reconcilers.Wrap and the others that call it at setup fail there, not at
+// their first call.
+func Of(ex any) Core {
+	c := CoreOf(ex)
 	if c == nil {
 		panic(NotCreated)
 	}
@@ -120,8 +107,8 @@ type CallKey struct{}
 
 // Call is a tracked call as its fn's context tells it: see CallOf.
 type Call interface {
-	// Executor returns the call's executor.
-	Executor() Executor
+	// Core returns the Core of the call's executor.
+	Core() Core
 	// Options returns the options the call was started with.
 	Options() CallOptions
 }

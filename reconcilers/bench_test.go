@@ -30,7 +30,7 @@ func BenchmarkReconcileLoop(b *testing.B) {
 	b.Run("wrapped", func(b *testing.B) {
 		ex := drain.New(drain.Options{})
 		defer func() { _ = ex.Drain(context.Background()) }()
-		internal.Of(ex).Settings().Driven.Store(true) // as a runnable.Runnable does
+		internal.Of(ex).Settings().Owned = true // as a runnable.Runnable does
 		benchLoop(b, func(r reconcile.Reconciler) reconcile.Reconciler {
 			return reconcilers.Wrap(ex, "bench", r)
 		})
@@ -77,7 +77,7 @@ func BenchmarkReconcileDirect(b *testing.B) {
 	b.Run("wrapped", func(b *testing.B) {
 		ex := drain.New(drain.Options{})
 		defer func() { _ = ex.Drain(context.Background()) }()
-		internal.Of(ex).Settings().Driven.Store(true) // shielded, as under a runnable.Runnable
+		internal.Of(ex).Settings().Owned = true // shielded, as under a runnable.Runnable
 		w := reconcilers.Wrap(ex, "bench", r)
 		b.ReportAllocs()
 		for b.Loop() {

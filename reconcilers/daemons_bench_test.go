@@ -22,7 +22,7 @@ import (
 func BenchmarkDaemonsEnsureLoop(b *testing.B) {
 	ex := drain.New(drain.Options{})
 	defer func() { _ = ex.Drain(context.Background()) }()
-	internal.Of(ex).Settings().Driven.Store(true) // as a runnable.Runnable does
+	internal.Of(ex).Settings().Owned = true // as a runnable.Runnable does
 	d := reconcilers.NewDaemons(ex, "bench", reconcilers.DaemonsOptions{})
 	daemon := func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }
 

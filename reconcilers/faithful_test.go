@@ -27,7 +27,7 @@ import (
 // newDriven returns an executor as a runnable.Runnable owns it.
 func newDriven(opts drain.Options) *drain.Executor {
 	ex := drain.New(opts)
-	internal.Of(ex).Settings().Driven.Store(true)
+	internal.Of(ex).Settings().Owned = true
 	return ex
 }
 
@@ -36,7 +36,7 @@ func TestWrappedReconcileKeepsTheDeadline(t *testing.T) {
 		t.Run(fmt.Sprint("driven=", driven), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				ex := drain.New(drain.Options{CancelAfter: -1})
-				internal.Of(ex).Settings().Driven.Store(driven)
+				internal.Of(ex).Settings().Owned = driven
 				ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 				defer cancel()
 				want, _ := ctx.Deadline()
@@ -349,7 +349,7 @@ func TestReconcileCancelledBeforeItBeganIsRequeuedQuietly(t *testing.T) {
 	for _, driven := range []bool{false, true} {
 		ex := drain.New(drain.Options{})
 		if driven {
-			internal.Of(ex).Settings().Driven.Store(true)
+			internal.Of(ex).Settings().Owned = true
 		}
 		r := reconcilers.Wrap(ex, "cm", reconcile.Func(func(context.Context, reconcile.Request) (reconcile.Result, error) {
 			t.Error("ran")

@@ -585,7 +585,7 @@ func TestHandlersInterruptedByTheDrain(t *testing.T) {
 	c := fake.NewClientBuilder().WithObjects(configMap("obj")).Build()
 	f := &fixture{t: t, c: c, rec: events.NewFakeRecorder(10), clock: clocktesting.NewFakePassiveClock(epoch)}
 	f.ex = drain.New(drain.Options{CancelAfter: 0})
-	internal.Of(f.ex).Settings().Driven.Store(true) // as a runnable.Runnable does
+	internal.Of(f.ex).Settings().Owned = true // as a runnable.Runnable does
 	r, err := reconcilers.Handlers(f.ex, c, "cm", nil, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a"), slow, ok(&j, "c")},
 		reconcilers.HandlersOptions{Lifecycle: lifecycle.AllAtOnce, Recorder: f.rec, Clock: f.clock})
 	if err != nil {
@@ -717,7 +717,7 @@ func TestHandlersShutdownBeforeAnyHandlerStartedIsQuiet(t *testing.T) {
 		return nil
 	}})
 	f = newFixtureWith(t, c, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a")}, reconcilers.HandlersOptions{NextCycle: time.Millisecond})
-	internal.Of(f.ex).Settings().Driven.Store(true)
+	internal.Of(f.ex).Settings().Owned = true
 	res, err := f.r.Reconcile(context.Background(), request("ns", "obj"))
 	if err != nil || res.RequeueAfter != time.Millisecond || len(j.all()) != 0 {
 		t.Fatalf("Reconcile = %+v, %v, runs %q; want a requeue, no error, no run", res, err, j.all())

@@ -203,7 +203,7 @@ func call(ctx context.Context, name string, fn func(context.Context) error, repa
 		return direct(ctx, name, fn, repanic)
 	}
 	outer := c.Options()
-	return internal.Of(c.Executor()).Call(ctx, internal.CallOptions{
+	return c.Core().Call(ctx, internal.CallOptions{
 		Name:        outer.Name + "/" + name,
 		Controller:  outer.Controller,
 		ReconcileID: outer.ReconcileID,

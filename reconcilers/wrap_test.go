@@ -251,7 +251,7 @@ func TestContextOfAWrappedReconcile(t *testing.T) {
 	t.Run("driven: the drain ends it at CancelAfter, not the caller", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			ex := drain.New(drain.Options{CancelAfter: 10 * time.Second})
-			internal.Of(ex).Settings().Driven.Store(true)
+			internal.Of(ex).Settings().Owned = true
 			ctx, cancel := context.WithCancel(context.Background())
 			var live bool
 			started := make(chan struct{})
@@ -285,7 +285,7 @@ func TestContextOfAWrappedReconcile(t *testing.T) {
 	t.Run("driven: CancelAfter cancels a reconcile that outlives it", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			ex := drain.New(drain.Options{CancelAfter: 10 * time.Second})
-			internal.Of(ex).Settings().Driven.Store(true)
+			internal.Of(ex).Settings().Owned = true
 			start := time.Now()
 			r := reconcilers.Wrap(ex, "cm", reconcile.Func(func(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
 				<-ctx.Done()

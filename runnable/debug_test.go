@@ -11,7 +11,6 @@ import (
 	"testing"
 	"testing/synctest"
 
-	"github.com/quiesce-dev/quiesce/drain"
 	"github.com/quiesce-dev/quiesce/runnable"
 )
 
@@ -57,7 +56,7 @@ func names(calls []debugCall) []string {
 
 func TestServeHTTP(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		r := runnable.New(runnable.Options{Options: drain.Options{CancelAfter: -1}})
+		r := runnable.New(runnable.Options{CancelAfter: -1})
 		_, body := serve(t, r, http.MethodGet, "/debug/quiesce")
 		if body.Draining || body.Count != 0 || body.Calls == nil || len(body.Calls) != 0 {
 			t.Fatalf("with nothing pending: %+v, want not draining, count 0 and calls []", body)

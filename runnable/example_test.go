@@ -15,7 +15,6 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
-	"github.com/quiesce-dev/quiesce/drain"
 	"github.com/quiesce-dev/quiesce/runnable"
 )
 
@@ -32,8 +31,8 @@ func ExampleAdd() {
 		return
 	}
 	q, err := runnable.Add(mgr, runnable.Options{
-		GracePeriod: 25 * time.Second,                             // below GracefulShutdownTimeout
-		Options:     drain.Options{CancelAfter: 20 * time.Second}, // let reconciles finish
+		GracePeriod: 25 * time.Second, // below GracefulShutdownTimeout
+		CancelAfter: 20 * time.Second, // let reconciles finish
 	})
 	if err != nil {
 		fmt.Println(err)
@@ -54,7 +53,7 @@ func ExampleAdd() {
 // manager's metrics server (curl it where you scrape /metrics).
 func ExampleRunnable_ServeHTTP() {
 	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	q := runnable.New(runnable.Options{Options: drain.Options{Clock: clk}})
+	q := runnable.New(runnable.Options{Clock: clk})
 	release := make(chan struct{})
 	_ = q.Executor().Go(context.Background(), "backup", func(context.Context) error {
 		<-release // a call that takes a while
@@ -106,7 +105,7 @@ func ExampleWebhookServer() {
 		ManagerOptions: &mgrOpts,
 		ShutdownDelay:  5 * time.Second,
 		GracePeriod:    30 * time.Second,
-		Options:        drain.Options{Logger: logr.Discard()},
+		Logger:         logr.Discard(),
 	}
 	if _, err := runnable.Add(mgr, opts); err != nil {
 		fmt.Println(err)

@@ -16,7 +16,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
-	"github.com/quiesce-dev/quiesce/drain"
 	"github.com/quiesce-dev/quiesce/reconcilers"
 )
 
@@ -139,8 +138,8 @@ func TestOldestCallAgeAndSlowCalls(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := newStatsCollector()
 		byDefault := New(Options{}) // SlowAfter: 1m
-		quick := New(Options{Options: drain.Options{SlowAfter: 10 * time.Second}})
-		never := New(Options{Options: drain.Options{SlowAfter: -1}})
+		quick := New(Options{SlowAfter: 10 * time.Second})
+		never := New(Options{SlowAfter: -1})
 		for _, r := range []*Runnable{byDefault, quick, never} {
 			c.track(r)
 		}

@@ -150,7 +150,6 @@ func newReplica(t *testing.T, opts Options, leader bool) *replica {
 	rp.ws = WebhookServer(rp.inner).(*webhookServer)
 	rp.r = newRunnable(withDefaults(opts), false)
 	rp.r.stop.timeline = true
-	rp.r.core().Settings().Driven.Store(true)
 	rp.r.stop.procedure.Store(true) // as Add does
 	if !rp.ws.connect(rp.r) {
 		t.Fatal("connect failed")
@@ -294,7 +293,7 @@ func TestShutdownDelayOnTheLeader(t *testing.T) {
 func TestStandbyDrainsItsWebhookCalls(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rp := newReplica(t, Options{GracePeriod: 4 * time.Second, ShutdownDelay: time.Second,
-			Options: drain.Options{CancelAfter: -1}}, false)
+			CancelAfter: -1}, false)
 		release := make(chan struct{})
 		defer close(release)
 		rp.ws.Register("/mutate", http.HandlerFunc(func(http.ResponseWriter, *http.Request) { <-release })) // hangs
@@ -408,7 +407,6 @@ func TestLeaseLostFences(t *testing.T) {
 func TestNoFenceOutsideTheLeaderElectionGroup(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := newRunnable(withDefaults(Options{NeedLeaderElection: new(bool), GracePeriod: 10 * time.Second}), false)
-		r.core().Settings().Driven.Store(true)
 		r.stop.procedure.Store(true)
 		var cause error
 		if err := r.ex.Go(context.Background(), "job", func(ctx context.Context) error {
@@ -472,7 +470,7 @@ func TestWebhookContextEndsWhenTheClientGoesAway(t *testing.T) {
 
 func TestWebhookPanicIsNamedAndAnswered(t *testing.T) {
 	logs := &lines{}
-	r := newRunnable(withDefaults(Options{Options: drain.Options{Logger: logs.logger()}}), false)
+	r := newRunnable(withDefaults(Options{Logger: logs.logger()}), false)
 	ws := WebhookServer(newFakeServer()).(*webhookServer)
 	ws.connect(r)
 	ws.Register("/p", http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("boom") }))
@@ -535,7 +533,7 @@ func TestWebhookServerNotConnected(t *testing.T) {
 func TestStopWithoutDelayIsQuiet(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		logs := &lines{}
-		r := newRunnable(withDefaults(Options{Options: drain.Options{Logger: logs.logger()}}), false)
+		r := newRunnable(withDefaults(Options{Logger: logs.logger()}), false)
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
 		if err := (&stopper{r: r}).Start(ctx); err != nil {
@@ -554,8 +552,8 @@ func TestDefaultCancelAfter(t *testing.T) {
 	}{
 		{Options{GracePeriod: 10 * time.Second}, 8 * time.Second},
 		{Options{}, 20 * time.Second},
-		{Options{GracePeriod: 10 * time.Second, CancelAtOnce: true}, 0},
-		{Options{GracePeriod: 10 * time.Second, Options: drain.Options{CancelAfter: 3 * time.Second}}, 3 * time.Second},
+		{Options{GracePeriod: 10 * time.Second, CancelAfter: time.Nanosecond}, time.Nanosecond}, // controller-runtime's "at once"
+		{Options{GracePeriod: 10 * time.Second, CancelAfter: 3 * time.Second}, 3 * time.Second},
 	} {
 		synctest.Test(t, func(t *testing.T) {
 			r := newRunnable(withDefaults(tc.opts), false)
@@ -587,11 +585,10 @@ func TestValidate(t *testing.T) {
 	}{
 		{Options{}, ""},
 		{Options{ShutdownDelay: -time.Second}, "ShutdownDelay is -1s: set it to 0"},
-		{Options{GracePeriod: 10 * time.Second, Options: drain.Options{CancelAfter: 10 * time.Second}},
+		{Options{GracePeriod: 10 * time.Second, CancelAfter: 10 * time.Second},
 			"CancelAfter (10s) must be below GracePeriod (10s): lower CancelAfter, or raise GracePeriod"},
-		{Options{Options: drain.Options{CancelAfter: 30 * time.Second}}, "CancelAfter (30s) must be below GracePeriod (25s)"},
-		{Options{CancelAtOnce: true, Options: drain.Options{CancelAfter: time.Second}}, "CancelAtOnce is set with CancelAfter 1s: set one of them"},
-		{Options{Options: drain.Options{CancelAfter: -1}}, ""},
+		{Options{CancelAfter: 30 * time.Second}, "CancelAfter (30s) must be below GracePeriod (25s)"},
+		{Options{CancelAfter: -1}, ""},
 		{Options{GracePeriod: 40 * time.Second}, "GracePeriod (40s) must be below the manager's " +
 			"GracefulShutdownTimeout (30s, controller-runtime's default; pass the manager's Options as ManagerOptions if you set it): " +
 			"raise GracefulShutdownTimeout in the manager's Options above 40s"},
@@ -657,7 +654,7 @@ func TestAddedDoesNotKeepManagersAlive(t *testing.T) {
 func TestStopContextWithAPanickingLogger(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		log := funcr.New(func(string, string) { panic("broken logger") }, funcr.Options{})
-		r := newRunnable(withDefaults(Options{ShutdownDelay: time.Second, Options: drain.Options{Logger: log}}), false)
+		r := newRunnable(withDefaults(Options{ShutdownDelay: time.Second, Logger: log}), false)
 		r.stop.timeline = true
 		sig, sigterm := context.WithCancel(context.Background())
 		ctx := r.StopContext(sig)

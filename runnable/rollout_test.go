@@ -13,7 +13,6 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
-	"github.com/quiesce-dev/quiesce/drain"
 	"github.com/quiesce-dev/quiesce/runnable"
 )
 
@@ -45,10 +44,8 @@ func TestAddRejectsBadOptions(t *testing.T) {
 			"raise GracefulShutdownTimeout in the manager's Options above 30s"},
 		{"grace beyond the budget", runnable.Options{GracePeriod: 8 * time.Second},
 			ctrl.Options{GracefulShutdownTimeout: ptr.To(4 * time.Second)}, "GracefulShutdownTimeout (4s"},
-		{"CancelAfter beyond the grace", runnable.Options{Options: drain.Options{CancelAfter: 30 * time.Second}}, ctrl.Options{},
+		{"CancelAfter beyond the grace", runnable.Options{CancelAfter: 30 * time.Second}, ctrl.Options{},
 			"CancelAfter (30s) must be below GracePeriod (25s)"},
-		{"CancelAtOnce and CancelAfter", runnable.Options{CancelAtOnce: true, Options: drain.Options{CancelAfter: time.Second}}, ctrl.Options{},
-			"set one of them"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			mgr := newManager(t, &tc.mgr)
@@ -87,7 +84,7 @@ func TestAddSaysWhenDebugIsNotServed(t *testing.T) {
 	var logs capture
 	opts := ctrl.Options{}
 	mgr := newManager(t, &opts) // metrics off
-	if _, err := runnable.Add(mgr, runnable.Options{Options: drain.Options{Logger: logs.logger()}, ManagerOptions: &opts}); err != nil {
+	if _, err := runnable.Add(mgr, runnable.Options{Logger: logs.logger(), ManagerOptions: &opts}); err != nil {
 		t.Fatal(err)
 	}
 	got := messages(logs.all())
@@ -142,7 +139,7 @@ func TestRealManagerKeepsServingForTheDelay(t *testing.T) {
 	mgr := newManager(t, &opts)
 	const delay = 300 * time.Millisecond
 	var err error
-	q, err = runnable.Add(mgr, runnable.Options{Options: drain.Options{Logger: log},
+	q, err = runnable.Add(mgr, runnable.Options{Logger: log,
 		GracePeriod: 5 * time.Second, ShutdownDelay: delay, ManagerOptions: &opts})
 	if err != nil {
 		t.Fatal(err)

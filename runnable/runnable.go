@@ -21,22 +21,29 @@ import (
 // documented default. New does not check Options; Add does, and returns an error naming
 // the value to change.
 type Options struct {
-	// Options configure the executor the Runnable owns (see drain.Options for their
-	// defaults, which hold here too, but for CancelAfter). With no Logger, Add uses the
-	// manager's logger named "quiesce"; New discards the log.
-	//
-	// CancelAfter differs from drain's: through a Runnable, 0 means 4/5 of GracePeriod
-	// (20s of the default 25s), so that in-flight reconciles get to finish, and the calls
-	// that ignore their context still leave time, before GracePeriod ends, for the last
-	// report and the line naming what is abandoned. A CancelAfter > 0 must be below
-	// GracePeriod; < 0 never cancels. Set CancelAtOnce to cancel at once, as
-	// controller-runtime does. drain.New itself keeps 0 meaning "at once".
-	drain.Options
+	// Logger receives the drain's reports and the stop's timeline. The zero value: Add uses
+	// the manager's logger named "quiesce"; New discards the log.
+	Logger logr.Logger
 
-	// CancelAtOnce: the drain cancels the contexts of the calls still running as soon as
-	// it begins (drain's CancelAfter 0, controller-runtime's own behaviour), instead of
-	// letting them finish. Add refuses it together with a non-zero CancelAfter.
-	CancelAtOnce bool
+	// MaxConcurrent bounds the reconciles (and the calls nested in them) running at once;
+	// others wait for a slot. 0: unbounded. Daemons and webhook calls take no slot.
+	MaxConcurrent int
+
+	// ReportAfter is when, in the drain, the first report of the pending calls is logged;
+	// ReportEvery, how often later ones are. 0: 1s and 5s.
+	ReportAfter, ReportEvery time.Duration
+
+	// SlowAfter: outside a drain, calls running longer are logged as slow. 0: 1m;
+	// negative: never.
+	SlowAfter time.Duration
+
+	// CancelAfter is how long, once the drain began, the contexts of the calls still
+	// running live: in-flight reconciles get to finish, and calls that ignore their context
+	// still leave time, before GracePeriod ends, for the last report and the line naming
+	// what is abandoned. 0: 4/5 of GracePeriod (20s of the default 25s); > 0: below
+	// GracePeriod (Add checks it); negative: never cancelled. controller-runtime alone
+	// cancels at once; time.Nanosecond does the same here.
+	CancelAfter time.Duration
 
 	// GracePeriod bounds the drain: how long, once the manager's stop began, quiesce waits
 	// for the tracked calls to return before it names the ones it abandons. 0 or
@@ -74,6 +81,10 @@ type Options struct {
 	// NeedLeaderElection is what NeedLeaderElection returns. nil: true (see
 	// Runnable.NeedLeaderElection for why).
 	NeedLeaderElection *bool
+
+	// Clock stamps the calls and times the reports, CancelAfter and ShutdownDelay (not
+	// GracePeriod, on real time). nil: clock.RealClock{}.
+	Clock clock.WithTickerAndDelayedExecution
 }
 
 // DefaultGracePeriod is the GracePeriod used when Options leave it zero.
@@ -110,13 +121,14 @@ var (
 	_ http.Handler                   = (*Runnable)(nil)
 )
 
-// New returns a Runnable owning a new executor configured by opts.Options. It is not added
+// New returns a Runnable owning a new executor configured by opts. It is not added
 // to a manager: Add does that, with its readyz check, metrics, debug handler and stop
 // procedure (ShutdownDelay, the webhook server, standbys).
 //
-// Once the Runnable is added (Add) or started, the executor is driven: the contexts of the
-// reconciles wrapped with reconcilers.Wrap end by its drain, not by their caller's
-// cancellation (see Options.CancelAfter). New alone changes no context.
+// The executor is the Runnable's from its creation: the contexts of the reconciles wrapped
+// with reconcilers.Wrap end by its drain (Options.CancelAfter), not by controller-runtime's
+// cancellation, so that in-flight work finishes. Start the Runnable (Add, or mgr.Add) for
+// the drain to happen; an executor of drain.New leaves contexts as they are.
 func New(opts Options) *Runnable { return newRunnable(withDefaults(opts), false) }
 
 // withDefaults fills in the documented defaults of opts.
@@ -124,10 +136,7 @@ func withDefaults(opts Options) Options {
 	if opts.GracePeriod <= 0 {
 		opts.GracePeriod = DefaultGracePeriod
 	}
-	switch {
-	case opts.CancelAtOnce:
-		opts.CancelAfter = 0 // drain's "at once"
-	case opts.CancelAfter == 0:
+	if opts.CancelAfter == 0 {
 		opts.CancelAfter = defaultCancelAfter(opts.GracePeriod)
 	}
 	return opts
@@ -142,10 +151,17 @@ func newRunnable(opts Options, metered bool) *Runnable {
 	if opts.Clock != nil {
 		clk = opts.Clock
 	}
-	ex := drain.New(opts.Options)
-	// Fixed here, before the executor is shared: a reconcile gets the same context policy
-	// whether it starts before or after the manager starts the Runnable, and every call of
-	// a metered executor is observed.
+	ex := drain.New(drain.Options{
+		Logger:        opts.Logger,
+		MaxConcurrent: opts.MaxConcurrent,
+		ReportAfter:   opts.ReportAfter,
+		ReportEvery:   opts.ReportEvery,
+		CancelAfter:   opts.CancelAfter,
+		SlowAfter:     opts.SlowAfter,
+		Clock:         clk,
+	})
+	// Fixed here, before the executor is shared.
+	internal.Of(ex).Settings().Owned = true
 	if metered {
 		internal.Of(ex).Settings().AfterCall = observeCall
 	}
@@ -187,7 +203,7 @@ func (r *Runnable) timelineLog() logr.Logger {
 // It must be called before mgr.Start, once per manager: a second Add on the same manager
 // returns an error. It checks opts first, and
 // returns an error naming the value to change when ShutdownDelay is negative, when
-// CancelAfter > 0 is not below GracePeriod, when CancelAtOnce comes with a CancelAfter, or
+// CancelAfter > 0 is not below GracePeriod, or
 // when GracePeriod is not below the manager's GracefulShutdownTimeout. An Add that fails
 // adds nothing to mgr and leaves the WebhookServer unconnected, unless mgr itself refuses
 // a runnable (it started already). When ManagerOptions say that the metrics server is off,
@@ -229,7 +245,6 @@ func Add(mgr manager.Manager, opts Options) (*Runnable, error) {
 		}
 		return nil, fmt.Errorf("failed to add quiesce readyz check: %w", err)
 	}
-	r.core().Settings().Driven.Store(true)
 	// Before mgr.Start: the Runnable's Start, in another group, must know, however the
 	// goroutines of the groups are scheduled, that the stop procedure drains.
 	r.stop.procedure.Store(true)
@@ -267,9 +282,6 @@ func validate(opts Options) error {
 	}
 	if opts.ShutdownDelay < 0 {
 		return fmt.Errorf("ShutdownDelay is %v: set it to 0 (no delay) or more", opts.ShutdownDelay)
-	}
-	if opts.CancelAtOnce && opts.CancelAfter != 0 {
-		return fmt.Errorf("CancelAtOnce is set with CancelAfter %v: set one of them", opts.CancelAfter)
 	}
 	if opts.CancelAfter > 0 && opts.CancelAfter >= grace {
 		return fmt.Errorf("CancelAfter (%v) must be below GracePeriod (%v): lower CancelAfter, or raise GracePeriod",
@@ -337,7 +349,6 @@ func (r *Runnable) Start(ctx context.Context) error {
 	if !r.started.CompareAndSwap(false, true) {
 		return errors.New("failed to start quiesce runnable: already started")
 	}
-	r.core().Settings().Driven.Store(true)
 	select {
 	case <-r.ex.Draining():
 		if !r.drainStarted.Load() {

@@ -66,13 +66,13 @@ func TestNeedLeaderElection(t *testing.T) {
 func TestStartDrainsWhenAllCallsReturnInTime(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var logs capture
-		r := runnable.New(runnable.Options{Options: drain.Options{Logger: logs.logger(), CancelAfter: -1}, GracePeriod: 10 * time.Second})
+		r := runnable.New(runnable.Options{Logger: logs.logger(), CancelAfter: -1, GracePeriod: 10 * time.Second})
 		ctx, stop := context.WithCancel(context.Background())
 		started := make(chan error, 1)
 		go func() { started <- r.Start(ctx) }()
 		synctest.Wait()
-		if !internal.Of(r.Executor()).Settings().Driven.Load() {
-			t.Fatal("a Runnable does not drive its executor")
+		if !internal.Of(r.Executor()).Settings().Owned {
+			t.Fatal("a Runnable does not own its executor")
 		}
 		if err := r.ReadyzCheck(nil); err != nil {
 			t.Fatalf("ReadyzCheck before the drain = %v", err)
@@ -114,7 +114,7 @@ func TestStartDrainsWhenAllCallsReturnInTime(t *testing.T) {
 func TestStartAbandonsCallsAfterTheGracePeriod(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var logs capture
-		r := runnable.New(runnable.Options{Options: drain.Options{Logger: logs.logger(), CancelAfter: -1}, GracePeriod: 4 * time.Second})
+		r := runnable.New(runnable.Options{Logger: logs.logger(), CancelAfter: -1, GracePeriod: 4 * time.Second})
 		ctx, stop := context.WithCancel(context.Background())
 		result := make(chan error, 1)
 		go func() { result <- r.Start(ctx) }()
@@ -174,7 +174,7 @@ func TestStartAbandonsCallsAfterTheGracePeriod(t *testing.T) {
 func TestStartWithNothingPendingLogsNothing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var logs capture
-		r := runnable.New(runnable.Options{Options: drain.Options{Logger: logs.logger()}})
+		r := runnable.New(runnable.Options{Logger: logs.logger()})
 		ctx, stop := context.WithCancel(context.Background())
 		stop()
 		if err := r.Start(ctx); err != nil {
@@ -233,7 +233,7 @@ func hangAll(t *testing.T, r *runnable.Runnable, n int, release <-chan struct{})
 func TestAbandonedCallsAreListedOnceAndBounded(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var logs capture
-		r := runnable.New(runnable.Options{Options: drain.Options{Logger: logs.logger(), CancelAfter: -1, ReportEvery: time.Hour}, GracePeriod: 2 * time.Second})
+		r := runnable.New(runnable.Options{Logger: logs.logger(), CancelAfter: -1, ReportEvery: time.Hour, GracePeriod: 2 * time.Second})
 		ctx, stop := context.WithCancel(context.Background())
 		result := make(chan error, 1)
 		go func() { result <- r.Start(ctx) }()
@@ -287,7 +287,7 @@ func TestAbandonedCallsAreListedOnceAndBounded(t *testing.T) {
 // Without a logger there is no abandoned line: the error itself lists the calls.
 func TestAbandonedCallsWithoutLoggerAreInTheError(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		r := runnable.New(runnable.Options{Options: drain.Options{CancelAfter: -1}, GracePeriod: time.Second})
+		r := runnable.New(runnable.Options{CancelAfter: -1, GracePeriod: time.Second})
 		ctx, stop := context.WithCancel(context.Background())
 		result := make(chan error, 1)
 		go func() { result <- r.Start(ctx) }()
@@ -305,35 +305,30 @@ func TestAbandonedCallsWithoutLoggerAreInTheError(t *testing.T) {
 	})
 }
 
-func TestShieldingBeginsAtStart(t *testing.T) {
-	// A Runnable only created with New changes no reconcile's context; once started (or
-	// added, see Add), its executor's wrapped reconciles are shielded.
-	synctest.Test(t, func(t *testing.T) { shieldingBeginsAtStart(t) })
-}
-
-func shieldingBeginsAtStart(t *testing.T) {
-	r := runnable.New(runnable.Options{Options: drain.Options{CancelAfter: -1}})
-	reconcileOnce := func() error {
-		ctx, cancel := context.WithCancel(context.Background())
-		wrapped := reconcilers.Wrap(r.Executor(), "cm", reconcile.Func(func(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
-			cancel() // controller-runtime's shutdown
-			return reconcile.Result{}, ctx.Err()
-		}))
-		_, err := wrapped.Reconcile(ctx, reconcile.Request{})
-		return err
-	}
-	if err := reconcileOnce(); !errors.Is(err, context.Canceled) {
-		t.Errorf("a reconcile with a Runnable only created saw %v, want its caller's cancellation", err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	started := make(chan error, 1)
-	go func() { started <- r.Start(ctx) }()
-	synctest.Wait() // Start blocks
-	if err := reconcileOnce(); err != nil {
-		t.Errorf("a reconcile once the Runnable started saw its caller's cancellation: %v", err)
-	}
-	stop()
-	if err := <-started; err != nil {
-		t.Fatal(err)
-	}
+func TestShieldedFromCreation(t *testing.T) {
+	// The executor of a Runnable is shielded from its creation (controller-runtime's
+	// cancellation does not end a wrapped reconcile: the drain does); one of drain.New is not.
+	synctest.Test(t, func(t *testing.T) {
+		reconcileOnce := func(ex *drain.Executor) error {
+			ctx, cancel := context.WithCancel(context.Background())
+			wrapped := reconcilers.Wrap(ex, "cm", reconcile.Func(func(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+				cancel() // controller-runtime's shutdown
+				return reconcile.Result{}, ctx.Err()
+			}))
+			_, err := wrapped.Reconcile(ctx, reconcile.Request{})
+			return err
+		}
+		if err := reconcileOnce(drain.New(drain.Options{})); !errors.Is(err, context.Canceled) {
+			t.Errorf("a reconcile on an executor of drain.New saw %v, want its caller's cancellation", err)
+		}
+		r := runnable.New(runnable.Options{CancelAfter: -1})
+		if err := reconcileOnce(r.Executor()); err != nil {
+			t.Errorf("a reconcile on a Runnable's executor saw its caller's cancellation: %v", err)
+		}
+		ctx, stop := context.WithCancel(context.Background())
+		stop()
+		if err := r.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
 }

@@ -17,7 +17,6 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	"github.com/quiesce-dev/quiesce/drain"
 	"github.com/quiesce-dev/quiesce/runnable"
 )
 
@@ -94,7 +93,7 @@ func runSignalChild() {
 		fmt.Println(err)
 		os.Exit(3)
 	}
-	q, err := runnable.Add(mgr, runnable.Options{Options: drain.Options{Logger: log},
+	q, err := runnable.Add(mgr, runnable.Options{Logger: log,
 		ShutdownDelay: 10 * time.Minute, ManagerOptions: &opts})
 	if err != nil {
 		fmt.Println(err)

@@ -27,7 +27,7 @@ const (
 // connectedWebhookServer returns a WebhookServer over a fakeServer, connected to a new
 // Runnable as Add connects them; the Runnable logs to logs.
 func connectedWebhookServer(logs *lines) (*Runnable, *webhookServer) {
-	r := newRunnable(withDefaults(Options{Options: drain.Options{Logger: logs.logger()}}), false)
+	r := newRunnable(withDefaults(Options{Logger: logs.logger()}), false)
 	ws := WebhookServer(newFakeServer()).(*webhookServer)
 	ws.connect(r)
 	return r, ws

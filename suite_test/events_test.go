@@ -14,7 +14,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
-	"github.com/quiesce-dev/quiesce/drain"
 	"github.com/quiesce-dev/quiesce/reconcilers"
 	"github.com/quiesce-dev/quiesce/runnable"
 )
@@ -50,7 +49,7 @@ var _ = Describe("WithEvents", func() {
 			mgr := newManager(inNamespace(ns))
 			var logs logLines
 			q, err := runnable.Add(mgr, runnable.Options{
-				Options:     drain.Options{Logger: logs.logger(), SlowAfter: 500 * time.Millisecond, ReportEvery: 500 * time.Millisecond},
+				Logger: logs.logger(), SlowAfter: 500 * time.Millisecond, ReportEvery: 500 * time.Millisecond,
 				GracePeriod: 2 * time.Second,
 			})
 			Expect(err).NotTo(HaveOccurred())

@@ -20,7 +20,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
-	"github.com/quiesce-dev/quiesce/drain"
 	"github.com/quiesce-dev/quiesce/internal"
 	"github.com/quiesce-dev/quiesce/lifecycle"
 	"github.com/quiesce-dev/quiesce/reconcilers"
@@ -72,18 +71,18 @@ func progressOf(ctx context.Context, key types.NamespacedName) (reconcilers.Prog
 
 // startHandlers makes a manager caching only ns, with a runnable.Runnable configured by
 // dopts, and a controller named name of the handlers hs on ConfigMaps; it starts the manager.
-func startHandlers(ns, name string, dopts drain.Options, hs []reconcilers.Handler[*corev1.ConfigMap], opts reconcilers.HandlersOptions) (q *runnable.Runnable, stop context.CancelFunc, done <-chan error) {
+func startHandlers(ns, name string, qopts runnable.Options, hs []reconcilers.Handler[*corev1.ConfigMap], opts reconcilers.HandlersOptions) (q *runnable.Runnable, stop context.CancelFunc, done <-chan error) {
 	GinkgoHelper()
-	mgr, q := newHandlers(ns, name, dopts, hs, opts)
+	mgr, q := newHandlers(ns, name, qopts, hs, opts)
 	stop, done = startManager(mgr)
 	return q, stop, done
 }
 
 // newHandlers is startHandlers without the start.
-func newHandlers(ns, name string, dopts drain.Options, hs []reconcilers.Handler[*corev1.ConfigMap], opts reconcilers.HandlersOptions) (manager.Manager, *runnable.Runnable) {
+func newHandlers(ns, name string, qopts runnable.Options, hs []reconcilers.Handler[*corev1.ConfigMap], opts reconcilers.HandlersOptions) (manager.Manager, *runnable.Runnable) {
 	GinkgoHelper()
 	mgr := newManager(handlersCacheIn(ns))
-	q, err := runnable.Add(mgr, runnable.Options{Options: dopts, GracePeriod: 20 * time.Second})
+	q, err := runnable.Add(mgr, withGrace(qopts, 20*time.Second))
 	Expect(err).NotTo(HaveOccurred())
 	opts.Recorder = broadcaster.NewRecorder(scheme.Scheme, name)
 	r, err := reconcilers.Handlers(q.Executor(), mgr.GetClient(), name, nil, hs, opts)
@@ -120,7 +119,7 @@ var _ = Describe("The Handlers reconciler", func() {
 
 		By("running the handlers until b runs, on a first manager")
 		// CancelAfter 0: the drain cancels b's context at once.
-		_, stop, done := startHandlers(ns, "handlers-resume", drain.Options{CancelAfter: 0}, hs, opts)
+		_, stop, done := startHandlers(ns, "handlers-resume", runnable.Options{}, hs, opts)
 		Expect(k8sClient.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "resume"}})).To(Succeed())
 		Eventually(bRunning).Should(BeClosed())
 
@@ -137,7 +136,7 @@ var _ = Describe("The Handlers reconciler", func() {
 		Expect(p.Handlers).NotTo(HaveKey("c"))
 
 		By("starting a new manager")
-		_, stop, done = startHandlers(ns, "handlers-resume", drain.Options{CancelAfter: 0}, hs, opts)
+		_, stop, done = startHandlers(ns, "handlers-resume", runnable.Options{}, hs, opts)
 		Eventually(func(g Gomega) {
 			p, err := progressOf(ctx, key)
 			g.Expect(err).NotTo(HaveOccurred())
@@ -176,7 +175,7 @@ var _ = Describe("The Handlers reconciler", func() {
 			}
 			return nil
 		}}
-		_, stop, done := startHandlers(ns, "handlers-retry", drain.Options{}, []reconcilers.Handler[*corev1.ConfigMap]{flaky},
+		_, stop, done := startHandlers(ns, "handlers-retry", runnable.Options{}, []reconcilers.Handler[*corev1.ConfigMap]{flaky},
 			reconcilers.HandlersOptions{Backoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond})
 		Expect(k8sClient.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: key.Name}})).To(Succeed())
 
@@ -230,7 +229,7 @@ var _ = Describe("The Handlers reconciler", func() {
 			runs.add("after")
 			return nil
 		}}
-		_, stop, done := startHandlers(ns, "handlers-terminal", drain.Options{}, []reconcilers.Handler[*corev1.ConfigMap]{fatal, after},
+		_, stop, done := startHandlers(ns, "handlers-terminal", runnable.Options{}, []reconcilers.Handler[*corev1.ConfigMap]{fatal, after},
 			reconcilers.HandlersOptions{Lifecycle: lifecycle.OneByOne})
 		Expect(k8sClient.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: key.Name}})).To(Succeed())
 
@@ -291,7 +290,7 @@ var _ = Describe("The Handlers reconciler", func() {
 			}})
 		}
 		var mgr manager.Manager
-		mgr, q = newHandlers(ns, "handlers-inline", drain.Options{}, hs, reconcilers.HandlersOptions{Lifecycle: inline})
+		mgr, q = newHandlers(ns, "handlers-inline", runnable.Options{}, hs, reconcilers.HandlersOptions{Lifecycle: inline})
 		settings := internal.Of(q.Executor()).Settings()
 		metered := settings.AfterCall
 		settings.AfterCall = func(controller string, took time.Duration, err error) {
@@ -324,3 +323,9 @@ var _ = Describe("The Handlers reconciler", func() {
 		expectNoLeaks(cur)
 	})
 })
+
+// withGrace returns opts with GracePeriod set to grace.
+func withGrace(opts runnable.Options, grace time.Duration) runnable.Options {
+	opts.GracePeriod = grace
+	return opts
+}

@@ -175,7 +175,7 @@ var _ = Describe("Daemons", func() {
 			ns := newNamespace(ctx)
 			var logs logLines
 			h, q, stop, done := startHeartbeats(ns, &logs, nil, runnable.Options{
-				Options: drain.Options{ReportAfter: 300 * time.Millisecond},
+				ReportAfter: 300 * time.Millisecond,
 			})
 			names := []string{"cm-0", "cm-1", "cm-2"}
 			deleted := names[0]
@@ -229,7 +229,7 @@ var _ = Describe("Daemons", func() {
 		var logs logLines
 		hold, release := releaser()
 		h, q, stop, done := startHeartbeats(ns, &logs, hold, runnable.Options{
-			Options:     drain.Options{ReportAfter: 500 * time.Millisecond, ReportEvery: time.Second},
+			ReportAfter: 500 * time.Millisecond, ReportEvery: time.Second,
 			GracePeriod: 2 * time.Second,
 		})
 		for _, name := range []string{"cm-0", "cm-1", "stuck"} {

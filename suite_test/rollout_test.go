@@ -167,7 +167,7 @@ var _ = Describe("A rolling update", func() {
 		Expect(err).To(MatchError(ContainSubstring("ShutdownDelay is -1s")))
 		_, err = runnable.Add(mgr, runnable.Options{GracePeriod: 30 * time.Second})
 		Expect(err).To(MatchError(ContainSubstring("raise GracefulShutdownTimeout in the manager's Options above 30s")))
-		_, err = runnable.Add(mgr, runnable.Options{GracePeriod: 10 * time.Second, Options: drain.Options{CancelAfter: 12 * time.Second}})
+		_, err = runnable.Add(mgr, runnable.Options{GracePeriod: 10 * time.Second, CancelAfter: 12 * time.Second})
 		Expect(err).To(MatchError(ContainSubstring("CancelAfter (12s) must be below GracePeriod (10s)")))
 		_, err = runnable.Add(mgr, runnable.Options{})
 		Expect(err).NotTo(HaveOccurred())

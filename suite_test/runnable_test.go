@@ -146,7 +146,7 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 		ns := newNamespace(ctx)
 		mgr := newManager(inNamespace(ns))
 		q, err := runnable.Add(mgr, runnable.Options{
-			Options:     drain.Options{CancelAfter: 10 * time.Second},
+			CancelAfter: 10 * time.Second,
 			GracePeriod: 15 * time.Second,
 		})
 		Expect(err).NotTo(HaveOccurred())
@@ -193,10 +193,10 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 		mgr := newManager(inNamespace(ns), func(o *manager.Options) { o.GracefulShutdownTimeout = ptr.To(30 * time.Second) })
 		var logs logLines
 		q, err := runnable.Add(mgr, runnable.Options{
-			Options:     drain.Options{Logger: logs.logger(), ReportAfter: 500 * time.Millisecond, ReportEvery: time.Second},
+			Logger: logs.logger(), ReportAfter: 500 * time.Millisecond, ReportEvery: time.Second,
 			GracePeriod: 3 * time.Second,
 			// At once: the reconcile returns and only the executor waits for the call (detached).
-			CancelAtOnce: true,
+			CancelAfter: time.Nanosecond,
 		})
 		Expect(err).NotTo(HaveOccurred())
 
@@ -262,7 +262,7 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 		ns := newNamespace(ctx)
 		mgr := newManager(inNamespace(ns))
 		var logs logLines
-		q, err := runnable.Add(mgr, runnable.Options{Options: drain.Options{Logger: logs.logger(), ReportAfter: time.Millisecond}})
+		q, err := runnable.Add(mgr, runnable.Options{Logger: logs.logger(), ReportAfter: time.Millisecond})
 		Expect(err).NotTo(HaveOccurred())
 		reconciled := make(chan struct{}, 1)
 		Expect(ctrl.NewControllerManagedBy(mgr).For(&corev1.ConfigMap{}).Named("quiet").

@@ -29,7 +29,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
-	"github.com/quiesce-dev/quiesce/drain"
 	"github.com/quiesce-dev/quiesce/reconcilers"
 	"github.com/quiesce-dev/quiesce/runnable"
 )
@@ -188,7 +187,7 @@ func newMatrixReplica(ctx context.Context, c stopCell, ns, id string, withQuiesc
 	if withQuiesce {
 		var err error
 		r.q, err = runnable.Add(r.mgr, runnable.Options{
-			Options:        drain.Options{Logger: r.logs.logger().WithName(id)},
+			Logger:         r.logs.logger().WithName(id),
 			GracePeriod:    matrixGrace,
 			ShutdownDelay:  c.delay,
 			ManagerOptions: &opts,

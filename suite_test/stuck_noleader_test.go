@@ -15,7 +15,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
-	"github.com/quiesce-dev/quiesce/drain"
 	"github.com/quiesce-dev/quiesce/reconcilers"
 	"github.com/quiesce-dev/quiesce/runnable"
 )
@@ -51,7 +50,7 @@ func runStuck(ctx context.Context, withQuiesce bool) stuckRun {
 	if withQuiesce {
 		var err error
 		run.q, err = runnable.Add(mgr, runnable.Options{GracePeriod: 2 * time.Second,
-			Options: drain.Options{ReportAfter: 500 * time.Millisecond, ReportEvery: time.Second}})
+			ReportAfter: 500 * time.Millisecond, ReportEvery: time.Second})
 		Expect(err).NotTo(HaveOccurred())
 		r = reconcilers.Wrap(run.q.Executor(), "inline", r)
 	}

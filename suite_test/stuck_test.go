@@ -21,7 +21,6 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
-	"github.com/quiesce-dev/quiesce/drain"
 	"github.com/quiesce-dev/quiesce/drain/draintest"
 	"github.com/quiesce-dev/quiesce/reconcilers"
 	"github.com/quiesce-dev/quiesce/runnable"
@@ -45,7 +44,7 @@ var _ = Describe("A stuck reconcile", func() {
 			})
 			var logs logLines
 			q, err := runnable.Add(mgr, runnable.Options{
-				Options: drain.Options{Logger: logs.logger(), SlowAfter: time.Second, ReportEvery: time.Second},
+				Logger: logs.logger(), SlowAfter: time.Second, ReportEvery: time.Second,
 			})
 			Expect(err).NotTo(HaveOccurred())
 			hold, release := releaser()
@@ -122,7 +121,7 @@ var _ = Describe("A stuck reconcile", func() {
 			o.GracefulShutdownTimeout = ptr.To(5 * time.Second)
 		})
 		q, err := runnable.Add(mgr, runnable.Options{
-			Options:     drain.Options{ReportAfter: 500 * time.Millisecond, ReportEvery: time.Second},
+			ReportAfter: 500 * time.Millisecond, ReportEvery: time.Second,
 			GracePeriod: 2 * time.Second,
 		})
 		Expect(err).NotTo(HaveOccurred())

@@ -20,7 +20,6 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	"github.com/quiesce-dev/quiesce/drain"
 	"github.com/quiesce-dev/quiesce/drain/draintest"
 	"github.com/quiesce-dev/quiesce/runnable"
 )
@@ -55,8 +54,8 @@ func TestSnapshotFinishesDuringShutdown(t *testing.T) {
 	})
 	g.Expect(err).NotTo(HaveOccurred())
 	q, err := runnable.Add(mgr, runnable.Options{
-		GracePeriod: 25 * time.Second,                             // below the manager's default GracefulShutdownTimeout (30s)
-		Options:     drain.Options{CancelAfter: 20 * time.Second}, // in-flight reconciles may finish
+		GracePeriod: 25 * time.Second, // below the manager's default GracefulShutdownTimeout (30s)
+		CancelAfter: 20 * time.Second, // in-flight reconciles may finish
 	})
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect((&ConfigMapReconciler{Client: mgr.GetClient(), Work: 500 * time.Millisecond}).

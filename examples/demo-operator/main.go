@@ -18,7 +18,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	"github.com/quiesce-dev/quiesce/drain"
 	"github.com/quiesce-dev/quiesce/runnable"
 )
 
@@ -123,11 +122,9 @@ func run(setupLog logr.Logger, c managerConfig) int {
 	q, err := runnable.Add(mgr, runnable.Options{
 		ManagerOptions: &mgrOpts, // Add checks GracePeriod against GracefulShutdownTimeout
 		GracePeriod:    c.grace,
-		Options: drain.Options{
-			ReportAfter: c.reportAfter,
-			ReportEvery: c.reportEvery,
-			CancelAfter: c.cancelAfter,
-		},
+		ReportAfter:    c.reportAfter,
+		ReportEvery:    c.reportEvery,
+		CancelAfter:    c.cancelAfter,
 	})
 	if err != nil {
 		setupLog.Error(err, "Failed to add quiesce")

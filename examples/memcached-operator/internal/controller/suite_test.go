@@ -33,7 +33,6 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
-	"github.com/quiesce-dev/quiesce/drain"
 	"github.com/quiesce-dev/quiesce/drain/draintest"
 	"github.com/quiesce-dev/quiesce/runnable"
 
@@ -104,7 +103,7 @@ var _ = AfterSuite(func() {
 func startQuiesce() *runnable.Runnable {
 	q := runnable.New(runnable.Options{
 		GracePeriod: 2 * time.Second,
-		Options:     drain.Options{Logger: logf.Log.WithName("quiesce")},
+		Logger:      logf.Log.WithName("quiesce"),
 	})
 	ctx, stop := context.WithCancel(context.Background())
 	go func() { _ = q.Start(ctx) }()

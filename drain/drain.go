@@ -275,6 +275,8 @@ func (c *core) Go(ctx context.Context, o internal.CallOptions, fn func(context.C
 	return (*Executor)(c).goCall(ctx, &o, fn)
 }
 
+func (c *core) Now() time.Time { return c.clock.Now() }
+
 func (c *core) Fence(cause error) int {
 	calls, _ := (*Executor)(c).list(-1)
 	for _, cl := range calls {

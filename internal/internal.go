@@ -77,6 +77,8 @@ type Core interface {
 	// Abandoned tells the Observers of every call still running, located. runnable calls
 	// it once, at the end of the grace period; it returns when they did or ctx ended.
 	Abandoned(ctx context.Context)
+	// Now is the time on the executor's clock (drain.Options.Clock).
+	Now() time.Time
 	// Fence ends the context of every call still running at once, with cause, and returns
 	// how many it ended. runnable calls it when the lease is lost, once the drain began.
 	Fence(cause error) int

@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/utils/clock"
-
 	"github.com/quiesce-dev/quiesce/drain"
 	"github.com/quiesce-dev/quiesce/internal"
 )
@@ -20,45 +18,20 @@ type TestingT interface {
 
 var _ TestingT = testing.TB(nil)
 
-// Option configures VerifyNone and HaveNoPendingCalls.
-type Option func(*options)
-
-type options struct {
-	clock clock.PassiveClock
-}
-
-// WithClock sets the clock that ages are measured on. Pass the executor's drain.Options
-// Clock when it is a fake one, since calls are stamped with it. Default: the real clock.
-func WithClock(c clock.PassiveClock) Option {
-	return func(o *options) {
-		if c != nil {
-			o.clock = c
-		}
-	}
-}
-
-func newOptions(opts []Option) options {
-	o := options{clock: clock.RealClock{}}
-	for _, opt := range opts {
-		opt(&o)
-	}
-	return o
-}
-
 // VerifyNone marks t failed, with Errorf, if ex has a tracked call still pending, listing
 // each with its name, age, whether it is detached, where its goroutine is blocked and the
-// line of its own function where it waits (see drain.Executor.Locate). A call counts from
+// line of its own function where it waits (see drain.Executor.Locate). Ages are measured
+// on the executor's clock (drain.Options.Clock). A call counts from
 // the moment Call, Go or Run admitted it. VerifyNone does not wait: call it once the calls
 // should have returned, typically after the test stopped the manager whose runnable drains
 // ex. To wait for them, use HaveNoPendingCalls with Gomega's Eventually, or ex.Drain with a
 // deadline. It has no effect on ex: it neither drains it nor counts anything.
-func VerifyNone(t TestingT, ex *drain.Executor, opts ...Option) {
+func VerifyNone(t TestingT, ex *drain.Executor) {
 	t.Helper()
 	if ex == nil {
 		t.Errorf("draintest: nil executor")
 		return
 	}
-	o := newOptions(opts)
 	if len(ex.Pending()) == 0 {
 		return
 	}
@@ -66,7 +39,7 @@ func VerifyNone(t TestingT, ex *drain.Executor, opts ...Option) {
 	if len(calls) == 0 {
 		return // they returned meanwhile
 	}
-	t.Errorf("%s", describe(calls, o.clock.Now()))
+	t.Errorf("%s", describe(calls, internal.Of(ex).Now()))
 }
 
 // describe lists calls, one per line.

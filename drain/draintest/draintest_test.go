@@ -124,7 +124,7 @@ func TestVerifyNoneListsPendingCallsOfDrainedExecutor(t *testing.T) {
 	stop(t, ex)
 
 	var ft fakeT
-	draintest.VerifyNone(&ft, ex, draintest.WithClock(clk))
+	draintest.VerifyNone(&ft, ex)
 	want := "2 tracked calls still pending:\n" +
 		"\t\"demo/default/a/export\": age 3s, detached, at " + whereA + "\n" +
 		"\t\"demo/default/b/export\": age 1s, detached, at " + whereB
@@ -150,7 +150,7 @@ func TestVerifyNoneNeverStartsADrain(t *testing.T) {
 	clk.Step(250 * time.Millisecond)
 
 	var ft fakeT
-	draintest.VerifyNone(&ft, ex, draintest.WithClock(clk))
+	draintest.VerifyNone(&ft, ex)
 	want := "1 tracked call still pending:\n" +
 		"\t\"worker\": age 250ms, detached, at " + where
 	if len(ft.failures) != 1 || ft.failures[0] != want {
@@ -189,7 +189,7 @@ func TestHaveNoPendingCalls(t *testing.T) {
 	where := hang(t, ex, "demo/default/a/export", release)
 	clk.Step(3 * time.Second)
 
-	m := draintest.HaveNoPendingCalls(draintest.WithClock(clk))
+	m := draintest.HaveNoPendingCalls()
 	ok, err := m.Match(&owner{ex})
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(ok).To(BeFalse())
@@ -220,7 +220,7 @@ func TestHaveNoPendingCallsBadActual(t *testing.T) {
 }
 
 func TestVerifyNoneUnknownLocation(t *testing.T) {
-	ex, clk, release := newExecutor(t)
+	ex, _, release := newExecutor(t)
 	started := make(chan struct{})
 	err := ex.Go(context.Background(), "relabelled", func(context.Context) error {
 		// Labels set from a context not derived from fn's hide the call's goroutine.
@@ -235,7 +235,7 @@ func TestVerifyNoneUnknownLocation(t *testing.T) {
 	<-started
 
 	var ft fakeT
-	draintest.VerifyNone(&ft, ex, draintest.WithClock(clk))
+	draintest.VerifyNone(&ft, ex)
 	want := "1 tracked call still pending:\n\t\"relabelled\": age 0s, detached, at an unknown location\n" +
 		"(the executor logs once why a location is unknown)"
 	if len(ft.failures) != 1 || ft.failures[0] != want {
@@ -244,13 +244,13 @@ func TestVerifyNoneUnknownLocation(t *testing.T) {
 }
 
 func TestVerifyNoneSeesACallFromAdmission(t *testing.T) {
-	ex, clk, release := newExecutor(t)
+	ex, _, release := newExecutor(t)
 	if err := ex.Go(context.Background(), "admitted", func(context.Context) error { <-release; return nil }); err != nil {
 		t.Fatal(err)
 	}
 	// Whether fn's goroutine began or not, the call is pending from the moment Go returned.
 	var ft fakeT
-	draintest.VerifyNone(&ft, ex, draintest.WithClock(clk))
+	draintest.VerifyNone(&ft, ex)
 	want := "1 tracked call still pending:\n\t\"admitted\": age 0s, detached, "
 	if len(ft.failures) != 1 || !strings.HasPrefix(ft.failures[0], want) {
 		t.Errorf("VerifyNone failures:\n%q\nwant one starting with:\n%q", ft.failures, want)

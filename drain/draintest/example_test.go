@@ -43,7 +43,7 @@ func ExampleVerifyNone() {
 	_ = ex.Drain(ctx) // a *drain.PendingError: the handler still runs
 
 	// In a test: draintest.VerifyNone(t, ex).
-	draintest.VerifyNone(printT{}, ex, draintest.WithClock(clk))
+	draintest.VerifyNone(printT{}, ex)
 
 	close(release)
 	if err := ex.Drain(context.Background()); err != nil {

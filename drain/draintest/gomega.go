@@ -7,6 +7,7 @@ import (
 	"github.com/onsi/gomega/types"
 
 	"github.com/quiesce-dev/quiesce/drain"
+	"github.com/quiesce-dev/quiesce/internal"
 )
 
 // ExecutorOwner is what owns an executor, such as a *runnable.Runnable.
@@ -20,12 +21,9 @@ type ExecutorOwner interface {
 // the executor. Match only takes a snapshot, so the matcher can poll:
 //
 //	Eventually(q).Should(draintest.HaveNoPendingCalls())
-func HaveNoPendingCalls(opts ...Option) types.GomegaMatcher {
-	return &noPendingMatcher{opts: newOptions(opts)}
-}
+func HaveNoPendingCalls() types.GomegaMatcher { return &noPendingMatcher{} }
 
 type noPendingMatcher struct {
-	opts options
 	ex   *drain.Executor
 	last []drain.Pending // what the last Match found
 }
@@ -40,13 +38,14 @@ func (m *noPendingMatcher) Match(actual any) (bool, error) {
 }
 
 func (m *noPendingMatcher) FailureMessage(any) string {
-	calls := m.last
-	if m.ex != nil {
-		if located, _ := m.ex.Locate(-1); len(located) > 0 {
-			calls = located
-		}
+	if m.ex == nil {
+		return "Expected no tracked call pending: Match was not called"
 	}
-	return "Expected no tracked call pending, found " + describe(calls, m.opts.clock.Now())
+	calls := m.last
+	if located, _ := m.ex.Locate(-1); len(located) > 0 {
+		calls = located
+	}
+	return "Expected no tracked call pending, found " + describe(calls, internal.Of(m.ex).Now())
 }
 
 func (m *noPendingMatcher) NegatedFailureMessage(any) string {

@@ -121,7 +121,7 @@ func (e *PanicError) Unwrap() error {
 }
 
 // PendingError is returned by Drain when its ctx ends before every call returned.
-// Pending holds every call still running; Error names only the first maxListed, each name
+// Pending holds every call still running; Error names only the first internal.MaxListed, each name
 // quoted and cut to 256 bytes, so that no name can forge or flood a line.
 type PendingError struct {
 	Pending []Pending
@@ -132,8 +132,8 @@ func (e *PendingError) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "failed to drain: %v: %d call(s) still running", e.Err, len(e.Pending))
 	for i, p := range e.Pending {
-		if i == maxListed {
-			fmt.Fprintf(&b, " and %d more", len(e.Pending)-maxListed)
+		if i == internal.MaxListed {
+			fmt.Fprintf(&b, " and %d more", len(e.Pending)-internal.MaxListed)
 			break
 		}
 		if i == 0 {
@@ -170,10 +170,6 @@ type Stats struct {
 	// off), as the "Slow calls" line would list them now.
 	Slow int64
 }
-
-// maxListed bounds how many calls a report, a log line or an error lists; the rest are
-// only counted.
-const maxListed = 20
 
 // Defaults of Options (documented there).
 const (
@@ -276,6 +272,11 @@ func (c *core) Go(ctx context.Context, o internal.CallOptions, fn func(context.C
 }
 
 func (c *core) Now() time.Time { return c.clock.Now() }
+
+func (c *core) Entries(limit int) ([]internal.Entry, int) {
+	calls, total := (*Executor)(c).Locate(limit)
+	return entries(calls, c.clock.Now()), total
+}
 
 func (c *core) Fence(cause error) int {
 	calls, _ := (*Executor)(c).list(-1)

@@ -19,7 +19,7 @@ func observed(calls []*call, ents []internal.Entry) []internal.Observed {
 }
 
 // observeSlow tells the observers obs of the slow calls of a "Slow calls" line: up to
-// internal.MaxObserved of them, located, where the line lists maxListed.
+// internal.MaxObserved of them, located, where the line lists internal.MaxListed.
 func (e *Executor) observeSlow(obs []internal.Observer, calls []*call, ents []internal.Entry) {
 	if len(obs) == 0 {
 		return

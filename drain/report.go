@@ -41,7 +41,7 @@ func (e *Executor) reportDue() {
 // reportPending logs one line about the pending calls, if any, during a drain, unless the
 // last Drain stopped waiting meanwhile (see stopWaiting).
 func (e *Executor) reportPending() {
-	calls, total := e.Locate(maxListed)
+	calls, total := e.Locate(internal.MaxListed)
 	if total == 0 {
 		return
 	}
@@ -149,9 +149,9 @@ func (e *Executor) checkSlow() {
 	// The observers (reconcilers.WithEvents) are told of more slow calls than the line
 	// lists; all are located from the same capture, so the line costs no second one.
 	obs := e.settings.Observers.List()
-	limit := maxListed
+	limit := internal.MaxListed
 	if len(obs) > 0 {
-		limit = max(maxListed, internal.MaxObserved)
+		limit = max(internal.MaxListed, internal.MaxObserved)
 	}
 	e.mu.Lock()
 	e.slowArmed = false
@@ -188,7 +188,7 @@ func (e *Executor) checkSlow() {
 	}
 	defer e.logging.Store(false)
 	ents := entries(e.locate(slow), now)
-	listed := ents[:min(len(ents), maxListed)]
+	listed := ents[:min(len(ents), internal.MaxListed)]
 	kv := []any{"slow", count, "slowAfter", e.opts.SlowAfter.String(), "calls", listed}
 	if more := count - len(listed); more > 0 {
 		kv = append(kv, "more", more)

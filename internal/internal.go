@@ -79,6 +79,9 @@ type Core interface {
 	Abandoned(ctx context.Context)
 	// Now is the time on the executor's clock (drain.Options.Clock).
 	Now() time.Time
+	// Entries lists the oldest limit pending calls (all with limit < 0), located, as
+	// reports show them, and how many are pending.
+	Entries(limit int) (ents []Entry, total int)
 	// Fence ends the context of every call still running at once, with cause, and returns
 	// how many it ended. runnable calls it when the lease is lost, once the drain began.
 	Fence(cause error) int
@@ -132,6 +135,10 @@ func Age(d time.Duration) string {
 	}
 	return d.Round(time.Millisecond).String()
 }
+
+// MaxListed bounds how many calls a report, a log line or an error lists; the rest are
+// counted.
+const MaxListed = 20
 
 // MaxNameBytes bounds the bytes of a name that a log line, a report entry, an error or
 // /debug/quiesce shows; Cut marks a longer one.

@@ -6,20 +6,9 @@ import (
 	"math"
 	"net/http"
 	"strconv"
-	"time"
 
-	"github.com/quiesce-dev/quiesce/drain"
 	"github.com/quiesce-dev/quiesce/internal"
 )
-
-// callOf is p as the abandoned line and ServeHTTP show it, like the executor's reports:
-// names and locations cut to internal.MaxNameBytes.
-func callOf(p drain.Pending, now time.Time) internal.Entry {
-	return internal.Entry{
-		Name: internal.Cut(p.Name), Age: internal.Age(now.Sub(p.Started)), Detached: p.Detached, Daemon: p.Daemon,
-		ReconcileID: p.ReconcileID, Where: internal.Cut(p.Where), Handler: internal.Cut(p.Handler),
-	}
-}
 
 // debugState is the body of ServeHTTP.
 type debugState struct {
@@ -60,13 +49,7 @@ func (r *Runnable) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		}
 	}
 	state := debugState{Draining: r.draining()}
-	pending, total := r.ex.Locate(limit)
-	now := r.clock.Now()
-	state.Count = total
-	state.Calls = make([]internal.Entry, len(pending))
-	for i, p := range pending {
-		state.Calls[i] = callOf(p, now)
-	}
+	state.Calls, state.Count = r.core().Entries(limit)
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	_ = json.NewEncoder(w).Encode(state) // an error here is the client's going away

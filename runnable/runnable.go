@@ -421,37 +421,22 @@ func (r *Runnable) drain() error {
 const abandonedMsg = "Abandoned calls still running after the grace period"
 
 // abandon logs the calls of pe, bounded like the executor's reports, and returns the error
-// for Start.
-//
-// The list appears once in the log, on this line. Before, it appeared three times: this
-// line's list, this line's error, and controller-runtime's copy of Start's error ("error
-// received after stop sequence was engaged"), plus once more when main logs Err. This line
-// reads best: it comes right after the reports, in their format (name, age, detached,
-// where, handler), under a message that says what happened. So the error only counts the
-// calls and says that the log lists them (without quoting this line's message, so that a
-// search for it finds this line alone); the complete list stays in the *drain.PendingError
-// it wraps, for code. With no logger (New without Options.Logger) there is no such line, and
-// Start returns pe itself, whose text lists them.
+// for Start. The list appears once in the log, on this line, in the reports' format; the
+// error only counts the calls (controller-runtime and main log it again), and the complete
+// list stays in the *drain.PendingError it wraps, for code. With no logger, Start returns pe
+// itself, whose text lists them.
 func (r *Runnable) abandon(log logr.Logger, pe *drain.PendingError) error {
 	if r.log.GetSink() == nil {
 		return pe
 	}
-	now := r.clock.Now()
-	n := min(len(pe.Pending), maxListed)
-	calls := make([]internal.Entry, n)
-	for i, p := range pe.Pending[:n] {
-		calls[i] = callOf(p, now)
-	}
+	calls, _ := r.core().Entries(internal.MaxListed)
 	kv := append(r.sinceStop(), "abandoned", len(pe.Pending), "calls", calls)
-	if more := len(pe.Pending) - n; more > 0 {
+	if more := len(pe.Pending) - len(calls); more > 0 {
 		kv = append(kv, "more", more)
 	}
 	log.Error(pe.Err, abandonedMsg, kv...)
 	return &abandonedError{pending: pe, grace: r.grace, delay: r.stop.delay}
 }
-
-// maxListed bounds how many abandoned calls the log line lists, as drain bounds its reports.
-const maxListed = 20
 
 // abandonedError is Start's error when calls were abandoned and logged.
 type abandonedError struct {

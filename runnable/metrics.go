@@ -1,6 +1,8 @@
 package runnable
 
 import (
+	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -54,9 +56,16 @@ var (
 // refuses empty names), and Prometheus treats it as the label's absence.
 const otherCalls = ""
 
-func init() {
-	metrics.Registry.MustRegister(callSeconds, drainSeconds, stats)
-}
+// register puts the metrics in controller-runtime's metrics.Registry, once per process: at
+// the first Add, so that a program that imports quiesce without using it exports nothing.
+var register = sync.OnceValue(func() error {
+	for _, c := range []prometheus.Collector{callSeconds, drainSeconds, stats} {
+		if err := metrics.Registry.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
+			return fmt.Errorf("failed to register quiesce metrics: %w", err)
+		}
+	}
+	return nil
+})
 
 // observeCall records a call's duration; it is the AfterCall of the executors Add creates.
 func observeCall(controller string, took time.Duration, _ error) {

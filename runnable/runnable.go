@@ -224,6 +224,9 @@ func Add(mgr manager.Manager, opts Options) (*Runnable, error) {
 	if opts.Logger.GetSink() == nil {
 		opts.Logger = mgr.GetLogger().WithName("quiesce")
 	}
+	if err := register(); err != nil {
+		return nil, err
+	}
 	opts = withDefaults(opts)
 	r := newRunnable(opts, true)
 	r.stop.timeline = opts.ShutdownDelay > 0 || ws != nil

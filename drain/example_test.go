@@ -103,3 +103,20 @@ func ExampleExecutor_Locate() {
 	// Output:
 	// export waits in drain_test.ExampleExecutor_Locate.func2
 }
+
+// New makes an executor; Options' zero values are the documented defaults.
+func ExampleNew() {
+	ex := drain.New(drain.Options{
+		MaxConcurrent: 2,                // at most two calls run at once
+		CancelAfter:   20 * time.Second, // a drain lets calls run 20s before cancelling them
+	})
+	err := ex.Run(context.Background(), "job", func(ctx context.Context) error {
+		_, name, ok := drain.FromContext(ctx)
+		fmt.Println("tracked:", ok, name)
+		return nil
+	})
+	fmt.Println("err:", err, "drained:", ex.Drain(context.Background()))
+	// Output:
+	// tracked: true job
+	// err: <nil> drained: <nil>
+}

@@ -126,3 +126,20 @@ func ExampleWebhookServer() {
 	// failed to add quiesce runnable: GracePeriod (30s) must be below the manager's GracefulShutdownTimeout (30s, controller-runtime's default, as ManagerOptions set none): raise GracefulShutdownTimeout in the manager's Options above 30s, or lower GracePeriod
 	// added
 }
+
+// New makes a Runnable that is not added to a manager: start it yourself, and its Start
+// drains the executor when ctx ends. Add is what a manager's main uses.
+func ExampleNew() {
+	q := runnable.New(runnable.Options{GracePeriod: 5 * time.Second})
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- q.Start(ctx) }()
+
+	err := q.Executor().Call(context.Background(), "job", func(context.Context) error { return nil })
+	fmt.Println("call:", err)
+	stop() // the manager's stop
+	fmt.Println("start:", <-done, "err:", q.Err())
+	// Output:
+	// call: <nil>
+	// start: <nil> err: <nil>
+}

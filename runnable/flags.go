@@ -23,9 +23,10 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 		"How long the operator keeps serving after SIGTERM, with readiness failing, before it stops "+
 			"(needs mgr.Start(q.StopContext(ctx))). 0: no delay.")
 	fs.DurationVar(&o.GracePeriod, "quiesce-grace-period", o.GracePeriod,
-		"How long, once the manager stops, quiesce waits for in-flight reconciles and calls before it "+
-			"names the ones it abandons. 0: 25s.")
+		"How long, from the manager's stop (the end of the shutdown delay), quiesce waits for in-flight "+
+			"reconciles and calls before it names the ones it abandons. 0: 25s.")
 	fs.DurationVar(&o.CancelAfter, "quiesce-cancel-after", o.CancelAfter,
-		"When, after the manager's stop began, the contexts of calls still running are cancelled. "+
+		"When, from the manager's stop (the end of the shutdown delay), the contexts of calls still running "+
+			"are cancelled. "+
 			"0: 4/5 of the grace period; negative: never.")
 }

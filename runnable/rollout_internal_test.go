@@ -149,7 +149,6 @@ func newReplica(t *testing.T, opts Options, leader bool) *replica {
 		others: make(chan error, 1), elected: make(chan error, 1), webhooks: make(chan error, 1)}
 	rp.ws = WebhookServer(rp.inner).(*webhookServer)
 	rp.r = newRunnable(withDefaults(opts), false)
-	rp.r.stop.timeline = true
 	rp.r.stop.procedure.Store(true) // as Add does
 	if !rp.ws.connect(rp.r) {
 		t.Fatal("connect failed")
@@ -655,7 +654,6 @@ func TestStopContextWithAPanickingLogger(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		log := funcr.New(func(string, string) { panic("broken logger") }, funcr.Options{})
 		r := newRunnable(withDefaults(Options{ShutdownDelay: time.Second, Logger: log}), false)
-		r.stop.timeline = true
 		sig, sigterm := context.WithCancel(context.Background())
 		ctx := r.StopContext(sig)
 		begin := time.Now()

@@ -183,15 +183,6 @@ func newRunnable(opts Options, metered bool) *Runnable {
 // core returns the executor's internal.Core.
 func (r *Runnable) core() internal.Core { return internal.Of(r.ex) }
 
-// timelineLog is the logger of the stop's timeline: at the default verbosity with a
-// ShutdownDelay or a WebhookServer, at V(1) otherwise, as quiet as the reports.
-func (r *Runnable) timelineLog() logr.Logger {
-	if r.stop.timeline {
-		return r.log
-	}
-	return r.log.V(1)
-}
-
 // Add creates a Runnable as New does and adds it to mgr, with ReadyzCheck as the readyz
 // check "quiesce", the executor's metrics in controller-runtime's metrics.Registry, the
 // Runnable itself (ServeHTTP) at DebugPath on the manager's metrics server, behind its
@@ -229,7 +220,6 @@ func Add(mgr manager.Manager, opts Options) (*Runnable, error) {
 	}
 	opts = withDefaults(opts)
 	r := newRunnable(opts, true)
-	r.stop.timeline = opts.ShutdownDelay > 0 || ws != nil
 	if ws != nil && !ws.connect(r) {
 		return nil, errors.New("failed to add quiesce runnable: " +
 			"its WebhookServer is connected to another Runnable already (use one WebhookServer per manager)")
@@ -376,20 +366,27 @@ func (r *Runnable) Start(ctx context.Context) error {
 	return r.err
 }
 
+// stopLog is the logger of the stop's lines: at the default verbosity when the stop waits
+// (a ShutdownDelay, or calls pending when the drain began), at V(1) otherwise, as kopf says
+// nothing when nothing is pending.
+func (r *Runnable) stopLog() logr.Logger {
+	if r.stop.delay > 0 || r.stop.waited.Load() {
+		return r.log
+	}
+	return r.log.V(1)
+}
+
 // drain is the stop procedure, one step at a time.
 func (r *Runnable) drain() error {
 	pending := r.ex.Stats().InFlight
-	log := r.log.WithValues("gracePeriod", r.grace.String())
-	// Say nothing at the default verbosity when nothing is pending, as the reports do,
-	// unless the stop logs its timeline (see stopState.timeline).
-	info := log.V(1)
-	if pending > 0 || r.stop.timeline {
-		info = log
+	if pending > 0 {
+		r.stop.waited.Store(true)
 	}
+	log := r.stopLog().WithValues("gracePeriod", r.grace.String())
 
 	// Step 1: refuse new calls and wait for the tracked ones, within the grace period.
 	// Reports of pending calls come from the executor while it waits.
-	info.Info("Draining executor", append(r.sinceStop(), "pending", pending)...)
+	log.Info("Draining executor", append(r.sinceStop(), "pending", pending)...)
 	ctx, cancel := context.WithTimeout(context.Background(), r.grace)
 	defer cancel()
 	start := time.Now()
@@ -400,7 +397,7 @@ func (r *Runnable) drain() error {
 
 	// Step 2: every call returned: done.
 	if err == nil {
-		info.Info("All calls returned", r.sinceStop()...)
+		log.Info("All calls returned", r.sinceStop()...)
 		return nil
 	}
 

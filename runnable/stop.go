@@ -17,12 +17,10 @@ import (
 // stop procedure, StopContext and the webhook server.
 type stopState struct {
 	delay time.Duration
-	// timeline: log each step of the stop at the default verbosity (with a ShutdownDelay
-	// or a WebhookServer); otherwise the stop stays as quiet as a plain Runnable's.
-	timeline bool
 
 	procedure atomic.Bool // Add added the stop procedure, which drains (set before mgr.Start)
 	delayed   atomic.Bool // StopContext was called: the manager's stop comes after the delay
+	waited    atomic.Bool // calls were pending when the drain began
 
 	beginOnce sync.Once
 	at        time.Time     // when the stop began; written before stopping is closed
@@ -46,7 +44,7 @@ func (r *Runnable) beginStop() {
 		r.stop.at = time.Now()
 		close(r.stop.stopping)
 		safely(func() {
-			r.timelineLog().Info("Stop began", "sinceStop", "0s",
+			r.stopLog().Info("Stop began", "sinceStop", "0s",
 				"shutdownDelay", r.stop.delay.String(), "gracePeriod", r.grace.String())
 		})
 	})
@@ -86,7 +84,7 @@ func (r *Runnable) StopContext(ctx context.Context) context.Context {
 		}
 		r.clock.AfterFunc(r.stop.delay, func() {
 			defer cancel(context.Cause(ctx))
-			safely(func() { r.timelineLog().Info("Shutdown delay over", r.sinceStop()...) })
+			safely(func() { r.stopLog().Info("Shutdown delay over", r.sinceStop()...) })
 		})
 	})
 	return out

@@ -106,7 +106,7 @@ func (s *webhookServer) Start(ctx context.Context) error {
 
 	err := s.inner.Start(innerCtx)
 	if r.stop.began() {
-		r.timelineLog().Info("Webhook server stopped", r.sinceStop()...)
+		r.stopLog().Info("Webhook server stopped", r.sinceStop()...)
 	}
 	return err
 }

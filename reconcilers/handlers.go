@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"reflect"
 	"strings"
 	"time"
@@ -21,30 +20,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/quiesce-dev/quiesce/drain"
+	"github.com/quiesce-dev/quiesce/internal"
 	"github.com/quiesce-dev/quiesce/lifecycle"
 )
 
-// Defaults of HandlersOptions.
-const (
-	// DefaultBackoff is the delay before the first retry of a failed handler, before the
-	// jitter shortens it by up to 10%.
-	DefaultBackoff = time.Second
-	// DefaultMaxBackoff caps the delay between retries.
-	DefaultMaxBackoff = 5 * time.Minute
-	// DefaultNextCycle is how soon an object with handlers left to run is reconciled again.
-	DefaultNextCycle = 100 * time.Millisecond
-)
-
-// backoffJitter is the largest fraction of a retry delay that the jitter takes off it.
-const backoffJitter = 0.1
-
-// backoffCeiling bounds Backoff and MaxBackoff. A century is "never" for a retry, and it
-// stays far enough below time.Duration's limit (292 years) for wait.Backoff, which doubles
-// delays in float64 and overflows to a negative delay with a cap near that limit.
-const backoffCeiling = 100 * 365 * 24 * time.Hour
-
-// jitterRand returns the random number in [0, 1) that picks each jitter. Tests replace it.
-var jitterRand = rand.Float64
+// DefaultNextCycle is how soon an object with handlers left to run is reconciled again.
+const DefaultNextCycle = 100 * time.Millisecond
 
 // recordTimeout bounds the patch that records the outcome of a cycle. That patch runs on a
 // context detached from the reconcile's, so that a handler which finished while the drain
@@ -138,8 +119,8 @@ func (o *HandlersOptions) setDefaults() {
 	if o.MaxBackoff <= 0 {
 		o.MaxBackoff = DefaultMaxBackoff
 	}
-	o.Backoff = min(o.Backoff, backoffCeiling)
-	o.MaxBackoff = min(max(o.MaxBackoff, o.Backoff), backoffCeiling)
+	o.Backoff = min(o.Backoff, internal.BackoffCeiling)
+	o.MaxBackoff = min(max(o.MaxBackoff, o.Backoff), internal.BackoffCeiling)
 	if o.NextCycle <= 0 {
 		o.NextCycle = DefaultNextCycle
 	}
@@ -323,7 +304,7 @@ func (h *handlersReconciler[T]) Reconcile(ctx context.Context, req reconcile.Req
 // nothing left to run its handlers on.
 func (h *handlersReconciler[T]) load(ctx context.Context, req reconcile.Request) (T, *halt) {
 	obj := h.newObj()
-	if isNil(obj) {
+	if internal.IsNil(obj) {
 		return obj, &halt{err: reconcile.TerminalError(errors.New("failed to reconcile: newObj returned nil"))}
 	}
 	err := h.c.Get(ctx, req.NamespacedName, obj)
@@ -428,7 +409,7 @@ func (h *handlersReconciler[T]) record(
 		hp.Done, hp.Failed, hp.Delayed, hp.Message = true, false, nil, ""
 		logger.V(1).Info("Handler succeeded")
 	case ranTerminal:
-		hp.Done, hp.Failed, hp.Delayed, hp.Message = true, true, nil, truncateMessage(err.Error())
+		hp.Done, hp.Failed, hp.Delayed, hp.Message = true, true, nil, internal.TruncateMessage(err.Error())
 		logger.Error(err, "Handler failed for good: not retried for this generation")
 		h.event(obj, corev1.EventTypeWarning, ReasonHandlerFailed, "Handler %s failed for good: %s", id, err.Error())
 	case ranFailed:
@@ -437,7 +418,7 @@ func (h *handlersReconciler[T]) record(
 		}
 		delay := h.backoff(hp.Retries)
 		until := h.opts.Clock.Now().Add(delay).UTC()
-		hp.Delayed, hp.Message = &until, truncateMessage(err.Error())
+		hp.Delayed, hp.Message = &until, internal.TruncateMessage(err.Error())
 		logger.Error(err, "Handler failed: retrying after a backoff", "retries", hp.Retries, "retryAfter", delay)
 		h.event(obj, corev1.EventTypeWarning, ReasonHandlerError, "Handler %s failed, retry %d after %s: %s",
 			id, hp.Retries, delay, err.Error())
@@ -645,7 +626,7 @@ func (h *handlersReconciler[T]) backoff(retries int) time.Duration {
 	for range min(max(retries, 1), steps) {
 		d = b.Step()
 	}
-	return d - time.Duration(jitterRand()*backoffJitter*float64(d))
+	return internal.Jitter(d, jitterRand())
 }
 
 // event records an Event on obj, its note cut to the 1 KiB the API server accepts.
@@ -653,17 +634,5 @@ func (h *handlersReconciler[T]) event(obj T, typ, reason, note string, args ...a
 	if h.opts.Recorder == nil {
 		return
 	}
-	h.opts.Recorder.Eventf(obj, nil, typ, reason, "Reconcile", "%s", truncateMessage(fmt.Sprintf(note, args...)))
-}
-
-func isNil(v any) bool {
-	if v == nil {
-		return true
-	}
-	rv := reflect.ValueOf(v)
-	switch rv.Kind() {
-	case reflect.Pointer, reflect.Map, reflect.Interface, reflect.Slice:
-		return rv.IsNil()
-	}
-	return false
+	h.opts.Recorder.Eventf(obj, nil, typ, reason, "Reconcile", "%s", internal.TruncateMessage(fmt.Sprintf(note, args...)))
 }

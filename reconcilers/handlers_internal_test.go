@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"math"
-	"strings"
 	"testing"
 	"time"
-	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/quiesce-dev/quiesce/internal"
 )
 
 // fixJitter makes jitterRand return r for the rest of the test.
@@ -80,34 +80,15 @@ func TestHandlersBackoffNeverOverflows(t *testing.T) {
 			prev := time.Duration(0)
 			for _, retries := range []int{1, 2, 39, 40, 41, 62, 63, 64, 65, 1000, math.MaxInt32, math.MaxInt} {
 				got := backoff(retries)
-				if got <= 0 || got > backoffCeiling || got < prev {
+				if got <= 0 || got > internal.BackoffCeiling || got < prev {
 					t.Fatalf("Backoff %v, jitter %v: backoff(%d) = %v after %v, want growing within (0, %v]",
-						b, r, retries, got, prev, backoffCeiling)
+						b, r, retries, got, prev, internal.BackoffCeiling)
 				}
 				prev = got
 			}
-			if r == 0 && prev != backoffCeiling {
-				t.Fatalf("Backoff %v: backoff(MaxInt) = %v, want the ceiling %v", b, prev, backoffCeiling)
+			if r == 0 && prev != internal.BackoffCeiling {
+				t.Fatalf("Backoff %v: backoff(MaxInt) = %v, want the ceiling %v", b, prev, internal.BackoffCeiling)
 			}
-		}
-	}
-}
-
-func TestProgressTruncateMessage(t *testing.T) {
-	const mark = "... (truncated)"
-	fits := strings.Repeat("a", maxMessageBytes)
-	for _, tc := range []struct{ name, in, want string }{
-		{"empty", "", ""},
-		{"short", "failed to dial", "failed to dial"},
-		{"exactly the limit", fits, fits},
-		{"one byte over", fits + "b", fits[:maxMessageBytes-len(mark)] + mark},
-		{"cut inside a rune", strings.Repeat("a", maxMessageBytes-len(mark)-1) + "é" + fits, strings.Repeat("a", maxMessageBytes-len(mark)-1) + mark},
-		{"invalid UTF-8", "bad \xff byte", "bad \uFFFD byte"},
-		{"a run of invalid bytes", strings.Repeat("\x80", 2*maxMessageBytes), "\uFFFD"},
-	} {
-		got := truncateMessage(tc.in)
-		if got != tc.want || len(got) > maxMessageBytes || !utf8.ValidString(got) {
-			t.Errorf("%s: truncateMessage = %d bytes %.30q...; want %d bytes %.30q...", tc.name, len(got), got, len(tc.want), tc.want)
 		}
 	}
 }

@@ -4,9 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/quiesce-dev/quiesce/lifecycle"
 )
@@ -59,29 +57,6 @@ type HandlerProgress struct {
 	// error longer than 1 KiB is cut to 1 KiB, on a UTF-8 character boundary, ending with
 	// "... (truncated)".
 	Message string `json:"message,omitempty"`
-}
-
-// maxMessageBytes bounds HandlerProgress.Message and the notes of Events. The API server
-// caps all the annotations of an object together at 256 KiB: a whole error message (a
-// response body, a command's output) would make every progress patch fail. It caps an
-// Event's note at 1 KiB.
-const maxMessageBytes = 1024
-
-// truncatedSuffix ends a message that truncateMessage cut.
-const truncatedSuffix = "... (truncated)"
-
-// truncateMessage returns s with invalid UTF-8 replaced (as encoding/json would anyway), cut
-// to at most maxMessageBytes bytes on a rune boundary and then ending with truncatedSuffix.
-func truncateMessage(s string) string {
-	s = strings.ToValidUTF8(s, string(utf8.RuneError))
-	if len(s) <= maxMessageBytes {
-		return s
-	}
-	cut := maxMessageBytes - len(truncatedSuffix)
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + truncatedSuffix
 }
 
 // errNoProgress is returned by ParseProgress for an empty value.

@@ -4,14 +4,33 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"time"
 )
 
-// Progress is what a reconciler knows about one handler of one object.
+// Progress is the progress of one handler on one generation of one object. A Func reads
+// Retries and Done; Handlers keeps all of it in the object's Record.
 type Progress struct {
-	// Retries counts the failed runs of the handler so far.
-	Retries int
-	// Done reports that the handler succeeded, or failed for good.
-	Done bool
+	// Retries counts the runs that failed with a retryable error. A run interrupted by a
+	// shutdown is not counted: it was not the handler's failure.
+	Retries int `json:"retries"`
+
+	// Done reports that the handler will not run again for this generation: it succeeded,
+	// or it failed for good (Failed).
+	Done bool `json:"done"`
+
+	// Failed reports that the handler returned a reconcile.TerminalError.
+	Failed bool `json:"failed,omitempty"`
+
+	// Started is when the last run began. Set and not Done: the run failed, or the operator
+	// stopped while it ran, and the handler runs again.
+	Started *time.Time `json:"started,omitempty"`
+
+	// Delayed is the time before which a failed handler is not retried (the backoff).
+	Delayed *time.Time `json:"delayed,omitempty"`
+
+	// Message is the error of the last failed run, cut to 1 KiB on a UTF-8 boundary and
+	// then ending with "... (truncated)"; empty once the handler succeeded.
+	Message string `json:"message,omitempty"`
 }
 
 // Func picks, from the handlers still to run (in registration order), those to run now.

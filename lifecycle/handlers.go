@@ -1,10 +1,11 @@
-package reconcilers
+package lifecycle
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"reflect"
 	"strings"
 	"time"
@@ -21,16 +22,19 @@ import (
 
 	"github.com/quiesce-dev/quiesce/drain"
 	"github.com/quiesce-dev/quiesce/internal"
-	"github.com/quiesce-dev/quiesce/lifecycle"
+	"github.com/quiesce-dev/quiesce/reconcilers"
 )
 
 // DefaultNextCycle is how soon an object with handlers left to run is reconciled again.
 const DefaultNextCycle = 100 * time.Millisecond
 
-// recordTimeout bounds the patch that records the outcome of a cycle. That patch runs on a
+// jitterRand returns the random number in [0, 1) that picks each jitter. Tests replace it.
+var jitterRand = rand.Float64
+
+// saveTimeout bounds the patch that records the outcome of a cycle. That patch runs on a
 // context detached from the reconcile's, so that a handler which finished while the drain
 // cancelled the reconcile still has its outcome recorded (see Handlers).
-const recordTimeout = 10 * time.Second
+const saveTimeout = 10 * time.Second
 
 // Reasons of the Events that Handlers records on the object (all of type Warning).
 const (
@@ -69,8 +73,8 @@ type Handler[T client.Object] struct {
 // documented default.
 type HandlersOptions struct {
 	// Lifecycle picks, on each reconcile, the handlers to run among those still to run.
-	// nil: lifecycle.ASAP.
-	Lifecycle lifecycle.Func
+	// nil: ASAP.
+	Lifecycle Func
 
 	// Recorder, if set, receives Events about the object (ReasonProgressCorrupt,
 	// ReasonHandlerError, ReasonHandlerFailed). nil: no Events, only log lines. With a
@@ -84,12 +88,12 @@ type HandlersOptions struct {
 	// Backoff is the delay before the first retry of a failed handler; each further retry
 	// doubles it, up to MaxBackoff. A random jitter then shortens each delay by up to 10%,
 	// so that objects that failed together (say, while a dependency was down) do not all
-	// retry at the same moment. 0 or negative: DefaultBackoff; above 100 years: 100 years.
+	// retry at the same moment. 0 or negative: reconcilers.DefaultBackoff; above 100 years: 100 years.
 	Backoff time.Duration
 
 	// MaxBackoff caps the retry delay; the jitter never lengthens a delay beyond it. A
 	// stored retry time further than MaxBackoff away is not waited for. 0 or negative:
-	// DefaultMaxBackoff; below Backoff: Backoff; above 100 years: 100 years.
+	// reconcilers.DefaultMaxBackoff; below Backoff: Backoff; above 100 years: 100 years.
 	MaxBackoff time.Duration
 
 	// NextCycle is the RequeueAfter of a reconcile that leaves handlers ready to run now,
@@ -103,21 +107,21 @@ type HandlersOptions struct {
 	Clock clock.PassiveClock
 
 	// Wrap are the options of the Wrap that Handlers applies to its reconciler.
-	Wrap []Option
+	Wrap []reconcilers.Option
 }
 
 func (o *HandlersOptions) setDefaults() {
 	if o.Lifecycle == nil {
-		o.Lifecycle = lifecycle.ASAP
+		o.Lifecycle = ASAP
 	}
 	if o.Annotation == "" {
 		o.Annotation = DefaultProgressAnnotation
 	}
 	if o.Backoff <= 0 {
-		o.Backoff = DefaultBackoff
+		o.Backoff = reconcilers.DefaultBackoff
 	}
 	if o.MaxBackoff <= 0 {
-		o.MaxBackoff = DefaultMaxBackoff
+		o.MaxBackoff = reconcilers.DefaultMaxBackoff
 	}
 	o.Backoff = min(o.Backoff, internal.BackoffCeiling)
 	o.MaxBackoff = min(max(o.MaxBackoff, o.Backoff), internal.BackoffCeiling)
@@ -247,7 +251,7 @@ func Handlers[T client.Object](
 		index:    index,
 		opts:     opts,
 	}
-	return Wrap(ex, controller, r, opts.Wrap...), nil
+	return reconcilers.Wrap(ex, controller, r, opts.Wrap...), nil
 }
 
 type handlersReconciler[T client.Object] struct {
@@ -323,7 +327,7 @@ func (h *handlersReconciler[T]) load(ctx context.Context, req reconcile.Request)
 // selectHandlers asks the lifecycle which of the handlers ready to run should run now. It
 // halts the cycle when nothing is to run now: every handler is done, every one left waits
 // out a backoff, or the lifecycle picked none.
-func (h *handlersReconciler[T]) selectHandlers(ctx context.Context, prog Progress) ([]string, *halt) {
+func (h *handlersReconciler[T]) selectHandlers(ctx context.Context, prog Record) ([]string, *halt) {
 	logger := log.FromContext(ctx)
 	todo, ready, soonest := h.todo(prog, h.opts.Clock.Now())
 	switch {
@@ -349,7 +353,7 @@ func (h *handlersReconciler[T]) selectHandlers(ctx context.Context, prog Progres
 // progress it now holds. The patch carries an optimistic lock because the object read may be
 // stale (the cache lags behind the last patch): running handlers on it could run a handler
 // already recorded as done, so a conflict runs nothing and reconciles the object again.
-func (h *handlersReconciler[T]) start(ctx context.Context, obj T, prog Progress, picked []string) (T, Progress, *halt) {
+func (h *handlersReconciler[T]) start(ctx context.Context, obj T, prog Record, picked []string) (T, Record, *halt) {
 	if h.stopping(ctx) {
 		return obj, prog, h.stopped(ctx)
 	}
@@ -382,7 +386,7 @@ func (h *handlersReconciler[T]) start(ctx context.Context, obj T, prog Progress,
 // the first handler a shutdown interrupted: the ones after it would be interrupted too. An
 // interrupted handler keeps its progress (started, not done, no retry counted), so that the
 // next manager runs it again.
-func (h *handlersReconciler[T]) runPicked(ctx context.Context, obj T, prog Progress, picked []string) (Progress, bool) {
+func (h *handlersReconciler[T]) runPicked(ctx context.Context, obj T, prog Record, picked []string) (Record, bool) {
 	next := prog.clone()
 	ran := false
 	for _, id := range picked {
@@ -392,17 +396,17 @@ func (h *handlersReconciler[T]) runPicked(ctx context.Context, obj T, prog Progr
 				"handler", id, "reason", err.Error())
 			break
 		}
-		next.Handlers[id] = h.record(ctx, obj, id, next.Handlers[id], kind, err)
+		next.Handlers[id] = h.update(ctx, obj, id, next.Handlers[id], kind, err)
 		ran = true
 	}
 	return next, ran
 }
 
-// record returns hp updated with the outcome of one run of handler id, logs the outcome,
+// update returns hp updated with the outcome of one run of handler id, logs the outcome,
 // and reports a failure by a Warning Event on obj.
-func (h *handlersReconciler[T]) record(
-	ctx context.Context, obj T, id string, hp HandlerProgress, kind outcome, err error,
-) HandlerProgress {
+func (h *handlersReconciler[T]) update(
+	ctx context.Context, obj T, id string, hp Progress, kind outcome, err error,
+) Progress {
 	logger := log.FromContext(ctx).WithValues("handler", id)
 	switch kind {
 	case ranOK:
@@ -427,11 +431,11 @@ func (h *handlersReconciler[T]) record(
 }
 
 // save patches the progress with the outcomes of the handlers that ran. It uses a context
-// detached from the reconcile's, bounded by recordTimeout: a handler that finished while the
+// detached from the reconcile's, bounded by saveTimeout: a handler that finished while the
 // drain cancelled the reconcile must still have its outcome saved, or it would run again
 // for nothing. The drain waits for the patch, as it is part of the tracked reconcile.
-func (h *handlersReconciler[T]) save(ctx context.Context, obj T, next Progress) *halt {
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+func (h *handlersReconciler[T]) save(ctx context.Context, obj T, next Record) *halt {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), saveTimeout)
 	defer cancel()
 	_, err := h.patch(sctx, obj, next, false)
 	switch {
@@ -445,7 +449,7 @@ func (h *handlersReconciler[T]) save(ctx context.Context, obj T, next Progress) 
 }
 
 // requeue says when to reconcile the object again after a cycle that ran handlers.
-func (h *handlersReconciler[T]) requeue(ctx context.Context, next Progress) reconcile.Result {
+func (h *handlersReconciler[T]) requeue(ctx context.Context, next Record) reconcile.Result {
 	if h.stopping(ctx) {
 		// next does not tell interrupted handlers from ready ones; the next manager
 		// reconciles the object anyway.
@@ -465,14 +469,14 @@ func (h *handlersReconciler[T]) requeue(ctx context.Context, next Progress) reco
 
 // read returns the object's progress for its current generation: fresh if there is none,
 // if it is of another generation, or if it cannot be decoded (then logged and an Event).
-func (h *handlersReconciler[T]) read(ctx context.Context, obj T) Progress {
+func (h *handlersReconciler[T]) read(ctx context.Context, obj T) Record {
 	gen := obj.GetGeneration()
-	fresh := Progress{Generation: gen, Handlers: map[string]HandlerProgress{}}
+	fresh := Record{Generation: gen, Handlers: map[string]Progress{}}
 	raw, ok := obj.GetAnnotations()[h.opts.Annotation]
 	if !ok {
 		return fresh
 	}
-	p, err := ParseProgress(raw)
+	p, err := ParseRecord(raw)
 	if err != nil {
 		log.FromContext(ctx).Error(err, "Progress annotation is corrupt: all handlers start afresh",
 			"annotation", h.opts.Annotation)
@@ -486,14 +490,14 @@ func (h *handlersReconciler[T]) read(ctx context.Context, obj T) Progress {
 		return fresh
 	}
 	if p.Handlers == nil {
-		p.Handlers = map[string]HandlerProgress{}
+		p.Handlers = map[string]Progress{}
 	}
 	return p
 }
 
 // todo returns the ids of the handlers not done, in registration order; those of them not
 // waiting out a backoff at now; and, if all wait, how long until the first may run.
-func (h *handlersReconciler[T]) todo(p Progress, now time.Time) (todo, ready []string, soonest time.Duration) {
+func (h *handlersReconciler[T]) todo(p Record, now time.Time) (todo, ready []string, soonest time.Duration) {
 	for _, hd := range h.handlers {
 		hp := p.Handlers[hd.ID]
 		if hp.Done {
@@ -522,8 +526,8 @@ func waitFor(delayed *time.Time, now time.Time) time.Duration {
 }
 
 // pick calls the lifecycle inline and checks that it picked only ready handlers, once each.
-func (h *handlersReconciler[T]) pick(ready []string, p Progress) ([]string, error) {
-	picked := h.opts.Lifecycle(append([]string(nil), ready...), p.lifecycleProgress(ready))
+func (h *handlersReconciler[T]) pick(ready []string, p Record) ([]string, error) {
+	picked := h.opts.Lifecycle(append([]string(nil), ready...), p.progressOf(ready))
 	ok := make(map[string]bool, len(ready))
 	for _, id := range ready {
 		ok[id] = true
@@ -546,7 +550,7 @@ func (h *handlersReconciler[T]) run(ctx context.Context, id string, obj T) (outc
 			fmt.Errorf("failed to copy the object: DeepCopyObject of %T is not a %T", obj, own))
 	}
 	fn := h.handlers[h.index[id]].Fn
-	err := call(ctx, id, func(ctx context.Context) error { return fn(ctx, own) }, false)
+	err := callHandler(ctx, id, func(ctx context.Context) error { return fn(ctx, own) })
 	switch {
 	case err == nil:
 		return ranOK, nil
@@ -587,7 +591,7 @@ func (h *handlersReconciler[T]) draining() bool {
 // patch writes p into the annotation of a copy of obj with a merge patch computed against
 // obj, so that only the annotation is sent (with the resourceVersion if lock), and returns
 // the object as the API server returned it.
-func (h *handlersReconciler[T]) patch(ctx context.Context, obj T, p Progress, lock bool) (T, error) {
+func (h *handlersReconciler[T]) patch(ctx context.Context, obj T, p Record, lock bool) (T, error) {
 	var zero T
 	val, err := p.Encode()
 	if err != nil {
@@ -635,4 +639,19 @@ func (h *handlersReconciler[T]) event(obj T, typ, reason, note string, args ...a
 		return
 	}
 	h.opts.Recorder.Eventf(obj, nil, typ, reason, "Reconcile", "%s", internal.TruncateMessage(fmt.Sprintf(note, args...)))
+}
+
+// callHandler runs fn as reconcilers.Call does, and returns a panic in fn as its
+// *drain.PanicError: a handler's panic is a failure to retry, not a crash of the reconcile.
+func callHandler(ctx context.Context, id string, fn func(context.Context) error) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			pe, ok := v.(*drain.PanicError)
+			if !ok {
+				panic(v)
+			}
+			err = pe
+		}
+	}()
+	return reconcilers.Call(ctx, id, fn)
 }

@@ -1,4 +1,4 @@
-package reconcilers_test
+package lifecycle_test
 
 import (
 	"context"
@@ -52,6 +52,28 @@ func configMap(name string) *corev1.ConfigMap {
 	}}
 }
 
+func request(ns, name string) reconcile.Request {
+	return reconcile.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: name}}
+}
+
+// drained drains ex at the end of a test, so that no worker goroutine outlives it.
+func drained(t *testing.T, ex *drain.Executor) {
+	t.Helper()
+	t.Cleanup(func() {
+		if err := ex.Drain(context.Background()); err != nil {
+			t.Errorf("Drain: %v", err)
+		}
+	})
+}
+
+func names(ps []drain.Pending) []string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = p.Name
+	}
+	return out
+}
+
 // journal records handler runs, in order.
 type journal struct {
 	mu   sync.Mutex
@@ -71,8 +93,8 @@ func (j *journal) all() []string {
 }
 
 // ok is a handler that records its run and succeeds.
-func ok(j *journal, id string) reconcilers.Handler[*corev1.ConfigMap] {
-	return reconcilers.Handler[*corev1.ConfigMap]{ID: id, Fn: func(context.Context, *corev1.ConfigMap) error {
+func ok(j *journal, id string) lifecycle.Handler[*corev1.ConfigMap] {
+	return lifecycle.Handler[*corev1.ConfigMap]{ID: id, Fn: func(context.Context, *corev1.ConfigMap) error {
 		j.add(id)
 		return nil
 	}}
@@ -89,12 +111,12 @@ type fixture struct {
 
 // newFixture makes a reconciler of hs on a fake client holding objs, with a fake clock and
 // a recorder, and opts' other fields as given.
-func newFixture(t *testing.T, hs []reconcilers.Handler[*corev1.ConfigMap], opts reconcilers.HandlersOptions, objs ...client.Object) *fixture {
+func newFixture(t *testing.T, hs []lifecycle.Handler[*corev1.ConfigMap], opts lifecycle.HandlersOptions, objs ...client.Object) *fixture {
 	t.Helper()
 	return newFixtureWith(t, fake.NewClientBuilder().WithObjects(objs...).Build(), hs, opts)
 }
 
-func newFixtureWith(t *testing.T, c client.Client, hs []reconcilers.Handler[*corev1.ConfigMap], opts reconcilers.HandlersOptions) *fixture {
+func newFixtureWith(t *testing.T, c client.Client, hs []lifecycle.Handler[*corev1.ConfigMap], opts lifecycle.HandlersOptions) *fixture {
 	t.Helper()
 	f := &fixture{t: t, ex: drain.New(drain.Options{}), c: c, rec: events.NewFakeRecorder(100), clock: clocktesting.NewFakePassiveClock(epoch)}
 	drained(t, f.ex)
@@ -104,7 +126,7 @@ func newFixtureWith(t *testing.T, c client.Client, hs []reconcilers.Handler[*cor
 	if opts.Clock == nil {
 		opts.Clock = f.clock
 	}
-	r, err := reconcilers.Handlers(f.ex, f.c, "cm", nil, hs, opts)
+	r, err := lifecycle.Handlers(f.ex, f.c, "cm", nil, hs, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,9 +154,9 @@ func (f *fixture) object() *corev1.ConfigMap {
 }
 
 // progress returns the progress recorded on the object at objKey.
-func (f *fixture) progress() reconcilers.Progress {
+func (f *fixture) progress() lifecycle.Record {
 	f.t.Helper()
-	p, err := reconcilers.ParseProgress(f.object().Annotations[reconcilers.DefaultProgressAnnotation])
+	p, err := lifecycle.ParseRecord(f.object().Annotations[lifecycle.DefaultProgressAnnotation])
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -157,38 +179,38 @@ func TestHandlersRejectsBadInput(t *testing.T) {
 	ex := drain.New(drain.Options{})
 	c := fake.NewClientBuilder().Build()
 	fn := func(context.Context, *corev1.ConfigMap) error { return nil }
-	type H = reconcilers.Handler[*corev1.ConfigMap]
+	type H = lifecycle.Handler[*corev1.ConfigMap]
 	for _, tc := range []struct {
 		name string
 		ex   *drain.Executor
 		c    client.Client
 		ctrl string
 		hs   []H
-		opts reconcilers.HandlersOptions
+		opts lifecycle.HandlersOptions
 		want string
 	}{
-		{"nil executor", nil, c, "cm", []H{{"a", fn}}, reconcilers.HandlersOptions{}, "nil executor"},
-		{"nil client", ex, nil, "cm", []H{{"a", fn}}, reconcilers.HandlersOptions{}, "nil client"},
-		{"empty controller", ex, c, "", []H{{"a", fn}}, reconcilers.HandlersOptions{}, "empty controller"},
-		{"no handlers", ex, c, "cm", nil, reconcilers.HandlersOptions{}, "no handlers"},
-		{"empty id", ex, c, "cm", []H{{"a", fn}, {"", fn}}, reconcilers.HandlersOptions{}, "handler 1 has an empty id"},
-		{"duplicate id", ex, c, "cm", []H{{"a", fn}, {"a", fn}}, reconcilers.HandlersOptions{}, `duplicate handler id "a"`},
-		{"nil fn", ex, c, "cm", []H{{"a", nil}}, reconcilers.HandlersOptions{}, `handler "a" has a nil Fn`},
-		{"bad annotation", ex, c, "cm", []H{{"a", fn}}, reconcilers.HandlersOptions{Annotation: "not a key!"}, "annotation key"},
+		{"nil executor", nil, c, "cm", []H{{"a", fn}}, lifecycle.HandlersOptions{}, "nil executor"},
+		{"nil client", ex, nil, "cm", []H{{"a", fn}}, lifecycle.HandlersOptions{}, "nil client"},
+		{"empty controller", ex, c, "", []H{{"a", fn}}, lifecycle.HandlersOptions{}, "empty controller"},
+		{"no handlers", ex, c, "cm", nil, lifecycle.HandlersOptions{}, "no handlers"},
+		{"empty id", ex, c, "cm", []H{{"a", fn}, {"", fn}}, lifecycle.HandlersOptions{}, "handler 1 has an empty id"},
+		{"duplicate id", ex, c, "cm", []H{{"a", fn}, {"a", fn}}, lifecycle.HandlersOptions{}, `duplicate handler id "a"`},
+		{"nil fn", ex, c, "cm", []H{{"a", nil}}, lifecycle.HandlersOptions{}, `handler "a" has a nil Fn`},
+		{"bad annotation", ex, c, "cm", []H{{"a", fn}}, lifecycle.HandlersOptions{Annotation: "not a key!"}, "annotation key"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r, err := reconcilers.Handlers(tc.ex, tc.c, tc.ctrl, nil, tc.hs, tc.opts)
-			if r != nil || !errors.Is(err, reconcilers.ErrInvalidHandlers) || !strings.Contains(err.Error(), tc.want) {
+			r, err := lifecycle.Handlers(tc.ex, tc.c, tc.ctrl, nil, tc.hs, tc.opts)
+			if r != nil || !errors.Is(err, lifecycle.ErrInvalidHandlers) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Handlers = %v, %v; want an ErrInvalidHandlers mentioning %q", r, err, tc.want)
 			}
 		})
 	}
 	// T not a pointer to a struct needs newObj.
-	_, err := reconcilers.Handlers(ex, c, "cm", nil, []reconcilers.Handler[client.Object]{{ID: "a", Fn: func(context.Context, client.Object) error { return nil }}}, reconcilers.HandlersOptions{})
-	if !errors.Is(err, reconcilers.ErrInvalidHandlers) || !strings.Contains(err.Error(), "newObj") {
+	_, err := lifecycle.Handlers(ex, c, "cm", nil, []lifecycle.Handler[client.Object]{{ID: "a", Fn: func(context.Context, client.Object) error { return nil }}}, lifecycle.HandlersOptions{})
+	if !errors.Is(err, lifecycle.ErrInvalidHandlers) || !strings.Contains(err.Error(), "newObj") {
 		t.Fatalf("Handlers[client.Object] without newObj = %v, want ErrInvalidHandlers", err)
 	}
-	_, err = reconcilers.Handlers(ex, c, "cm", func() client.Object { return &corev1.ConfigMap{} }, []reconcilers.Handler[client.Object]{{ID: "a", Fn: func(context.Context, client.Object) error { return nil }}}, reconcilers.HandlersOptions{})
+	_, err = lifecycle.Handlers(ex, c, "cm", func() client.Object { return &corev1.ConfigMap{} }, []lifecycle.Handler[client.Object]{{ID: "a", Fn: func(context.Context, client.Object) error { return nil }}}, lifecycle.HandlersOptions{})
 	if err != nil {
 		t.Fatalf("Handlers[client.Object] with newObj = %v", err)
 	}
@@ -196,8 +218,8 @@ func TestHandlersRejectsBadInput(t *testing.T) {
 
 func TestHandlersOneByOneRunsOneHandlerPerReconcile(t *testing.T) {
 	var j journal
-	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a"), ok(&j, "b"), ok(&j, "c")},
-		reconcilers.HandlersOptions{Lifecycle: lifecycle.OneByOne, NextCycle: 5 * time.Millisecond}, configMap("obj"))
+	f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a"), ok(&j, "b"), ok(&j, "c")},
+		lifecycle.HandlersOptions{Lifecycle: lifecycle.OneByOne, NextCycle: 5 * time.Millisecond}, configMap("obj"))
 
 	for i, want := range [][]string{{"a"}, {"a", "b"}, {"a", "b", "c"}} {
 		res := f.reconcile("obj")
@@ -233,8 +255,8 @@ func TestHandlersOneByOneRunsOneHandlerPerReconcile(t *testing.T) {
 
 func TestHandlersAllAtOnceRunsAllInOneReconcileInOrder(t *testing.T) {
 	var j journal
-	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a"), ok(&j, "b"), ok(&j, "c")},
-		reconcilers.HandlersOptions{Lifecycle: lifecycle.AllAtOnce}, configMap("obj"))
+	f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a"), ok(&j, "b"), ok(&j, "c")},
+		lifecycle.HandlersOptions{Lifecycle: lifecycle.AllAtOnce}, configMap("obj"))
 	if res := f.reconcile("obj"); res != (reconcile.Result{}) {
 		t.Fatalf("Reconcile = %+v, want done", res)
 	}
@@ -247,7 +269,7 @@ func TestHandlersDefaultLifecycleIsASAP(t *testing.T) {
 	// a fails once; with ASAP (fewest retries first), b and c run before a's retry.
 	var j journal
 	failed := false
-	a := reconcilers.Handler[*corev1.ConfigMap]{ID: "a", Fn: func(context.Context, *corev1.ConfigMap) error {
+	a := lifecycle.Handler[*corev1.ConfigMap]{ID: "a", Fn: func(context.Context, *corev1.ConfigMap) error {
 		j.add("a")
 		if !failed {
 			failed = true
@@ -255,8 +277,8 @@ func TestHandlersDefaultLifecycleIsASAP(t *testing.T) {
 		}
 		return nil
 	}}
-	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{a, ok(&j, "b"), ok(&j, "c")},
-		reconcilers.HandlersOptions{Backoff: time.Nanosecond}, configMap("obj"))
+	f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{a, ok(&j, "b"), ok(&j, "c")},
+		lifecycle.HandlersOptions{Backoff: time.Nanosecond}, configMap("obj"))
 	for range 4 {
 		f.clock.SetTime(f.clock.Now().Add(time.Second)) // every backoff is over
 		f.reconcile("obj")
@@ -278,12 +300,12 @@ func TestHandlersLifecycleNeverRunsThroughTheExecutor(t *testing.T) {
 		return lifecycle.AllAtOnce(pending, p)
 	}
 	var during []string
-	hb := reconcilers.Handler[*corev1.ConfigMap]{ID: "b", Fn: func(context.Context, *corev1.ConfigMap) error {
+	hb := lifecycle.Handler[*corev1.ConfigMap]{ID: "b", Fn: func(context.Context, *corev1.ConfigMap) error {
 		during = names(ex.Pending())
 		return nil
 	}}
-	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a"), hb},
-		reconcilers.HandlersOptions{Lifecycle: inline}, configMap("obj"))
+	f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a"), hb},
+		lifecycle.HandlersOptions{Lifecycle: inline}, configMap("obj"))
 	ex = f.ex
 	f.reconcile("obj")
 	f.reconcile("obj") // all done: the lifecycle is not even called
@@ -302,15 +324,15 @@ func TestHandlersLifecycleNeverRunsThroughTheExecutor(t *testing.T) {
 
 func TestHandlersRetriesWithBackoff(t *testing.T) {
 	fails := 0
-	boom := reconcilers.Handler[*corev1.ConfigMap]{ID: "flaky", Fn: func(context.Context, *corev1.ConfigMap) error {
+	boom := lifecycle.Handler[*corev1.ConfigMap]{ID: "flaky", Fn: func(context.Context, *corev1.ConfigMap) error {
 		fails++
 		if fails <= 4 {
 			return fmt.Errorf("failed to dial: attempt %d", fails)
 		}
 		return nil
 	}}
-	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{boom},
-		reconcilers.HandlersOptions{Backoff: time.Second, MaxBackoff: 5 * time.Second}, configMap("obj"))
+	f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{boom},
+		lifecycle.HandlersOptions{Backoff: time.Second, MaxBackoff: 5 * time.Second}, configMap("obj"))
 
 	// 1s, 2s, 4s, then capped at 5s; each less a jitter of up to 10%.
 	uppers := []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 5 * time.Second}
@@ -353,9 +375,9 @@ const century = 100 * 365 * 24 * time.Hour
 // the delays double (less the jitter) up to the cap and stay there, 45 failures on: none
 // overflows into an immediate retry.
 func TestHandlersBackoffGrowsToTheCapWithoutOverflow(t *testing.T) {
-	fail := reconcilers.Handler[*corev1.ConfigMap]{ID: "fail", Fn: func(context.Context, *corev1.ConfigMap) error { return errors.New("down") }}
-	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{fail},
-		reconcilers.HandlersOptions{Backoff: time.Second, MaxBackoff: math.MaxInt64}, configMap("obj"))
+	fail := lifecycle.Handler[*corev1.ConfigMap]{ID: "fail", Fn: func(context.Context, *corev1.ConfigMap) error { return errors.New("down") }}
+	f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{fail},
+		lifecycle.HandlersOptions{Backoff: time.Second, MaxBackoff: math.MaxInt64}, configMap("obj"))
 	var prev time.Duration
 	for n := 1; n <= 45; n++ {
 		delay := f.reconcile("obj").RequeueAfter
@@ -398,10 +420,10 @@ func TestHandlersBackoffAfterManyRetries(t *testing.T) {
 	} {
 		t.Run(fmt.Sprintf("%v-%v-%d", tc.backoff, tc.maxBackoff, tc.retries), func(t *testing.T) {
 			cm := configMap("obj")
-			cm.Annotations[reconcilers.DefaultProgressAnnotation] = fmt.Sprintf(`{"generation":1,"handlers":{"fail":{"retries":%d,"done":false}}}`, tc.retries)
-			fail := reconcilers.Handler[*corev1.ConfigMap]{ID: "fail", Fn: func(context.Context, *corev1.ConfigMap) error { return errors.New("down") }}
-			f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{fail},
-				reconcilers.HandlersOptions{Backoff: tc.backoff, MaxBackoff: tc.maxBackoff}, cm)
+			cm.Annotations[lifecycle.DefaultProgressAnnotation] = fmt.Sprintf(`{"generation":1,"handlers":{"fail":{"retries":%d,"done":false}}}`, tc.retries)
+			fail := lifecycle.Handler[*corev1.ConfigMap]{ID: "fail", Fn: func(context.Context, *corev1.ConfigMap) error { return errors.New("down") }}
+			f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{fail},
+				lifecycle.HandlersOptions{Backoff: tc.backoff, MaxBackoff: tc.maxBackoff}, cm)
 			if delay := f.reconcile("obj").RequeueAfter; delay <= tc.cap-tc.cap/10 || delay > tc.cap {
 				t.Fatalf("retry %d: RequeueAfter %v, want in (%v, %v]", tc.retries+1, delay, tc.cap-tc.cap/10, tc.cap)
 			}
@@ -415,12 +437,12 @@ func TestHandlersBackoffAfterManyRetries(t *testing.T) {
 func TestHandlersTerminalErrorFailsForGood(t *testing.T) {
 	var j journal
 	runs := 0
-	fatal := reconcilers.Handler[*corev1.ConfigMap]{ID: "fatal", Fn: func(context.Context, *corev1.ConfigMap) error {
+	fatal := lifecycle.Handler[*corev1.ConfigMap]{ID: "fatal", Fn: func(context.Context, *corev1.ConfigMap) error {
 		runs++
 		return reconcile.TerminalError(errors.New("bad spec"))
 	}}
-	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{fatal, ok(&j, "after")},
-		reconcilers.HandlersOptions{Lifecycle: lifecycle.OneByOne}, configMap("obj"))
+	f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{fatal, ok(&j, "after")},
+		lifecycle.HandlersOptions{Lifecycle: lifecycle.OneByOne}, configMap("obj"))
 	f.reconcile("obj")
 	f.reconcile("obj")
 	if res := f.reconcile("obj"); res != (reconcile.Result{}) || runs != 1 || strings.Join(j.all(), ",") != "after" {
@@ -437,8 +459,8 @@ func TestHandlersTerminalErrorFailsForGood(t *testing.T) {
 
 func TestHandlersNewGenerationRunsAllAgain(t *testing.T) {
 	var j journal
-	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a"), ok(&j, "b")},
-		reconcilers.HandlersOptions{Lifecycle: lifecycle.AllAtOnce}, configMap("obj"))
+	f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a"), ok(&j, "b")},
+		lifecycle.HandlersOptions{Lifecycle: lifecycle.AllAtOnce}, configMap("obj"))
 	f.reconcile("obj")
 	f.reconcile("obj")
 	cm := f.object()
@@ -461,9 +483,9 @@ func TestHandlersCorruptAnnotationStartsAfresh(t *testing.T) {
 		t.Run(raw, func(t *testing.T) {
 			var j journal
 			cm := configMap("obj")
-			cm.Annotations[reconcilers.DefaultProgressAnnotation] = raw
-			f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a"), ok(&j, "b")},
-				reconcilers.HandlersOptions{Lifecycle: lifecycle.AllAtOnce}, cm)
+			cm.Annotations[lifecycle.DefaultProgressAnnotation] = raw
+			f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a"), ok(&j, "b")},
+				lifecycle.HandlersOptions{Lifecycle: lifecycle.AllAtOnce}, cm)
 			if res := f.reconcile("obj"); res != (reconcile.Result{}) {
 				t.Fatalf("Reconcile = %+v, want done", res)
 			}
@@ -486,7 +508,7 @@ func TestHandlersPatchOnlyTheAnnotation(t *testing.T) {
 	var c client.Client
 	// The handler changes the object on the server (a label, an annotation) and in its own
 	// copy; neither may be undone or sent by the progress patch.
-	edit := reconcilers.Handler[*corev1.ConfigMap]{ID: "edit", Fn: func(ctx context.Context, cm *corev1.ConfigMap) error {
+	edit := lifecycle.Handler[*corev1.ConfigMap]{ID: "edit", Fn: func(ctx context.Context, cm *corev1.ConfigMap) error {
 		j.add("edit")
 		server := cm.DeepCopy()
 		server.Labels["handler"] = "was-here"
@@ -498,8 +520,8 @@ func TestHandlersPatchOnlyTheAnnotation(t *testing.T) {
 		return nil
 	}}
 	c = fake.NewClientBuilder().WithObjects(configMap("obj")).Build()
-	f := newFixtureWith(t, c, []reconcilers.Handler[*corev1.ConfigMap]{edit, ok(&j, "b")},
-		reconcilers.HandlersOptions{Lifecycle: lifecycle.AllAtOnce})
+	f := newFixtureWith(t, c, []lifecycle.Handler[*corev1.ConfigMap]{edit, ok(&j, "b")},
+		lifecycle.HandlersOptions{Lifecycle: lifecycle.AllAtOnce})
 	f.reconcile("obj")
 	cm := f.object()
 	want := map[string]string{"app": "demo", "handler": "was-here"}
@@ -526,8 +548,8 @@ func TestHandlersStaleReadRunsNothing(t *testing.T) {
 		}
 		return c.Get(ctx, key, obj, opts...)
 	}})
-	f := newFixtureWith(t, c, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a"), ok(&j, "b")},
-		reconcilers.HandlersOptions{Lifecycle: lifecycle.OneByOne, NextCycle: time.Millisecond})
+	f := newFixtureWith(t, c, []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a"), ok(&j, "b")},
+		lifecycle.HandlersOptions{Lifecycle: lifecycle.OneByOne, NextCycle: time.Millisecond})
 	stale = &corev1.ConfigMap{}
 	if err := base.Get(context.Background(), objKey, stale); err != nil {
 		t.Fatal(err)
@@ -545,7 +567,7 @@ func TestHandlersStaleReadRunsNothing(t *testing.T) {
 
 func TestHandlersObjectNotFound(t *testing.T) {
 	var j journal
-	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a")}, reconcilers.HandlersOptions{})
+	f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a")}, lifecycle.HandlersOptions{})
 	if res := f.reconcile("gone"); res != (reconcile.Result{}) || len(j.all()) != 0 {
 		t.Fatalf("Reconcile of a missing object = %+v, runs %q", res, j.all())
 	}
@@ -554,7 +576,7 @@ func TestHandlersObjectNotFound(t *testing.T) {
 func TestHandlersLifecyclePickingANonPendingHandlerIsTerminal(t *testing.T) {
 	var j journal
 	bad := func([]string, map[string]lifecycle.Progress) []string { return []string{"zzz"} }
-	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a")}, reconcilers.HandlersOptions{Lifecycle: bad}, configMap("obj"))
+	f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a")}, lifecycle.HandlersOptions{Lifecycle: bad}, configMap("obj"))
 	_, err := f.r.Reconcile(context.Background(), request("ns", "obj"))
 	if !errors.Is(err, reconcile.TerminalError(nil)) || !strings.Contains(err.Error(), `picked "zzz"`) || len(j.all()) != 0 {
 		t.Fatalf("Reconcile = %v, runs %q; want a terminal error and no run", err, j.all())
@@ -562,8 +584,8 @@ func TestHandlersLifecyclePickingANonPendingHandlerIsTerminal(t *testing.T) {
 }
 
 func TestHandlersPanicIsARetryableFailure(t *testing.T) {
-	p := reconcilers.Handler[*corev1.ConfigMap]{ID: "p", Fn: func(context.Context, *corev1.ConfigMap) error { panic("kaboom") }}
-	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{p}, reconcilers.HandlersOptions{}, configMap("obj"))
+	p := lifecycle.Handler[*corev1.ConfigMap]{ID: "p", Fn: func(context.Context, *corev1.ConfigMap) error { panic("kaboom") }}
+	f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{p}, lifecycle.HandlersOptions{}, configMap("obj"))
 	if res := f.reconcile("obj"); res.RequeueAfter <= reconcilers.DefaultBackoff*9/10 || res.RequeueAfter > reconcilers.DefaultBackoff {
 		t.Fatalf("Reconcile = %+v, want RequeueAfter %v less up to 10%%", res, reconcilers.DefaultBackoff)
 	}
@@ -577,7 +599,7 @@ func TestHandlersPanicIsARetryableFailure(t *testing.T) {
 func TestHandlersInterruptedByTheDrain(t *testing.T) {
 	var j journal
 	running := make(chan struct{})
-	slow := reconcilers.Handler[*corev1.ConfigMap]{ID: "slow", Fn: func(ctx context.Context, _ *corev1.ConfigMap) error {
+	slow := lifecycle.Handler[*corev1.ConfigMap]{ID: "slow", Fn: func(ctx context.Context, _ *corev1.ConfigMap) error {
 		close(running)
 		<-ctx.Done()
 		return ctx.Err()
@@ -586,8 +608,8 @@ func TestHandlersInterruptedByTheDrain(t *testing.T) {
 	f := &fixture{t: t, c: c, rec: events.NewFakeRecorder(10), clock: clocktesting.NewFakePassiveClock(epoch)}
 	f.ex = drain.New(drain.Options{CancelAfter: 0})
 	internal.Of(f.ex).Settings().Driven.Store(true) // as a runnable.Runnable does
-	r, err := reconcilers.Handlers(f.ex, c, "cm", nil, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a"), slow, ok(&j, "c")},
-		reconcilers.HandlersOptions{Lifecycle: lifecycle.AllAtOnce, Recorder: f.rec, Clock: f.clock})
+	r, err := lifecycle.Handlers(f.ex, c, "cm", nil, []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a"), slow, ok(&j, "c")},
+		lifecycle.HandlersOptions{Lifecycle: lifecycle.AllAtOnce, Recorder: f.rec, Clock: f.clock})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -625,7 +647,7 @@ func TestHandlersInterruptedByTheDrain(t *testing.T) {
 
 func TestProgressRoundTrip(t *testing.T) {
 	started, delayed := epoch, epoch.Add(90*time.Second)
-	p := reconcilers.Progress{Generation: 7, Handlers: map[string]reconcilers.HandlerProgress{
+	p := lifecycle.Record{Generation: 7, Handlers: map[string]lifecycle.Progress{
 		"b": {Retries: 2, Started: &started, Delayed: &delayed, Message: "failed to dial: \"x\""},
 		"a": {Done: true, Started: &started},
 		"z": {Done: true, Failed: true, Message: "terminal error: bad"},
@@ -641,7 +663,7 @@ func TestProgressRoundTrip(t *testing.T) {
 	if s != want {
 		t.Fatalf("Encode =\n%s\nwant\n%s", s, want)
 	}
-	back, err := reconcilers.ParseProgress(s)
+	back, err := lifecycle.ParseRecord(s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -652,7 +674,7 @@ func TestProgressRoundTrip(t *testing.T) {
 	for _, bad := range []string{"", "null", "null x", "[]", "{}", `{"gen":1}`, `{"generation":null}`, `{"generation":"1"}`,
 		`{"generation":1}}`, `{"generation":1} {}`, `{"generation":1,"handlers":[]}`, `{"generation":1,"handlers":{"a":{"retries":"2"}}}`,
 		`{"generation":1,"handlers":{"a":{"retries":-2}}}`} {
-		if _, err := reconcilers.ParseProgress(bad); err == nil {
+		if _, err := lifecycle.ParseRecord(bad); err == nil {
 			t.Errorf("ParseProgress(%q) = nil error", bad)
 		}
 	}
@@ -661,7 +683,7 @@ func TestProgressRoundTrip(t *testing.T) {
 // TestProgressToleratesUnknownFields: progress written by a newer version, with fields this
 // one does not know, is read, not taken for corruption.
 func TestProgressToleratesUnknownFields(t *testing.T) {
-	p, err := reconcilers.ParseProgress(`{"generation":3,"schema":2,"handlers":{` +
+	p, err := lifecycle.ParseRecord(`{"generation":3,"schema":2,"handlers":{` +
 		`"a":{"retries":1,"done":true,"started":"2025-01-02T03:04:05Z","attempts":[1,2],"took":"2s"},` +
 		`"b":{"retries":2,"done":false,"message":"failed to dial","cause":{"code":503}}},"owner":"v2"}`)
 	if err != nil {
@@ -679,9 +701,9 @@ func TestProgressToleratesUnknownFields(t *testing.T) {
 func TestHandlersKeepProgressWithUnknownFields(t *testing.T) {
 	var j journal
 	cm := configMap("obj")
-	cm.Annotations[reconcilers.DefaultProgressAnnotation] = `{"generation":1,"schema":2,"handlers":{"a":{"retries":0,"done":true,"took":"2s"}}}`
-	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a"), ok(&j, "b")},
-		reconcilers.HandlersOptions{Lifecycle: lifecycle.AllAtOnce}, cm)
+	cm.Annotations[lifecycle.DefaultProgressAnnotation] = `{"generation":1,"schema":2,"handlers":{"a":{"retries":0,"done":true,"took":"2s"}}}`
+	f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a"), ok(&j, "b")},
+		lifecycle.HandlersOptions{Lifecycle: lifecycle.AllAtOnce}, cm)
 	if res := f.reconcile("obj"); res != (reconcile.Result{}) {
 		t.Fatalf("Reconcile = %+v, want done", res)
 	}
@@ -716,7 +738,7 @@ func TestHandlersShutdownBeforeAnyHandlerStartedIsQuiet(t *testing.T) {
 		})
 		return nil
 	}})
-	f = newFixtureWith(t, c, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a")}, reconcilers.HandlersOptions{NextCycle: time.Millisecond})
+	f = newFixtureWith(t, c, []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a")}, lifecycle.HandlersOptions{NextCycle: time.Millisecond})
 	internal.Of(f.ex).Settings().Driven.Store(true)
 	res, err := f.r.Reconcile(context.Background(), request("ns", "obj"))
 	if err != nil || res.RequeueAfter != time.Millisecond || len(j.all()) != 0 {
@@ -729,7 +751,7 @@ func TestHandlersShutdownBeforeAnyHandlerStartedIsQuiet(t *testing.T) {
 	if err := base.Get(context.Background(), objKey, &cm); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := cm.Annotations[reconcilers.DefaultProgressAnnotation]; ok {
+	if _, ok := cm.Annotations[lifecycle.DefaultProgressAnnotation]; ok {
 		t.Fatal("progress recorded for a reconcile stopped before it started a handler")
 	}
 }
@@ -737,9 +759,9 @@ func TestHandlersShutdownBeforeAnyHandlerStartedIsQuiet(t *testing.T) {
 func TestHandlersNewObjReturningNilIsTerminal(t *testing.T) {
 	ex := drain.New(drain.Options{})
 	drained(t, ex)
-	r, err := reconcilers.Handlers(ex, fake.NewClientBuilder().Build(), "cm", func() *corev1.ConfigMap { return nil },
-		[]reconcilers.Handler[*corev1.ConfigMap]{{ID: "a", Fn: func(context.Context, *corev1.ConfigMap) error { return nil }}},
-		reconcilers.HandlersOptions{})
+	r, err := lifecycle.Handlers(ex, fake.NewClientBuilder().Build(), "cm", func() *corev1.ConfigMap { return nil },
+		[]lifecycle.Handler[*corev1.ConfigMap]{{ID: "a", Fn: func(context.Context, *corev1.ConfigMap) error { return nil }}},
+		lifecycle.HandlersOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -770,7 +792,7 @@ func TestHandlersTruncateLongErrors(t *testing.T) {
 	// The client rejects what a whole message made: a 307 KB annotation.
 	c := annotationLimits(configMap("probe"))
 	whole := configMap("probe")
-	whole.Annotations[reconcilers.DefaultProgressAnnotation] = huge
+	whole.Annotations[lifecycle.DefaultProgressAnnotation] = huge
 	if err := c.Patch(context.Background(), whole, client.MergeFrom(configMap("probe"))); !apierrors.IsInvalid(err) {
 		t.Fatalf("Patch of a %d-byte annotation = %v, want Invalid", len(huge), err)
 	}
@@ -783,11 +805,11 @@ func TestHandlersTruncateLongErrors(t *testing.T) {
 		{"terminal", "Warning HandlerFailed ", reconcile.TerminalError(errors.New(huge))},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			big := reconcilers.Handler[*corev1.ConfigMap]{ID: "big", Fn: func(context.Context, *corev1.ConfigMap) error { return tc.err }}
-			f := newFixtureWith(t, annotationLimits(configMap("obj")), []reconcilers.Handler[*corev1.ConfigMap]{big}, reconcilers.HandlersOptions{})
+			big := lifecycle.Handler[*corev1.ConfigMap]{ID: "big", Fn: func(context.Context, *corev1.ConfigMap) error { return tc.err }}
+			f := newFixtureWith(t, annotationLimits(configMap("obj")), []lifecycle.Handler[*corev1.ConfigMap]{big}, lifecycle.HandlersOptions{})
 			f.reconcile("obj") // fails the test if the progress patch fails
 
-			if ann := f.object().Annotations[reconcilers.DefaultProgressAnnotation]; len(ann) > 1200 {
+			if ann := f.object().Annotations[lifecycle.DefaultProgressAnnotation]; len(ann) > 1200 {
 				t.Fatalf("progress annotation of %d bytes, want at most 1200", len(ann))
 			}
 			msg := f.progress().Handlers["big"].Message
@@ -811,8 +833,8 @@ func TestHandlersTruncateOnARuneBoundary(t *testing.T) {
 	for _, r := range []string{"é", "世", "😀"} {
 		t.Run(r, func(t *testing.T) {
 			text := strings.Repeat(r, 2000)
-			bad := reconcilers.Handler[*corev1.ConfigMap]{ID: "bad", Fn: func(context.Context, *corev1.ConfigMap) error { return errors.New(text) }}
-			f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{bad}, reconcilers.HandlersOptions{}, configMap("obj"))
+			bad := lifecycle.Handler[*corev1.ConfigMap]{ID: "bad", Fn: func(context.Context, *corev1.ConfigMap) error { return errors.New(text) }}
+			f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{bad}, lifecycle.HandlersOptions{}, configMap("obj"))
 			f.reconcile("obj")
 			msg := f.progress().Handlers["bad"].Message
 			kept, found := strings.CutSuffix(msg, "... (truncated)")

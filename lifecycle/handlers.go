@@ -31,9 +31,9 @@ const DefaultNextCycle = 100 * time.Millisecond
 // jitterRand returns the random number in [0, 1) that picks each jitter. Tests replace it.
 var jitterRand = rand.Float64
 
-// saveTimeout bounds the patch that records the outcome of a cycle. That patch runs on a
-// context detached from the reconcile's, so that a handler which finished while the drain
-// cancelled the reconcile still has its outcome recorded (see Handlers).
+// saveTimeout bounds the patch that records the outcomes of a cycle, which runs on a context
+// detached from the reconcile's: a handler that finished while the drain cancelled the
+// reconcile still has its outcome recorded.
 const saveTimeout = 10 * time.Second
 
 // Reasons of the Events that Handlers records on the object (all of type Warning).
@@ -54,10 +54,10 @@ var ErrInvalidHandlers = errors.New("invalid handlers")
 
 // Handler is one named handler of a Handlers reconciler.
 type Handler[T client.Object] struct {
-	// ID names the handler in the progress annotation, in the tracked call
+	// ID names the handler in the Record, in the tracked call
 	// "<controller>/<namespace>/<name>/<ID>", in logs and in Events. It must be non-empty
 	// and unique among the handlers of one reconciler; keep it stable across releases, or
-	// the handler runs again on objects whose progress knows it by its old id.
+	// the handler runs again on objects whose Record knows it by its old ID.
 	ID string
 
 	// Fn does the handler's work on obj, a copy of the object owned by this call. It runs
@@ -76,19 +76,20 @@ type HandlersOptions struct {
 	// nil: ASAP.
 	Lifecycle Func
 
-	// Recorder, if set, receives Events about the object (ReasonProgressCorrupt,
-	// ReasonHandlerError, ReasonHandlerFailed). nil: no Events, only log lines. With a
-	// manager: mgr.GetEventRecorder("<controller>").
+	// Recorder, if set, receives Warning Events on the object (ReasonProgressCorrupt,
+	// ReasonHandlerError, ReasonHandlerFailed). nil: no Events, only log lines. From
+	// controller-runtime v0.23 on, mgr.GetEventRecorder("<controller>") gives one; on v0.22,
+	// events.NewEventBroadcasterAdapter.
 	Recorder events.EventRecorder
 
-	// Annotation is the key of the annotation holding the progress. "":
+	// Annotation is the key of the annotation holding the Record. "":
 	// DefaultProgressAnnotation. It must be a valid annotation key.
 	Annotation string
 
 	// Backoff is the delay before the first retry of a failed handler; each further retry
-	// doubles it, up to MaxBackoff. A random jitter then shortens each delay by up to 10%,
-	// so that objects that failed together (say, while a dependency was down) do not all
-	// retry at the same moment. 0 or negative: reconcilers.DefaultBackoff; above 100 years: 100 years.
+	// doubles it, up to MaxBackoff. A random jitter shortens each delay by up to 10%, so
+	// that objects that failed together do not all retry at once. 0 or negative:
+	// reconcilers.DefaultBackoff; above 100 years: 100 years.
 	Backoff time.Duration
 
 	// MaxBackoff caps the retry delay; the jitter never lengthens a delay beyond it. A
@@ -102,11 +103,11 @@ type HandlersOptions struct {
 	// DefaultNextCycle.
 	NextCycle time.Duration
 
-	// Clock stamps Started and Delayed in the progress and decides when a delay is over.
+	// Clock stamps Progress.Started and Progress.Delayed and decides when a delay is over.
 	// nil: clock.RealClock{}.
 	Clock clock.PassiveClock
 
-	// Wrap are the options of the Wrap that Handlers applies to its reconciler.
+	// Wrap are the options of the reconcilers.Wrap that Handlers applies to its reconciler.
 	Wrap []reconcilers.Option
 }
 
@@ -133,74 +134,21 @@ func (o *HandlersOptions) setDefaults() {
 	}
 }
 
-// Handlers returns a reconciler that runs the named handlers on each object of type T,
-// resuming where it was after a shutdown: kopf's handlers, progress and lifecycles.
+// Handlers returns a reconciler that runs handlers on each object of type T, kopf-style,
+// and resumes after a shutdown where it stopped (see the package documentation for a
+// cycle). It is a reconcilers.Wrap of ex with opts.Wrap: a drain waits for the reconciles
+// and their handlers and names them, and while a runnable.Runnable drives ex, their
+// contexts end by the drain, not by controller-runtime's shutdown.
 //
-// The reconciler is Wrap'ped: each Reconcile is a tracked call of ex named
-// "<controller>/<namespace>/<name>", and each handler run inside it a tracked call named
-// "<controller>/<namespace>/<name>/<handler id>" (see Call). A drain therefore waits for
-// the handlers and names them in its reports, and, while a runnable.Runnable drives ex, the
-// reconcile's context ends by the drain (drain.Options.CancelAfter), not by
-// controller-runtime's shutdown.
-//
-// A Reconcile is one cycle:
-//
-//  1. Get the object with c (not found: nothing to do). newObj makes the empty object; nil:
-//     a new value of T's element type (T must then be a pointer to a struct).
-//  2. Read the progress from the annotation (HandlersOptions.Annotation, JSON, see
-//     Progress). Progress of another metadata.generation is dropped: every handler runs
-//     again for a new generation. An annotation that cannot be decoded is logged, reported
-//     by a Warning Event (ReasonProgressCorrupt), and dropped too: a fresh start.
-//  3. The handlers still to run are those not done, in registration order. Those waiting
-//     out a retry backoff are left out, as kopf does; if all wait, the reconcile is
-//     requeued when the first delay ends. The lifecycle picks among the others. It is
-//     called inline, on the reconcile's goroutine, and never through the executor: it is
-//     the framework's own instant decision, not blocking handler code (see package
-//     lifecycle).
-//  4. The picked handlers are marked started in the annotation by a merge patch with an
-//     optimistic lock. A conflict means the object read was stale (the cache lags behind
-//     the last patch): nothing runs, and the reconcile is requeued. So a handler never runs
-//     on progress older than the last recorded.
-//  5. The picked handlers run one after the other, in the lifecycle's order, each as a
-//     tracked call, each on its own copy of the object.
-//  6. The outcomes are recorded by a merge patch of the annotation alone (other
-//     annotations, labels and fields are left as they are): success marks the handler
-//     done; a reconcile.TerminalError marks it done and failed (logged, and a Warning Event
-//     ReasonHandlerFailed); another error counts a retry, keeps the message and delays the
-//     next run by the backoff (logged, and a Warning Event ReasonHandlerError). Messages
-//     are kept to their first KiB.
-//  7. The reconcile is requeued after NextCycle if handlers are ready to run, after the
-//     shortest delay if all wait, and not at all once every handler is done.
-//
-// A handler interrupted by a shutdown, that is one that returned an error once the
-// reconcile's context had ended or the executor was draining, is not a failure: no retry
-// is counted and it is left started and not done, so the next manager runs it again. The
-// outcomes of the handlers that did finish are still recorded, by a patch on a context
-// detached from the cancelled one and bounded by a few seconds; the drain waits for it, as
-// it is part of the tracked reconcile.
-//
-// Handler failures are not returned as errors from Reconcile, so controller-runtime's rate
-// limiter does not override the backoff; Reconcile returns errors for failed reads and
-// patches, and terminal errors for a lifecycle that picks a handler that is not pending.
-//
-// Things to know when deploying:
-//   - Progress is per metadata.generation, which the API server bumps on changes of the
-//     spec (and not of metadata or status). A handler that changes the spec therefore
-//     starts a new generation, and all handlers run again. Objects without a generation
-//     (it stays 0, as for ConfigMaps) get one round of handlers for their whole life.
-//   - Handlers does not manage finalizers: it runs the handlers of an object being deleted
-//     like those of any other, as long as the object exists.
-//   - With drain.Options.MaxConcurrent > 0, a reconcile and the handler it runs hold a
-//     slot each: keep MaxConcurrent above the controller's MaxConcurrentReconciles, or
-//     reconciles holding every slot wait, until their context ends, for a slot for their
-//     handlers.
-//   - Handler ids are kept in the annotation: renaming a handler makes it run again.
+// c reads and patches the objects. newObj makes an empty one; nil: a new value of T's
+// element type (T must then be a pointer to a struct). Handler failures are not returned
+// from Reconcile, so that controller-runtime's rate limiter does not override the backoff;
+// failed reads and patches are, and a Func that picks a handler not pending is a terminal
+// error.
 //
 // Handlers returns an error wrapping ErrInvalidHandlers for a nil ex or c, an empty
-// controller, no handlers, a handler with an empty or duplicate id or a nil Fn, an invalid
+// controller, no handlers, a handler with an empty or duplicate ID or a nil Fn, an invalid
 // annotation key, or a nil newObj with a T that is not a pointer to a struct.
-// The reconciler is safe for concurrent use by a controller's workers; controller-runtime
-// never reconciles one object on two workers at once.
 func Handlers[T client.Object](
 	ex *drain.Executor, c client.Client, controller string, newObj func() T, handlers []Handler[T], opts HandlersOptions,
 ) (reconcile.Reconciler, error) {

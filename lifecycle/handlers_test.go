@@ -153,8 +153,8 @@ func (f *fixture) object() *corev1.ConfigMap {
 	return &cm
 }
 
-// progress returns the progress recorded on the object at objKey.
-func (f *fixture) progress() lifecycle.Record {
+// record returns the Record on the object at objKey.
+func (f *fixture) record() lifecycle.Record {
 	f.t.Helper()
 	p, err := lifecycle.ParseRecord(f.object().Annotations[lifecycle.DefaultProgressAnnotation])
 	if err != nil {
@@ -241,7 +241,7 @@ func TestHandlersOneByOneRunsOneHandlerPerReconcile(t *testing.T) {
 	if got := strings.Join(j.all(), ","); got != "a,b,c" {
 		t.Fatalf("runs %s after all done", got)
 	}
-	p := f.progress()
+	p := f.record()
 	if p.Generation != 1 || len(p.Handlers) != 3 {
 		t.Fatalf("progress = %+v", p)
 	}
@@ -344,7 +344,7 @@ func TestHandlersRetriesWithBackoff(t *testing.T) {
 			t.Fatalf("failure %d: RequeueAfter %v, want in (%v, %v]", i+1, delay, upper-upper/10, upper)
 		}
 		evs = append(evs, fmt.Sprintf("Warning HandlerError Handler flaky failed, retry %d after %v: failed to dial: attempt %d", i+1, delay, i+1))
-		p := f.progress().Handlers["flaky"]
+		p := f.record().Handlers["flaky"]
 		if p.Retries != i+1 || p.Done || p.Delayed == nil || !p.Delayed.Equal(f.clock.Now().Add(delay)) ||
 			p.Message != fmt.Sprintf("failed to dial: attempt %d", i+1) {
 			t.Fatalf("failure %d: progress %+v", i+1, p)
@@ -359,7 +359,7 @@ func TestHandlersRetriesWithBackoff(t *testing.T) {
 	if res := f.reconcile("obj"); res != (reconcile.Result{}) {
 		t.Fatalf("reconcile after the last failure = %+v, want done", res)
 	}
-	p := f.progress().Handlers["flaky"]
+	p := f.record().Handlers["flaky"]
 	if !p.Done || p.Retries != 4 || p.Delayed != nil || p.Message != "" {
 		t.Fatalf("final progress %+v, want done after 4 retries", p)
 	}
@@ -391,7 +391,7 @@ func TestHandlersBackoffGrowsToTheCapWithoutOverflow(t *testing.T) {
 		if upper < century && delay <= prev {
 			t.Fatalf("failure %d: RequeueAfter %v, not above the previous %v", n, delay, prev)
 		}
-		h := f.progress().Handlers["fail"]
+		h := f.record().Handlers["fail"]
 		if h.Retries != n || h.Delayed == nil || !h.Delayed.Equal(f.clock.Now().Add(delay)) {
 			t.Fatalf("failure %d: progress %+v, want %d retries, delayed by %v", n, h, n, delay)
 		}
@@ -427,7 +427,7 @@ func TestHandlersBackoffAfterManyRetries(t *testing.T) {
 			if delay := f.reconcile("obj").RequeueAfter; delay <= tc.cap-tc.cap/10 || delay > tc.cap {
 				t.Fatalf("retry %d: RequeueAfter %v, want in (%v, %v]", tc.retries+1, delay, tc.cap-tc.cap/10, tc.cap)
 			}
-			if h := f.progress().Handlers["fail"]; h.Retries != tc.retries+1 || h.Delayed == nil || !h.Delayed.After(f.clock.Now()) {
+			if h := f.record().Handlers["fail"]; h.Retries != tc.retries+1 || h.Delayed == nil || !h.Delayed.After(f.clock.Now()) {
 				t.Fatalf("progress %+v, want %d retries, delayed", h, tc.retries+1)
 			}
 		})
@@ -448,7 +448,7 @@ func TestHandlersTerminalErrorFailsForGood(t *testing.T) {
 	if res := f.reconcile("obj"); res != (reconcile.Result{}) || runs != 1 || strings.Join(j.all(), ",") != "after" {
 		t.Fatalf("Reconcile = %+v; fatal ran %d times, others %q; want done, 1 run, after ran", res, runs, j.all())
 	}
-	p := f.progress().Handlers["fatal"]
+	p := f.record().Handlers["fatal"]
 	if !p.Done || !p.Failed || p.Retries != 0 || p.Message != "terminal error: bad spec" {
 		t.Fatalf("progress = %+v, want done and failed for good", p)
 	}
@@ -472,7 +472,7 @@ func TestHandlersNewGenerationRunsAllAgain(t *testing.T) {
 	if got := strings.Join(j.all(), ","); got != "a,b,a,b" {
 		t.Fatalf("runs %s, want a,b,a,b", got)
 	}
-	if p := f.progress(); p.Generation != 2 || !p.Handlers["a"].Done || !p.Handlers["b"].Done {
+	if p := f.record(); p.Generation != 2 || !p.Handlers["a"].Done || !p.Handlers["b"].Done {
 		t.Fatalf("progress = %+v, want generation 2 all done", p)
 	}
 }
@@ -496,7 +496,7 @@ func TestHandlersCorruptAnnotationStartsAfresh(t *testing.T) {
 			if len(evs) != 1 || !strings.HasPrefix(evs[0], "Warning ProgressCorrupt Annotation quiesce.dev/progress holds no valid progress, all handlers start afresh: ") {
 				t.Fatalf("events = %q, want one ProgressCorrupt warning", evs)
 			}
-			if p := f.progress(); !p.Handlers["a"].Done || !p.Handlers["b"].Done {
+			if p := f.record(); !p.Handlers["a"].Done || !p.Handlers["b"].Done {
 				t.Fatalf("progress = %+v, want all done", p)
 			}
 		})
@@ -531,7 +531,7 @@ func TestHandlersPatchOnlyTheAnnotation(t *testing.T) {
 	if cm.Annotations["other.example/keep"] != "yes" || cm.Annotations["handler.example/note"] != "hi" || len(cm.Annotations) != 3 {
 		t.Fatalf("annotations = %v, want the others kept beside the progress", cm.Annotations)
 	}
-	if p := f.progress(); !p.Handlers["edit"].Done || !p.Handlers["b"].Done {
+	if p := f.record(); !p.Handlers["edit"].Done || !p.Handlers["b"].Done {
 		t.Fatalf("progress = %+v", p)
 	}
 }
@@ -589,7 +589,7 @@ func TestHandlersPanicIsARetryableFailure(t *testing.T) {
 	if res := f.reconcile("obj"); res.RequeueAfter <= reconcilers.DefaultBackoff*9/10 || res.RequeueAfter > reconcilers.DefaultBackoff {
 		t.Fatalf("Reconcile = %+v, want RequeueAfter %v less up to 10%%", res, reconcilers.DefaultBackoff)
 	}
-	if h := f.progress().Handlers["p"]; h.Retries != 1 || h.Done || !strings.Contains(h.Message, "kaboom") {
+	if h := f.record().Handlers["p"]; h.Retries != 1 || h.Done || !strings.Contains(h.Message, "kaboom") {
 		t.Fatalf("progress = %+v, want 1 retry with the panic", h)
 	}
 }
@@ -630,7 +630,7 @@ func TestHandlersInterruptedByTheDrain(t *testing.T) {
 	if got.err != nil {
 		t.Fatalf("Reconcile = %v, want no error", got.err)
 	}
-	p := f.progress()
+	p := f.record()
 	if h := p.Handlers["a"]; !h.Done {
 		t.Fatalf("a = %+v, want done", h)
 	}
@@ -645,7 +645,9 @@ func TestHandlersInterruptedByTheDrain(t *testing.T) {
 	}
 }
 
-func TestProgressRoundTrip(t *testing.T) {
+// TestRecordRoundTrip: the annotation's JSON is the one v0.1 wrote (reconcilers.Progress then),
+// so objects annotated by it still parse and encode to the same bytes.
+func TestRecordRoundTrip(t *testing.T) {
 	started, delayed := epoch, epoch.Add(90*time.Second)
 	p := lifecycle.Record{Generation: 7, Handlers: map[string]lifecycle.Progress{
 		"b": {Retries: 2, Started: &started, Delayed: &delayed, Message: "failed to dial: \"x\""},
@@ -675,24 +677,24 @@ func TestProgressRoundTrip(t *testing.T) {
 		`{"generation":1}}`, `{"generation":1} {}`, `{"generation":1,"handlers":[]}`, `{"generation":1,"handlers":{"a":{"retries":"2"}}}`,
 		`{"generation":1,"handlers":{"a":{"retries":-2}}}`} {
 		if _, err := lifecycle.ParseRecord(bad); err == nil {
-			t.Errorf("ParseProgress(%q) = nil error", bad)
+			t.Errorf("ParseRecord(%q) = nil error", bad)
 		}
 	}
 }
 
-// TestProgressToleratesUnknownFields: progress written by a newer version, with fields this
+// TestRecordToleratesUnknownFields: a Record written by a newer version, with fields this
 // one does not know, is read, not taken for corruption.
-func TestProgressToleratesUnknownFields(t *testing.T) {
+func TestRecordToleratesUnknownFields(t *testing.T) {
 	p, err := lifecycle.ParseRecord(`{"generation":3,"schema":2,"handlers":{` +
 		`"a":{"retries":1,"done":true,"started":"2025-01-02T03:04:05Z","attempts":[1,2],"took":"2s"},` +
 		`"b":{"retries":2,"done":false,"message":"failed to dial","cause":{"code":503}}},"owner":"v2"}`)
 	if err != nil {
-		t.Fatalf("ParseProgress = %v, want unknown fields ignored", err)
+		t.Fatalf("ParseRecord = %v, want unknown fields ignored", err)
 	}
 	a, b := p.Handlers["a"], p.Handlers["b"]
 	if p.Generation != 3 || len(p.Handlers) != 2 || !a.Done || a.Retries != 1 || a.Started == nil || !a.Started.Equal(epoch) ||
 		b.Done || b.Retries != 2 || b.Message != "failed to dial" {
-		t.Fatalf("ParseProgress = %+v", p)
+		t.Fatalf("ParseRecord = %+v", p)
 	}
 }
 
@@ -713,7 +715,7 @@ func TestHandlersKeepProgressWithUnknownFields(t *testing.T) {
 	if evs := f.events(); len(evs) != 0 {
 		t.Fatalf("events = %q, want none", evs)
 	}
-	if p := f.progress(); !p.Handlers["a"].Done || !p.Handlers["b"].Done {
+	if p := f.record(); !p.Handlers["a"].Done || !p.Handlers["b"].Done {
 		t.Fatalf("progress = %+v, want all done", p)
 	}
 }
@@ -812,7 +814,7 @@ func TestHandlersTruncateLongErrors(t *testing.T) {
 			if ann := f.object().Annotations[lifecycle.DefaultProgressAnnotation]; len(ann) > 1200 {
 				t.Fatalf("progress annotation of %d bytes, want at most 1200", len(ann))
 			}
-			msg := f.progress().Handlers["big"].Message
+			msg := f.record().Handlers["big"].Message
 			want := tc.err.Error()[:1024-len("... (truncated)")] + "... (truncated)"
 			if msg != want {
 				t.Fatalf("stored message of %d bytes = %.40q...%q, want the first %d bytes of the error and a mark",
@@ -836,7 +838,7 @@ func TestHandlersTruncateOnARuneBoundary(t *testing.T) {
 			bad := lifecycle.Handler[*corev1.ConfigMap]{ID: "bad", Fn: func(context.Context, *corev1.ConfigMap) error { return errors.New(text) }}
 			f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{bad}, lifecycle.HandlersOptions{}, configMap("obj"))
 			f.reconcile("obj")
-			msg := f.progress().Handlers["bad"].Message
+			msg := f.record().Handlers["bad"].Message
 			kept, found := strings.CutSuffix(msg, "... (truncated)")
 			if !found || !utf8.ValidString(msg) || len(msg) > 1024 || len(msg) <= 1024-len(r) || !strings.HasPrefix(text, kept) {
 				t.Fatalf("stored message of %d bytes (valid UTF-8: %v) ending %q, want at most 1024, whole characters, marked",

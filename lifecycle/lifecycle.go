@@ -40,10 +40,8 @@ type Progress struct {
 // slice (never a sub-slice of pending) holding a subset of pending. When pending is empty, every
 // Func of this package returns nil.
 //
-// The caller passes in pending only the handlers that are not done: the Funcs of this package do
-// not filter on Progress.Done, they pick among pending as given. Keeping the filtering in one
-// place, the caller, means a Func never has to decide what a done handler that is still pending
-// would mean.
+// The caller passes in pending only the handlers that are not done, so the Funcs of this package
+// do not filter on Progress.Done: the filtering is in one place.
 type Func func(pending []string, progress map[string]Progress) []string
 
 // Test seams: the sources of randomness of Randomized and Shuffled.
@@ -88,7 +86,7 @@ func Shuffled(pending []string, _ map[string]Progress) []string {
 
 // ASAP returns one pending handler: the one with the fewest retries; on a tie, the first in
 // pending, that is in registration order. A handler missing from progress has zero retries.
-// ASAP is the default lifecycle of the reconcilers: a handler that keeps failing does not
+// ASAP is the default of HandlersOptions.Lifecycle: a handler that keeps failing does not
 // hold back the others, which run before its next retry.
 func ASAP(pending []string, progress map[string]Progress) []string {
 	if len(pending) == 0 {
@@ -104,8 +102,7 @@ func ASAP(pending []string, progress map[string]Progress) []string {
 	return []string{pending[best]}
 }
 
-// names lists the lifecycles known to Named, in the order Names returns them.
-// The lifecycles are functions, not variables: nothing can replace them.
+// The lifecycles are functions of type Func, not variables: nothing can replace them.
 var (
 	_ Func = AllAtOnce
 	_ Func = OneByOne
@@ -114,6 +111,7 @@ var (
 	_ Func = ASAP
 )
 
+// names lists the lifecycles known to Named, in the order Names returns them.
 var names = []struct {
 	name string
 	fn   Func

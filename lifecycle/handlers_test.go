@@ -52,8 +52,9 @@ func configMap(name string) *corev1.ConfigMap {
 	}}
 }
 
-func request(ns, name string) reconcile.Request {
-	return reconcile.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: name}}
+// request is the request of the object called name in namespace "ns".
+func request(name string) reconcile.Request {
+	return reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "ns", Name: name}}
 }
 
 // drained drains ex at the end of a test, so that no worker goroutine outlives it.
@@ -136,7 +137,7 @@ func newFixtureWith(t *testing.T, c client.Client, hs []lifecycle.Handler[*corev
 
 func (f *fixture) reconcile(name string) reconcile.Result {
 	f.t.Helper()
-	res, err := f.r.Reconcile(context.Background(), request("ns", name))
+	res, err := f.r.Reconcile(context.Background(), request(name))
 	if err != nil {
 		f.t.Fatalf("Reconcile: %v", err)
 	}
@@ -577,7 +578,7 @@ func TestHandlersLifecyclePickingANonPendingHandlerIsTerminal(t *testing.T) {
 	var j journal
 	bad := func([]string, map[string]lifecycle.Progress) []string { return []string{"zzz"} }
 	f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a")}, lifecycle.HandlersOptions{Lifecycle: bad}, configMap("obj"))
-	_, err := f.r.Reconcile(context.Background(), request("ns", "obj"))
+	_, err := f.r.Reconcile(context.Background(), request("obj"))
 	if !errors.Is(err, reconcile.TerminalError(nil)) || !strings.Contains(err.Error(), `picked "zzz"`) || len(j.all()) != 0 {
 		t.Fatalf("Reconcile = %v, runs %q; want a terminal error and no run", err, j.all())
 	}
@@ -619,7 +620,7 @@ func TestHandlersInterruptedByTheDrain(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		res, err := r.Reconcile(context.Background(), request("ns", "obj"))
+		res, err := r.Reconcile(context.Background(), request("obj"))
 		done <- result{res, err}
 	}()
 	<-running
@@ -742,7 +743,7 @@ func TestHandlersShutdownBeforeAnyHandlerStartedIsQuiet(t *testing.T) {
 	}})
 	f = newFixtureWith(t, c, []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a")}, lifecycle.HandlersOptions{NextCycle: time.Millisecond})
 	internal.Of(f.ex).Settings().Driven.Store(true)
-	res, err := f.r.Reconcile(context.Background(), request("ns", "obj"))
+	res, err := f.r.Reconcile(context.Background(), request("obj"))
 	if err != nil || res.RequeueAfter != time.Millisecond || len(j.all()) != 0 {
 		t.Fatalf("Reconcile = %+v, %v, runs %q; want a requeue, no error, no run", res, err, j.all())
 	}
@@ -767,7 +768,7 @@ func TestHandlersNewObjReturningNilIsTerminal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.Reconcile(context.Background(), request("ns", "obj")); !errors.Is(err, reconcile.TerminalError(nil)) {
+	if _, err := r.Reconcile(context.Background(), request("obj")); !errors.Is(err, reconcile.TerminalError(nil)) {
 		t.Fatalf("Reconcile = %v, want a terminal error", err)
 	}
 }

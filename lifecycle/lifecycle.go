@@ -4,14 +4,33 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"time"
 )
 
-// Progress is what a reconciler knows about one handler of one object.
+// Progress is the progress of one handler on one generation of one object. A Func reads
+// Retries and Done; Handlers keeps all of it in the object's Record.
 type Progress struct {
-	// Retries counts the failed runs of the handler so far.
-	Retries int
-	// Done reports that the handler succeeded, or failed for good.
-	Done bool
+	// Retries counts the runs that failed with a retryable error. A run interrupted by a
+	// shutdown is not counted: it was not the handler's failure.
+	Retries int `json:"retries"`
+
+	// Done reports that the handler will not run again for this generation: it succeeded,
+	// or it failed for good (Failed).
+	Done bool `json:"done"`
+
+	// Failed reports that the handler returned a reconcile.TerminalError.
+	Failed bool `json:"failed,omitempty"`
+
+	// Started is when the last run began. Set and not Done: the run failed, or the operator
+	// stopped while it ran, and the handler runs again.
+	Started *time.Time `json:"started,omitempty"`
+
+	// Delayed is the time before which a failed handler is not retried (the backoff).
+	Delayed *time.Time `json:"delayed,omitempty"`
+
+	// Message is the error of the last failed run, cut to 1 KiB on a UTF-8 boundary and
+	// then ending with "... (truncated)"; empty once the handler succeeded.
+	Message string `json:"message,omitempty"`
 }
 
 // Func picks, from the handlers still to run (in registration order), those to run now.
@@ -21,10 +40,8 @@ type Progress struct {
 // slice (never a sub-slice of pending) holding a subset of pending. When pending is empty, every
 // Func of this package returns nil.
 //
-// The caller passes in pending only the handlers that are not done: the Funcs of this package do
-// not filter on Progress.Done, they pick among pending as given. Keeping the filtering in one
-// place, the caller, means a Func never has to decide what a done handler that is still pending
-// would mean.
+// The caller passes in pending only the handlers that are not done, so the Funcs of this package
+// do not filter on Progress.Done: the filtering is in one place.
 type Func func(pending []string, progress map[string]Progress) []string
 
 // Test seams: the sources of randomness of Randomized and Shuffled.
@@ -69,7 +86,7 @@ func Shuffled(pending []string, _ map[string]Progress) []string {
 
 // ASAP returns one pending handler: the one with the fewest retries; on a tie, the first in
 // pending, that is in registration order. A handler missing from progress has zero retries.
-// ASAP is the default lifecycle of the reconcilers: a handler that keeps failing does not
+// ASAP is the default of HandlersOptions.Lifecycle: a handler that keeps failing does not
 // hold back the others, which run before its next retry.
 func ASAP(pending []string, progress map[string]Progress) []string {
 	if len(pending) == 0 {
@@ -85,8 +102,7 @@ func ASAP(pending []string, progress map[string]Progress) []string {
 	return []string{pending[best]}
 }
 
-// names lists the lifecycles known to Named, in the order Names returns them.
-// The lifecycles are functions, not variables: nothing can replace them.
+// The lifecycles are functions of type Func, not variables: nothing can replace them.
 var (
 	_ Func = AllAtOnce
 	_ Func = OneByOne
@@ -95,6 +111,7 @@ var (
 	_ Func = ASAP
 )
 
+// names lists the lifecycles known to Named, in the order Names returns them.
 var names = []struct {
 	name string
 	fn   Func

@@ -1,6 +1,8 @@
 package lifecycle
 
 import (
+	"go/parser"
+	"go/token"
 	"maps"
 	"reflect"
 	"slices"
@@ -12,6 +14,21 @@ import (
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
+}
+
+// TestSelectionFunctionsUseTheStandardLibraryOnly: the lifecycles are plain functions that a
+// user may read and copy without Kubernetes; Handlers, in other files, is not.
+func TestSelectionFunctionsUseTheStandardLibraryOnly(t *testing.T) {
+	f, err := parser.ParseFile(token.NewFileSet(), "lifecycle.go", nil, parser.ImportsOnly)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, imp := range f.Imports {
+		path := strings.Trim(imp.Path.Value, `"`)
+		if first, _, _ := strings.Cut(path, "/"); strings.Contains(first, ".") {
+			t.Errorf("lifecycle.go imports %s, want the standard library only", path)
+		}
+	}
 }
 
 // withIntN replaces the random source of Randomized for the rest of the test.

@@ -60,8 +60,8 @@ func (o *DaemonsOptions) setDefaults() {
 	if o.MaxBackoff <= 0 {
 		o.MaxBackoff = DefaultMaxBackoff
 	}
-	o.Backoff = min(o.Backoff, backoffCeiling)
-	o.MaxBackoff = min(max(o.MaxBackoff, o.Backoff), backoffCeiling)
+	o.Backoff = min(o.Backoff, internal.BackoffCeiling)
+	o.MaxBackoff = min(max(o.MaxBackoff, o.Backoff), internal.BackoffCeiling)
 	if o.StopTimeout == 0 {
 		o.StopTimeout = DefaultStopTimeout
 	}
@@ -199,7 +199,7 @@ func (d *Daemons) Ensure(ctx context.Context, obj client.Object, name string, fn
 		return fmt.Errorf("failed to ensure daemon: empty name: %w", drain.ErrInvalidCall)
 	case fn == nil:
 		return fmt.Errorf("failed to ensure daemon %q: nil func: %w", name, drain.ErrInvalidCall)
-	case isNil(obj):
+	case internal.IsNil(obj):
 		return fmt.Errorf("failed to ensure daemon %q: nil object: %w", name, drain.ErrInvalidCall)
 	case obj.GetUID() == "":
 		return fmt.Errorf("failed to ensure daemon %q of %s/%s: the object has no UID "+
@@ -309,7 +309,7 @@ func (d *Daemons) run(ctx context.Context, logger logr.Logger, k daemonKey, dm *
 			b = d.newBackoff() // it ran well for a while: start the backoff afresh
 		}
 		delay := b.Step()
-		delay -= time.Duration(jitterRand() * backoffJitter * float64(delay))
+		delay = internal.Jitter(delay, jitterRand())
 		d.restarted.Add(1)
 		d.restarts.Inc()
 		kv := []any{"delay", delay.String()}

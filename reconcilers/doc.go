@@ -15,16 +15,14 @@
 // run, and so is a request whose context controller-runtime had already cancelled.
 // Reports name each call with controller-runtime's reconcileID.
 //
-// Handlers builds a reconciler of several named handlers per object, kopf-style: a
-// lifecycle function picks which pending handlers run in each cycle (inline, never through
-// the executor), each handler runs as a tracked call, and progress is kept in an annotation
-// on the object, so that an operator stopped mid-way resumes where it was.
-//
 // Daemons runs long-lived functions per object, kopf-style: Ensure, called from Reconcile
 // while the object exists, starts one per object and daemon name as a tracked call
 // "<controller>/<namespace>/<name>/<daemon>" on a goroutine of its own, restarted with a
 // backoff when it fails; Stop, once the object is being deleted, ends its context and waits
 // for it. The drain ends every daemon's context the moment it begins and waits for them.
+//
+// Several named handlers per object, their progress kept on it (kopf's handler model), are
+// package lifecycle's Handlers, built on Wrap and Call.
 //
 // The reconcilers returned are safe for concurrent use, as controller-runtime requires, and
 // so is Daemons.

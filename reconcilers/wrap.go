@@ -184,12 +184,6 @@ func namer[R comparable](controller string) func(R) string {
 // errors.As and Unwrap reach a panicked error). A panic in fn after Call stopped waiting
 // (ctx ended first) has nobody to reach: the executor logs it ("Call panicked").
 func Call(ctx context.Context, name string, fn func(context.Context) error) error {
-	return call(ctx, name, fn, true)
-}
-
-// call is Call; with repanic false, a panic in fn is returned as a *drain.PanicError
-// instead, wrapped or not (Handlers counts it as a failed handler).
-func call(ctx context.Context, name string, fn func(context.Context) error, repanic bool) error {
 	if name == "" {
 		return fmt.Errorf("failed to run call: empty name: %w", drain.ErrInvalidCall)
 	}
@@ -200,7 +194,7 @@ func call(ctx context.Context, name string, fn func(context.Context) error, repa
 				"call", internal.Cut(name),
 				"howToTrack", "wrap the reconciler with reconcilers.Wrap in SetupWithManager")
 		})
-		return direct(ctx, name, fn, repanic)
+		return direct(ctx, name, fn)
 	}
 	outer := c.Options()
 	return c.Core().Call(ctx, internal.CallOptions{
@@ -208,7 +202,7 @@ func call(ctx context.Context, name string, fn func(context.Context) error, repa
 		Controller:  outer.Controller,
 		ReconcileID: outer.ReconcileID,
 		Tag:         outer.Tag,
-		Repanic:     repanic,
+		Repanic:     true,
 	}, fn)
 }
 
@@ -216,18 +210,15 @@ func call(ctx context.Context, name string, fn func(context.Context) error, repa
 // reconciler that SetupWithManager forgot to wrap.
 var untracked sync.Once
 
-// direct runs fn on the caller's goroutine, with the executor's check of bad input.
-func direct(ctx context.Context, name string, fn func(context.Context) error, repanic bool) (err error) {
+// direct runs fn on the caller's goroutine, with the executor's check of bad input, and
+// raises a panic in fn as a *drain.PanicError, as Call does inside a tracked call.
+func direct(ctx context.Context, name string, fn func(context.Context) error) error {
 	if fn == nil {
 		return fmt.Errorf("failed to run call %q: nil func: %w", name, drain.ErrInvalidCall)
 	}
 	defer func() {
 		if v := recover(); v != nil {
-			pe := &drain.PanicError{Name: name, Value: v, Stack: debug.Stack()}
-			if repanic {
-				panic(pe)
-			}
-			err = pe
+			panic(&drain.PanicError{Name: name, Value: v, Stack: debug.Stack()})
 		}
 	}()
 	return fn(ctx)

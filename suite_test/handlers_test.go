@@ -22,7 +22,6 @@ import (
 
 	"github.com/quiesce-dev/quiesce/internal"
 	"github.com/quiesce-dev/quiesce/lifecycle"
-	"github.com/quiesce-dev/quiesce/reconcilers"
 	"github.com/quiesce-dev/quiesce/runnable"
 )
 
@@ -61,17 +60,17 @@ func (r *handlerRuns) get() map[string]int {
 }
 
 // progressOf reads the progress annotation of the ConfigMap key from the API server.
-func progressOf(ctx context.Context, key types.NamespacedName) (reconcilers.Progress, error) {
+func progressOf(ctx context.Context, key types.NamespacedName) (lifecycle.Record, error) {
 	var cm corev1.ConfigMap
 	if err := k8sClient.Get(ctx, key, &cm); err != nil {
-		return reconcilers.Progress{}, err
+		return lifecycle.Record{}, err
 	}
-	return reconcilers.ParseProgress(cm.Annotations[reconcilers.DefaultProgressAnnotation])
+	return lifecycle.ParseRecord(cm.Annotations[lifecycle.DefaultProgressAnnotation])
 }
 
 // startHandlers makes a manager caching only ns, with a runnable.Runnable configured by
-// dopts, and a controller named name of the handlers hs on ConfigMaps; it starts the manager.
-func startHandlers(ns, name string, qopts runnable.Options, hs []reconcilers.Handler[*corev1.ConfigMap], opts reconcilers.HandlersOptions) (q *runnable.Runnable, stop context.CancelFunc, done <-chan error) {
+// qopts, and a controller named name of the handlers hs on ConfigMaps; it starts the manager.
+func startHandlers(ns, name string, qopts runnable.Options, hs []lifecycle.Handler[*corev1.ConfigMap], opts lifecycle.HandlersOptions) (q *runnable.Runnable, stop context.CancelFunc, done <-chan error) {
 	GinkgoHelper()
 	mgr, q := newHandlers(ns, name, qopts, hs, opts)
 	stop, done = startManager(mgr)
@@ -79,13 +78,13 @@ func startHandlers(ns, name string, qopts runnable.Options, hs []reconcilers.Han
 }
 
 // newHandlers is startHandlers without the start.
-func newHandlers(ns, name string, qopts runnable.Options, hs []reconcilers.Handler[*corev1.ConfigMap], opts reconcilers.HandlersOptions) (manager.Manager, *runnable.Runnable) {
+func newHandlers(ns, name string, qopts runnable.Options, hs []lifecycle.Handler[*corev1.ConfigMap], opts lifecycle.HandlersOptions) (manager.Manager, *runnable.Runnable) {
 	GinkgoHelper()
 	mgr := newManager(handlersCacheIn(ns))
 	q, err := runnable.Add(mgr, withGrace(qopts, 20*time.Second))
 	Expect(err).NotTo(HaveOccurred())
 	opts.Recorder = broadcaster.NewRecorder(scheme.Scheme, name)
-	r, err := reconcilers.Handlers(q.Executor(), mgr.GetClient(), name, nil, hs, opts)
+	r, err := lifecycle.Handlers(q.Executor(), mgr.GetClient(), name, nil, hs, opts)
 	Expect(err).NotTo(HaveOccurred())
 	Expect(ctrl.NewControllerManagedBy(mgr).For(&corev1.ConfigMap{}).Named(name).Complete(r)).To(Succeed())
 	return mgr, q
@@ -99,13 +98,13 @@ var _ = Describe("The Handlers reconciler", func() {
 
 		var runs handlerRuns
 		bRunning := make(chan struct{})
-		record := func(id string) reconcilers.Handler[*corev1.ConfigMap] {
-			return reconcilers.Handler[*corev1.ConfigMap]{ID: id, Fn: func(context.Context, *corev1.ConfigMap) error {
+		record := func(id string) lifecycle.Handler[*corev1.ConfigMap] {
+			return lifecycle.Handler[*corev1.ConfigMap]{ID: id, Fn: func(context.Context, *corev1.ConfigMap) error {
 				runs.add(id)
 				return nil
 			}}
 		}
-		b := reconcilers.Handler[*corev1.ConfigMap]{ID: "b", Fn: func(ctx context.Context, _ *corev1.ConfigMap) error {
+		b := lifecycle.Handler[*corev1.ConfigMap]{ID: "b", Fn: func(ctx context.Context, _ *corev1.ConfigMap) error {
 			if runs.add("b") == 1 {
 				// The first run is long: it lasts until the drain cancels it.
 				close(bRunning)
@@ -114,8 +113,8 @@ var _ = Describe("The Handlers reconciler", func() {
 			}
 			return nil
 		}}
-		hs := []reconcilers.Handler[*corev1.ConfigMap]{record("a"), b, record("c")}
-		opts := reconcilers.HandlersOptions{Lifecycle: lifecycle.OneByOne}
+		hs := []lifecycle.Handler[*corev1.ConfigMap]{record("a"), b, record("c")}
+		opts := lifecycle.HandlersOptions{Lifecycle: lifecycle.OneByOne}
 
 		By("running the handlers until b runs, on a first manager")
 		// CancelAfter 0: the drain cancels b's context at once.
@@ -148,7 +147,7 @@ var _ = Describe("The Handlers reconciler", func() {
 
 		var cm corev1.ConfigMap
 		Expect(k8sClient.Get(ctx, key, &cm)).To(Succeed())
-		p, err = reconcilers.ParseProgress(cm.Annotations[reconcilers.DefaultProgressAnnotation])
+		p, err = lifecycle.ParseRecord(cm.Annotations[lifecycle.DefaultProgressAnnotation])
 		Expect(err).NotTo(HaveOccurred())
 		Expect(p.Generation).To(Equal(cm.Generation), "the progress is that of the object's generation")
 		for _, id := range []string{"a", "b", "c"} {
@@ -169,14 +168,14 @@ var _ = Describe("The Handlers reconciler", func() {
 		const handlerID = "flaky"
 
 		var runs handlerRuns
-		flaky := reconcilers.Handler[*corev1.ConfigMap]{ID: handlerID, Fn: func(context.Context, *corev1.ConfigMap) error {
+		flaky := lifecycle.Handler[*corev1.ConfigMap]{ID: handlerID, Fn: func(context.Context, *corev1.ConfigMap) error {
 			if n := runs.add(handlerID); n <= 2 {
 				return fmt.Errorf("failed to reach the backend: attempt %d", n)
 			}
 			return nil
 		}}
-		_, stop, done := startHandlers(ns, "handlers-retry", runnable.Options{}, []reconcilers.Handler[*corev1.ConfigMap]{flaky},
-			reconcilers.HandlersOptions{Backoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond})
+		_, stop, done := startHandlers(ns, "handlers-retry", runnable.Options{}, []lifecycle.Handler[*corev1.ConfigMap]{flaky},
+			lifecycle.HandlersOptions{Backoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond})
 		Expect(k8sClient.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: key.Name}})).To(Succeed())
 
 		Eventually(func(g Gomega) {
@@ -198,7 +197,7 @@ var _ = Describe("The Handlers reconciler", func() {
 			g.Expect(k8sClient.List(ctx, &evs, client.InNamespace(ns))).To(Succeed())
 			var notes []string
 			for _, e := range evs.Items {
-				if e.Reason == reconcilers.ReasonHandlerError && e.Regarding.Name == key.Name && e.Type == corev1.EventTypeWarning {
+				if e.Reason == lifecycle.ReasonHandlerError && e.Regarding.Name == key.Name && e.Type == corev1.EventTypeWarning {
 					notes = append(notes, e.Note)
 				}
 			}
@@ -221,16 +220,16 @@ var _ = Describe("The Handlers reconciler", func() {
 		const handlerID = "fatal"
 
 		var runs handlerRuns
-		fatal := reconcilers.Handler[*corev1.ConfigMap]{ID: handlerID, Fn: func(context.Context, *corev1.ConfigMap) error {
+		fatal := lifecycle.Handler[*corev1.ConfigMap]{ID: handlerID, Fn: func(context.Context, *corev1.ConfigMap) error {
 			runs.add(handlerID)
 			return reconcile.TerminalError(fmt.Errorf("unsupported setting %q", "x"))
 		}}
-		after := reconcilers.Handler[*corev1.ConfigMap]{ID: "after", Fn: func(context.Context, *corev1.ConfigMap) error {
+		after := lifecycle.Handler[*corev1.ConfigMap]{ID: "after", Fn: func(context.Context, *corev1.ConfigMap) error {
 			runs.add("after")
 			return nil
 		}}
-		_, stop, done := startHandlers(ns, "handlers-terminal", runnable.Options{}, []reconcilers.Handler[*corev1.ConfigMap]{fatal, after},
-			reconcilers.HandlersOptions{Lifecycle: lifecycle.OneByOne})
+		_, stop, done := startHandlers(ns, "handlers-terminal", runnable.Options{}, []lifecycle.Handler[*corev1.ConfigMap]{fatal, after},
+			lifecycle.HandlersOptions{Lifecycle: lifecycle.OneByOne})
 		Expect(k8sClient.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: key.Name}})).To(Succeed())
 
 		Eventually(func(g Gomega) {
@@ -247,7 +246,7 @@ var _ = Describe("The Handlers reconciler", func() {
 			var evs eventsv1.EventList
 			g.Expect(k8sClient.List(ctx, &evs, client.InNamespace(ns))).To(Succeed())
 			g.Expect(evs.Items).To(ContainElement(And(
-				HaveField("Reason", reconcilers.ReasonHandlerFailed),
+				HaveField("Reason", lifecycle.ReasonHandlerFailed),
 				HaveField("Type", corev1.EventTypeWarning),
 				HaveField("Regarding.Name", key.Name),
 				HaveField("Note", `Handler fatal failed for good: terminal error: unsupported setting "x"`))))
@@ -282,15 +281,15 @@ var _ = Describe("The Handlers reconciler", func() {
 		}
 		var runs handlerRuns
 		ids := []string{"a", "b"}
-		hs := make([]reconcilers.Handler[*corev1.ConfigMap], 0, len(ids))
+		hs := make([]lifecycle.Handler[*corev1.ConfigMap], 0, len(ids))
 		for _, id := range ids {
-			hs = append(hs, reconcilers.Handler[*corev1.ConfigMap]{ID: id, Fn: func(context.Context, *corev1.ConfigMap) error {
+			hs = append(hs, lifecycle.Handler[*corev1.ConfigMap]{ID: id, Fn: func(context.Context, *corev1.ConfigMap) error {
 				runs.add(id)
 				return nil
 			}})
 		}
 		var mgr manager.Manager
-		mgr, q = newHandlers(ns, "handlers-inline", runnable.Options{}, hs, reconcilers.HandlersOptions{Lifecycle: inline})
+		mgr, q = newHandlers(ns, "handlers-inline", runnable.Options{}, hs, lifecycle.HandlersOptions{Lifecycle: inline})
 		settings := internal.Of(q.Executor()).Settings()
 		metered := settings.AfterCall
 		settings.AfterCall = func(controller string, took time.Duration, err error) {

@@ -1,4 +1,4 @@
-package reconcilers_test
+package lifecycle_test
 
 import (
 	"context"
@@ -14,7 +14,6 @@ import (
 
 	"github.com/quiesce-dev/quiesce/drain"
 	"github.com/quiesce-dev/quiesce/lifecycle"
-	"github.com/quiesce-dev/quiesce/reconcilers"
 )
 
 // A reconciler of two handlers run one by one. In an operator, ex is the executor of a
@@ -30,16 +29,16 @@ func ExampleHandlers() {
 	}).Build()
 
 	// Each handler runs as a tracked call: a drain waits for it and names it.
-	handler := func(id string) reconcilers.Handler[*corev1.ConfigMap] {
-		return reconcilers.Handler[*corev1.ConfigMap]{ID: id, Fn: func(context.Context, *corev1.ConfigMap) error {
+	handler := func(id string) lifecycle.Handler[*corev1.ConfigMap] {
+		return lifecycle.Handler[*corev1.ConfigMap]{ID: id, Fn: func(context.Context, *corev1.ConfigMap) error {
 			pending := ex.Pending()
 			fmt.Println("running", pending[len(pending)-1].Name)
 			return nil
 		}}
 	}
-	r, err := reconcilers.Handlers(ex, c, "configmaps", nil,
-		[]reconcilers.Handler[*corev1.ConfigMap]{handler("provision"), handler("notify")},
-		reconcilers.HandlersOptions{
+	r, err := lifecycle.Handlers(ex, c, "configmaps", nil,
+		[]lifecycle.Handler[*corev1.ConfigMap]{handler("provision"), handler("notify")},
+		lifecycle.HandlersOptions{
 			Lifecycle: lifecycle.OneByOne,
 			Clock:     clocktesting.NewFakePassiveClock(time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)),
 		})
@@ -65,23 +64,23 @@ func ExampleHandlers() {
 		fmt.Println(err)
 		return
 	}
-	fmt.Println(cm.Annotations[reconcilers.DefaultProgressAnnotation])
+	fmt.Println(cm.Annotations[lifecycle.DefaultProgressAnnotation])
 	// Output:
 	// running configmaps/default/cfg/provision
 	// running configmaps/default/cfg/notify
 	// {"generation":1,"handlers":{"notify":{"retries":0,"done":true,"started":"2025-01-02T03:04:05Z"},"provision":{"retries":0,"done":true,"started":"2025-01-02T03:04:05Z"}}}
 }
 
-// The progress annotation is JSON; ParseProgress reads it.
-func ExampleParseProgress() {
-	p, err := reconcilers.ParseProgress(`{"generation":2,"handlers":{"a":{"retries":0,"done":true},"b":{"retries":3,"done":false,"message":"failed to dial: timeout"}}}`)
+// The progress annotation is JSON; ParseRecord reads it.
+func ExampleParseRecord() {
+	p, err := lifecycle.ParseRecord(`{"generation":2,"handlers":{"a":{"retries":0,"done":true},"b":{"retries":3,"done":false,"message":"failed to dial: timeout"}}}`)
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 	fmt.Println(p.Generation, p.Handlers["a"].Done, p.Handlers["b"].Retries, p.Handlers["b"].Message)
 
-	_, err = reconcilers.ParseProgress(`{"generation":2,`)
+	_, err = lifecycle.ParseRecord(`{"generation":2,`)
 	fmt.Println(err)
 	// Output:
 	// 2 true 3 failed to dial: timeout

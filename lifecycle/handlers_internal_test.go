@@ -1,15 +1,16 @@
-package reconcilers
+package lifecycle
 
 import (
 	"context"
 	"errors"
 	"math"
-	"strings"
 	"testing"
 	"time"
-	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/quiesce-dev/quiesce/internal"
+	"github.com/quiesce-dev/quiesce/reconcilers"
 )
 
 // fixJitter makes jitterRand return r for the rest of the test.
@@ -38,11 +39,11 @@ func TestHandlersBackoffDoublesUpToTheCap(t *testing.T) {
 			t.Errorf("backoff(%d) = %v, want %v", retries, got, want)
 		}
 	}
-	if got := backoffOf(0, 0)(1); got != DefaultBackoff {
-		t.Errorf("default backoff(1) = %v, want %v", got, DefaultBackoff)
+	if got := backoffOf(0, 0)(1); got != reconcilers.DefaultBackoff {
+		t.Errorf("default backoff(1) = %v, want %v", got, reconcilers.DefaultBackoff)
 	}
-	if got := backoffOf(0, 0)(100); got != DefaultMaxBackoff {
-		t.Errorf("default backoff(100) = %v, want %v", got, DefaultMaxBackoff)
+	if got := backoffOf(0, 0)(100); got != reconcilers.DefaultMaxBackoff {
+		t.Errorf("default backoff(100) = %v, want %v", got, reconcilers.DefaultMaxBackoff)
 	}
 	if got := backoffOf(time.Hour, time.Minute)(3); got != time.Hour {
 		t.Errorf("backoff with MaxBackoff below Backoff = %v, want Backoff", got)
@@ -80,34 +81,15 @@ func TestHandlersBackoffNeverOverflows(t *testing.T) {
 			prev := time.Duration(0)
 			for _, retries := range []int{1, 2, 39, 40, 41, 62, 63, 64, 65, 1000, math.MaxInt32, math.MaxInt} {
 				got := backoff(retries)
-				if got <= 0 || got > backoffCeiling || got < prev {
+				if got <= 0 || got > internal.BackoffCeiling || got < prev {
 					t.Fatalf("Backoff %v, jitter %v: backoff(%d) = %v after %v, want growing within (0, %v]",
-						b, r, retries, got, prev, backoffCeiling)
+						b, r, retries, got, prev, internal.BackoffCeiling)
 				}
 				prev = got
 			}
-			if r == 0 && prev != backoffCeiling {
-				t.Fatalf("Backoff %v: backoff(MaxInt) = %v, want the ceiling %v", b, prev, backoffCeiling)
+			if r == 0 && prev != internal.BackoffCeiling {
+				t.Fatalf("Backoff %v: backoff(MaxInt) = %v, want the ceiling %v", b, prev, internal.BackoffCeiling)
 			}
-		}
-	}
-}
-
-func TestProgressTruncateMessage(t *testing.T) {
-	const mark = "... (truncated)"
-	fits := strings.Repeat("a", maxMessageBytes)
-	for _, tc := range []struct{ name, in, want string }{
-		{"empty", "", ""},
-		{"short", "failed to dial", "failed to dial"},
-		{"exactly the limit", fits, fits},
-		{"one byte over", fits + "b", fits[:maxMessageBytes-len(mark)] + mark},
-		{"cut inside a rune", strings.Repeat("a", maxMessageBytes-len(mark)-1) + "é" + fits, strings.Repeat("a", maxMessageBytes-len(mark)-1) + mark},
-		{"invalid UTF-8", "bad \xff byte", "bad \uFFFD byte"},
-		{"a run of invalid bytes", strings.Repeat("\x80", 2*maxMessageBytes), "\uFFFD"},
-	} {
-		got := truncateMessage(tc.in)
-		if got != tc.want || len(got) > maxMessageBytes || !utf8.ValidString(got) {
-			t.Errorf("%s: truncateMessage = %d bytes %.30q...; want %d bytes %.30q...", tc.name, len(got), got, len(tc.want), tc.want)
 		}
 	}
 }
@@ -116,7 +98,7 @@ func TestHandlersRetriesSaturate(t *testing.T) {
 	fixJitter(t, 0)
 	h := &handlersReconciler[*corev1.ConfigMap]{opts: HandlersOptions{}}
 	h.opts.setDefaults()
-	hp := h.record(context.Background(), &corev1.ConfigMap{}, "h", HandlerProgress{Retries: math.MaxInt}, ranFailed, errors.New("boom"))
+	hp := h.update(context.Background(), &corev1.ConfigMap{}, "h", Progress{Retries: math.MaxInt}, ranFailed, errors.New("boom"))
 	if hp.Retries != math.MaxInt {
 		t.Errorf("Retries = %d after a failure at math.MaxInt, want it to stay", hp.Retries)
 	}
@@ -132,7 +114,7 @@ func TestHandlersStoredDelayIsCapped(t *testing.T) {
 	h.handlers = []Handler[*corev1.ConfigMap]{{ID: farID}, {ID: "near"}}
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	far, near := now.AddDate(300, 0, 0), now.Add(30*time.Second)
-	p := Progress{Handlers: map[string]HandlerProgress{farID: {Retries: 1, Delayed: &far}, "near": {Retries: 1, Delayed: &near}}}
+	p := Record{Handlers: map[string]Progress{farID: {Retries: 1, Delayed: &far}, "near": {Retries: 1, Delayed: &near}}}
 	todo, ready, soonest := h.todo(p, now)
 	if len(todo) != 2 || len(ready) != 1 || ready[0] != farID || soonest != 30*time.Second {
 		t.Errorf("todo = %v, ready = %v, soonest = %v; want the far-future delay not waited for", todo, ready, soonest)

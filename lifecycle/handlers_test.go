@@ -1,4 +1,4 @@
-package reconcilers_test
+package lifecycle_test
 
 import (
 	"context"
@@ -52,6 +52,29 @@ func configMap(name string) *corev1.ConfigMap {
 	}}
 }
 
+// request is the request of the object called name in namespace "ns".
+func request(name string) reconcile.Request {
+	return reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "ns", Name: name}}
+}
+
+// drained drains ex at the end of a test, so that no worker goroutine outlives it.
+func drained(t *testing.T, ex *drain.Executor) {
+	t.Helper()
+	t.Cleanup(func() {
+		if err := ex.Drain(context.Background()); err != nil {
+			t.Errorf("Drain: %v", err)
+		}
+	})
+}
+
+func names(ps []drain.Pending) []string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = p.Name
+	}
+	return out
+}
+
 // journal records handler runs, in order.
 type journal struct {
 	mu   sync.Mutex
@@ -71,8 +94,8 @@ func (j *journal) all() []string {
 }
 
 // ok is a handler that records its run and succeeds.
-func ok(j *journal, id string) reconcilers.Handler[*corev1.ConfigMap] {
-	return reconcilers.Handler[*corev1.ConfigMap]{ID: id, Fn: func(context.Context, *corev1.ConfigMap) error {
+func ok(j *journal, id string) lifecycle.Handler[*corev1.ConfigMap] {
+	return lifecycle.Handler[*corev1.ConfigMap]{ID: id, Fn: func(context.Context, *corev1.ConfigMap) error {
 		j.add(id)
 		return nil
 	}}
@@ -89,12 +112,12 @@ type fixture struct {
 
 // newFixture makes a reconciler of hs on a fake client holding objs, with a fake clock and
 // a recorder, and opts' other fields as given.
-func newFixture(t *testing.T, hs []reconcilers.Handler[*corev1.ConfigMap], opts reconcilers.HandlersOptions, objs ...client.Object) *fixture {
+func newFixture(t *testing.T, hs []lifecycle.Handler[*corev1.ConfigMap], opts lifecycle.HandlersOptions, objs ...client.Object) *fixture {
 	t.Helper()
 	return newFixtureWith(t, fake.NewClientBuilder().WithObjects(objs...).Build(), hs, opts)
 }
 
-func newFixtureWith(t *testing.T, c client.Client, hs []reconcilers.Handler[*corev1.ConfigMap], opts reconcilers.HandlersOptions) *fixture {
+func newFixtureWith(t *testing.T, c client.Client, hs []lifecycle.Handler[*corev1.ConfigMap], opts lifecycle.HandlersOptions) *fixture {
 	t.Helper()
 	f := &fixture{t: t, ex: drain.New(drain.Options{}), c: c, rec: events.NewFakeRecorder(100), clock: clocktesting.NewFakePassiveClock(epoch)}
 	drained(t, f.ex)
@@ -104,7 +127,7 @@ func newFixtureWith(t *testing.T, c client.Client, hs []reconcilers.Handler[*cor
 	if opts.Clock == nil {
 		opts.Clock = f.clock
 	}
-	r, err := reconcilers.Handlers(f.ex, f.c, "cm", nil, hs, opts)
+	r, err := lifecycle.Handlers(f.ex, f.c, "cm", nil, hs, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +137,7 @@ func newFixtureWith(t *testing.T, c client.Client, hs []reconcilers.Handler[*cor
 
 func (f *fixture) reconcile(name string) reconcile.Result {
 	f.t.Helper()
-	res, err := f.r.Reconcile(context.Background(), request("ns", name))
+	res, err := f.r.Reconcile(context.Background(), request(name))
 	if err != nil {
 		f.t.Fatalf("Reconcile: %v", err)
 	}
@@ -131,10 +154,10 @@ func (f *fixture) object() *corev1.ConfigMap {
 	return &cm
 }
 
-// progress returns the progress recorded on the object at objKey.
-func (f *fixture) progress() reconcilers.Progress {
+// record returns the Record on the object at objKey.
+func (f *fixture) record() lifecycle.Record {
 	f.t.Helper()
-	p, err := reconcilers.ParseProgress(f.object().Annotations[reconcilers.DefaultProgressAnnotation])
+	p, err := lifecycle.ParseRecord(f.object().Annotations[lifecycle.DefaultProgressAnnotation])
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -157,38 +180,38 @@ func TestHandlersRejectsBadInput(t *testing.T) {
 	ex := drain.New(drain.Options{})
 	c := fake.NewClientBuilder().Build()
 	fn := func(context.Context, *corev1.ConfigMap) error { return nil }
-	type H = reconcilers.Handler[*corev1.ConfigMap]
+	type H = lifecycle.Handler[*corev1.ConfigMap]
 	for _, tc := range []struct {
 		name string
 		ex   *drain.Executor
 		c    client.Client
 		ctrl string
 		hs   []H
-		opts reconcilers.HandlersOptions
+		opts lifecycle.HandlersOptions
 		want string
 	}{
-		{"nil executor", nil, c, "cm", []H{{"a", fn}}, reconcilers.HandlersOptions{}, "nil executor"},
-		{"nil client", ex, nil, "cm", []H{{"a", fn}}, reconcilers.HandlersOptions{}, "nil client"},
-		{"empty controller", ex, c, "", []H{{"a", fn}}, reconcilers.HandlersOptions{}, "empty controller"},
-		{"no handlers", ex, c, "cm", nil, reconcilers.HandlersOptions{}, "no handlers"},
-		{"empty id", ex, c, "cm", []H{{"a", fn}, {"", fn}}, reconcilers.HandlersOptions{}, "handler 1 has an empty id"},
-		{"duplicate id", ex, c, "cm", []H{{"a", fn}, {"a", fn}}, reconcilers.HandlersOptions{}, `duplicate handler id "a"`},
-		{"nil fn", ex, c, "cm", []H{{"a", nil}}, reconcilers.HandlersOptions{}, `handler "a" has a nil Fn`},
-		{"bad annotation", ex, c, "cm", []H{{"a", fn}}, reconcilers.HandlersOptions{Annotation: "not a key!"}, "annotation key"},
+		{"nil executor", nil, c, "cm", []H{{"a", fn}}, lifecycle.HandlersOptions{}, "nil executor"},
+		{"nil client", ex, nil, "cm", []H{{"a", fn}}, lifecycle.HandlersOptions{}, "nil client"},
+		{"empty controller", ex, c, "", []H{{"a", fn}}, lifecycle.HandlersOptions{}, "empty controller"},
+		{"no handlers", ex, c, "cm", nil, lifecycle.HandlersOptions{}, "no handlers"},
+		{"empty id", ex, c, "cm", []H{{"a", fn}, {"", fn}}, lifecycle.HandlersOptions{}, "handler 1 has an empty id"},
+		{"duplicate id", ex, c, "cm", []H{{"a", fn}, {"a", fn}}, lifecycle.HandlersOptions{}, `duplicate handler id "a"`},
+		{"nil fn", ex, c, "cm", []H{{"a", nil}}, lifecycle.HandlersOptions{}, `handler "a" has a nil Fn`},
+		{"bad annotation", ex, c, "cm", []H{{"a", fn}}, lifecycle.HandlersOptions{Annotation: "not a key!"}, "annotation key"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r, err := reconcilers.Handlers(tc.ex, tc.c, tc.ctrl, nil, tc.hs, tc.opts)
-			if r != nil || !errors.Is(err, reconcilers.ErrInvalidHandlers) || !strings.Contains(err.Error(), tc.want) {
+			r, err := lifecycle.Handlers(tc.ex, tc.c, tc.ctrl, nil, tc.hs, tc.opts)
+			if r != nil || !errors.Is(err, lifecycle.ErrInvalidHandlers) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Handlers = %v, %v; want an ErrInvalidHandlers mentioning %q", r, err, tc.want)
 			}
 		})
 	}
 	// T not a pointer to a struct needs newObj.
-	_, err := reconcilers.Handlers(ex, c, "cm", nil, []reconcilers.Handler[client.Object]{{ID: "a", Fn: func(context.Context, client.Object) error { return nil }}}, reconcilers.HandlersOptions{})
-	if !errors.Is(err, reconcilers.ErrInvalidHandlers) || !strings.Contains(err.Error(), "newObj") {
+	_, err := lifecycle.Handlers(ex, c, "cm", nil, []lifecycle.Handler[client.Object]{{ID: "a", Fn: func(context.Context, client.Object) error { return nil }}}, lifecycle.HandlersOptions{})
+	if !errors.Is(err, lifecycle.ErrInvalidHandlers) || !strings.Contains(err.Error(), "newObj") {
 		t.Fatalf("Handlers[client.Object] without newObj = %v, want ErrInvalidHandlers", err)
 	}
-	_, err = reconcilers.Handlers(ex, c, "cm", func() client.Object { return &corev1.ConfigMap{} }, []reconcilers.Handler[client.Object]{{ID: "a", Fn: func(context.Context, client.Object) error { return nil }}}, reconcilers.HandlersOptions{})
+	_, err = lifecycle.Handlers(ex, c, "cm", func() client.Object { return &corev1.ConfigMap{} }, []lifecycle.Handler[client.Object]{{ID: "a", Fn: func(context.Context, client.Object) error { return nil }}}, lifecycle.HandlersOptions{})
 	if err != nil {
 		t.Fatalf("Handlers[client.Object] with newObj = %v", err)
 	}
@@ -196,8 +219,8 @@ func TestHandlersRejectsBadInput(t *testing.T) {
 
 func TestHandlersOneByOneRunsOneHandlerPerReconcile(t *testing.T) {
 	var j journal
-	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a"), ok(&j, "b"), ok(&j, "c")},
-		reconcilers.HandlersOptions{Lifecycle: lifecycle.OneByOne, NextCycle: 5 * time.Millisecond}, configMap("obj"))
+	f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a"), ok(&j, "b"), ok(&j, "c")},
+		lifecycle.HandlersOptions{Lifecycle: lifecycle.OneByOne, NextCycle: 5 * time.Millisecond}, configMap("obj"))
 
 	for i, want := range [][]string{{"a"}, {"a", "b"}, {"a", "b", "c"}} {
 		res := f.reconcile("obj")
@@ -219,7 +242,7 @@ func TestHandlersOneByOneRunsOneHandlerPerReconcile(t *testing.T) {
 	if got := strings.Join(j.all(), ","); got != "a,b,c" {
 		t.Fatalf("runs %s after all done", got)
 	}
-	p := f.progress()
+	p := f.record()
 	if p.Generation != 1 || len(p.Handlers) != 3 {
 		t.Fatalf("progress = %+v", p)
 	}
@@ -233,8 +256,8 @@ func TestHandlersOneByOneRunsOneHandlerPerReconcile(t *testing.T) {
 
 func TestHandlersAllAtOnceRunsAllInOneReconcileInOrder(t *testing.T) {
 	var j journal
-	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a"), ok(&j, "b"), ok(&j, "c")},
-		reconcilers.HandlersOptions{Lifecycle: lifecycle.AllAtOnce}, configMap("obj"))
+	f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a"), ok(&j, "b"), ok(&j, "c")},
+		lifecycle.HandlersOptions{Lifecycle: lifecycle.AllAtOnce}, configMap("obj"))
 	if res := f.reconcile("obj"); res != (reconcile.Result{}) {
 		t.Fatalf("Reconcile = %+v, want done", res)
 	}
@@ -247,7 +270,7 @@ func TestHandlersDefaultLifecycleIsASAP(t *testing.T) {
 	// a fails once; with ASAP (fewest retries first), b and c run before a's retry.
 	var j journal
 	failed := false
-	a := reconcilers.Handler[*corev1.ConfigMap]{ID: "a", Fn: func(context.Context, *corev1.ConfigMap) error {
+	a := lifecycle.Handler[*corev1.ConfigMap]{ID: "a", Fn: func(context.Context, *corev1.ConfigMap) error {
 		j.add("a")
 		if !failed {
 			failed = true
@@ -255,8 +278,8 @@ func TestHandlersDefaultLifecycleIsASAP(t *testing.T) {
 		}
 		return nil
 	}}
-	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{a, ok(&j, "b"), ok(&j, "c")},
-		reconcilers.HandlersOptions{Backoff: time.Nanosecond}, configMap("obj"))
+	f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{a, ok(&j, "b"), ok(&j, "c")},
+		lifecycle.HandlersOptions{Backoff: time.Nanosecond}, configMap("obj"))
 	for range 4 {
 		f.clock.SetTime(f.clock.Now().Add(time.Second)) // every backoff is over
 		f.reconcile("obj")
@@ -278,12 +301,12 @@ func TestHandlersLifecycleNeverRunsThroughTheExecutor(t *testing.T) {
 		return lifecycle.AllAtOnce(pending, p)
 	}
 	var during []string
-	hb := reconcilers.Handler[*corev1.ConfigMap]{ID: "b", Fn: func(context.Context, *corev1.ConfigMap) error {
+	hb := lifecycle.Handler[*corev1.ConfigMap]{ID: "b", Fn: func(context.Context, *corev1.ConfigMap) error {
 		during = names(ex.Pending())
 		return nil
 	}}
-	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a"), hb},
-		reconcilers.HandlersOptions{Lifecycle: inline}, configMap("obj"))
+	f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a"), hb},
+		lifecycle.HandlersOptions{Lifecycle: inline}, configMap("obj"))
 	ex = f.ex
 	f.reconcile("obj")
 	f.reconcile("obj") // all done: the lifecycle is not even called
@@ -302,15 +325,15 @@ func TestHandlersLifecycleNeverRunsThroughTheExecutor(t *testing.T) {
 
 func TestHandlersRetriesWithBackoff(t *testing.T) {
 	fails := 0
-	boom := reconcilers.Handler[*corev1.ConfigMap]{ID: "flaky", Fn: func(context.Context, *corev1.ConfigMap) error {
+	boom := lifecycle.Handler[*corev1.ConfigMap]{ID: "flaky", Fn: func(context.Context, *corev1.ConfigMap) error {
 		fails++
 		if fails <= 4 {
 			return fmt.Errorf("failed to dial: attempt %d", fails)
 		}
 		return nil
 	}}
-	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{boom},
-		reconcilers.HandlersOptions{Backoff: time.Second, MaxBackoff: 5 * time.Second}, configMap("obj"))
+	f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{boom},
+		lifecycle.HandlersOptions{Backoff: time.Second, MaxBackoff: 5 * time.Second}, configMap("obj"))
 
 	// 1s, 2s, 4s, then capped at 5s; each less a jitter of up to 10%.
 	uppers := []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 5 * time.Second}
@@ -322,7 +345,7 @@ func TestHandlersRetriesWithBackoff(t *testing.T) {
 			t.Fatalf("failure %d: RequeueAfter %v, want in (%v, %v]", i+1, delay, upper-upper/10, upper)
 		}
 		evs = append(evs, fmt.Sprintf("Warning HandlerError Handler flaky failed, retry %d after %v: failed to dial: attempt %d", i+1, delay, i+1))
-		p := f.progress().Handlers["flaky"]
+		p := f.record().Handlers["flaky"]
 		if p.Retries != i+1 || p.Done || p.Delayed == nil || !p.Delayed.Equal(f.clock.Now().Add(delay)) ||
 			p.Message != fmt.Sprintf("failed to dial: attempt %d", i+1) {
 			t.Fatalf("failure %d: progress %+v", i+1, p)
@@ -337,7 +360,7 @@ func TestHandlersRetriesWithBackoff(t *testing.T) {
 	if res := f.reconcile("obj"); res != (reconcile.Result{}) {
 		t.Fatalf("reconcile after the last failure = %+v, want done", res)
 	}
-	p := f.progress().Handlers["flaky"]
+	p := f.record().Handlers["flaky"]
 	if !p.Done || p.Retries != 4 || p.Delayed != nil || p.Message != "" {
 		t.Fatalf("final progress %+v, want done after 4 retries", p)
 	}
@@ -353,9 +376,9 @@ const century = 100 * 365 * 24 * time.Hour
 // the delays double (less the jitter) up to the cap and stay there, 45 failures on: none
 // overflows into an immediate retry.
 func TestHandlersBackoffGrowsToTheCapWithoutOverflow(t *testing.T) {
-	fail := reconcilers.Handler[*corev1.ConfigMap]{ID: "fail", Fn: func(context.Context, *corev1.ConfigMap) error { return errors.New("down") }}
-	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{fail},
-		reconcilers.HandlersOptions{Backoff: time.Second, MaxBackoff: math.MaxInt64}, configMap("obj"))
+	fail := lifecycle.Handler[*corev1.ConfigMap]{ID: "fail", Fn: func(context.Context, *corev1.ConfigMap) error { return errors.New("down") }}
+	f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{fail},
+		lifecycle.HandlersOptions{Backoff: time.Second, MaxBackoff: math.MaxInt64}, configMap("obj"))
 	var prev time.Duration
 	for n := 1; n <= 45; n++ {
 		delay := f.reconcile("obj").RequeueAfter
@@ -369,7 +392,7 @@ func TestHandlersBackoffGrowsToTheCapWithoutOverflow(t *testing.T) {
 		if upper < century && delay <= prev {
 			t.Fatalf("failure %d: RequeueAfter %v, not above the previous %v", n, delay, prev)
 		}
-		h := f.progress().Handlers["fail"]
+		h := f.record().Handlers["fail"]
 		if h.Retries != n || h.Delayed == nil || !h.Delayed.Equal(f.clock.Now().Add(delay)) {
 			t.Fatalf("failure %d: progress %+v, want %d retries, delayed by %v", n, h, n, delay)
 		}
@@ -398,14 +421,14 @@ func TestHandlersBackoffAfterManyRetries(t *testing.T) {
 	} {
 		t.Run(fmt.Sprintf("%v-%v-%d", tc.backoff, tc.maxBackoff, tc.retries), func(t *testing.T) {
 			cm := configMap("obj")
-			cm.Annotations[reconcilers.DefaultProgressAnnotation] = fmt.Sprintf(`{"generation":1,"handlers":{"fail":{"retries":%d,"done":false}}}`, tc.retries)
-			fail := reconcilers.Handler[*corev1.ConfigMap]{ID: "fail", Fn: func(context.Context, *corev1.ConfigMap) error { return errors.New("down") }}
-			f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{fail},
-				reconcilers.HandlersOptions{Backoff: tc.backoff, MaxBackoff: tc.maxBackoff}, cm)
+			cm.Annotations[lifecycle.DefaultProgressAnnotation] = fmt.Sprintf(`{"generation":1,"handlers":{"fail":{"retries":%d,"done":false}}}`, tc.retries)
+			fail := lifecycle.Handler[*corev1.ConfigMap]{ID: "fail", Fn: func(context.Context, *corev1.ConfigMap) error { return errors.New("down") }}
+			f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{fail},
+				lifecycle.HandlersOptions{Backoff: tc.backoff, MaxBackoff: tc.maxBackoff}, cm)
 			if delay := f.reconcile("obj").RequeueAfter; delay <= tc.cap-tc.cap/10 || delay > tc.cap {
 				t.Fatalf("retry %d: RequeueAfter %v, want in (%v, %v]", tc.retries+1, delay, tc.cap-tc.cap/10, tc.cap)
 			}
-			if h := f.progress().Handlers["fail"]; h.Retries != tc.retries+1 || h.Delayed == nil || !h.Delayed.After(f.clock.Now()) {
+			if h := f.record().Handlers["fail"]; h.Retries != tc.retries+1 || h.Delayed == nil || !h.Delayed.After(f.clock.Now()) {
 				t.Fatalf("progress %+v, want %d retries, delayed", h, tc.retries+1)
 			}
 		})
@@ -415,18 +438,18 @@ func TestHandlersBackoffAfterManyRetries(t *testing.T) {
 func TestHandlersTerminalErrorFailsForGood(t *testing.T) {
 	var j journal
 	runs := 0
-	fatal := reconcilers.Handler[*corev1.ConfigMap]{ID: "fatal", Fn: func(context.Context, *corev1.ConfigMap) error {
+	fatal := lifecycle.Handler[*corev1.ConfigMap]{ID: "fatal", Fn: func(context.Context, *corev1.ConfigMap) error {
 		runs++
 		return reconcile.TerminalError(errors.New("bad spec"))
 	}}
-	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{fatal, ok(&j, "after")},
-		reconcilers.HandlersOptions{Lifecycle: lifecycle.OneByOne}, configMap("obj"))
+	f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{fatal, ok(&j, "after")},
+		lifecycle.HandlersOptions{Lifecycle: lifecycle.OneByOne}, configMap("obj"))
 	f.reconcile("obj")
 	f.reconcile("obj")
 	if res := f.reconcile("obj"); res != (reconcile.Result{}) || runs != 1 || strings.Join(j.all(), ",") != "after" {
 		t.Fatalf("Reconcile = %+v; fatal ran %d times, others %q; want done, 1 run, after ran", res, runs, j.all())
 	}
-	p := f.progress().Handlers["fatal"]
+	p := f.record().Handlers["fatal"]
 	if !p.Done || !p.Failed || p.Retries != 0 || p.Message != "terminal error: bad spec" {
 		t.Fatalf("progress = %+v, want done and failed for good", p)
 	}
@@ -437,8 +460,8 @@ func TestHandlersTerminalErrorFailsForGood(t *testing.T) {
 
 func TestHandlersNewGenerationRunsAllAgain(t *testing.T) {
 	var j journal
-	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a"), ok(&j, "b")},
-		reconcilers.HandlersOptions{Lifecycle: lifecycle.AllAtOnce}, configMap("obj"))
+	f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a"), ok(&j, "b")},
+		lifecycle.HandlersOptions{Lifecycle: lifecycle.AllAtOnce}, configMap("obj"))
 	f.reconcile("obj")
 	f.reconcile("obj")
 	cm := f.object()
@@ -450,7 +473,7 @@ func TestHandlersNewGenerationRunsAllAgain(t *testing.T) {
 	if got := strings.Join(j.all(), ","); got != "a,b,a,b" {
 		t.Fatalf("runs %s, want a,b,a,b", got)
 	}
-	if p := f.progress(); p.Generation != 2 || !p.Handlers["a"].Done || !p.Handlers["b"].Done {
+	if p := f.record(); p.Generation != 2 || !p.Handlers["a"].Done || !p.Handlers["b"].Done {
 		t.Fatalf("progress = %+v, want generation 2 all done", p)
 	}
 }
@@ -461,9 +484,9 @@ func TestHandlersCorruptAnnotationStartsAfresh(t *testing.T) {
 		t.Run(raw, func(t *testing.T) {
 			var j journal
 			cm := configMap("obj")
-			cm.Annotations[reconcilers.DefaultProgressAnnotation] = raw
-			f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a"), ok(&j, "b")},
-				reconcilers.HandlersOptions{Lifecycle: lifecycle.AllAtOnce}, cm)
+			cm.Annotations[lifecycle.DefaultProgressAnnotation] = raw
+			f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a"), ok(&j, "b")},
+				lifecycle.HandlersOptions{Lifecycle: lifecycle.AllAtOnce}, cm)
 			if res := f.reconcile("obj"); res != (reconcile.Result{}) {
 				t.Fatalf("Reconcile = %+v, want done", res)
 			}
@@ -474,7 +497,7 @@ func TestHandlersCorruptAnnotationStartsAfresh(t *testing.T) {
 			if len(evs) != 1 || !strings.HasPrefix(evs[0], "Warning ProgressCorrupt Annotation quiesce.dev/progress holds no valid progress, all handlers start afresh: ") {
 				t.Fatalf("events = %q, want one ProgressCorrupt warning", evs)
 			}
-			if p := f.progress(); !p.Handlers["a"].Done || !p.Handlers["b"].Done {
+			if p := f.record(); !p.Handlers["a"].Done || !p.Handlers["b"].Done {
 				t.Fatalf("progress = %+v, want all done", p)
 			}
 		})
@@ -486,7 +509,7 @@ func TestHandlersPatchOnlyTheAnnotation(t *testing.T) {
 	var c client.Client
 	// The handler changes the object on the server (a label, an annotation) and in its own
 	// copy; neither may be undone or sent by the progress patch.
-	edit := reconcilers.Handler[*corev1.ConfigMap]{ID: "edit", Fn: func(ctx context.Context, cm *corev1.ConfigMap) error {
+	edit := lifecycle.Handler[*corev1.ConfigMap]{ID: "edit", Fn: func(ctx context.Context, cm *corev1.ConfigMap) error {
 		j.add("edit")
 		server := cm.DeepCopy()
 		server.Labels["handler"] = "was-here"
@@ -498,8 +521,8 @@ func TestHandlersPatchOnlyTheAnnotation(t *testing.T) {
 		return nil
 	}}
 	c = fake.NewClientBuilder().WithObjects(configMap("obj")).Build()
-	f := newFixtureWith(t, c, []reconcilers.Handler[*corev1.ConfigMap]{edit, ok(&j, "b")},
-		reconcilers.HandlersOptions{Lifecycle: lifecycle.AllAtOnce})
+	f := newFixtureWith(t, c, []lifecycle.Handler[*corev1.ConfigMap]{edit, ok(&j, "b")},
+		lifecycle.HandlersOptions{Lifecycle: lifecycle.AllAtOnce})
 	f.reconcile("obj")
 	cm := f.object()
 	want := map[string]string{"app": "demo", "handler": "was-here"}
@@ -509,7 +532,7 @@ func TestHandlersPatchOnlyTheAnnotation(t *testing.T) {
 	if cm.Annotations["other.example/keep"] != "yes" || cm.Annotations["handler.example/note"] != "hi" || len(cm.Annotations) != 3 {
 		t.Fatalf("annotations = %v, want the others kept beside the progress", cm.Annotations)
 	}
-	if p := f.progress(); !p.Handlers["edit"].Done || !p.Handlers["b"].Done {
+	if p := f.record(); !p.Handlers["edit"].Done || !p.Handlers["b"].Done {
 		t.Fatalf("progress = %+v", p)
 	}
 }
@@ -526,8 +549,8 @@ func TestHandlersStaleReadRunsNothing(t *testing.T) {
 		}
 		return c.Get(ctx, key, obj, opts...)
 	}})
-	f := newFixtureWith(t, c, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a"), ok(&j, "b")},
-		reconcilers.HandlersOptions{Lifecycle: lifecycle.OneByOne, NextCycle: time.Millisecond})
+	f := newFixtureWith(t, c, []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a"), ok(&j, "b")},
+		lifecycle.HandlersOptions{Lifecycle: lifecycle.OneByOne, NextCycle: time.Millisecond})
 	stale = &corev1.ConfigMap{}
 	if err := base.Get(context.Background(), objKey, stale); err != nil {
 		t.Fatal(err)
@@ -545,7 +568,7 @@ func TestHandlersStaleReadRunsNothing(t *testing.T) {
 
 func TestHandlersObjectNotFound(t *testing.T) {
 	var j journal
-	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a")}, reconcilers.HandlersOptions{})
+	f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a")}, lifecycle.HandlersOptions{})
 	if res := f.reconcile("gone"); res != (reconcile.Result{}) || len(j.all()) != 0 {
 		t.Fatalf("Reconcile of a missing object = %+v, runs %q", res, j.all())
 	}
@@ -554,20 +577,20 @@ func TestHandlersObjectNotFound(t *testing.T) {
 func TestHandlersLifecyclePickingANonPendingHandlerIsTerminal(t *testing.T) {
 	var j journal
 	bad := func([]string, map[string]lifecycle.Progress) []string { return []string{"zzz"} }
-	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a")}, reconcilers.HandlersOptions{Lifecycle: bad}, configMap("obj"))
-	_, err := f.r.Reconcile(context.Background(), request("ns", "obj"))
+	f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a")}, lifecycle.HandlersOptions{Lifecycle: bad}, configMap("obj"))
+	_, err := f.r.Reconcile(context.Background(), request("obj"))
 	if !errors.Is(err, reconcile.TerminalError(nil)) || !strings.Contains(err.Error(), `picked "zzz"`) || len(j.all()) != 0 {
 		t.Fatalf("Reconcile = %v, runs %q; want a terminal error and no run", err, j.all())
 	}
 }
 
 func TestHandlersPanicIsARetryableFailure(t *testing.T) {
-	p := reconcilers.Handler[*corev1.ConfigMap]{ID: "p", Fn: func(context.Context, *corev1.ConfigMap) error { panic("kaboom") }}
-	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{p}, reconcilers.HandlersOptions{}, configMap("obj"))
+	p := lifecycle.Handler[*corev1.ConfigMap]{ID: "p", Fn: func(context.Context, *corev1.ConfigMap) error { panic("kaboom") }}
+	f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{p}, lifecycle.HandlersOptions{}, configMap("obj"))
 	if res := f.reconcile("obj"); res.RequeueAfter <= reconcilers.DefaultBackoff*9/10 || res.RequeueAfter > reconcilers.DefaultBackoff {
 		t.Fatalf("Reconcile = %+v, want RequeueAfter %v less up to 10%%", res, reconcilers.DefaultBackoff)
 	}
-	if h := f.progress().Handlers["p"]; h.Retries != 1 || h.Done || !strings.Contains(h.Message, "kaboom") {
+	if h := f.record().Handlers["p"]; h.Retries != 1 || h.Done || !strings.Contains(h.Message, "kaboom") {
 		t.Fatalf("progress = %+v, want 1 retry with the panic", h)
 	}
 }
@@ -577,7 +600,7 @@ func TestHandlersPanicIsARetryableFailure(t *testing.T) {
 func TestHandlersInterruptedByTheDrain(t *testing.T) {
 	var j journal
 	running := make(chan struct{})
-	slow := reconcilers.Handler[*corev1.ConfigMap]{ID: "slow", Fn: func(ctx context.Context, _ *corev1.ConfigMap) error {
+	slow := lifecycle.Handler[*corev1.ConfigMap]{ID: "slow", Fn: func(ctx context.Context, _ *corev1.ConfigMap) error {
 		close(running)
 		<-ctx.Done()
 		return ctx.Err()
@@ -586,8 +609,8 @@ func TestHandlersInterruptedByTheDrain(t *testing.T) {
 	f := &fixture{t: t, c: c, rec: events.NewFakeRecorder(10), clock: clocktesting.NewFakePassiveClock(epoch)}
 	f.ex = drain.New(drain.Options{CancelAfter: 0})
 	internal.Of(f.ex).Settings().Owned = true // as a runnable.Runnable does
-	r, err := reconcilers.Handlers(f.ex, c, "cm", nil, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a"), slow, ok(&j, "c")},
-		reconcilers.HandlersOptions{Lifecycle: lifecycle.AllAtOnce, Recorder: f.rec, Clock: f.clock})
+	r, err := lifecycle.Handlers(f.ex, c, "cm", nil, []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a"), slow, ok(&j, "c")},
+		lifecycle.HandlersOptions{Lifecycle: lifecycle.AllAtOnce, Recorder: f.rec, Clock: f.clock})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -597,7 +620,7 @@ func TestHandlersInterruptedByTheDrain(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		res, err := r.Reconcile(context.Background(), request("ns", "obj"))
+		res, err := r.Reconcile(context.Background(), request("obj"))
 		done <- result{res, err}
 	}()
 	<-running
@@ -608,7 +631,7 @@ func TestHandlersInterruptedByTheDrain(t *testing.T) {
 	if got.err != nil {
 		t.Fatalf("Reconcile = %v, want no error", got.err)
 	}
-	p := f.progress()
+	p := f.record()
 	if h := p.Handlers["a"]; !h.Done {
 		t.Fatalf("a = %+v, want done", h)
 	}
@@ -623,9 +646,11 @@ func TestHandlersInterruptedByTheDrain(t *testing.T) {
 	}
 }
 
-func TestProgressRoundTrip(t *testing.T) {
+// TestRecordRoundTrip: the annotation's JSON is the one v0.1 wrote (reconcilers.Progress then),
+// so objects annotated by it still parse and encode to the same bytes.
+func TestRecordRoundTrip(t *testing.T) {
 	started, delayed := epoch, epoch.Add(90*time.Second)
-	p := reconcilers.Progress{Generation: 7, Handlers: map[string]reconcilers.HandlerProgress{
+	p := lifecycle.Record{Generation: 7, Handlers: map[string]lifecycle.Progress{
 		"b": {Retries: 2, Started: &started, Delayed: &delayed, Message: "failed to dial: \"x\""},
 		"a": {Done: true, Started: &started},
 		"z": {Done: true, Failed: true, Message: "terminal error: bad"},
@@ -641,7 +666,7 @@ func TestProgressRoundTrip(t *testing.T) {
 	if s != want {
 		t.Fatalf("Encode =\n%s\nwant\n%s", s, want)
 	}
-	back, err := reconcilers.ParseProgress(s)
+	back, err := lifecycle.ParseRecord(s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -652,25 +677,25 @@ func TestProgressRoundTrip(t *testing.T) {
 	for _, bad := range []string{"", "null", "null x", "[]", "{}", `{"gen":1}`, `{"generation":null}`, `{"generation":"1"}`,
 		`{"generation":1}}`, `{"generation":1} {}`, `{"generation":1,"handlers":[]}`, `{"generation":1,"handlers":{"a":{"retries":"2"}}}`,
 		`{"generation":1,"handlers":{"a":{"retries":-2}}}`} {
-		if _, err := reconcilers.ParseProgress(bad); err == nil {
-			t.Errorf("ParseProgress(%q) = nil error", bad)
+		if _, err := lifecycle.ParseRecord(bad); err == nil {
+			t.Errorf("ParseRecord(%q) = nil error", bad)
 		}
 	}
 }
 
-// TestProgressToleratesUnknownFields: progress written by a newer version, with fields this
+// TestRecordToleratesUnknownFields: a Record written by a newer version, with fields this
 // one does not know, is read, not taken for corruption.
-func TestProgressToleratesUnknownFields(t *testing.T) {
-	p, err := reconcilers.ParseProgress(`{"generation":3,"schema":2,"handlers":{` +
+func TestRecordToleratesUnknownFields(t *testing.T) {
+	p, err := lifecycle.ParseRecord(`{"generation":3,"schema":2,"handlers":{` +
 		`"a":{"retries":1,"done":true,"started":"2025-01-02T03:04:05Z","attempts":[1,2],"took":"2s"},` +
 		`"b":{"retries":2,"done":false,"message":"failed to dial","cause":{"code":503}}},"owner":"v2"}`)
 	if err != nil {
-		t.Fatalf("ParseProgress = %v, want unknown fields ignored", err)
+		t.Fatalf("ParseRecord = %v, want unknown fields ignored", err)
 	}
 	a, b := p.Handlers["a"], p.Handlers["b"]
 	if p.Generation != 3 || len(p.Handlers) != 2 || !a.Done || a.Retries != 1 || a.Started == nil || !a.Started.Equal(epoch) ||
 		b.Done || b.Retries != 2 || b.Message != "failed to dial" {
-		t.Fatalf("ParseProgress = %+v", p)
+		t.Fatalf("ParseRecord = %+v", p)
 	}
 }
 
@@ -679,9 +704,9 @@ func TestProgressToleratesUnknownFields(t *testing.T) {
 func TestHandlersKeepProgressWithUnknownFields(t *testing.T) {
 	var j journal
 	cm := configMap("obj")
-	cm.Annotations[reconcilers.DefaultProgressAnnotation] = `{"generation":1,"schema":2,"handlers":{"a":{"retries":0,"done":true,"took":"2s"}}}`
-	f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a"), ok(&j, "b")},
-		reconcilers.HandlersOptions{Lifecycle: lifecycle.AllAtOnce}, cm)
+	cm.Annotations[lifecycle.DefaultProgressAnnotation] = `{"generation":1,"schema":2,"handlers":{"a":{"retries":0,"done":true,"took":"2s"}}}`
+	f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a"), ok(&j, "b")},
+		lifecycle.HandlersOptions{Lifecycle: lifecycle.AllAtOnce}, cm)
 	if res := f.reconcile("obj"); res != (reconcile.Result{}) {
 		t.Fatalf("Reconcile = %+v, want done", res)
 	}
@@ -691,7 +716,7 @@ func TestHandlersKeepProgressWithUnknownFields(t *testing.T) {
 	if evs := f.events(); len(evs) != 0 {
 		t.Fatalf("events = %q, want none", evs)
 	}
-	if p := f.progress(); !p.Handlers["a"].Done || !p.Handlers["b"].Done {
+	if p := f.record(); !p.Handlers["a"].Done || !p.Handlers["b"].Done {
 		t.Fatalf("progress = %+v, want all done", p)
 	}
 }
@@ -716,9 +741,9 @@ func TestHandlersShutdownBeforeAnyHandlerStartedIsQuiet(t *testing.T) {
 		})
 		return nil
 	}})
-	f = newFixtureWith(t, c, []reconcilers.Handler[*corev1.ConfigMap]{ok(&j, "a")}, reconcilers.HandlersOptions{NextCycle: time.Millisecond})
+	f = newFixtureWith(t, c, []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a")}, lifecycle.HandlersOptions{NextCycle: time.Millisecond})
 	internal.Of(f.ex).Settings().Owned = true
-	res, err := f.r.Reconcile(context.Background(), request("ns", "obj"))
+	res, err := f.r.Reconcile(context.Background(), request("obj"))
 	if err != nil || res.RequeueAfter != time.Millisecond || len(j.all()) != 0 {
 		t.Fatalf("Reconcile = %+v, %v, runs %q; want a requeue, no error, no run", res, err, j.all())
 	}
@@ -729,7 +754,7 @@ func TestHandlersShutdownBeforeAnyHandlerStartedIsQuiet(t *testing.T) {
 	if err := base.Get(context.Background(), objKey, &cm); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := cm.Annotations[reconcilers.DefaultProgressAnnotation]; ok {
+	if _, ok := cm.Annotations[lifecycle.DefaultProgressAnnotation]; ok {
 		t.Fatal("progress recorded for a reconcile stopped before it started a handler")
 	}
 }
@@ -737,13 +762,13 @@ func TestHandlersShutdownBeforeAnyHandlerStartedIsQuiet(t *testing.T) {
 func TestHandlersNewObjReturningNilIsTerminal(t *testing.T) {
 	ex := drain.New(drain.Options{})
 	drained(t, ex)
-	r, err := reconcilers.Handlers(ex, fake.NewClientBuilder().Build(), "cm", func() *corev1.ConfigMap { return nil },
-		[]reconcilers.Handler[*corev1.ConfigMap]{{ID: "a", Fn: func(context.Context, *corev1.ConfigMap) error { return nil }}},
-		reconcilers.HandlersOptions{})
+	r, err := lifecycle.Handlers(ex, fake.NewClientBuilder().Build(), "cm", func() *corev1.ConfigMap { return nil },
+		[]lifecycle.Handler[*corev1.ConfigMap]{{ID: "a", Fn: func(context.Context, *corev1.ConfigMap) error { return nil }}},
+		lifecycle.HandlersOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.Reconcile(context.Background(), request("ns", "obj")); !errors.Is(err, reconcile.TerminalError(nil)) {
+	if _, err := r.Reconcile(context.Background(), request("obj")); !errors.Is(err, reconcile.TerminalError(nil)) {
 		t.Fatalf("Reconcile = %v, want a terminal error", err)
 	}
 }
@@ -770,7 +795,7 @@ func TestHandlersTruncateLongErrors(t *testing.T) {
 	// The client rejects what a whole message made: a 307 KB annotation.
 	c := annotationLimits(configMap("probe"))
 	whole := configMap("probe")
-	whole.Annotations[reconcilers.DefaultProgressAnnotation] = huge
+	whole.Annotations[lifecycle.DefaultProgressAnnotation] = huge
 	if err := c.Patch(context.Background(), whole, client.MergeFrom(configMap("probe"))); !apierrors.IsInvalid(err) {
 		t.Fatalf("Patch of a %d-byte annotation = %v, want Invalid", len(huge), err)
 	}
@@ -783,14 +808,14 @@ func TestHandlersTruncateLongErrors(t *testing.T) {
 		{"terminal", "Warning HandlerFailed ", reconcile.TerminalError(errors.New(huge))},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			big := reconcilers.Handler[*corev1.ConfigMap]{ID: "big", Fn: func(context.Context, *corev1.ConfigMap) error { return tc.err }}
-			f := newFixtureWith(t, annotationLimits(configMap("obj")), []reconcilers.Handler[*corev1.ConfigMap]{big}, reconcilers.HandlersOptions{})
+			big := lifecycle.Handler[*corev1.ConfigMap]{ID: "big", Fn: func(context.Context, *corev1.ConfigMap) error { return tc.err }}
+			f := newFixtureWith(t, annotationLimits(configMap("obj")), []lifecycle.Handler[*corev1.ConfigMap]{big}, lifecycle.HandlersOptions{})
 			f.reconcile("obj") // fails the test if the progress patch fails
 
-			if ann := f.object().Annotations[reconcilers.DefaultProgressAnnotation]; len(ann) > 1200 {
+			if ann := f.object().Annotations[lifecycle.DefaultProgressAnnotation]; len(ann) > 1200 {
 				t.Fatalf("progress annotation of %d bytes, want at most 1200", len(ann))
 			}
-			msg := f.progress().Handlers["big"].Message
+			msg := f.record().Handlers["big"].Message
 			want := tc.err.Error()[:1024-len("... (truncated)")] + "... (truncated)"
 			if msg != want {
 				t.Fatalf("stored message of %d bytes = %.40q...%q, want the first %d bytes of the error and a mark",
@@ -811,10 +836,10 @@ func TestHandlersTruncateOnARuneBoundary(t *testing.T) {
 	for _, r := range []string{"é", "世", "😀"} {
 		t.Run(r, func(t *testing.T) {
 			text := strings.Repeat(r, 2000)
-			bad := reconcilers.Handler[*corev1.ConfigMap]{ID: "bad", Fn: func(context.Context, *corev1.ConfigMap) error { return errors.New(text) }}
-			f := newFixture(t, []reconcilers.Handler[*corev1.ConfigMap]{bad}, reconcilers.HandlersOptions{}, configMap("obj"))
+			bad := lifecycle.Handler[*corev1.ConfigMap]{ID: "bad", Fn: func(context.Context, *corev1.ConfigMap) error { return errors.New(text) }}
+			f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{bad}, lifecycle.HandlersOptions{}, configMap("obj"))
 			f.reconcile("obj")
-			msg := f.progress().Handlers["bad"].Message
+			msg := f.record().Handlers["bad"].Message
 			kept, found := strings.CutSuffix(msg, "... (truncated)")
 			if !found || !utf8.ValidString(msg) || len(msg) > 1024 || len(msg) <= 1024-len(r) || !strings.HasPrefix(text, kept) {
 				t.Fatalf("stored message of %d bytes (valid UTF-8: %v) ending %q, want at most 1024, whole characters, marked",

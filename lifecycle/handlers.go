@@ -1,4 +1,4 @@
-package reconcilers
+package lifecycle
 
 import (
 	"context"
@@ -21,35 +21,20 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/quiesce-dev/quiesce/drain"
-	"github.com/quiesce-dev/quiesce/lifecycle"
+	"github.com/quiesce-dev/quiesce/internal"
+	"github.com/quiesce-dev/quiesce/reconcilers"
 )
 
-// Defaults of HandlersOptions.
-const (
-	// DefaultBackoff is the delay before the first retry of a failed handler, before the
-	// jitter shortens it by up to 10%.
-	DefaultBackoff = time.Second
-	// DefaultMaxBackoff caps the delay between retries.
-	DefaultMaxBackoff = 5 * time.Minute
-	// DefaultNextCycle is how soon an object with handlers left to run is reconciled again.
-	DefaultNextCycle = 100 * time.Millisecond
-)
-
-// backoffJitter is the largest fraction of a retry delay that the jitter takes off it.
-const backoffJitter = 0.1
-
-// backoffCeiling bounds Backoff and MaxBackoff. A century is "never" for a retry, and it
-// stays far enough below time.Duration's limit (292 years) for wait.Backoff, which doubles
-// delays in float64 and overflows to a negative delay with a cap near that limit.
-const backoffCeiling = 100 * 365 * 24 * time.Hour
+// DefaultNextCycle is how soon an object with handlers left to run is reconciled again.
+const DefaultNextCycle = 100 * time.Millisecond
 
 // jitterRand returns the random number in [0, 1) that picks each jitter. Tests replace it.
 var jitterRand = rand.Float64
 
-// recordTimeout bounds the patch that records the outcome of a cycle. That patch runs on a
-// context detached from the reconcile's, so that a handler which finished while the drain
-// cancelled the reconcile still has its outcome recorded (see Handlers).
-const recordTimeout = 10 * time.Second
+// saveTimeout bounds the patch that records the outcomes of a cycle, which runs on a context
+// detached from the reconcile's: a handler that finished while the drain cancelled the
+// reconcile still has its outcome recorded.
+const saveTimeout = 10 * time.Second
 
 // Reasons of the Events that Handlers records on the object (all of type Warning).
 const (
@@ -69,10 +54,10 @@ var ErrInvalidHandlers = errors.New("invalid handlers")
 
 // Handler is one named handler of a Handlers reconciler.
 type Handler[T client.Object] struct {
-	// ID names the handler in the progress annotation, in the tracked call
+	// ID names the handler in the Record, in the tracked call
 	// "<controller>/<namespace>/<name>/<ID>", in logs and in Events. It must be non-empty
 	// and unique among the handlers of one reconciler; keep it stable across releases, or
-	// the handler runs again on objects whose progress knows it by its old id.
+	// the handler runs again on objects whose Record knows it by its old ID.
 	ID string
 
 	// Fn does the handler's work on obj, a copy of the object owned by this call. It runs
@@ -88,27 +73,28 @@ type Handler[T client.Object] struct {
 // documented default.
 type HandlersOptions struct {
 	// Lifecycle picks, on each reconcile, the handlers to run among those still to run.
-	// nil: lifecycle.ASAP.
-	Lifecycle lifecycle.Func
+	// nil: ASAP.
+	Lifecycle Func
 
-	// Recorder, if set, receives Events about the object (ReasonProgressCorrupt,
-	// ReasonHandlerError, ReasonHandlerFailed). nil: no Events, only log lines. With a
-	// manager: mgr.GetEventRecorder("<controller>").
+	// Recorder, if set, receives Warning Events on the object (ReasonProgressCorrupt,
+	// ReasonHandlerError, ReasonHandlerFailed). nil: no Events, only log lines. From
+	// controller-runtime v0.23 on, mgr.GetEventRecorder("<controller>") gives one; on v0.22,
+	// events.NewEventBroadcasterAdapter.
 	Recorder events.EventRecorder
 
-	// Annotation is the key of the annotation holding the progress. "":
+	// Annotation is the key of the annotation holding the Record. "":
 	// DefaultProgressAnnotation. It must be a valid annotation key.
 	Annotation string
 
 	// Backoff is the delay before the first retry of a failed handler; each further retry
-	// doubles it, up to MaxBackoff. A random jitter then shortens each delay by up to 10%,
-	// so that objects that failed together (say, while a dependency was down) do not all
-	// retry at the same moment. 0 or negative: DefaultBackoff; above 100 years: 100 years.
+	// doubles it, up to MaxBackoff. A random jitter shortens each delay by up to 10%, so
+	// that objects that failed together do not all retry at once. 0 or negative:
+	// reconcilers.DefaultBackoff; above 100 years: 100 years.
 	Backoff time.Duration
 
 	// MaxBackoff caps the retry delay; the jitter never lengthens a delay beyond it. A
 	// stored retry time further than MaxBackoff away is not waited for. 0 or negative:
-	// DefaultMaxBackoff; below Backoff: Backoff; above 100 years: 100 years.
+	// reconcilers.DefaultMaxBackoff; below Backoff: Backoff; above 100 years: 100 years.
 	MaxBackoff time.Duration
 
 	// NextCycle is the RequeueAfter of a reconcile that leaves handlers ready to run now,
@@ -117,29 +103,29 @@ type HandlersOptions struct {
 	// DefaultNextCycle.
 	NextCycle time.Duration
 
-	// Clock stamps Started and Delayed in the progress and decides when a delay is over.
+	// Clock stamps Progress.Started and Progress.Delayed and decides when a delay is over.
 	// nil: clock.RealClock{}.
 	Clock clock.PassiveClock
 
-	// Wrap are the options of the Wrap that Handlers applies to its reconciler.
-	Wrap []Option
+	// Wrap are the options of the reconcilers.Wrap that Handlers applies to its reconciler.
+	Wrap []reconcilers.Option
 }
 
 func (o *HandlersOptions) setDefaults() {
 	if o.Lifecycle == nil {
-		o.Lifecycle = lifecycle.ASAP
+		o.Lifecycle = ASAP
 	}
 	if o.Annotation == "" {
 		o.Annotation = DefaultProgressAnnotation
 	}
 	if o.Backoff <= 0 {
-		o.Backoff = DefaultBackoff
+		o.Backoff = reconcilers.DefaultBackoff
 	}
 	if o.MaxBackoff <= 0 {
-		o.MaxBackoff = DefaultMaxBackoff
+		o.MaxBackoff = reconcilers.DefaultMaxBackoff
 	}
-	o.Backoff = min(o.Backoff, backoffCeiling)
-	o.MaxBackoff = min(max(o.MaxBackoff, o.Backoff), backoffCeiling)
+	o.Backoff = min(o.Backoff, internal.BackoffCeiling)
+	o.MaxBackoff = min(max(o.MaxBackoff, o.Backoff), internal.BackoffCeiling)
 	if o.NextCycle <= 0 {
 		o.NextCycle = DefaultNextCycle
 	}
@@ -148,74 +134,21 @@ func (o *HandlersOptions) setDefaults() {
 	}
 }
 
-// Handlers returns a reconciler that runs the named handlers on each object of type T,
-// resuming where it was after a shutdown: kopf's handlers, progress and lifecycles.
+// Handlers returns a reconciler that runs handlers on each object of type T, kopf-style,
+// and resumes after a shutdown where it stopped (see the package documentation for a
+// cycle). It is a reconcilers.Wrap of ex with opts.Wrap: a drain waits for the reconciles
+// and their handlers and names them, and while a runnable.Runnable drives ex, their
+// contexts end by the drain, not by controller-runtime's shutdown.
 //
-// The reconciler is Wrap'ped: each Reconcile is a tracked call of ex named
-// "<controller>/<namespace>/<name>", and each handler run inside it a tracked call named
-// "<controller>/<namespace>/<name>/<handler id>" (see Call). A drain therefore waits for
-// the handlers and names them in its reports, and, while a runnable.Runnable drives ex, the
-// reconcile's context ends by the drain (drain.Options.CancelAfter), not by
-// controller-runtime's shutdown.
-//
-// A Reconcile is one cycle:
-//
-//  1. Get the object with c (not found: nothing to do). newObj makes the empty object; nil:
-//     a new value of T's element type (T must then be a pointer to a struct).
-//  2. Read the progress from the annotation (HandlersOptions.Annotation, JSON, see
-//     Progress). Progress of another metadata.generation is dropped: every handler runs
-//     again for a new generation. An annotation that cannot be decoded is logged, reported
-//     by a Warning Event (ReasonProgressCorrupt), and dropped too: a fresh start.
-//  3. The handlers still to run are those not done, in registration order. Those waiting
-//     out a retry backoff are left out, as kopf does; if all wait, the reconcile is
-//     requeued when the first delay ends. The lifecycle picks among the others. It is
-//     called inline, on the reconcile's goroutine, and never through the executor: it is
-//     the framework's own instant decision, not blocking handler code (see package
-//     lifecycle).
-//  4. The picked handlers are marked started in the annotation by a merge patch with an
-//     optimistic lock. A conflict means the object read was stale (the cache lags behind
-//     the last patch): nothing runs, and the reconcile is requeued. So a handler never runs
-//     on progress older than the last recorded.
-//  5. The picked handlers run one after the other, in the lifecycle's order, each as a
-//     tracked call, each on its own copy of the object.
-//  6. The outcomes are recorded by a merge patch of the annotation alone (other
-//     annotations, labels and fields are left as they are): success marks the handler
-//     done; a reconcile.TerminalError marks it done and failed (logged, and a Warning Event
-//     ReasonHandlerFailed); another error counts a retry, keeps the message and delays the
-//     next run by the backoff (logged, and a Warning Event ReasonHandlerError). Messages
-//     are kept to their first KiB.
-//  7. The reconcile is requeued after NextCycle if handlers are ready to run, after the
-//     shortest delay if all wait, and not at all once every handler is done.
-//
-// A handler interrupted by a shutdown, that is one that returned an error once the
-// reconcile's context had ended or the executor was draining, is not a failure: no retry
-// is counted and it is left started and not done, so the next manager runs it again. The
-// outcomes of the handlers that did finish are still recorded, by a patch on a context
-// detached from the cancelled one and bounded by a few seconds; the drain waits for it, as
-// it is part of the tracked reconcile.
-//
-// Handler failures are not returned as errors from Reconcile, so controller-runtime's rate
-// limiter does not override the backoff; Reconcile returns errors for failed reads and
-// patches, and terminal errors for a lifecycle that picks a handler that is not pending.
-//
-// Things to know when deploying:
-//   - Progress is per metadata.generation, which the API server bumps on changes of the
-//     spec (and not of metadata or status). A handler that changes the spec therefore
-//     starts a new generation, and all handlers run again. Objects without a generation
-//     (it stays 0, as for ConfigMaps) get one round of handlers for their whole life.
-//   - Handlers does not manage finalizers: it runs the handlers of an object being deleted
-//     like those of any other, as long as the object exists.
-//   - With drain.Options.MaxConcurrent > 0, a reconcile and the handler it runs hold a
-//     slot each: keep MaxConcurrent above the controller's MaxConcurrentReconciles, or
-//     reconciles holding every slot wait, until their context ends, for a slot for their
-//     handlers.
-//   - Handler ids are kept in the annotation: renaming a handler makes it run again.
+// c reads and patches the objects. newObj makes an empty one; nil: a new value of T's
+// element type (T must then be a pointer to a struct). Handler failures are not returned
+// from Reconcile, so that controller-runtime's rate limiter does not override the backoff;
+// failed reads and patches are, and a Func that picks a handler not pending is a terminal
+// error.
 //
 // Handlers returns an error wrapping ErrInvalidHandlers for a nil ex or c, an empty
-// controller, no handlers, a handler with an empty or duplicate id or a nil Fn, an invalid
+// controller, no handlers, a handler with an empty or duplicate ID or a nil Fn, an invalid
 // annotation key, or a nil newObj with a T that is not a pointer to a struct.
-// The reconciler is safe for concurrent use by a controller's workers; controller-runtime
-// never reconciles one object on two workers at once.
 func Handlers[T client.Object](
 	ex *drain.Executor, c client.Client, controller string, newObj func() T, handlers []Handler[T], opts HandlersOptions,
 ) (reconcile.Reconciler, error) {
@@ -266,7 +199,7 @@ func Handlers[T client.Object](
 		index:    index,
 		opts:     opts,
 	}
-	return Wrap(ex, controller, r, opts.Wrap...), nil
+	return reconcilers.Wrap(ex, controller, r, opts.Wrap...), nil
 }
 
 type handlersReconciler[T client.Object] struct {
@@ -323,7 +256,7 @@ func (h *handlersReconciler[T]) Reconcile(ctx context.Context, req reconcile.Req
 // nothing left to run its handlers on.
 func (h *handlersReconciler[T]) load(ctx context.Context, req reconcile.Request) (T, *halt) {
 	obj := h.newObj()
-	if isNil(obj) {
+	if internal.IsNil(obj) {
 		return obj, &halt{err: reconcile.TerminalError(errors.New("failed to reconcile: newObj returned nil"))}
 	}
 	err := h.c.Get(ctx, req.NamespacedName, obj)
@@ -342,7 +275,7 @@ func (h *handlersReconciler[T]) load(ctx context.Context, req reconcile.Request)
 // selectHandlers asks the lifecycle which of the handlers ready to run should run now. It
 // halts the cycle when nothing is to run now: every handler is done, every one left waits
 // out a backoff, or the lifecycle picked none.
-func (h *handlersReconciler[T]) selectHandlers(ctx context.Context, prog Progress) ([]string, *halt) {
+func (h *handlersReconciler[T]) selectHandlers(ctx context.Context, prog Record) ([]string, *halt) {
 	logger := log.FromContext(ctx)
 	todo, ready, soonest := h.todo(prog, h.opts.Clock.Now())
 	switch {
@@ -368,7 +301,7 @@ func (h *handlersReconciler[T]) selectHandlers(ctx context.Context, prog Progres
 // progress it now holds. The patch carries an optimistic lock because the object read may be
 // stale (the cache lags behind the last patch): running handlers on it could run a handler
 // already recorded as done, so a conflict runs nothing and reconciles the object again.
-func (h *handlersReconciler[T]) start(ctx context.Context, obj T, prog Progress, picked []string) (T, Progress, *halt) {
+func (h *handlersReconciler[T]) start(ctx context.Context, obj T, prog Record, picked []string) (T, Record, *halt) {
 	if h.stopping(ctx) {
 		return obj, prog, h.stopped(ctx)
 	}
@@ -401,7 +334,7 @@ func (h *handlersReconciler[T]) start(ctx context.Context, obj T, prog Progress,
 // the first handler a shutdown interrupted: the ones after it would be interrupted too. An
 // interrupted handler keeps its progress (started, not done, no retry counted), so that the
 // next manager runs it again.
-func (h *handlersReconciler[T]) runPicked(ctx context.Context, obj T, prog Progress, picked []string) (Progress, bool) {
+func (h *handlersReconciler[T]) runPicked(ctx context.Context, obj T, prog Record, picked []string) (Record, bool) {
 	next := prog.clone()
 	ran := false
 	for _, id := range picked {
@@ -411,24 +344,24 @@ func (h *handlersReconciler[T]) runPicked(ctx context.Context, obj T, prog Progr
 				"handler", id, "reason", err.Error())
 			break
 		}
-		next.Handlers[id] = h.record(ctx, obj, id, next.Handlers[id], kind, err)
+		next.Handlers[id] = h.update(ctx, obj, id, next.Handlers[id], kind, err)
 		ran = true
 	}
 	return next, ran
 }
 
-// record returns hp updated with the outcome of one run of handler id, logs the outcome,
+// update returns hp updated with the outcome of one run of handler id, logs the outcome,
 // and reports a failure by a Warning Event on obj.
-func (h *handlersReconciler[T]) record(
-	ctx context.Context, obj T, id string, hp HandlerProgress, kind outcome, err error,
-) HandlerProgress {
+func (h *handlersReconciler[T]) update(
+	ctx context.Context, obj T, id string, hp Progress, kind outcome, err error,
+) Progress {
 	logger := log.FromContext(ctx).WithValues("handler", id)
 	switch kind {
 	case ranOK:
 		hp.Done, hp.Failed, hp.Delayed, hp.Message = true, false, nil, ""
 		logger.V(1).Info("Handler succeeded")
 	case ranTerminal:
-		hp.Done, hp.Failed, hp.Delayed, hp.Message = true, true, nil, truncateMessage(err.Error())
+		hp.Done, hp.Failed, hp.Delayed, hp.Message = true, true, nil, internal.TruncateMessage(err.Error())
 		logger.Error(err, "Handler failed for good: not retried for this generation")
 		h.event(obj, corev1.EventTypeWarning, ReasonHandlerFailed, "Handler %s failed for good: %s", id, err.Error())
 	case ranFailed:
@@ -437,7 +370,7 @@ func (h *handlersReconciler[T]) record(
 		}
 		delay := h.backoff(hp.Retries)
 		until := h.opts.Clock.Now().Add(delay).UTC()
-		hp.Delayed, hp.Message = &until, truncateMessage(err.Error())
+		hp.Delayed, hp.Message = &until, internal.TruncateMessage(err.Error())
 		logger.Error(err, "Handler failed: retrying after a backoff", "retries", hp.Retries, "retryAfter", delay)
 		h.event(obj, corev1.EventTypeWarning, ReasonHandlerError, "Handler %s failed, retry %d after %s: %s",
 			id, hp.Retries, delay, err.Error())
@@ -446,11 +379,11 @@ func (h *handlersReconciler[T]) record(
 }
 
 // save patches the progress with the outcomes of the handlers that ran. It uses a context
-// detached from the reconcile's, bounded by recordTimeout: a handler that finished while the
+// detached from the reconcile's, bounded by saveTimeout: a handler that finished while the
 // drain cancelled the reconcile must still have its outcome saved, or it would run again
 // for nothing. The drain waits for the patch, as it is part of the tracked reconcile.
-func (h *handlersReconciler[T]) save(ctx context.Context, obj T, next Progress) *halt {
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+func (h *handlersReconciler[T]) save(ctx context.Context, obj T, next Record) *halt {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), saveTimeout)
 	defer cancel()
 	_, err := h.patch(sctx, obj, next, false)
 	switch {
@@ -464,7 +397,7 @@ func (h *handlersReconciler[T]) save(ctx context.Context, obj T, next Progress) 
 }
 
 // requeue says when to reconcile the object again after a cycle that ran handlers.
-func (h *handlersReconciler[T]) requeue(ctx context.Context, next Progress) reconcile.Result {
+func (h *handlersReconciler[T]) requeue(ctx context.Context, next Record) reconcile.Result {
 	if h.stopping(ctx) {
 		// next does not tell interrupted handlers from ready ones; the next manager
 		// reconciles the object anyway.
@@ -484,14 +417,14 @@ func (h *handlersReconciler[T]) requeue(ctx context.Context, next Progress) reco
 
 // read returns the object's progress for its current generation: fresh if there is none,
 // if it is of another generation, or if it cannot be decoded (then logged and an Event).
-func (h *handlersReconciler[T]) read(ctx context.Context, obj T) Progress {
+func (h *handlersReconciler[T]) read(ctx context.Context, obj T) Record {
 	gen := obj.GetGeneration()
-	fresh := Progress{Generation: gen, Handlers: map[string]HandlerProgress{}}
+	fresh := Record{Generation: gen, Handlers: map[string]Progress{}}
 	raw, ok := obj.GetAnnotations()[h.opts.Annotation]
 	if !ok {
 		return fresh
 	}
-	p, err := ParseProgress(raw)
+	p, err := ParseRecord(raw)
 	if err != nil {
 		log.FromContext(ctx).Error(err, "Progress annotation is corrupt: all handlers start afresh",
 			"annotation", h.opts.Annotation)
@@ -505,14 +438,14 @@ func (h *handlersReconciler[T]) read(ctx context.Context, obj T) Progress {
 		return fresh
 	}
 	if p.Handlers == nil {
-		p.Handlers = map[string]HandlerProgress{}
+		p.Handlers = map[string]Progress{}
 	}
 	return p
 }
 
 // todo returns the ids of the handlers not done, in registration order; those of them not
 // waiting out a backoff at now; and, if all wait, how long until the first may run.
-func (h *handlersReconciler[T]) todo(p Progress, now time.Time) (todo, ready []string, soonest time.Duration) {
+func (h *handlersReconciler[T]) todo(p Record, now time.Time) (todo, ready []string, soonest time.Duration) {
 	for _, hd := range h.handlers {
 		hp := p.Handlers[hd.ID]
 		if hp.Done {
@@ -541,8 +474,8 @@ func waitFor(delayed *time.Time, now time.Time) time.Duration {
 }
 
 // pick calls the lifecycle inline and checks that it picked only ready handlers, once each.
-func (h *handlersReconciler[T]) pick(ready []string, p Progress) ([]string, error) {
-	picked := h.opts.Lifecycle(append([]string(nil), ready...), p.lifecycleProgress(ready))
+func (h *handlersReconciler[T]) pick(ready []string, p Record) ([]string, error) {
+	picked := h.opts.Lifecycle(append([]string(nil), ready...), p.progressOf(ready))
 	ok := make(map[string]bool, len(ready))
 	for _, id := range ready {
 		ok[id] = true
@@ -565,7 +498,7 @@ func (h *handlersReconciler[T]) run(ctx context.Context, id string, obj T) (outc
 			fmt.Errorf("failed to copy the object: DeepCopyObject of %T is not a %T", obj, own))
 	}
 	fn := h.handlers[h.index[id]].Fn
-	err := call(ctx, id, func(ctx context.Context) error { return fn(ctx, own) }, false)
+	err := callHandler(ctx, id, func(ctx context.Context) error { return fn(ctx, own) })
 	switch {
 	case err == nil:
 		return ranOK, nil
@@ -606,7 +539,7 @@ func (h *handlersReconciler[T]) draining() bool {
 // patch writes p into the annotation of a copy of obj with a merge patch computed against
 // obj, so that only the annotation is sent (with the resourceVersion if lock), and returns
 // the object as the API server returned it.
-func (h *handlersReconciler[T]) patch(ctx context.Context, obj T, p Progress, lock bool) (T, error) {
+func (h *handlersReconciler[T]) patch(ctx context.Context, obj T, p Record, lock bool) (T, error) {
 	var zero T
 	val, err := p.Encode()
 	if err != nil {
@@ -645,7 +578,7 @@ func (h *handlersReconciler[T]) backoff(retries int) time.Duration {
 	for range min(max(retries, 1), steps) {
 		d = b.Step()
 	}
-	return d - time.Duration(jitterRand()*backoffJitter*float64(d))
+	return internal.Jitter(d, jitterRand())
 }
 
 // event records an Event on obj, its note cut to the 1 KiB the API server accepts.
@@ -653,17 +586,20 @@ func (h *handlersReconciler[T]) event(obj T, typ, reason, note string, args ...a
 	if h.opts.Recorder == nil {
 		return
 	}
-	h.opts.Recorder.Eventf(obj, nil, typ, reason, "Reconcile", "%s", truncateMessage(fmt.Sprintf(note, args...)))
+	h.opts.Recorder.Eventf(obj, nil, typ, reason, "Reconcile", "%s", internal.TruncateMessage(fmt.Sprintf(note, args...)))
 }
 
-func isNil(v any) bool {
-	if v == nil {
-		return true
-	}
-	rv := reflect.ValueOf(v)
-	switch rv.Kind() {
-	case reflect.Pointer, reflect.Map, reflect.Interface, reflect.Slice:
-		return rv.IsNil()
-	}
-	return false
+// callHandler runs fn as reconcilers.Call does, and returns a panic in fn as its
+// *drain.PanicError: a handler's panic is a failure to retry, not a crash of the reconcile.
+func callHandler(ctx context.Context, id string, fn func(context.Context) error) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			pe, ok := v.(*drain.PanicError)
+			if !ok {
+				panic(v)
+			}
+			err = pe
+		}
+	}()
+	return reconcilers.Call(ctx, id, fn)
 }

@@ -1,0 +1,57 @@
+package internal
+
+import (
+	"reflect"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// BackoffCeiling bounds the retry delays of reconcilers.Daemons and lifecycle.Handlers. A
+// century is "never" for a retry, and it stays far enough below time.Duration's limit (292
+// years) for wait.Backoff, which doubles delays in float64 and overflows to a negative delay
+// with a cap near that limit.
+const BackoffCeiling = 100 * 365 * 24 * time.Hour
+
+// Jitter returns d shortened by r tenths of itself, r in [0, 1): a jitter that spreads retries
+// of things that failed together, and never lengthens a capped delay.
+func Jitter(d time.Duration, r float64) time.Duration {
+	return d - time.Duration(r*0.1*float64(d))
+}
+
+// MaxMessageBytes bounds the error messages kept in a progress annotation and the notes of
+// Events. The API server caps all the annotations of an object together at 256 KiB, and an
+// Event's note at 1 KiB: a whole error message (a response body, a command's output) would
+// make every progress patch fail.
+const MaxMessageBytes = 1024
+
+// truncatedSuffix ends a message that TruncateMessage cut.
+const truncatedSuffix = "... (truncated)"
+
+// TruncateMessage returns s with invalid UTF-8 replaced (as encoding/json would anyway), cut
+// to at most MaxMessageBytes bytes on a rune boundary and then ending with "... (truncated)".
+func TruncateMessage(s string) string {
+	s = strings.ToValidUTF8(s, string(utf8.RuneError))
+	if len(s) <= MaxMessageBytes {
+		return s
+	}
+	cut := MaxMessageBytes - len(truncatedSuffix)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + truncatedSuffix
+}
+
+// IsNil reports whether v is nil or a nil pointer, map, interface or slice: a typed nil
+// object passed as a client.Object.
+func IsNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	rv := reflect.ValueOf(v)
+	switch rv.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Interface, reflect.Slice:
+		return rv.IsNil()
+	}
+	return false
+}

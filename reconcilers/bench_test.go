@@ -22,28 +22,38 @@ import (
 
 // BenchmarkReconcileLoop measures reconcile throughput through controller-runtime's own
 // loop (an in-memory channel source, the work queue, the workers), unwrapped (the baseline)
-// and wrapped by reconcilers.Wrap. The ratio of the two ns/op is the cost of tracking.
+// and wrapped by reconcilers.Wrap, with 2 workers and with 16 workers sharing one executor.
+// The ratio of the two ns/op at each worker count is the cost of tracking.
 func BenchmarkReconcileLoop(b *testing.B) {
-	b.Run("unwrapped", func(b *testing.B) {
-		benchLoop(b, func(r reconcile.Reconciler) reconcile.Reconciler { return r })
-	})
-	b.Run("wrapped", func(b *testing.B) {
-		ex := drain.New(drain.Options{})
-		defer func() { _ = ex.Drain(context.Background()) }()
-		internal.Of(ex).Settings().Driven.Store(true) // as a runnable.Runnable does
-		benchLoop(b, func(r reconcile.Reconciler) reconcile.Reconciler {
-			return reconcilers.Wrap(ex, "bench", r)
+	for _, workers := range []int{2, 16} {
+		b.Run("workers="+strconv.Itoa(workers), func(b *testing.B) {
+			b.Run("unwrapped", func(b *testing.B) {
+				benchLoopWorkers(b, workers, func(r reconcile.Reconciler) reconcile.Reconciler { return r })
+			})
+			b.Run("wrapped", func(b *testing.B) {
+				ex := drain.New(drain.Options{})
+				defer func() { _ = ex.Drain(context.Background()) }()
+				internal.Of(ex).Settings().Driven.Store(true) // as a runnable.Runnable does
+				benchLoopWorkers(b, workers, func(r reconcile.Reconciler) reconcile.Reconciler {
+					return reconcilers.Wrap(ex, "bench", r)
+				})
+			})
 		})
-	})
+	}
 }
 
+// benchLoop is benchLoopWorkers with 2 workers.
 func benchLoop(b *testing.B, wrap func(reconcile.Reconciler) reconcile.Reconciler) {
+	benchLoopWorkers(b, 2, wrap)
+}
+
+func benchLoopWorkers(b *testing.B, workers int, wrap func(reconcile.Reconciler) reconcile.Reconciler) {
 	var wg sync.WaitGroup
 	r := reconcile.Func(func(context.Context, reconcile.Request) (reconcile.Result, error) {
 		wg.Done()
 		return reconcile.Result{}, nil
 	})
-	events, stop := runController(b, "bench", wrap(r), 2)
+	events, stop := runController(b, "bench", wrap(r), workers)
 	defer stop()
 
 	// Distinct keys, so that the queue does not merge them; made before the timer starts.

@@ -33,10 +33,9 @@ type call struct {
 
 	// labels is what Value gives for pprof's labels: the caller's labels plus
 	// quiesce=<label id>. Set before fn runs, by the goroutine that runs it.
-	labels  context.Context
-	label   *label        // the executor's label id it holds, from link (see labels.go)
-	since   atomic.Uint64 // while its goroutine carries the label: the first capture epoch that saw it; else 0
-	entered atomic.Bool   // fn began
+	labels context.Context
+	label  *label        // the executor's label id it holds, from link (see labels.go)
+	since  atomic.Uint64 // 0 until fn begins, sinceLeft once it returned (see labels.go)
 
 	done      chan struct{} // closed when fn returned and err is set, for Call; nil otherwise
 	state     atomic.Uint32 // callWaiting, callDetached or callFinished

@@ -2,6 +2,7 @@ package drain
 
 import (
 	"context"
+	"math"
 	"runtime"
 	"runtime/pprof"
 	"strconv"
@@ -25,6 +26,11 @@ import (
 
 // labelKey is the pprof label key of goroutines running a call's fn.
 const labelKey = "quiesce"
+
+// While its goroutine carries its label, a call's since is the first capture epoch (see
+// captureEpoch) that saw the label; before, 0; once fn returned, sinceLeft, after every
+// epoch.
+const sinceLeft = math.MaxUint64
 
 // A label is one of an executor's ids, with its label context made once.
 type label struct {
@@ -64,8 +70,8 @@ func (e *Executor) giveLabel(c *call) {
 }
 
 // enter labels the current goroutine with c's label, merged with the labels of c's caller
-// as pprof.Do merges them. The goroutine carries the label before c.since is set: a
-// capture that began after c.since was read saw the label.
+// as pprof.Do merges them. The goroutine carries the label before it reads the capture
+// epoch: every capture begun after that read saw the label.
 func (c *call) enter() {
 	var pairs []string
 	pprof.ForLabels(c.parent, func(k, v string) bool {
@@ -74,7 +80,6 @@ func (c *call) enter() {
 		}
 		return true
 	})
-	c.entered.Store(true)
 	c.labels = c.label.ctx
 	if pairs != nil { // the caller has labels of its own: fn keeps them
 		c.labels = pprof.WithLabels(context.Background(), pprof.Labels(append(pairs, labelKey, c.label.id)...))
@@ -87,7 +92,7 @@ func (c *call) enter() {
 // caller's, as pprof.Do restores them; none on a goroutine of Call or Go, which is about
 // to end). The label goes back to the executor when the call is unlisted, after this.
 func (c *call) leave() {
-	c.since.Store(0)
+	c.since.Store(sinceLeft)
 	if c.onCaller {
 		pprof.SetGoroutineLabels(c.parent)
 	} else {
@@ -116,7 +121,7 @@ func labelled(id string, epoch uint64) *call {
 	if c == nil {
 		return nil
 	}
-	if since := c.since.Load(); since == 0 || since > epoch {
+	if since := c.since.Load(); since == 0 || since > epoch { // sinceLeft too
 		return nil
 	}
 	return c

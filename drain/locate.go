@@ -198,15 +198,14 @@ func (e *Executor) locate(calls []*call) []Pending {
 	var since uint64
 	for i, c := range calls {
 		out[i] = c.pending()
-		s := c.since.Load()
-		switch {
-		case s != 0:
+		switch s := c.since.Load(); s {
+		case 0:
+			out[i].Where, out[i].Handler = NotStarted, NotStarted
+		case sinceLeft: // fn returned a moment ago
+			out[i].Where, out[i].Handler = Unknown, Unknown
+		default:
 			held[i] = c.label
 			since = max(since, s)
-		case !c.entered.Load():
-			out[i].Where, out[i].Handler = NotStarted, NotStarted
-		default: // fn returned a moment ago
-			out[i].Where, out[i].Handler = Unknown, Unknown
 		}
 	}
 	if since == 0 {
@@ -217,7 +216,7 @@ func (e *Executor) locate(calls []*call) []Pending {
 		e.unknownWhy(unknownNoProfile)
 	}
 	for i, c := range calls {
-		if held[i] != nil && c.since.Load() == 0 {
+		if held[i] != nil && c.since.Load() == sinceLeft {
 			// fn returned since: its label, given back, may be another call's in the capture.
 			held[i] = nil
 			out[i].Where, out[i].Handler = Unknown, Unknown

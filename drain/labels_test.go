@@ -3,10 +3,12 @@ package drain_test
 import (
 	"bytes"
 	"context"
+	"runtime"
 	"runtime/pprof"
 	"strings"
 	"sync"
 	"testing"
+	"weak"
 
 	"github.com/google/pprof/profile"
 
@@ -368,4 +370,25 @@ func TestReusedLabelOfEachExecutor(t *testing.T) {
 			t.Errorf("executor %d: Locate = %+v, want second at %q", i, calls, wheres[i])
 		}
 	}
+}
+
+// TestLabelsKeepNoExecutorAlive: an executor that ran calls, once unreachable, is garbage
+// collected (the registry that resolves label ids to executors holds none).
+func TestLabelsKeepNoExecutorAlive(t *testing.T) {
+	ex := drain.New(drain.Options{})
+	if err := ex.Call(context.Background(), "one", func(context.Context) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := ex.Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	w := weak.Make(ex)
+	ex = nil
+	for range 10 {
+		runtime.GC()
+		if w.Value() == nil {
+			return
+		}
+	}
+	t.Error("an executor no longer used is still alive after 10 collections")
 }

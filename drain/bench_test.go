@@ -6,6 +6,7 @@ import (
 	"io"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -387,4 +388,77 @@ func BenchmarkPairGo(b *testing.B) {
 func BenchmarkPairRun(b *testing.B) {
 	b.Run("Run", BenchmarkRun)
 	b.Run("direct", BenchmarkRunDirect)
+}
+
+// BenchmarkCallInterleaved runs Call and its baseline (BenchmarkCallBaseline's go,
+// WaitGroup and channel) alternately, in blocks short enough that both see the same load
+// on a busy machine, and reports the median over the blocks of each one's ns/op and of
+// their ratio (call/baseline: the budget of issue 23 is 1.8).
+func BenchmarkCallInterleaved(b *testing.B) {
+	ex := newExecutor(b, drain.Options{})
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	_, _, ratio := interleaved(b, 200, "call", func(n int) {
+		for range n {
+			if err := ex.Call(ctx, "nop", nop); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}, "baseline", func(n int) {
+		for range n {
+			done := make(chan error, 1)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				done <- nop(ctx)
+			}()
+			if err := <-done; err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	wg.Wait()
+	b.ReportMetric(ratio, "call/baseline")
+}
+
+// interleaved runs b.N iterations of each of two cases, alternately, block at a time (the
+// first of each pair in turn). It reports the median over the blocks of each case's ns/op
+// in place of ns/op, and returns those medians and the median ratio of the first's time to
+// the second's.
+func interleaved(
+	b *testing.B, block int, name1 string, run1 func(n int), name2 string, run2 func(n int),
+) (ns1, ns2, ratio float64) {
+	b.Helper()
+	var per1, per2, ratios []float64
+	b.ResetTimer()
+	for done := 0; done < b.N; {
+		n := min(block, b.N-done)
+		var t1, t2 time.Duration
+		if len(ratios)%2 == 0 {
+			t1, t2 = timed(run1, n), timed(run2, n)
+		} else {
+			t2, t1 = timed(run2, n), timed(run1, n)
+		}
+		per1 = append(per1, float64(t1.Nanoseconds())/float64(n))
+		per2 = append(per2, float64(t2.Nanoseconds())/float64(n))
+		ratios = append(ratios, float64(t1)/float64(t2))
+		done += n
+	}
+	b.StopTimer()
+	ns1, ns2, ratio = median(per1), median(per2), median(ratios)
+	b.ReportMetric(0, "ns/op")
+	b.ReportMetric(ns1, name1+"-ns/op")
+	b.ReportMetric(ns2, name2+"-ns/op")
+	return ns1, ns2, ratio
+}
+
+func timed(run func(n int), n int) time.Duration {
+	t0 := time.Now()
+	run(n)
+	return time.Since(t0)
+}
+
+func median(xs []float64) float64 {
+	slices.Sort(xs)
+	return xs[len(xs)/2]
 }

@@ -33,9 +33,9 @@ type call struct {
 
 	// labels is what Value gives for pprof's labels: the caller's labels plus
 	// quiesce=<label id>. Set before fn runs, by the goroutine that runs it.
-	labels  context.Context
-	label   atomic.Pointer[label] // the label while fn runs (see labels.go)
-	entered atomic.Bool           // fn began
+	labels context.Context
+	label  *label        // the executor's label id it holds, from link (see labels.go)
+	since  atomic.Uint64 // 0 until fn begins, sinceLeft once it returned (see labels.go)
 
 	done      chan struct{} // closed when fn returned and err is set, for Call; nil otherwise
 	state     atomic.Uint32 // callWaiting, callDetached or callFinished
@@ -123,11 +123,11 @@ func (c *call) outer() *call {
 // from a Goexit by whether the inner function returned, as golang.org/x/sync/singleflight
 // does. Whichever way fn ends, finish restores the goroutine's labels.
 func (c *call) exec() {
-	l := c.enter()
+	c.enter()
 	settled := false
 	defer func() {
 		if !settled { // runtime.Goexit: nothing was recovered, the goroutine goes on exiting
-			c.finish(l, fmt.Errorf("failed to run call %q: %w", internal.Cut(c.opts.Name), errGoexit))
+			c.finish(fmt.Errorf("failed to run call %q: %w", internal.Cut(c.opts.Name), errGoexit))
 		}
 	}()
 	var err error
@@ -143,7 +143,7 @@ func (c *call) exec() {
 			}
 			settled = true
 			pe := c.panicError(v)
-			c.finish(l, pe)
+			c.finish(pe)
 			if c.opts.Repanic && c.onCaller {
 				// Run: raised from this deferred call, the panic keeps fn's frames below
 				// it, so whoever recovers it next sees the stack where fn panicked.
@@ -158,13 +158,13 @@ func (c *call) exec() {
 	}
 	settled = true
 	if !returned { // a panic(nil) that recover could not tell from no panic
-		c.finish(l, c.panicError(nil))
+		c.finish(c.panicError(nil))
 		if c.opts.Repanic && c.onCaller {
 			panic(nil) // re-raise exactly what fn raised
 		}
 		return
 	}
-	c.finish(l, err)
+	c.finish(err)
 }
 
 func (c *call) panicError(v any) *PanicError {
@@ -177,11 +177,12 @@ func (c *call) panicError(v any) *PanicError {
 	return &PanicError{Name: c.opts.Name, Value: v, Stack: debug.Stack()}
 }
 
-// finish settles c with fn's result err: gives its label back, counts it, ends fn's
-// context, logs a panic nobody will see, unlists it and hands err to whoever waits.
-func (c *call) finish(l *label, err error) {
+// finish settles c with fn's result err: restores its goroutine's labels, counts it, ends
+// fn's context, logs a panic nobody will see, unlists it (giving its label back) and hands
+// err to whoever waits.
+func (c *call) finish(err error) {
 	e := c.e
-	c.leave(l)
+	c.leave()
 	if c.slot {
 		<-e.slots
 	}

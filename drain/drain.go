@@ -210,6 +210,7 @@ type Executor struct {
 	slowArmed  bool
 	report     clock.Timer // the next report, while a Drain waits
 	cancelTmr  clock.Timer // CancelAfter, until it fired or the calls all returned
+	labels     labelTable  // the pprof label ids of its calls (see labels.go)
 
 	draining  chan struct{} // closed when Drain begins
 	done      chan struct{} // closed when draining and nothing is in flight
@@ -249,6 +250,7 @@ func New(opts Options) *Executor {
 		done:     make(chan struct{}),
 	}
 	e.hidden = internal.NewHidden((*core)(e))
+	e.labels.num = executors.add(e)
 	if opts.MaxConcurrent > 0 {
 		e.slots = make(chan struct{}, opts.MaxConcurrent)
 	}
@@ -419,10 +421,11 @@ func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn func(c
 	return c, nil
 }
 
-// link lists c as the newest call. The caller holds e.mu.
+// link lists c as the newest call, with a label id. The caller holds e.mu.
 func (e *Executor) link(c *call) {
 	e.started.Add(1)
 	e.inFlight++
+	e.takeLabel(c)
 	c.prev = e.newest
 	if e.newest != nil {
 		e.newest.next = c
@@ -435,9 +438,11 @@ func (e *Executor) link(c *call) {
 	}
 }
 
-// unlink forgets a settled call; the last one to leave a draining executor ends the drain.
+// unlink forgets a settled call and takes its label back; the last one to leave a draining
+// executor ends the drain.
 func (e *Executor) unlink(c *call) {
 	e.mu.Lock()
+	e.giveLabel(c)
 	if c.prev != nil {
 		c.prev.next = c.next
 	} else {

@@ -12,12 +12,12 @@ import (
 )
 
 // call is one admitted call. It is also fn's context: the standard library's context made
-// for the call (see newCall), plus the answers of Value for the call itself and for the
-// goroutine's pprof labels.
+// for the call (see newCall), plus the answers of Value for the call itself, for the
+// goroutine's pprof labels, and, for a shielded call, for the caller's values.
 type call struct {
-	context.Context                         // fn's context, before the two answers of Value
+	context.Context                         // fn's context, before the answers of Value
 	cancel          context.CancelCauseFunc // ends fn's context
-	stop            func() bool             // releases a shielded call's deadline, or nil
+	stop            context.CancelFunc      // releases a shielded call's deadline, or nil
 
 	e      *Executor
 	parent context.Context // the caller's ctx
@@ -28,6 +28,8 @@ type call struct {
 	onCaller bool // Run: fn runs on the caller's goroutine
 	slot     bool // holds a MaxConcurrent slot, given back by finish
 	inSlot   bool // holds one, or runs in its outer call's: its nested calls take none
+	shielded bool // Context derives from context.Background: Value asks parent after it
+	labelled bool // parent carries pprof labels, which Run restores (see labels.go)
 
 	prev, next *call // the executor's list, guarded by Executor.mu
 
@@ -63,16 +65,16 @@ var (
 )
 
 // newCall makes c's context. A shielded call (CallOptions.Shield on a driven executor)
-// keeps its caller's values and deadline but not its cancellation.
+// keeps its caller's values (see Value) and deadline but not its cancellation: its context
+// derives from context.Background, with the caller's deadline if it has one.
 func newCall(ctx context.Context, e *Executor, o *internal.CallOptions, fn func(context.Context) error) *call {
 	c := &call{e: e, parent: ctx, opts: *o, fn: fn}
 	base := ctx
 	if o.Shield && e.settings.Driven.Load() {
-		base = context.WithoutCancel(ctx)
+		c.shielded = true
+		base = context.Background()
 		if d, ok := ctx.Deadline(); ok {
-			var cancel context.CancelFunc
-			base, cancel = context.WithDeadline(base, d)
-			c.stop = func() bool { cancel(); return true }
+			base, c.stop = context.WithDeadline(base, d)
 		}
 	}
 	c.Context, c.cancel = context.WithCancelCause(base)
@@ -92,19 +94,31 @@ func (c *call) Value(key any) any {
 			return v
 		}
 	}
-	return c.Context.Value(key)
+	v := c.Context.Value(key)
+	if v == nil && c.shielded {
+		// The context's own chain ends at context.Background: the caller's values.
+		return c.parent.Value(key)
+	}
+	return v
 }
 
-// String names the context, as the standard library's contexts do.
-func (c *call) String() string { return "drain.Call(" + c.opts.Name + ")" }
+// name returns the call's name, put together now (see internal.CallOptions.FullName).
+func (c *call) name() string { return c.opts.FullName() }
 
-// Executor and Options make c an internal.Call.
-func (c *call) Executor() internal.Executor   { return c.e }
-func (c *call) Options() internal.CallOptions { return c.opts }
+// String names the context, as the standard library's contexts do.
+func (c *call) String() string { return "drain.Call(" + c.name() + ")" }
+
+// Executor and Options make c an internal.Call. Options gives the full name in Name.
+func (c *call) Executor() internal.Executor { return c.e }
+func (c *call) Options() internal.CallOptions {
+	o := c.opts
+	o.Name, o.Namespace, o.Object = c.name(), "", ""
+	return o
+}
 
 func (c *call) pending() Pending {
 	return Pending{
-		Name:        c.opts.Name,
+		Name:        c.name(),
 		Started:     c.start,
 		Detached:    c.state.Load() == callDetached,
 		Daemon:      c.opts.Daemon,
@@ -127,7 +141,7 @@ func (c *call) exec() {
 	settled := false
 	defer func() {
 		if !settled { // runtime.Goexit: nothing was recovered, the goroutine goes on exiting
-			c.finish(fmt.Errorf("failed to run call %q: %w", internal.Cut(c.opts.Name), errGoexit))
+			c.finish(fmt.Errorf("failed to run call %q: %w", internal.Cut(c.name()), errGoexit))
 		}
 	}()
 	var err error
@@ -174,7 +188,7 @@ func (c *call) panicError(v any) *PanicError {
 		return pe
 	}
 	c.e.panicked.Add(1)
-	return &PanicError{Name: c.opts.Name, Value: v, Stack: debug.Stack()}
+	return &PanicError{Name: c.name(), Value: v, Stack: debug.Stack()}
 }
 
 // finish settles c with fn's result err: restores its goroutine's labels, counts it, ends
@@ -224,7 +238,7 @@ func (e *Executor) afterCall(after func(string, time.Duration, error), c *call, 
 		if v := recover(); v != nil {
 			e.safely(func() {
 				e.log.Error(fmt.Errorf("%v", v), "AfterCall panicked",
-					"call", internal.Cut(c.opts.Name), "stack", string(debug.Stack()))
+					"call", internal.Cut(c.name()), "stack", string(debug.Stack()))
 			})
 		}
 	}()

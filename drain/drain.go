@@ -385,11 +385,11 @@ func (e *Executor) run(ctx context.Context, o *internal.CallOptions, fn func(con
 func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn func(context.Context) error) (*call, error) {
 	switch {
 	case ctx == nil:
-		return nil, fmt.Errorf("failed to run call %q: nil context: %w", internal.Cut(o.Name), ErrInvalidCall)
-	case o.Name == "":
+		return nil, fmt.Errorf("failed to run call %q: nil context: %w", internal.Cut(o.FullName()), ErrInvalidCall)
+	case o.Name == "" && o.Object == "":
 		return nil, fmt.Errorf("failed to run call: empty name: %w", ErrInvalidCall)
 	case fn == nil:
-		return nil, fmt.Errorf("failed to run call %q: nil func: %w", internal.Cut(o.Name), ErrInvalidCall)
+		return nil, fmt.Errorf("failed to run call %q: nil func: %w", internal.Cut(o.FullName()), ErrInvalidCall)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -505,7 +505,7 @@ func (e *Executor) acquire(ctx context.Context, o *internal.CallOptions) error {
 
 func (e *Executor) refuse(o *internal.CallOptions) error {
 	e.refused.Add(1)
-	return fmt.Errorf("failed to run call %q: %w", internal.Cut(o.Name), ErrDraining)
+	return fmt.Errorf("failed to run call %q: %w", internal.Cut(o.FullName()), ErrDraining)
 }
 
 // Drain refuses new calls, then waits for every tracked call to return, logging reports of
@@ -703,5 +703,5 @@ func FromContext(ctx context.Context) (ex *Executor, name string, ok bool) {
 	if !ok {
 		return nil, "", false
 	}
-	return c.e, c.opts.Name, true
+	return c.e, c.name(), true
 }

@@ -75,6 +75,7 @@ func (e *Executor) giveLabel(c *call) {
 func (c *call) enter() {
 	var pairs []string
 	pprof.ForLabels(c.parent, func(k, v string) bool {
+		c.labelled = true
 		if k != labelKey {
 			pairs = append(pairs, k, v)
 		}
@@ -90,10 +91,11 @@ func (c *call) enter() {
 
 // leave restores the labels of the current goroutine, once it no longer runs fn (Run's
 // caller's, as pprof.Do restores them; none on a goroutine of Call or Go, which is about
-// to end). The label goes back to the executor when the call is unlisted, after this.
+// to end, nor when the caller's ctx has none). The label goes back to the executor when
+// the call is unlisted, after this.
 func (c *call) leave() {
 	c.since.Store(sinceLeft)
-	if c.onCaller {
+	if c.onCaller && c.labelled {
 		pprof.SetGoroutineLabels(c.parent)
 	} else {
 		pprof.SetGoroutineLabels(context.Background())

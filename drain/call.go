@@ -16,8 +16,7 @@ import (
 // goroutine's pprof labels, and, for a shielded call, for the caller's values.
 type call struct {
 	context.Context                         // fn's context, before the answers of Value
-	cancel          context.CancelCauseFunc // ends fn's context
-	stop            context.CancelFunc      // releases a shielded call's deadline, or nil
+	cancel          context.CancelCauseFunc // ends fn's context (and releases its deadline)
 
 	e      *Executor
 	parent context.Context // the caller's ctx
@@ -69,15 +68,20 @@ var (
 // derives from context.Background, with the caller's deadline if it has one.
 func newCall(ctx context.Context, e *Executor, o *internal.CallOptions, fn func(context.Context) error) *call {
 	c := &call{e: e, parent: ctx, opts: *o, fn: fn}
-	base := ctx
-	if o.Shield && e.settings.Driven.Load() {
-		c.shielded = true
-		base = context.Background()
-		if d, ok := ctx.Deadline(); ok {
-			base, c.stop = context.WithDeadline(base, d)
-		}
+	if !o.Shield || !e.settings.Driven.Load() {
+		c.Context, c.cancel = context.WithCancelCause(ctx)
+		return c
 	}
-	c.Context, c.cancel = context.WithCancelCause(base)
+	c.shielded = true
+	d, ok := ctx.Deadline()
+	if !ok {
+		c.Context, c.cancel = context.WithCancelCause(context.Background())
+		return c
+	}
+	deadline, stop := context.WithDeadline(context.Background(), d)
+	var cancel context.CancelCauseFunc
+	c.Context, cancel = context.WithCancelCause(deadline)
+	c.cancel = func(cause error) { cancel(cause); stop() }
 	return c
 }
 
@@ -205,9 +209,6 @@ func (c *call) finish(err error) {
 		e.afterCall(after, c, err)
 	}
 	c.cancel(errFinished) // fn's context ends with fn
-	if c.stop != nil {
-		c.stop()
-	}
 	c.err = err
 	waited := c.state.CompareAndSwap(callWaiting, callFinished)
 	if !waited && err != nil {

@@ -410,9 +410,6 @@ func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn func(c
 			<-e.slots
 		}
 		c.cancel(errFinished)
-		if c.stop != nil {
-			c.stop()
-		}
 		return nil, e.refuse(o)
 	}
 	c.start = e.clock.Now()

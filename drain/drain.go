@@ -310,13 +310,17 @@ func (e *Executor) call(ctx context.Context, o *internal.CallOptions, fn func(co
 	}
 	c.done = make(chan struct{})
 	go c.exec()
-	select {
-	case <-c.done:
-	case <-ctx.Done():
-		if c.state.CompareAndSwap(callWaiting, callDetached) {
-			return ctx.Err()
+	if ctxDone := ctx.Done(); ctxDone == nil { // ctx never ends: wait for fn alone
+		<-c.done
+	} else {
+		select {
+		case <-c.done:
+		case <-ctxDone:
+			if c.state.CompareAndSwap(callWaiting, callDetached) {
+				return ctx.Err()
+			}
+			<-c.done // fn returned meanwhile; take its result instead
 		}
-		<-c.done // fn returned meanwhile; take its result instead
 	}
 	if o.Repanic && c.err != nil {
 		repanic(c.err)

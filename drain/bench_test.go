@@ -421,6 +421,49 @@ func BenchmarkCallInterleaved(b *testing.B) {
 	b.ReportMetric(ratio, "call/baseline")
 }
 
+// BenchmarkReportInterleaved runs a drain report of 10,000 pending calls 150 frames deep
+// (a fresh capture each time, as BenchmarkReport) and its floor (the goroutine profile
+// written in its protobuf form, as BenchmarkReportFloor's "pprof"), alternately, and
+// reports the medians of each one's time and of their ratio (report/floor: the budget of
+// issue 23 is 2).
+func BenchmarkReportInterleaved(b *testing.B) {
+	const pending, depth = 10_000, 150
+	lines, measuring := 0, true
+	ex := drain.New(drain.Options{
+		CancelAfter: -1,
+		Logger: (&logs{}).loggerFunc(b, func(l logLine) {
+			if !measuring { // the final Drain's reports, as the calls return
+				return
+			}
+			if l.Pending != pending || len(l.Calls) != 20 || l.Calls[0].Where == drain.Unknown {
+				b.Errorf("report: pending %d, %d calls, %+v", l.Pending, len(l.Calls), l.Calls[0])
+			}
+			lines++
+		}),
+	})
+	release := blockedCalls(b, ex, pending, depth)
+	_, _, ratio := interleaved(b, 1, "report", func(n int) {
+		for range n {
+			drain.ReportPending(ex)
+		}
+	}, "floor", func(n int) {
+		for range n {
+			if err := pprof.Lookup("goroutine").WriteTo(io.Discard, 0); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.ReportMetric(ratio, "report/floor")
+	if lines != b.N {
+		b.Errorf("%d reports logged, want %d", lines, b.N)
+	}
+	measuring = false
+	release()
+	if err := ex.Drain(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+}
+
 // interleaved runs b.N iterations of each of two cases, alternately, block at a time (the
 // first of each pair in turn). It reports the median over the blocks of each case's ns/op
 // in place of ns/op, and returns those medians and the median ratio of the first's time to

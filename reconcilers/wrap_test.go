@@ -76,8 +76,16 @@ func TestWrapNamesTheCallAndPassesResults(t *testing.T) {
 	if want := "cm/node-1"; len(seen) != 1 || seen[0] != want {
 		t.Fatalf("pending during cluster-scoped reconcile = %q, want %q", seen, want)
 	}
-	if s := ex.Stats(); s.Started != 2 || s.Finished != 2 {
-		t.Fatalf("stats = %+v, want 2 started and finished", s)
+
+	// A request without a name keeps its segments: "<controller>/<namespace>/<name>".
+	for req, want := range map[reconcile.Request]string{request("ns", ""): "cm/ns/", request("", ""): "cm/"} {
+		_, _ = r.Reconcile(context.Background(), req)
+		if len(seen) != 1 || seen[0] != want {
+			t.Fatalf("pending during reconcile of %+v = %q, want %q", req, seen, want)
+		}
+	}
+	if s := ex.Stats(); s.Started != 4 || s.Finished != 4 {
+		t.Fatalf("stats = %+v, want 4 started and finished", s)
 	}
 }
 

@@ -27,6 +27,7 @@ run ./reconcilers/ '^BenchmarkReconcileLoopInterleaved$' 100000x
 awk -v count="${COUNT}" '
 function median(key,   n, i, j, t, a) {
 	n = split(vals[key], a, " ")
+	if (n == 0) { missing = 1; printf "no result for %s\n", key; return "nan" }
 	for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j-1] + 0 > a[j] + 0; j--) { t = a[j]; a[j] = a[j-1]; a[j-1] = t }
 	return a[int((n + 1) / 2)]
 }
@@ -52,4 +53,5 @@ END {
 	row("the same, 16 workers on one executor: drop from 2 workers", "<= 0.05", sprintf("%.2f (%.2f)", w2 - w16, w16), w2 - w16 <= 0.05)
 	rep = median("BenchmarkReportInterleaved" SUBSEP "report/floor")
 	row("report of 10,000 calls 150 frames deep / protobuf profile", "<= 2", sprintf("%.2f", rep), rep <= 2)
+	if (missing) exit 1
 }' "${out}"

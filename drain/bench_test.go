@@ -398,7 +398,7 @@ func BenchmarkCallInterleaved(b *testing.B) {
 	ex := newExecutor(b, drain.Options{})
 	ctx := context.Background()
 	var wg sync.WaitGroup
-	_, _, ratio := interleaved(b, 200, "call", func(n int) {
+	ratio := interleaved(b, 200, "call", func(n int) {
 		for range n {
 			if err := ex.Call(ctx, "nop", nop); err != nil {
 				b.Fatal(err)
@@ -442,7 +442,7 @@ func BenchmarkReportInterleaved(b *testing.B) {
 		}),
 	})
 	release := blockedCalls(b, ex, pending, depth)
-	_, _, ratio := interleaved(b, 1, "report", func(n int) {
+	ratio := interleaved(b, 1, "report", func(n int) {
 		for range n {
 			drain.ReportPending(ex)
 		}
@@ -466,11 +466,10 @@ func BenchmarkReportInterleaved(b *testing.B) {
 
 // interleaved runs b.N iterations of each of two cases, alternately, block at a time (the
 // first of each pair in turn). It reports the median over the blocks of each case's ns/op
-// in place of ns/op, and returns those medians and the median ratio of the first's time to
-// the second's.
+// in place of ns/op, and returns the median ratio of the first's time to the second's.
 func interleaved(
 	b *testing.B, block int, name1 string, run1 func(n int), name2 string, run2 func(n int),
-) (ns1, ns2, ratio float64) {
+) (ratio float64) {
 	b.Helper()
 	var per1, per2, ratios []float64
 	b.ResetTimer()
@@ -488,11 +487,10 @@ func interleaved(
 		done += n
 	}
 	b.StopTimer()
-	ns1, ns2, ratio = median(per1), median(per2), median(ratios)
 	b.ReportMetric(0, "ns/op")
-	b.ReportMetric(ns1, name1+"-ns/op")
-	b.ReportMetric(ns2, name2+"-ns/op")
-	return ns1, ns2, ratio
+	b.ReportMetric(median(per1), name1+"-ns/op")
+	b.ReportMetric(median(per2), name2+"-ns/op")
+	return median(ratios)
 }
 
 func timed(run func(n int), n int) time.Duration {

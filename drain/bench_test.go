@@ -6,6 +6,7 @@ import (
 	"io"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -387,4 +388,118 @@ func BenchmarkPairGo(b *testing.B) {
 func BenchmarkPairRun(b *testing.B) {
 	b.Run("Run", BenchmarkRun)
 	b.Run("direct", BenchmarkRunDirect)
+}
+
+// BenchmarkCallInterleaved runs Call and its baseline (BenchmarkCallBaseline's go,
+// WaitGroup and channel) alternately, in blocks short enough that both see the same load
+// on a busy machine, and reports the median over the blocks of each one's ns/op and of
+// their ratio (call/baseline: the budget of issue 23 is 1.8).
+func BenchmarkCallInterleaved(b *testing.B) {
+	ex := newExecutor(b, drain.Options{})
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	ratio := interleaved(b, 200, "call", func(n int) {
+		for range n {
+			if err := ex.Call(ctx, "nop", nop); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}, "baseline", func(n int) {
+		for range n {
+			done := make(chan error, 1)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				done <- nop(ctx)
+			}()
+			if err := <-done; err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	wg.Wait()
+	b.ReportMetric(ratio, "call/baseline")
+}
+
+// BenchmarkReportInterleaved runs a drain report of 10,000 pending calls 150 frames deep
+// (a fresh capture each time, as BenchmarkReport) and its floor (the goroutine profile
+// written in its protobuf form, as BenchmarkReportFloor's "pprof"), alternately, and
+// reports the medians of each one's time and of their ratio (report/floor: the budget of
+// issue 23 is 2).
+func BenchmarkReportInterleaved(b *testing.B) {
+	const pending, depth = 10_000, 150
+	lines, measuring := 0, true
+	ex := drain.New(drain.Options{
+		CancelAfter: -1,
+		Logger: (&logs{}).loggerFunc(b, func(l logLine) {
+			if !measuring { // the final Drain's reports, as the calls return
+				return
+			}
+			if l.Pending != pending || len(l.Calls) != 20 || l.Calls[0].Where == drain.Unknown {
+				b.Errorf("report: pending %d, %d calls, %+v", l.Pending, len(l.Calls), l.Calls[0])
+			}
+			lines++
+		}),
+	})
+	release := blockedCalls(b, ex, pending, depth)
+	ratio := interleaved(b, 1, "report", func(n int) {
+		for range n {
+			drain.ReportPending(ex)
+		}
+	}, "floor", func(n int) {
+		for range n {
+			if err := pprof.Lookup("goroutine").WriteTo(io.Discard, 0); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.ReportMetric(ratio, "report/floor")
+	if lines != b.N {
+		b.Errorf("%d reports logged, want %d", lines, b.N)
+	}
+	measuring = false
+	release()
+	if err := ex.Drain(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// interleaved runs b.N iterations of each of two cases, alternately, block at a time (the
+// first of each pair in turn). It reports the median over the blocks of each case's ns/op
+// in place of ns/op, and returns the median ratio of the first's time to the second's.
+func interleaved(
+	b *testing.B, block int, name1 string, run1 func(n int), name2 string, run2 func(n int),
+) (ratio float64) {
+	b.Helper()
+	var per1, per2, ratios []float64
+	b.ResetTimer()
+	for done := 0; done < b.N; {
+		n := min(block, b.N-done)
+		var t1, t2 time.Duration
+		if len(ratios)%2 == 0 {
+			t1, t2 = timed(run1, n), timed(run2, n)
+		} else {
+			t2, t1 = timed(run2, n), timed(run1, n)
+		}
+		per1 = append(per1, float64(t1.Nanoseconds())/float64(n))
+		per2 = append(per2, float64(t2.Nanoseconds())/float64(n))
+		ratios = append(ratios, float64(t1)/float64(t2))
+		done += n
+	}
+	b.StopTimer()
+	b.ReportMetric(0, "ns/op")
+	b.ReportMetric(median(per1), name1+"-ns/op")
+	b.ReportMetric(median(per2), name2+"-ns/op")
+	return median(ratios)
+}
+
+func timed(run func(n int), n int) time.Duration {
+	t0 := time.Now()
+	run(n)
+	return time.Since(t0)
+}
+
+func median(xs []float64) float64 {
+	slices.Sort(xs)
+	return xs[len(xs)/2]
 }

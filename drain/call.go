@@ -12,12 +12,11 @@ import (
 )
 
 // call is one admitted call. It is also fn's context: the standard library's context made
-// for the call (see newCall), plus the answers of Value for the call itself and for the
-// goroutine's pprof labels.
+// for the call (see newCall), plus the answers of Value for the call itself, for the
+// goroutine's pprof labels, and, for a shielded call, for the caller's values.
 type call struct {
-	context.Context                         // fn's context, before the two answers of Value
-	cancel          context.CancelCauseFunc // ends fn's context
-	stop            func() bool             // releases a shielded call's deadline, or nil
+	context.Context                         // fn's context, before the answers of Value
+	cancel          context.CancelCauseFunc // ends fn's context (and releases its deadline)
 
 	e      *Executor
 	parent context.Context // the caller's ctx
@@ -28,14 +27,16 @@ type call struct {
 	onCaller bool // Run: fn runs on the caller's goroutine
 	slot     bool // holds a MaxConcurrent slot, given back by finish
 	inSlot   bool // holds one, or runs in its outer call's: its nested calls take none
+	shielded bool // Context derives from context.Background: Value asks parent after it
+	labelled bool // parent carries pprof labels, which Run restores (see labels.go)
 
 	prev, next *call // the executor's list, guarded by Executor.mu
 
 	// labels is what Value gives for pprof's labels: the caller's labels plus
 	// quiesce=<label id>. Set before fn runs, by the goroutine that runs it.
-	labels  context.Context
-	label   atomic.Pointer[label] // the label while fn runs (see labels.go)
-	entered atomic.Bool           // fn began
+	labels context.Context
+	label  *label        // the executor's label id it holds, from link (see labels.go)
+	since  atomic.Uint64 // 0 until fn begins, sinceLeft once it returned (see labels.go)
 
 	done      chan struct{} // closed when fn returned and err is set, for Call; nil otherwise
 	state     atomic.Uint32 // callWaiting, callDetached or callFinished
@@ -63,19 +64,24 @@ var (
 )
 
 // newCall makes c's context. A shielded call (CallOptions.Shield on an owned executor)
-// keeps its caller's values and deadline but not its cancellation.
+// keeps its caller's values (see Value) and deadline but not its cancellation: its context
+// derives from context.Background, with the caller's deadline if it has one.
 func newCall(ctx context.Context, e *Executor, o *internal.CallOptions, fn func(context.Context) error) *call {
 	c := &call{e: e, parent: ctx, opts: *o, fn: fn}
-	base := ctx
-	if o.Shield && e.settings.Owned {
-		base = context.WithoutCancel(ctx)
-		if d, ok := ctx.Deadline(); ok {
-			var cancel context.CancelFunc
-			base, cancel = context.WithDeadline(base, d)
-			c.stop = func() bool { cancel(); return true }
-		}
+	if !o.Shield || !e.settings.Owned {
+		c.Context, c.cancel = context.WithCancelCause(ctx)
+		return c
 	}
-	c.Context, c.cancel = context.WithCancelCause(base)
+	c.shielded = true
+	d, ok := ctx.Deadline()
+	if !ok {
+		c.Context, c.cancel = context.WithCancelCause(context.Background())
+		return c
+	}
+	deadline, stop := context.WithDeadline(context.Background(), d)
+	var cancel context.CancelCauseFunc
+	c.Context, cancel = context.WithCancelCause(deadline)
+	c.cancel = func(cause error) { cancel(cause); stop() }
 	return c
 }
 
@@ -92,19 +98,31 @@ func (c *call) Value(key any) any {
 			return v
 		}
 	}
-	return c.Context.Value(key)
+	v := c.Context.Value(key)
+	if v == nil && c.shielded {
+		// The context's own chain ends at context.Background: the caller's values.
+		return c.parent.Value(key)
+	}
+	return v
 }
 
-// String names the context, as the standard library's contexts do.
-func (c *call) String() string { return "drain.Call(" + c.opts.Name + ")" }
+// name returns the call's name, put together now (see internal.CallOptions.FullName).
+func (c *call) name() string { return c.opts.FullName() }
 
-// Core and Options make c an internal.Call.
-func (c *call) Core() internal.Core           { return (*core)(c.e) }
-func (c *call) Options() internal.CallOptions { return c.opts }
+// String names the context, as the standard library's contexts do.
+func (c *call) String() string { return "drain.Call(" + c.name() + ")" }
+
+// Core and Options make c an internal.Call. Options gives the full name in Name.
+func (c *call) Core() internal.Core { return (*core)(c.e) }
+func (c *call) Options() internal.CallOptions {
+	o := c.opts
+	o.Name, o.Namespace, o.Object = c.name(), "", ""
+	return o
+}
 
 func (c *call) pending() Pending {
 	return Pending{
-		Name:        c.opts.Name,
+		Name:        c.name(),
 		Started:     c.start,
 		Detached:    c.state.Load() == callDetached,
 		Daemon:      c.opts.Daemon,
@@ -123,11 +141,11 @@ func (c *call) outer() *call {
 // from a Goexit by whether the inner function returned, as golang.org/x/sync/singleflight
 // does. Whichever way fn ends, finish restores the goroutine's labels.
 func (c *call) exec() {
-	l := c.enter()
+	c.enter()
 	settled := false
 	defer func() {
 		if !settled { // runtime.Goexit: nothing was recovered, the goroutine goes on exiting
-			c.finish(l, fmt.Errorf("failed to run call %q: %w", internal.Cut(c.opts.Name), errGoexit))
+			c.finish(fmt.Errorf("failed to run call %q: %w", internal.Cut(c.name()), errGoexit))
 		}
 	}()
 	var err error
@@ -143,7 +161,7 @@ func (c *call) exec() {
 			}
 			settled = true
 			pe := c.panicError(v)
-			c.finish(l, pe)
+			c.finish(pe)
 			if c.opts.Repanic && c.onCaller {
 				// Run: raised from this deferred call, the panic keeps fn's frames below
 				// it, so whoever recovers it next sees the stack where fn panicked.
@@ -158,13 +176,13 @@ func (c *call) exec() {
 	}
 	settled = true
 	if !returned { // a panic(nil) that recover could not tell from no panic
-		c.finish(l, c.panicError(nil))
+		c.finish(c.panicError(nil))
 		if c.opts.Repanic && c.onCaller {
 			panic(nil) // re-raise exactly what fn raised
 		}
 		return
 	}
-	c.finish(l, err)
+	c.finish(err)
 }
 
 func (c *call) panicError(v any) *PanicError {
@@ -174,14 +192,15 @@ func (c *call) panicError(v any) *PanicError {
 		return pe
 	}
 	c.e.panicked.Add(1)
-	return &PanicError{Name: c.opts.Name, Value: v, Stack: debug.Stack()}
+	return &PanicError{Name: c.name(), Value: v, Stack: debug.Stack()}
 }
 
-// finish settles c with fn's result err: gives its label back, counts it, ends fn's
-// context, logs a panic nobody will see, unlists it and hands err to whoever waits.
-func (c *call) finish(l *label, err error) {
+// finish settles c with fn's result err: restores its goroutine's labels, counts it, ends
+// fn's context, logs a panic nobody will see, unlists it (giving its label back) and hands
+// err to whoever waits.
+func (c *call) finish(err error) {
 	e := c.e
-	c.leave(l)
+	c.leave()
 	if c.slot {
 		<-e.slots
 	}
@@ -190,9 +209,6 @@ func (c *call) finish(l *label, err error) {
 		e.afterCall(after, c, err)
 	}
 	c.cancel(errFinished) // fn's context ends with fn
-	if c.stop != nil {
-		c.stop()
-	}
 	c.err = err
 	waited := c.state.CompareAndSwap(callWaiting, callFinished)
 	if !waited && err != nil {
@@ -223,7 +239,7 @@ func (e *Executor) afterCall(after func(string, time.Duration, error), c *call, 
 		if v := recover(); v != nil {
 			e.safely(func() {
 				e.log.Error(fmt.Errorf("%v", v), "AfterCall panicked",
-					"call", internal.Cut(c.opts.Name), "stack", string(debug.Stack()))
+					"call", internal.Cut(c.name()), "stack", string(debug.Stack()))
 			})
 		}
 	}()

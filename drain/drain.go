@@ -204,6 +204,7 @@ type Executor struct {
 	slowArmed  bool
 	report     clock.Timer // the next report, while a Drain waits
 	cancelTmr  clock.Timer // CancelAfter, until it fired or the calls all returned
+	labels     labelTable  // the pprof label ids of its calls (see labels.go)
 
 	draining  chan struct{} // closed when Drain begins
 	done      chan struct{} // closed when draining and nothing is in flight
@@ -238,6 +239,7 @@ func New(opts Options) *Executor {
 		draining: make(chan struct{}),
 		done:     make(chan struct{}),
 	}
+	e.labels.num = executors.add(e)
 	if opts.MaxConcurrent > 0 {
 		e.slots = make(chan struct{}, opts.MaxConcurrent)
 	}
@@ -313,13 +315,17 @@ func (e *Executor) call(ctx context.Context, o *internal.CallOptions, fn func(co
 	}
 	c.done = make(chan struct{})
 	go c.exec()
-	select {
-	case <-c.done:
-	case <-ctx.Done():
-		if c.state.CompareAndSwap(callWaiting, callDetached) {
-			return ctx.Err()
+	if ctxDone := ctx.Done(); ctxDone == nil { // ctx never ends: wait for fn alone
+		<-c.done
+	} else {
+		select {
+		case <-c.done:
+		case <-ctxDone:
+			if c.state.CompareAndSwap(callWaiting, callDetached) {
+				return ctx.Err()
+			}
+			<-c.done // fn returned meanwhile; take its result instead
 		}
-		<-c.done // fn returned meanwhile; take its result instead
 	}
 	if o.Repanic && c.err != nil {
 		repanic(c.err)
@@ -388,11 +394,11 @@ func (e *Executor) run(ctx context.Context, o *internal.CallOptions, fn func(con
 func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn func(context.Context) error) (*call, error) {
 	switch {
 	case ctx == nil:
-		return nil, fmt.Errorf("failed to run call %q: nil context: %w", internal.Cut(o.Name), ErrInvalidCall)
-	case o.Name == "":
+		return nil, fmt.Errorf("failed to run call %q: nil context: %w", internal.Cut(o.FullName()), ErrInvalidCall)
+	case o.Name == "" && o.Object == "":
 		return nil, fmt.Errorf("failed to run call: empty name: %w", ErrInvalidCall)
 	case fn == nil:
-		return nil, fmt.Errorf("failed to run call %q: nil func: %w", internal.Cut(o.Name), ErrInvalidCall)
+		return nil, fmt.Errorf("failed to run call %q: nil func: %w", internal.Cut(o.FullName()), ErrInvalidCall)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -413,9 +419,6 @@ func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn func(c
 			<-e.slots
 		}
 		c.cancel(errFinished)
-		if c.stop != nil {
-			c.stop()
-		}
 		return nil, e.refuse(o)
 	}
 	c.start = e.clock.Now()
@@ -424,10 +427,11 @@ func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn func(c
 	return c, nil
 }
 
-// link lists c as the newest call. The caller holds e.mu.
+// link lists c as the newest call, with a label id. The caller holds e.mu.
 func (e *Executor) link(c *call) {
 	e.started.Add(1)
 	e.inFlight++
+	e.takeLabel(c)
 	c.prev = e.newest
 	if e.newest != nil {
 		e.newest.next = c
@@ -440,9 +444,11 @@ func (e *Executor) link(c *call) {
 	}
 }
 
-// unlink forgets a settled call; the last one to leave a draining executor ends the drain.
+// unlink forgets a settled call and takes its label back; the last one to leave a draining
+// executor ends the drain.
 func (e *Executor) unlink(c *call) {
 	e.mu.Lock()
+	e.giveLabel(c)
 	if c.prev != nil {
 		c.prev.next = c.next
 	} else {
@@ -505,7 +511,7 @@ func (e *Executor) acquire(ctx context.Context, o *internal.CallOptions) error {
 
 func (e *Executor) refuse(o *internal.CallOptions) error {
 	e.refused.Add(1)
-	return fmt.Errorf("failed to run call %q: %w", internal.Cut(o.Name), ErrDraining)
+	return fmt.Errorf("failed to run call %q: %w", internal.Cut(o.FullName()), ErrDraining)
 }
 
 // Drain refuses new calls, then waits for every tracked call to return, logging reports of
@@ -703,5 +709,5 @@ func FromContext(ctx context.Context) (ex *Executor, name string, ok bool) {
 	if !ok {
 		return nil, "", false
 	}
-	return c.e, c.opts.Name, true
+	return c.e, c.name(), true
 }

@@ -2,118 +2,185 @@ package drain
 
 import (
 	"context"
+	"math"
+	"runtime"
 	"runtime/pprof"
 	"strconv"
+	"strings"
 	"sync"
+	"weak"
 )
 
 // While fn runs, its goroutine carries the pprof label quiesce=<id>, by which a goroutine
-// profile tells which call a stack belongs to (see locate.go). The ids are shared by every
-// executor of the process and reused: there are never more of them than calls running at
-// once, so a continuous profiler sees a bounded set of values. A reused id cannot mislead a
-// report: a label is given back only after its goroutine dropped it, a capture locates
-// only calls labelled before it began (see label.seq), and among the goroutines carrying an
-// id, the call's own is the one running exec (goroutines fn started carry its labels too).
+// profile tells which call a stack belongs to (see locate.go). Each executor has its own
+// ids, "<executor number>-<n>", and reuses them: a call takes one as it is listed and gives
+// it back as it is unlisted, under the executor's lock that listing takes anyway, so no
+// lock is shared by all executors on the way of a call. An executor's calls carry no more
+// values than it has calls listed at once, so a continuous profiler sees a bounded set of
+// values per executor.
+//
+// A reused id cannot mislead a report: an id is given back only after its goroutine
+// dropped it; a capture locates only calls whose goroutine carried their label before it
+// began (see call.since); and among the goroutines carrying an id, the call's own is the
+// one running exec (goroutines fn started carry its labels too).
 
 // labelKey is the pprof label key of goroutines running a call's fn.
 const labelKey = "quiesce"
 
-// A label is one id, with its label context ready.
+// While its goroutine carries its label, a call's since is the first capture epoch (see
+// captureEpoch) that saw the label; before, 0; once fn returned, sinceLeft, after every
+// epoch.
+const sinceLeft = math.MaxUint64
+
+// A label is one of an executor's ids, with its label context made once.
 type label struct {
-	id  string
-	ctx context.Context // pprof.WithLabels(context.Background(), quiesce=id)
-
-	// seq orders the labellings of the process: set when a call took the label, after
-	// its goroutine carried it.
-	seq  uint64
-	call *call // the call that holds it
+	id   string
+	ctx  context.Context // pprof.WithLabels(context.Background(), quiesce=id)
+	call *call           // the call holding it, or nil; guarded by Executor.mu
 }
 
-// labels are the process's label ids.
-var labels struct {
-	mu     sync.Mutex
-	free   []*label
-	n      int               // ids made
-	seq    uint64            // last label.seq given
-	active map[string]*label // by id, the labels held by a call
+// labelTable is an executor's label ids. Guarded by Executor.mu.
+type labelTable struct {
+	num  uint64   // the executor's number, the prefix of its ids
+	all  []*label // the ids made: all[n-1] is "<num>-<n>"
+	free []*label // those no call holds
 }
 
-// enter gives c a free label, labels the current goroutine with it (merged with the
-// labels of c's caller, as pprof.Do merges them) and returns it. The goroutine carries the
-// label before the label gets its seq: a capture that saw the seq saw the label.
-func (c *call) enter() *label {
+// takeLabel gives c a free label of e. The caller holds e.mu (see link).
+func (e *Executor) takeLabel(c *call) {
+	t := &e.labels
+	var l *label
+	if n := len(t.free); n > 0 {
+		l = t.free[n-1]
+		t.free = t.free[:n-1]
+	} else {
+		id := strconv.FormatUint(t.num, 10) + "-" + strconv.Itoa(len(t.all)+1)
+		l = &label{id: id, ctx: pprof.WithLabels(context.Background(), pprof.Labels(labelKey, id))}
+		t.all = append(t.all, l)
+	}
+	l.call = c
+	c.label = l
+}
+
+// giveLabel takes c's label back, once c's goroutine dropped it. The caller holds e.mu
+// (see unlink).
+func (e *Executor) giveLabel(c *call) {
+	c.label.call = nil
+	e.labels.free = append(e.labels.free, c.label)
+}
+
+// enter labels the current goroutine with c's label, merged with the labels of c's caller
+// as pprof.Do merges them. The goroutine carries the label before it reads the capture
+// epoch: every capture begun after that read saw the label.
+func (c *call) enter() {
 	var pairs []string
 	pprof.ForLabels(c.parent, func(k, v string) bool {
+		c.labelled = true
 		if k != labelKey {
 			pairs = append(pairs, k, v)
 		}
 		return true
 	})
-	c.entered.Store(true)
-
-	labels.mu.Lock()
-	var l *label
-	if n := len(labels.free); n > 0 {
-		l = labels.free[n-1]
-		labels.free = labels.free[:n-1]
-	} else {
-		labels.n++
-		id := strconv.Itoa(labels.n)
-		l = &label{id: id, ctx: pprof.WithLabels(context.Background(), pprof.Labels(labelKey, id))}
-	}
-	c.labels = l.ctx
+	c.labels = c.label.ctx
 	if pairs != nil { // the caller has labels of its own: fn keeps them
-		c.labels = pprof.WithLabels(context.Background(), pprof.Labels(append(pairs, labelKey, l.id)...))
+		c.labels = pprof.WithLabels(context.Background(), pprof.Labels(append(pairs, labelKey, c.label.id)...))
 	}
 	pprof.SetGoroutineLabels(c.labels)
-	labels.seq++
-	l.seq, l.call = labels.seq, c
-	if labels.active == nil {
-		labels.active = make(map[string]*label)
-	}
-	labels.active[l.id] = l
-	labels.mu.Unlock()
-	c.label.Store(l)
-	return l
+	c.since.Store(captureEpoch.Load() + 1)
 }
 
 // leave restores the labels of the current goroutine, once it no longer runs fn (Run's
 // caller's, as pprof.Do restores them; none on a goroutine of Call or Go, which is about
-// to end), then takes l back from c.
-func (c *call) leave(l *label) {
-	c.label.Store(nil)
-	if c.onCaller {
+// to end, nor when the caller's ctx has none). The label goes back to the executor when
+// the call is unlisted, after this.
+func (c *call) leave() {
+	c.since.Store(sinceLeft)
+	if c.onCaller && c.labelled {
 		pprof.SetGoroutineLabels(c.parent)
 	} else {
 		pprof.SetGoroutineLabels(context.Background())
 	}
-	labels.mu.Lock()
-	delete(labels.active, l.id)
-	l.call = nil
-	labels.free = append(labels.free, l)
-	labels.mu.Unlock()
 }
 
-// heldLabel returns the label that c holds and its seq, or nil.
-func (c *call) heldLabel() (*label, uint64) {
-	l := c.label.Load()
-	if l == nil {
-		return nil, 0
+// labelled returns the call holding the label id, if its goroutine carried it before the
+// capture of the given epoch began (and so during it: a call holds its label until it
+// is unlisted).
+func labelled(id string, epoch uint64) *call {
+	num, n, ok := parseID(id)
+	if !ok {
+		return nil
 	}
-	labels.mu.Lock()
-	defer labels.mu.Unlock()
-	if l.call != c {
-		return nil, 0
+	e := executors.find(num)
+	if e == nil {
+		return nil
 	}
-	return l, l.seq
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if n > len(e.labels.all) {
+		return nil
+	}
+	c := e.labels.all[n-1].call
+	if c == nil {
+		return nil
+	}
+	if since := c.since.Load(); since == 0 || since > epoch { // sinceLeft too
+		return nil
+	}
+	return c
 }
 
-// labelled returns the call holding the label id since seq or before, if any.
-func labelled(id string, seq uint64) *call {
-	labels.mu.Lock()
-	defer labels.mu.Unlock()
-	if l := labels.active[id]; l != nil && l.seq <= seq {
-		return l.call
+// parseID reads "<executor number>-<n>"; a value that some other code gave the label key
+// is not an id.
+func parseID(id string) (num uint64, n int, ok bool) {
+	a, b, found := strings.Cut(id, "-")
+	if !found {
+		return 0, 0, false
 	}
-	return nil
+	num, err := strconv.ParseUint(a, 10, 64)
+	if err != nil {
+		return 0, 0, false
+	}
+	n, err = strconv.Atoi(b)
+	if err != nil || n < 1 {
+		return 0, 0, false
+	}
+	return num, n, true
+}
+
+// executors finds an executor by its number, for the locate path alone: a Run nested in
+// a call of another executor relabels that call's goroutine, and the outer call is found
+// through the inner one's id. It is written once per executor, at New, never per call,
+// and keeps no executor alive.
+var executors registry
+
+type registry struct {
+	mu   sync.Mutex
+	last uint64
+	m    map[uint64]weak.Pointer[Executor]
+}
+
+// add numbers e and lists it until it is garbage collected.
+func (r *registry) add(e *Executor) uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.last++
+	num := r.last
+	if r.m == nil {
+		r.m = make(map[uint64]weak.Pointer[Executor])
+	}
+	r.m[num] = weak.Make(e)
+	runtime.AddCleanup(e, r.remove, num)
+	return num
+}
+
+func (r *registry) remove(num uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.m, num)
+}
+
+func (r *registry) find(num uint64) *Executor {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.m[num].Value()
 }

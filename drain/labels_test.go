@@ -3,10 +3,12 @@ package drain_test
 import (
 	"bytes"
 	"context"
+	"runtime"
 	"runtime/pprof"
 	"strings"
 	"sync"
 	"testing"
+	"weak"
 
 	"github.com/google/pprof/profile"
 
@@ -246,4 +248,147 @@ func TestLocateNestedRunOfAnotherExecutor(t *testing.T) {
 	if len(outerCalls) != 1 || outerCalls[0].Where != where || outerCalls[0].Handler != wantOuter {
 		t.Errorf("outer Locate = %+v, want at %q (its goroutine is blocked there) and in %q", outerCalls, where, wantOuter)
 	}
+}
+
+// TestLabelsOfTwoExecutors: the calls of two executors running at once never carry the
+// same label value, on their context or on their goroutine; each executor still reuses
+// its own values.
+func TestLabelsOfTwoExecutors(t *testing.T) {
+	exs := []*drain.Executor{newExecutor(t, drain.Options{}), newExecutor(t, drain.Options{})}
+	const perExecutor = 10
+	var mu sync.Mutex
+	seen := map[string]int{} // value → calls carrying it
+	release := make(chan struct{})
+	var started, wg sync.WaitGroup
+	started.Add(2 * perExecutor)
+	for _, ex := range exs {
+		for range perExecutor {
+			wg.Go(func() {
+				_ = ex.Call(context.Background(), "concurrent", func(ctx context.Context) error {
+					v, _ := pprof.Label(ctx, "quiesce")
+					mu.Lock()
+					seen[v]++
+					mu.Unlock()
+					started.Done()
+					<-release
+					return nil
+				})
+			})
+		}
+	}
+	started.Wait()
+	for v, n := range seen {
+		if n != 1 {
+			t.Errorf("label %q is carried by %d calls running at once, want 1", v, n)
+		}
+		if gs := goroutineLabels(t, "quiesce", v); len(gs) != 1 {
+			t.Errorf("label %q is on %d goroutines, want 1 (the call's own)", v, len(gs))
+		}
+	}
+	if len(seen) != 2*perExecutor {
+		t.Errorf("%d calls running at once carried %d label values, want %d", 2*perExecutor, len(seen), 2*perExecutor)
+	}
+	close(release)
+	wg.Wait()
+
+	// Sequential calls alternating between the executors: each reuses its own value.
+	values := []map[string]bool{{}, {}}
+	for range 100 {
+		for i, ex := range exs {
+			_ = ex.Call(context.Background(), "sequential", func(ctx context.Context) error {
+				v, _ := pprof.Label(ctx, "quiesce")
+				values[i][v] = true
+				return nil
+			})
+		}
+	}
+	for i := range values {
+		if len(values[i]) > 2 {
+			t.Errorf("executor %d: 100 sequential calls carried %d label values, want at most 2", i, len(values[i]))
+		}
+		for v := range values[i] {
+			if values[1-i][v] {
+				t.Errorf("label %q was carried by calls of both executors", v)
+			}
+		}
+	}
+}
+
+// TestReusedLabelOfEachExecutor: in each of two executors, a finished call left a
+// goroutine behind with its label; the next call of each executor takes that label again
+// and is located on its own goroutine, not on the leftover one nor on the other executor's.
+func TestReusedLabelOfEachExecutor(t *testing.T) {
+	exs := []*drain.Executor{newExecutor(t, drain.Options{}), newExecutor(t, drain.Options{})}
+	leaked := make(chan struct{})
+	defer close(leaked)
+	first := make([]string, len(exs))
+	for i, ex := range exs {
+		childAt := make(chan string, 1)
+		if err := ex.Call(context.Background(), "first", func(ctx context.Context) error {
+			first[i], _ = pprof.Label(ctx, "quiesce")
+			go func() { // left behind by fn, with fn's labels
+				childAt <- lineBelow()
+				<-leaked
+			}()
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		<-childAt
+	}
+	if first[0] == first[1] {
+		t.Fatalf("the first calls of two executors both carried label %q", first[0])
+	}
+	release := make(chan struct{})
+	defer close(release)
+	second := make([]string, len(exs))
+	wheres := make([]string, len(exs))
+	for i, ex := range exs {
+		at := make(chan string, 1)
+		block := []func(){ // a line of its own for each executor's call
+			func() { blockAt(0, at, release) },
+			func() { _ = blocking(at, release)(context.Background()) },
+		}[i]
+		if err := ex.Go(context.Background(), "second", func(ctx context.Context) error {
+			second[i], _ = pprof.Label(ctx, "quiesce")
+			block()
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		wheres[i] = <-at
+	}
+	if wheres[0] == wheres[1] {
+		t.Fatalf("both calls block at %q: nothing to test", wheres[0])
+	}
+	for i, ex := range exs {
+		if second[i] != first[i] {
+			t.Fatalf("executor %d: the second call got label %q, not the first's %q: nothing to test", i, second[i], first[i])
+		}
+		calls := locateAt(ex, wheres[i])
+		if len(calls) != 1 || calls[0].Where != wheres[i] {
+			t.Errorf("executor %d: Locate = %+v, want second at %q", i, calls, wheres[i])
+		}
+	}
+}
+
+// TestLabelsKeepNoExecutorAlive: an executor that ran calls, once unreachable, is garbage
+// collected (the registry that resolves label ids to executors holds none).
+func TestLabelsKeepNoExecutorAlive(t *testing.T) {
+	ex := drain.New(drain.Options{})
+	if err := ex.Call(context.Background(), "one", func(context.Context) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := ex.Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	w := weak.Make(ex)
+	ex = nil
+	for range 10 {
+		runtime.GC()
+		if w.Value() == nil {
+			return
+		}
+	}
+	t.Error("an executor no longer used is still alive after 10 collections")
 }

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/pprof/profile"
@@ -72,10 +73,14 @@ func (st stack) frames() []frame {
 // goroutines labelled by quiesce.
 type capture struct {
 	at     time.Time
-	seq    uint64             // every label with a seq up to this was on its goroutine
+	epoch  uint64             // it saw every label of a call whose since is up to this
 	stacks map[string][]stack // by label id
 	ok     bool               // the profile was written and read
 }
+
+// captureEpoch counts the captures begun. A call reads it once its goroutine carries its
+// label (call.since): every capture begun later sees the label. Only captures write it.
+var captureEpoch atomic.Uint64
 
 // captureTaken is called after each capture: a seam for tests.
 var captureTaken = func() {}
@@ -87,11 +92,12 @@ var captures struct {
 	flight chan struct{} // closed when the capture being taken is in last
 }
 
-// captureSince returns a capture that saw every label whose seq is up to seq.
-func captureSince(seq uint64) *capture {
+// captureSince returns a capture that saw the label of every call whose since is up to
+// since.
+func captureSince(since uint64) *capture {
 	for {
 		captures.mu.Lock()
-		if c := captures.last; c != nil && c.seq >= seq && fresh(c.at) {
+		if c := captures.last; c != nil && c.epoch >= since && fresh(c.at) {
 			captures.mu.Unlock()
 			return c
 		}
@@ -122,9 +128,7 @@ func fresh(at time.Time) bool {
 
 // takeCapture writes the goroutine profile and keeps the stacks labelled by quiesce.
 func takeCapture() *capture {
-	labels.mu.Lock()
-	c := &capture{at: time.Now(), seq: labels.seq}
-	labels.mu.Unlock()
+	c := &capture{at: time.Now(), epoch: captureEpoch.Add(1)}
 	var buf bytes.Buffer
 	if err := pprof.Lookup("goroutine").WriteTo(&buf, 0); err != nil {
 		return c
@@ -191,26 +195,32 @@ func ownStack(stacks []stack) (stack, bool) {
 func (e *Executor) locate(calls []*call) []Pending {
 	out := make([]Pending, len(calls))
 	held := make([]*label, len(calls))
-	var seq uint64
+	var since uint64
 	for i, c := range calls {
 		out[i] = c.pending()
-		l, s := c.heldLabel()
-		switch {
-		case l != nil:
-			held[i] = l
-			seq = max(seq, s)
-		case c.label.Load() == nil && !c.entered.Load():
+		switch s := c.since.Load(); s {
+		case 0:
 			out[i].Where, out[i].Handler = NotStarted, NotStarted
-		default: // fn returned a moment ago
+		case sinceLeft: // fn returned a moment ago
 			out[i].Where, out[i].Handler = Unknown, Unknown
+		default:
+			held[i] = c.label
+			since = max(since, s)
 		}
 	}
-	if seq == 0 {
+	if since == 0 {
 		return out
 	}
-	cp := captureSince(seq)
+	cp := captureSince(since)
 	if !cp.ok {
 		e.unknownWhy(unknownNoProfile)
+	}
+	for i, c := range calls {
+		if held[i] != nil && c.since.Load() == sinceLeft {
+			// fn returned since: its label, given back, may be another call's in the capture.
+			held[i] = nil
+			out[i].Where, out[i].Handler = Unknown, Unknown
+		}
 	}
 	index := make(map[*call]int, len(calls))
 	for i, c := range calls {
@@ -235,12 +245,12 @@ func (e *Executor) locate(calls []*call) []Pending {
 	// A Run inside fn, on fn's goroutine, relabels it while it runs: the enclosing calls,
 	// of any executor, are on the inner call's stack, each above the next exec frame.
 	for id, stacks := range cp.stacks {
-		inner := labelled(id, cp.seq)
-		if inner == nil {
+		st, ok := ownStack(stacks)
+		if !ok || st.execs < 2 { // no call below the innermost on this goroutine
 			continue
 		}
-		st, ok := ownStack(stacks)
-		if !ok {
+		inner := labelled(id, cp.epoch)
+		if inner == nil {
 			continue
 		}
 		n := 0

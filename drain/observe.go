@@ -13,7 +13,7 @@ import (
 func observed(calls []*call, ents []internal.Entry) []internal.Observed {
 	out := make([]internal.Observed, len(calls))
 	for i, c := range calls {
-		out[i] = internal.Observed{Entry: ents[i], Options: c.opts}
+		out[i] = internal.Observed{Entry: ents[i], Options: c.Options()}
 	}
 	return out
 }

@@ -60,6 +60,24 @@ type CallOptions struct {
 	// NoSlot: the call never waits for nor holds a MaxConcurrent slot (webhook calls:
 	// MaxConcurrent bounds reconciles and their calls only).
 	NoSlot bool
+
+	// Namespace and Object, when Object is set, end the call's name (a reconcile's, named
+	// after its request): see FullName. The name is put together when something reads it,
+	// not for every call.
+	Namespace, Object string
+}
+
+// FullName returns the call's name: Name, then "/<Namespace>/<Object>" when Object is set
+// ("/<Object>" when Namespace is empty).
+func (o *CallOptions) FullName() string {
+	switch {
+	case o.Object == "":
+		return o.Name
+	case o.Namespace == "":
+		return o.Name + "/" + o.Object
+	default:
+		return o.Name + "/" + o.Namespace + "/" + o.Object
+	}
 }
 
 // Core is what quiesce's packages use of a *drain.Executor beyond its public methods.

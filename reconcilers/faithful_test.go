@@ -201,6 +201,31 @@ func panicsMetric(t *testing.T, name string) float64 {
 	return 0
 }
 
+func TestShieldedReconcileKeepsTheCallersValues(t *testing.T) {
+	// A shielded reconcile's context is its own (it derives from no context of the caller's)
+	// yet answers every value of the caller's, and contexts derived from it end with it.
+	ex := newDriven(drain.Options{CancelAfter: -1})
+	drained(t, ex)
+	type ctxKey struct{}
+	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), ctxKey{}, "v"))
+	defer cancel()
+	var child context.Context
+	r := reconcilers.Wrap(ex, "cm", reconcile.Func(func(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+		if v := ctx.Value(ctxKey{}); v != "v" {
+			t.Errorf("Value = %v, want the caller's v", v)
+		}
+		cancel()
+		var stop context.CancelFunc
+		child, stop = context.WithCancel(ctx)
+		t.Cleanup(stop)
+		return reconcile.Result{}, child.Err()
+	}))
+	if _, err := r.Reconcile(ctx, request("ns", "obj")); err != nil {
+		t.Fatalf("Reconcile = %v, want nil: the caller's cancel does not reach a shielded reconcile", err)
+	}
+	<-child.Done() // ended with the reconcile
+}
+
 func TestShieldingIsFixedWhenTheExecutorIsOwned(t *testing.T) {
 	// What decides the shield is the executor's owner, set before any reconcile runs;
 	// nothing about the owner's Start. A reconcile before and after behave the same.

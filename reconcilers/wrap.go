@@ -98,7 +98,7 @@ type wrapped[R comparable] struct {
 	r          reconcile.TypedReconciler[R]
 	opts       options
 	controller string
-	name       func(R) string // the call's name for a request
+	name       func(R) (name, namespace, object string) // the call's name for a request
 	refusedLog sync.Once
 }
 
@@ -118,8 +118,11 @@ func (w *wrapped[R]) Reconcile(ctx context.Context, req R) (reconcile.Result, er
 	if w.opts.events != nil {
 		tag = w.opts.events.tag(any(req))
 	}
+	name, namespace, object := w.name(req)
 	err := w.ex.Run(ctx, internal.CallOptions{
-		Name:        w.name(req),
+		Name:        name,
+		Namespace:   namespace,
+		Object:      object,
 		Controller:  w.controller,
 		ReconcileID: string(crcontroller.ReconcileIDFromContext(ctx)),
 		Tag:         tag,
@@ -147,23 +150,28 @@ func (w *wrapped[R]) requeue(ctx context.Context) reconcile.Result {
 	return reconcile.Result{RequeueAfter: w.opts.requeueAfter}
 }
 
-// namer returns the function naming a reconcile of controller, chosen once: a
-// reconcile.Request is read without going through an interface (no allocation).
-func namer[R comparable](controller string) func(R) string {
+// namer returns the function naming a reconcile of controller, chosen once. A
+// reconcile.Request is read without going through an interface, and its name is left to
+// the executor to put together when something reads it (internal.CallOptions.FullName):
+// no allocation per reconcile.
+func namer[R comparable](controller string) func(R) (name, namespace, object string) {
 	var zero R
 	if _, ok := any(zero).(reconcile.Request); ok {
-		return any(func(r reconcile.Request) string {
-			if r.Namespace == "" {
-				return controller + "/" + r.Name
+		return any(func(r reconcile.Request) (string, string, string) {
+			switch {
+			case r.Name == "" && r.Namespace == "": // FullName would leave the "/" out
+				return controller + "/", "", ""
+			case r.Name == "":
+				return controller + "/" + r.Namespace + "/", "", ""
 			}
-			return controller + "/" + r.Namespace + "/" + r.Name
-		}).(func(R) string)
+			return controller, r.Namespace, r.Name
+		}).(func(R) (string, string, string))
 	}
-	return func(req R) string {
+	return func(req R) (string, string, string) {
 		if s, ok := any(req).(fmt.Stringer); ok {
-			return controller + "/" + s.String()
+			return controller + "/" + s.String(), "", ""
 		}
-		return controller + "/" + fmt.Sprint(req)
+		return controller + "/" + fmt.Sprint(req), "", ""
 	}
 }
 

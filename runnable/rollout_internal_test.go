@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -540,6 +541,30 @@ func TestStopWithoutDelayIsQuiet(t *testing.T) {
 		}
 		if m := logs.messages(); len(m) != 0 {
 			t.Errorf("log = %q, want nothing at verbosity 0", m)
+		}
+	})
+}
+
+// A stop that waits for calls tells its whole timeline at the default verbosity, from its
+// first line on.
+func TestStopWithPendingCallsLogsItsTimeline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		logs := &lines{}
+		r := newRunnable(withDefaults(Options{Logger: logs.logger()}), false)
+		if err := r.ex.Go(context.Background(), "job", func(ctx context.Context) error {
+			time.Sleep(time.Second) // a call that takes a second (fake time)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if err := (&stopper{r: r}).Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		want := []string{"Stop began", "Draining executor", "All calls returned"}
+		if m := logs.messages(); !slices.Equal(m, want) {
+			t.Errorf("log = %q, want %q", m, want)
 		}
 	})
 }

@@ -367,7 +367,7 @@ func (r *Runnable) Start(ctx context.Context) error {
 }
 
 // stopLog is the logger of the stop's lines: at the default verbosity when the stop waits
-// (a ShutdownDelay, or calls pending when the drain began), at V(1) otherwise, as kopf says
+// (a ShutdownDelay, or calls pending when the stop or the drain began), at V(1) otherwise, as kopf says
 // nothing when nothing is pending.
 func (r *Runnable) stopLog() logr.Logger {
 	if r.stop.delay > 0 || r.stop.waited.Load() {

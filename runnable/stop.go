@@ -20,7 +20,7 @@ type stopState struct {
 
 	procedure atomic.Bool // Add added the stop procedure, which drains (set before mgr.Start)
 	delayed   atomic.Bool // StopContext was called: the manager's stop comes after the delay
-	waited    atomic.Bool // calls were pending when the drain began
+	waited    atomic.Bool // calls were pending when the stop or the drain began
 
 	beginOnce sync.Once
 	at        time.Time     // when the stop began; written before stopping is closed
@@ -42,6 +42,9 @@ func (s *stopState) began() bool {
 func (r *Runnable) beginStop() {
 	r.stop.beginOnce.Do(func() {
 		r.stop.at = time.Now()
+		if r.ex.Stats().InFlight > 0 {
+			r.stop.waited.Store(true)
+		}
 		close(r.stop.stopping)
 		safely(func() {
 			r.stopLog().Info("Stop began", "sinceStop", "0s",

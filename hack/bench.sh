@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# bench.sh measures the per-call budgets of issue 23, each as a pair run in the same process
+# as its baseline (interleaved in short blocks, so that both see the same load on a busy
+# machine; each run reports medians over its blocks), COUNT runs (default 5), and prints each
+# budget with the median of the runs and whether it is met. `make bench` runs it.
+# GO, COUNT and BENCHFLAGS (e.g. -cpu 2) may be set from the environment.
+set -euo pipefail
+
+GO="${GO:-go}"
+COUNT="${COUNT:-5}"
+BENCHFLAGS="${BENCHFLAGS:-}"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "${root}"
+out="$(mktemp)"
+trap 'rm -f "${out}"' EXIT
+
+run() { # package, benchmark pattern, benchtime
+	# shellcheck disable=SC2086 # BENCHFLAGS is a list of flags
+	"${GO}" test -run '^$' -bench "$2" -benchtime "$3" -count "${COUNT}" ${BENCHFLAGS} "$1" | tee -a "${out}"
+}
+run ./drain/ '^BenchmarkCallInterleaved$' 200000x
+run ./drain/ '^BenchmarkReportInterleaved$' 3x
+run ./reconcilers/ '^BenchmarkReconcileDirectInterleaved$' 500000x
+run ./reconcilers/ '^BenchmarkReconcileLoopInterleaved$' 100000x
+
+# Lines: "BenchmarkName-P  N  value unit  value unit ...". The median of each (name, unit).
+awk -v count="${COUNT}" '
+function median(key,   n, i, j, t, a) {
+	n = split(vals[key], a, " ")
+	if (n == 0) { missing = 1; printf "no result for %s\n", key; return "nan" }
+	for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j-1] + 0 > a[j] + 0; j--) { t = a[j]; a[j] = a[j-1]; a[j-1] = t }
+	return a[int((n + 1) / 2)]
+}
+function row(what, budget, got, met) {
+	printf "%-68s %-10s %10s   %s\n", what, budget, got, met ? "met" : "NOT MET"
+}
+/^Benchmark/ {
+	name = $1; sub(/-[0-9]+$/, "", name)
+	for (i = 3; i + 1 <= NF; i += 2) vals[name SUBSEP $(i+1)] = vals[name SUBSEP $(i+1)] " " $i
+}
+END {
+	printf "\nBudgets of issue 23: median of %d runs, each the median over its interleaved blocks\n\n", count
+	printf "%-68s %-10s %10s   %s\n", "pair", "budget", "measured", ""
+	call = median("BenchmarkCallInterleaved" SUBSEP "call/baseline")
+	row("Call / (go + WaitGroup + channel)", "<= 1.8", sprintf("%.2f", call), call <= 1.8)
+	ns = median("BenchmarkReconcileDirectInterleaved" SUBSEP "over-ns/op")
+	row("wrapped Reconcile called directly, over the bare call: ns", "<= 1000", sprintf("%.0f", ns), ns <= 1000)
+	al = median("BenchmarkReconcileDirectInterleaved" SUBSEP "over-allocs/op")
+	row("wrapped Reconcile called directly, over the bare call: allocs", "<= 5", sprintf("%.0f", al), al <= 5)
+	w2 = median("BenchmarkReconcileLoopInterleaved/workers=2" SUBSEP "wrapped/unwrapped-throughput")
+	row("controller-runtime loop, 2 workers: wrapped/unwrapped throughput", ">= 0.85", sprintf("%.2f", w2), w2 >= 0.85)
+	w16 = median("BenchmarkReconcileLoopInterleaved/workers=16" SUBSEP "wrapped/unwrapped-throughput")
+	row("the same, 16 workers on one executor: drop from 2 workers", "<= 0.05", sprintf("%.2f (%.2f)", w2 - w16, w16), w2 - w16 <= 0.05)
+	rep = median("BenchmarkReportInterleaved" SUBSEP "report/floor")
+	row("report of 10,000 calls 150 frames deep / protobuf profile", "<= 2", sprintf("%.2f", rep), rep <= 2)
+	if (missing) exit 1
+}' "${out}"

@@ -32,7 +32,7 @@ func BenchmarkReconcileLoop(b *testing.B) {
 		defer func() { _ = ex.Drain(context.Background()) }()
 		internal.Of(ex).Settings().Driven.Store(true) // as a runnable.Runnable does
 		benchLoop(b, func(r reconcile.Reconciler) reconcile.Reconciler {
-			return reconcilers.Wrap(ex, "bench", r)
+			return reconcilers.Wrap(ex, "bench", r, reconcilers.Options{})
 		})
 	})
 }
@@ -78,7 +78,7 @@ func BenchmarkReconcileDirect(b *testing.B) {
 		ex := drain.New(drain.Options{})
 		defer func() { _ = ex.Drain(context.Background()) }()
 		internal.Of(ex).Settings().Driven.Store(true) // shielded, as under a runnable.Runnable
-		w := reconcilers.Wrap(ex, "bench", r)
+		w := reconcilers.Wrap(ex, "bench", r, reconcilers.Options{})
 		b.ReportAllocs()
 		for b.Loop() {
 			_, _ = w.Reconcile(context.Background(), req)

@@ -80,7 +80,7 @@ func ExampleDaemons() {
 	}
 	// In an operator: ctrl.NewControllerManagedBy(mgr).For(&corev1.ConfigMap{}).
 	//	Complete(reconcilers.Wrap(q.Executor(), "heartbeat", r))
-	w := reconcilers.Wrap(ex, "heartbeat", r)
+	w := reconcilers.Wrap(ex, "heartbeat", r, reconcilers.Options{})
 	ctx := context.Background()
 	req := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(cm)}
 

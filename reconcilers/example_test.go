@@ -22,7 +22,7 @@ func ExampleWrap() {
 		func(context.Context, reconcile.Request) (reconcile.Result, error) {
 			fmt.Println("tracked as", ex.Pending()[0].Name)
 			return reconcile.Result{}, nil
-		}))
+		}), reconcilers.Options{})
 	// In an operator: ctrl.NewControllerManagedBy(mgr).For(&v1.Memcached{}).Complete(r)
 	req := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: metav1.NamespaceDefault, Name: "cache"}}
 	if _, err := r.Reconcile(context.Background(), req); err != nil {
@@ -45,7 +45,7 @@ func ExampleCall() {
 				return nil // e.g. a blocking snapshot call, given fn's context
 			})
 			return reconcile.Result{}, err
-		}))
+		}), reconcilers.Options{})
 	req := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: metav1.NamespaceDefault, Name: "cache"}}
 	if _, err := r.Reconcile(context.Background(), req); err != nil {
 		fmt.Println(err)

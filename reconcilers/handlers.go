@@ -92,8 +92,8 @@ type HandlersOptions struct {
 	Lifecycle lifecycle.Func
 
 	// Recorder, if set, receives Events about the object (ReasonProgressCorrupt,
-	// ReasonHandlerError, ReasonHandlerFailed). nil: no Events, only log lines. With a
-	// manager: mgr.GetEventRecorder("<controller>").
+	// ReasonHandlerError, ReasonHandlerFailed). nil: no Events, only log lines. See
+	// reconcilers.Options.Recorder for where to get one.
 	Recorder events.EventRecorder
 
 	// Annotation is the key of the annotation holding the progress. "":
@@ -121,8 +121,8 @@ type HandlersOptions struct {
 	// nil: clock.RealClock{}.
 	Clock clock.PassiveClock
 
-	// Wrap are the options of the Wrap that Handlers applies to its reconciler.
-	Wrap []Option
+	// Wrap is the Options of the Wrap that Handlers applies to its reconciler.
+	Wrap Options
 }
 
 func (o *HandlersOptions) setDefaults() {
@@ -266,7 +266,7 @@ func Handlers[T client.Object](
 		index:    index,
 		opts:     opts,
 	}
-	return Wrap(ex, controller, r, opts.Wrap...), nil
+	return Wrap(ex, controller, r, opts.Wrap), nil
 }
 
 type handlersReconciler[T client.Object] struct {

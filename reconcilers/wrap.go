@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	crcontroller "sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -16,25 +18,39 @@ import (
 	"github.com/quiesce-dev/quiesce/internal"
 )
 
-// Option configures Wrap and WrapTyped.
-type Option func(*options)
-
-type options struct {
-	requeueAfter time.Duration
-	events       *eventer // WithEvents
-}
-
-// DefaultRequeueAfter is how long after a refused request Wrap asks for it again by default.
+// DefaultRequeueAfter is the default of Options.RequeueAfter.
 const DefaultRequeueAfter = time.Second
 
-// WithRequeueAfter sets how long after a request refused by a draining executor it is
-// requeued. Default: DefaultRequeueAfter. Values <= 0 mean the default.
-func WithRequeueAfter(d time.Duration) Option {
-	return func(o *options) {
-		if d > 0 {
-			o.requeueAfter = d
-		}
-	}
+// options are Options as a wrapped reconciler uses them.
+type options struct {
+	requeueAfter time.Duration
+	events       *eventer // nil without Options.Recorder
+}
+
+// Options configure Wrap and WrapTyped. The zero value is valid: every zero field means the
+// documented default.
+type Options struct {
+	// RequeueAfter is how long after a request refused by a draining executor it is
+	// requeued. 0 or negative: DefaultRequeueAfter.
+	RequeueAfter time.Duration
+
+	// Recorder, if set, receives Warning Events about the object of a reconcile that needs
+	// attention (ReasonReconcileSlow, ReasonReconcileAbandoned), so that
+	// `kubectl describe` shows them. nil: no Events. On controller-runtime v0.23 and later:
+	// mgr.GetEventRecorder("<controller>"); on v0.22:
+	// events.NewEventBroadcasterAdapter(clientset).NewRecorder("<controller>"), its
+	// StartRecordingToSink called and its Shutdown deferred. A Recorder needs Reader and
+	// Object, and reconcile.Request requests: Wrap panics otherwise.
+	Recorder events.EventRecorder
+
+	// Reader reads the object for its UID, which `kubectl describe` matches Events by.
+	// Use the manager's cached client (mgr.GetClient()): the reads then never wait on the
+	// network. Required with Recorder.
+	Reader client.Reader
+
+	// Object is an object of the reconciled type (e.g. &cachev1alpha1.Memcached{}), copied
+	// for each read. Required with Recorder.
+	Object client.Object
 }
 
 // Wrap runs each Reconcile of r as a tracked call of ex named "<controller>/<namespace>/<name>"
@@ -53,41 +69,36 @@ func WithRequeueAfter(d time.Duration) Option {
 // Runnable drives, the context is the one controller-runtime passed, deadline and
 // cancellation alike.
 //
-// Once ex drains, new requests are not run: they are requeued (see WithRequeueAfter), with
+// Once ex drains, new requests are not run: they are requeued (Options.RequeueAfter), with
 // one V(1) log line, not an error per request. So is a reconcile that returns an error
 // wrapping drain.ErrDraining (one whose handler Call the drain refused), one whose context
 // controller-runtime had already cancelled when it began (the moment before the drain
 // begins, at shutdown), and one cancelled while it waited for a drain.Options.MaxConcurrent
 // slot. MaxConcurrent bounds the reconciles; their Calls run in their reconcile's slot.
-func Wrap(ex *drain.Executor, controller string, r reconcile.Reconciler, opts ...Option) reconcile.Reconciler {
+func Wrap(ex *drain.Executor, controller string, r reconcile.Reconciler, opts Options) reconcile.Reconciler {
 	if ex == nil || r == nil {
 		panic(fmt.Sprintf("reconcilers.Wrap(%q): nil executor or reconciler (executor nil: %t, reconciler nil: %t)",
 			controller, ex == nil, r == nil))
 	}
-	return WrapTyped(ex, controller, r, opts...)
+	return WrapTyped(ex, controller, r, opts)
 }
 
 // WrapTyped is Wrap for a reconcile.TypedReconciler. The call is named
 // "<controller>/<request>", the request rendered by its String method if it has one, else
 // by fmt's %v. It panics if ex or r is nil.
 func WrapTyped[R comparable](
-	ex *drain.Executor, controller string, r reconcile.TypedReconciler[R], opts ...Option,
+	ex *drain.Executor, controller string, r reconcile.TypedReconciler[R], opts Options,
 ) reconcile.TypedReconciler[R] {
 	if ex == nil || r == nil {
 		panic(fmt.Sprintf("reconcilers.WrapTyped(%q): nil executor or reconciler (executor nil: %t, reconciler nil: %t)",
 			controller, ex == nil, r == nil))
 	}
-	o := options{requeueAfter: DefaultRequeueAfter}
-	for _, opt := range opts {
-		opt(&o)
+	o := options{requeueAfter: opts.RequeueAfter}
+	if o.requeueAfter <= 0 {
+		o.requeueAfter = DefaultRequeueAfter
 	}
-	if o.events != nil {
-		var zero R
-		if _, ok := any(zero).(reconcile.Request); !ok {
-			panic(fmt.Sprintf("reconcilers.WrapTyped(%q): WithEvents needs reconcile.Request requests, not %T",
-				controller, zero))
-		}
-		o.events.controller = controller
+	if opts.Recorder != nil {
+		o.events = newEventer[R](controller, opts)
 		internal.Of(ex).Settings().Observers.Add(o.events)
 	}
 	return &wrapped[R]{ex: internal.Of(ex), r: r, opts: o, controller: controller, name: namer[R](controller)}

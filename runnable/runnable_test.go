@@ -318,7 +318,7 @@ func shieldingBeginsAtStart(t *testing.T) {
 		wrapped := reconcilers.Wrap(r.Executor(), "cm", reconcile.Func(func(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
 			cancel() // controller-runtime's shutdown
 			return reconcile.Result{}, ctx.Err()
-		}))
+		}), reconcilers.Options{})
 		_, err := wrapped.Reconcile(ctx, reconcile.Request{})
 		return err
 	}

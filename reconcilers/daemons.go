@@ -105,35 +105,26 @@ func registerDaemonRestarts() *prometheus.CounterVec {
 }
 
 // Daemons runs long-lived functions, one per object and daemon name, for as long as the
-// object exists: kopf's daemons. A reconciler calls Ensure while its object exists and is
-// not being deleted, and Stop once it is (deletion timestamp set, or NotFound); the library
-// restarts failed daemons, stops them at shutdown, and waits for them there.
+// object exists: kopf's daemons. A reconciler calls Ensure while its object exists and Stop
+// once it is being deleted (or NotFound); failed daemons restart after a backoff, and the
+// drain stops them and waits for them.
 //
-// Each daemon runs as a tracked call of the executor, on a goroutine of its own, named
-// "<controller>/<namespace>/<name>/<daemon>": Pending (with Daemon set), the drain's
-// reports and /debug/quiesce show it, and the metrics count it. Running long is its job: it
-// is never logged or counted as a slow call, nor taken as the oldest call (Stats.Oldest,
-// quiesce_oldest_call_age_seconds). When the drain begins, every daemon's context ends at once (not
-// at drain.Options.CancelAfter: a daemon never finishes on its own), and the drain waits
-// for them within its grace period; one that ignores its context is named, located and
-// abandoned like any call. No daemon starts or restarts once the drain began. Daemons run
-// where Ensure is called, the reconciles: with leader election, on the leader, whose
-// runnable.Runnable (NeedLeaderElection true by default) drains with its controllers.
+// Each daemon is a tracked call "<controller>/<namespace>/<name>/<daemon>" on a goroutine
+// of its own, listed with Pending.Daemon set and never counted as slow: running long is its
+// job. The drain ends every daemon's context the moment it begins, and starts or restarts
+// none after that. Daemons run where Ensure is called: with leader election, on the leader.
 //
-// Daemons are keyed by the object's namespace and name and the daemon's name, and carry
-// the object's UID: an Ensure for an object recreated under the same name (a new UID)
-// signals the old daemon, and the new one starts only after the old one returned.
+// Daemons are keyed by the object's namespace, name and the daemon's name, and carry the
+// object's UID: for an object recreated under the same name, the old daemon is signalled and
+// the new one starts once it returned.
 //
-// Costs: one goroutine per running daemon; an Ensure that finds its daemon running takes a
-// lock and a map lookup and allocates nothing. A daemon is forgotten once its goroutine
-// returned. One that returned nil leaves a mark (its object's UID and generation) so that
-// Ensure does not start it again; Stop, the call a reconciler makes when the object goes,
-// removes the mark, as kopf forgets a daemon that exited on its own when its object is
-// deleted.
+// A daemon costs a goroutine while it runs, and is forgotten once it returned. One that
+// returned nil leaves a mark (its object's UID and generation) so that Ensure does not start
+// it again; Stop removes it, as kopf forgets a daemon that exited on its own when its object
+// is deleted. An Ensure that finds its daemon running allocates nothing.
 //
-// All methods are safe for concurrent use. Stop blocks up to StopTimeout; Ensure never
-// blocks (with drain.Options.MaxConcurrent > 0 it may wait for a slot: daemons hold
-// slots for as long as they run, so leave MaxConcurrent at 0 with daemons).
+// All methods are safe for concurrent use. Ensure never blocks (daemons take no
+// MaxConcurrent slot); Stop blocks up to StopTimeout.
 type Daemons struct {
 	ex         *drain.Executor
 	controller string

@@ -1,31 +1,19 @@
 // Package reconcilers wraps controller-runtime reconcilers so that each Reconcile, and each
-// blocking handler call inside it, runs as a tracked call of a drain.Executor.
+// blocking handler call inside it, runs as a tracked call of a drain.Executor: the drain
+// waits for them at shutdown and names those that hang.
 //
-// Wrap and WrapTyped name each reconcile "<controller>/<namespace>/<name>"; Call, inside a
-// wrapped reconcile, runs a blocking handler as a tracked call named
-// "<controller>/<namespace>/<name>/<handler>" and waits for it (if the reconcile's context
-// ends first, Call returns and the handler stays tracked, reported as detached); outside one
-// it runs the handler directly. Once a runnable.Runnable drives the executor (runnable.Add,
-// or Start; runnable.New alone does not), a wrapped reconcile's context ends when the drain
-// cancels it (drain.Options.CancelAfter), not when controller-runtime begins to stop; it
-// keeps its deadline. A panic in a wrapped reconcile, or in a Call it waits for, reaches
-// controller-runtime on the reconcile's goroutine as it would unwrapped (a Call's as a
-// *drain.PanicError carrying the handler's value and stack); a panic nobody waits for is
-// logged by the executor. Once the executor drains, new requests are requeued instead of
-// run, and so is a request whose context controller-runtime had already cancelled.
-// Reports name each call with controller-runtime's reconcileID.
+// Wrap and WrapTyped track each reconcile; Call, inside one, tracks a blocking handler and
+// waits for it (if the reconcile's context ends first, Call returns and the handler stays
+// tracked). Once a runnable.Runnable drives the executor, a wrapped reconcile's context ends
+// when the drain cancels it, not when controller-runtime begins to stop, and new requests
+// are requeued instead of run. With Options.Recorder, a slow or abandoned reconcile records
+// a Warning Event on its object.
 //
-// Handlers builds a reconciler of several named handlers per object, kopf-style: a
-// lifecycle function picks which pending handlers run in each cycle (inline, never through
-// the executor), each handler runs as a tracked call, and progress is kept in an annotation
-// on the object, so that an operator stopped mid-way resumes where it was.
+// Handlers runs several named handlers per object, kopf-style, with their progress kept in
+// an annotation. Daemons runs long-lived functions per object, kopf-style: started by
+// Ensure from Reconcile, restarted with a backoff when they fail, stopped by Stop or the
+// drain.
 //
-// Daemons runs long-lived functions per object, kopf-style: Ensure, called from Reconcile
-// while the object exists, starts one per object and daemon name as a tracked call
-// "<controller>/<namespace>/<name>/<daemon>" on a goroutine of its own, restarted with a
-// backoff when it fails; Stop, once the object is being deleted, ends its context and waits
-// for it. The drain ends every daemon's context the moment it begins and waits for them.
-//
-// The reconcilers returned are safe for concurrent use, as controller-runtime requires, and
-// so is Daemons.
+// Call blocks while its handler runs, and Daemons.Stop up to its StopTimeout; nothing else
+// blocks. The reconcilers returned, Call and Daemons are safe for concurrent use.
 package reconcilers

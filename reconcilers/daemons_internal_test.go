@@ -84,7 +84,7 @@ func TestDaemonsReturnedNilMarkIsPerUID(t *testing.T) {
 		ex := drain.New(drain.Options{})
 		d := NewDaemons(ex, "cm", DaemonsOptions{})
 		runs := 0
-		fn := func(context.Context) error { runs++; return nil }
+		fn := func(ctx context.Context) error { runs++; return ctx.Err() } // nil: its context is alive
 		ensure := func(uid string) {
 			t.Helper()
 			obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "a", UID: types.UID(uid), Generation: 1}}

@@ -71,7 +71,7 @@ func ExampleCall() {
 // and a slow reconcile records a Warning Event on its object through Recorder.
 func ExampleWrap_options() {
 	ex := drain.New(drain.Options{SlowAfter: 10 * time.Millisecond})
-	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "cache", UID: "6e1f"}}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web", UID: "6e1f"}}
 	// On controller-runtime v0.23 and later: mgr.GetEventRecorder("memcached"); on v0.22:
 	// events.NewEventBroadcasterAdapter(clientset).NewRecorder("memcached").
 	rec := events.NewFakeRecorder(1)

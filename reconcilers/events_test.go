@@ -336,11 +336,13 @@ func TestRecorderMisconfigurationPanicsAtSetup(t *testing.T) {
 	}
 }
 
-// Without a Recorder, Reader and Object are ignored: the zero Options are valid.
+// Without a Recorder (nil, or a nil pointer), Reader and Object are ignored: the zero
+// Options are valid.
 func TestNoRecorderNoEvents(t *testing.T) {
 	ex := drain.New(drain.Options{})
 	noop := reconcile.Func(func(context.Context, reconcile.Request) (reconcile.Result, error) { return reconcile.Result{}, nil })
 	reconcilers.Wrap(ex, "cms", noop, reconcilers.Options{Reader: eventsClient(interceptor.Funcs{})})
+	reconcilers.Wrap(ex, "cms", noop, reconcilers.Options{Recorder: (*recorder)(nil)})
 	if n := len(internal.Of(ex).Settings().Observers.List()); n != 0 {
 		t.Fatalf("%d observers without a Recorder, want 0", n)
 	}

@@ -88,7 +88,7 @@ func WrapTyped[R comparable](
 	if o.requeueAfter <= 0 {
 		o.requeueAfter = DefaultRequeueAfter
 	}
-	if opts.Recorder != nil {
+	if !isNil(opts.Recorder) {
 		o.events = newEventer[R](controller, opts)
 		internal.Of(ex).Settings().Observers.Add(o.events)
 	}

@@ -20,7 +20,7 @@ type Settings struct {
 	// A panic in it is logged, never raised.
 	AfterCall func(controller string, took time.Duration, err error)
 
-	// Observers are told of slow and abandoned calls (reconcilers.WithEvents adds one).
+	// Observers are told of slow and abandoned calls (reconcilers.Options.Recorder adds one).
 	Observers Observers
 }
 
@@ -93,7 +93,7 @@ type Core interface {
 	// error of a refused call (errors.Is(err, drain.ErrDraining) once the drain began).
 	Go(ctx context.Context, o CallOptions, fn func(context.Context) error) error
 	// Abandoned tells the Observers of every call still running, located. runnable calls
-	// it once, at the end of the grace period; it returns when they did or ctx ended.
+	// it once, at the end of the grace period; it returns when they did.
 	Abandoned(ctx context.Context)
 	// Now is the time on the executor's clock (drain.Options.Clock).
 	Now() time.Time

@@ -3,12 +3,7 @@ package internal
 import (
 	"context"
 	"sync"
-	"time"
 )
-
-// ObserveTimeout bounds what the Observers of an executor may take of a drain: the Event
-// writes of one "Slow calls" line, and those about the calls abandoned at its end.
-const ObserveTimeout = 2 * time.Second
 
 // MaxObserved bounds how many slow calls the Observers are told of per "Slow calls" line:
 // the oldest MaxObserved of them, located (Where and Handler filled) from the line's own
@@ -22,8 +17,8 @@ type Observed struct {
 	Options CallOptions
 }
 
-// Observer is told of calls that need a user's attention. reconcilers.WithEvents records
-// Events on their objects from it.
+// Observer is told of calls that need a user's attention. reconcilers.Options.Recorder
+// records Events on their objects from it.
 type Observer interface {
 	// Slow is called after each "Slow calls" line, on the goroutine that logged it, with
 	// every slow call of that moment (daemons aside), oldest first, up to MaxObserved of
@@ -31,8 +26,8 @@ type Observer interface {
 	// block. ctx carries the executor's logger (logr.FromContextOrDiscard) and never ends.
 	Slow(ctx context.Context, calls []Observed)
 	// Abandoned is called by runnable.Runnable, once, with every call still running at the
-	// end of the grace period (all of them, located: no bound), before its Start returns. It may block until ctx ends; ctx
-	// carries the executor's logger.
+	// end of the grace period (all of them, located: no bound), before its Start returns.
+	// It must not block: the grace period is over. ctx carries the executor's logger.
 	Abandoned(ctx context.Context, calls []Observed)
 }
 

@@ -77,9 +77,8 @@ type HandlersOptions struct {
 	Lifecycle Func
 
 	// Recorder, if set, receives Warning Events on the object (ReasonProgressCorrupt,
-	// ReasonHandlerError, ReasonHandlerFailed). nil: no Events, only log lines. From
-	// controller-runtime v0.23 on, mgr.GetEventRecorder("<controller>") gives one; on v0.22,
-	// events.NewEventBroadcasterAdapter.
+	// ReasonHandlerError, ReasonHandlerFailed). nil: no Events, only log lines. See
+	// reconcilers.Options.Recorder for where to get one.
 	Recorder events.EventRecorder
 
 	// Annotation is the key of the annotation holding the Record. "":
@@ -107,8 +106,8 @@ type HandlersOptions struct {
 	// nil: clock.RealClock{}.
 	Clock clock.PassiveClock
 
-	// Wrap are the options of the reconcilers.Wrap that Handlers applies to its reconciler.
-	Wrap []reconcilers.Option
+	// Wrap is the Options of the reconcilers.Wrap that Handlers applies to its reconciler.
+	Wrap reconcilers.Options
 }
 
 func (o *HandlersOptions) setDefaults() {
@@ -199,7 +198,7 @@ func Handlers[T client.Object](
 		index:    index,
 		opts:     opts,
 	}
-	return reconcilers.Wrap(ex, controller, r, opts.Wrap...), nil
+	return reconcilers.Wrap(ex, controller, r, opts.Wrap), nil
 }
 
 type handlersReconciler[T client.Object] struct {

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -20,11 +21,15 @@ func TestSetupPanicsForExecutorNotCreatedByNew(t *testing.T) {
 		return reconcile.Result{}, nil
 	})
 	setups := map[string]func(ex *drain.Executor){
-		"Wrap":      func(ex *drain.Executor) { reconcilers.Wrap(ex, "cms", noop) },
-		"WrapTyped": func(ex *drain.Executor) { reconcilers.WrapTyped[reconcile.Request](ex, "cms", noop) },
-		"Wrap WithEvents": func(ex *drain.Executor) {
-			// A client that is never used: the setup panics first.
-			reconcilers.Wrap(ex, "cms", noop, reconcilers.WithEvents(struct{ client.Client }{}, &corev1.ConfigMap{}))
+		"Wrap": func(ex *drain.Executor) { reconcilers.Wrap(ex, "cms", noop, reconcilers.Options{}) },
+		"WrapTyped": func(ex *drain.Executor) {
+			reconcilers.WrapTyped[reconcile.Request](ex, "cms", noop, reconcilers.Options{})
+		},
+		"Wrap with a Recorder": func(ex *drain.Executor) {
+			// A recorder and a reader that are never used: the setup panics first.
+			reconcilers.Wrap(ex, "cms", noop, reconcilers.Options{
+				Recorder: events.NewFakeRecorder(1), Reader: struct{ client.Reader }{}, Object: &corev1.ConfigMap{},
+			})
 		},
 		"NewDaemons": func(ex *drain.Executor) { reconcilers.NewDaemons(ex, "cms", reconcilers.DaemonsOptions{}) },
 	}

@@ -79,53 +79,62 @@ type DaemonsStats struct {
 	Restarts uint64 // restarts after a daemon failed (returned an error or panicked)
 }
 
-// daemonRestarts counts restarts process-wide, for the metrics server.
-var daemonRestarts = prometheus.NewCounterVec(prometheus.CounterOpts{
-	Name: "quiesce_daemon_restarts_total",
-	Help: "Daemons restarted after they returned an error or panicked, by controller.",
-}, []string{"controller"})
+// daemonRestarts counts restarts process-wide. registerDaemonRestarts registers it.
+var (
+	daemonRestarts = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quiesce_daemon_restarts_total",
+		Help: "Daemons restarted after they returned an error or panicked, by controller.",
+	}, []string{"controller"})
+	daemonRestartsOnce sync.Once
+)
 
-func init() {
-	metrics.Registry.MustRegister(daemonRestarts)
+// registerDaemonRestarts registers daemonRestarts in controller-runtime's metrics.Registry,
+// once: at the first NewDaemons, so that a process without daemons serves no such metric.
+// A counter of that name registered already (another copy of this package) is used instead.
+func registerDaemonRestarts() *prometheus.CounterVec {
+	daemonRestartsOnce.Do(func() {
+		err := metrics.Registry.Register(daemonRestarts)
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(*prometheus.CounterVec); ok {
+				daemonRestarts = existing
+			}
+		}
+	})
+	return daemonRestarts
 }
 
 // Daemons runs long-lived functions, one per object and daemon name, for as long as the
-// object exists: kopf's daemons. A reconciler calls Ensure while its object exists and is
-// not being deleted, and Stop once it is (deletion timestamp set, or NotFound); the library
-// restarts failed daemons, stops them at shutdown, and waits for them there.
+// object exists: kopf's daemons. A reconciler calls Ensure while its object exists and Stop
+// once it is being deleted (or NotFound); failed daemons restart after a backoff, and the
+// drain stops them and waits for them.
 //
-// Each daemon runs as a tracked call of the executor, on a goroutine of its own, named
-// "<controller>/<namespace>/<name>/<daemon>": Pending (with Daemon set), the drain's
-// reports and /debug/quiesce show it, and the metrics count it. Running long is its job: it
-// is never logged or counted as a slow call, nor taken as the oldest call (Stats.Oldest,
-// quiesce_oldest_call_age_seconds). When the drain begins, every daemon's context ends at once (not
-// at drain.Options.CancelAfter: a daemon never finishes on its own), and the drain waits
-// for them within its grace period; one that ignores its context is named, located and
-// abandoned like any call. No daemon starts or restarts once the drain began. Daemons run
-// where Ensure is called, the reconciles: with leader election, on the leader, whose
-// runnable.Runnable (NeedLeaderElection true by default) drains with its controllers.
+// Each daemon is a tracked call "<controller>/<namespace>/<name>/<daemon>" on a goroutine
+// of its own, listed with Pending.Daemon set and never counted as slow: running long is its
+// job. The drain ends every daemon's context the moment it begins, and starts or restarts
+// none after that. Daemons run where Ensure is called: with leader election, on the leader.
 //
-// Daemons are keyed by the object's namespace and name and the daemon's name, and carry
-// the object's UID: an Ensure for an object recreated under the same name (a new UID)
-// signals the old daemon, and the new one starts only after the old one returned.
+// Daemons are keyed by the object's namespace, name and the daemon's name, and carry the
+// object's UID: for an object recreated under the same name, the old daemon is signalled and
+// the new one starts once it returned.
 //
-// Costs: one goroutine per running daemon; an Ensure that finds its daemon running takes a
-// lock and a map lookup and allocates nothing; a stopped daemon is forgotten. A daemon
-// that returned nil stays remembered (a few words) until Stop, so call Stop when the object
-// goes, as the pattern does anyway.
+// A daemon costs a goroutine while it runs, and is forgotten once it returned. One that
+// returned nil leaves a mark (its object's UID and generation) so that Ensure does not start
+// it again; Stop removes it, as kopf forgets a daemon that exited on its own when its object
+// is deleted. An Ensure that finds its daemon running allocates nothing.
 //
-// All methods are safe for concurrent use. Stop blocks up to StopTimeout; Ensure never
-// blocks (with drain.Options.MaxConcurrent > 0 it may wait for a slot: daemons hold
-// slots for as long as they run, so leave MaxConcurrent at 0 with daemons).
+// All methods are safe for concurrent use. Ensure never blocks (daemons take no
+// MaxConcurrent slot); Stop blocks up to StopTimeout.
 type Daemons struct {
 	ex         *drain.Executor
 	controller string
 	opts       DaemonsOptions
 	restarts   prometheus.Counter
 
-	mu      sync.Mutex
-	daemons map[daemonKey]*daemon
-	running int
+	mu       sync.Mutex
+	daemons  map[daemonKey]*daemon  // running, or stopping
+	finished map[daemonKey]doneMark // returned nil: not started again for the same object
+	running  int
 
 	restarted atomic.Uint64
 }
@@ -141,9 +150,13 @@ type daemon struct {
 	cancel     context.CancelFunc
 	done       chan struct{} // closed when its goroutine returned (after its predecessor's)
 
-	// Guarded by Daemons.mu.
-	stopping bool // its context was ended by Stop or a recreated object
-	finished bool // fn returned nil while its context was alive: done for this generation
+	stopping bool // its context was ended by Stop or a recreated object; guarded by Daemons.mu
+}
+
+// doneMark is what is left of a daemon whose fn returned nil: the object it ran for.
+type doneMark struct {
+	uid        types.UID
+	generation int64
 }
 
 // NewDaemons returns the Daemons of the controller named controller (the name given to
@@ -163,8 +176,9 @@ func NewDaemons(ex *drain.Executor, controller string, opts DaemonsOptions) *Dae
 		ex:         ex,
 		controller: controller,
 		opts:       opts,
-		restarts:   daemonRestarts.WithLabelValues(controller),
+		restarts:   registerDaemonRestarts().WithLabelValues(controller),
 		daemons:    map[daemonKey]*daemon{},
+		finished:   map[daemonKey]doneMark{},
 	}
 	return d
 }
@@ -184,8 +198,8 @@ func NewDaemons(ex *drain.Executor, controller string, opts DaemonsOptions) *Dae
 // backoff (see DaemonsOptions.Backoff), logged (message "Daemon failed, restarting after a
 // backoff", with the stack of a panic) and counted (Stats, and the metric
 // quiesce_daemon_restarts_total). When it returns nil, the daemon is done: Ensure does not
-// start it again for the same object until the object's generation (metadata.generation)
-// grows past the one it ran for.
+// start it again for the same object (same UID) until the object's generation
+// (metadata.generation) grows past the one it ran for, or Stop was called.
 // A running daemon is not restarted when its object changes: read the object inside fn.
 //
 // ctx is the reconcile's: if it ended already, Ensure starts nothing and returns its error.
@@ -215,16 +229,21 @@ func (d *Daemons) Ensure(ctx context.Context, obj client.Object, name string, fn
 
 	d.mu.Lock()
 	old := d.daemons[k]
-	if old != nil && old.uid == uid && !old.stopping && (!old.finished || gen <= old.generation) {
+	if old != nil && old.uid == uid && !old.stopping {
 		d.mu.Unlock()
-		return nil // the hot path: running, or done for this generation
+		return nil // the hot path: running
+	}
+	if m, ok := d.finished[k]; ok && old == nil && m.uid == uid && gen <= m.generation {
+		d.mu.Unlock()
+		return nil // done for this generation
 	}
 	if err := ctx.Err(); err != nil {
 		d.mu.Unlock()
 		return fmt.Errorf("failed to ensure daemon %q: %w", name, err)
 	}
-	// The old daemon, if any, belongs to a deleted object, to a stop, or is done for an
-	// older generation: the new one waits for it to return first.
+	delete(d.finished, k)
+	// The old daemon, if any, belongs to a deleted object or to a stop: the new one waits
+	// for it to return first.
 	var prev *daemon
 	if old != nil {
 		old.stopping = true
@@ -346,13 +365,14 @@ func (d *Daemons) attempt(ctx context.Context, fn func(context.Context) error) (
 	return fn(ctx)
 }
 
-// exited forgets dm once its goroutine returns, unless it finished for its generation.
+// exited forgets dm once its goroutine returns, leaving a doneMark if fn returned nil.
 func (d *Daemons) exited(k daemonKey, dm *daemon, finished bool) {
 	d.mu.Lock()
-	if finished && !dm.stopping {
-		dm.finished = true
-	} else if d.daemons[k] == dm {
+	if d.daemons[k] == dm {
 		delete(d.daemons, k)
+		if finished && !dm.stopping {
+			d.finished[k] = doneMark{uid: dm.uid, generation: dm.generation}
+		}
 	}
 	d.running--
 	d.mu.Unlock()
@@ -376,6 +396,7 @@ func (d *Daemons) Stop(ctx context.Context, key client.ObjectKey, name string) (
 	}
 	k := daemonKey{namespace: key.Namespace, name: key.Name, daemon: name}
 	d.mu.Lock()
+	delete(d.finished, k)
 	dm := d.daemons[k]
 	if dm == nil {
 		d.mu.Unlock()
@@ -383,9 +404,6 @@ func (d *Daemons) Stop(ctx context.Context, key client.ObjectKey, name string) (
 	}
 	dm.stopping = true
 	dm.cancel()
-	if dm.finished {
-		delete(d.daemons, k) // its goroutine returned already
-	}
 	d.mu.Unlock()
 
 	select {

@@ -67,7 +67,7 @@ func (r *HeartbeatReconciler) heartbeat(ctx context.Context) error {
 
 // A daemon runs for as long as its object exists; the finalizer is released only after the
 // daemon stopped.
-func ExampleDaemons() {
+func ExampleNewDaemons() {
 	ex := drain.New(drain.Options{}) // in an operator: q.Executor(), q from runnable.Add
 	defer func() { _ = ex.Drain(context.Background()) }()
 
@@ -79,8 +79,8 @@ func ExampleDaemons() {
 		started: make(chan struct{}),
 	}
 	// In an operator: ctrl.NewControllerManagedBy(mgr).For(&corev1.ConfigMap{}).
-	//	Complete(reconcilers.Wrap(q.Executor(), "heartbeat", r))
-	w := reconcilers.Wrap(ex, "heartbeat", r)
+	//	Complete(reconcilers.Wrap(q.Executor(), "heartbeat", r, reconcilers.Options{}))
+	w := reconcilers.Wrap(ex, "heartbeat", r, reconcilers.Options{})
 	ctx := context.Background()
 	req := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(cm)}
 

@@ -3,16 +3,15 @@ package reconcilers
 import (
 	"context"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -20,59 +19,45 @@ import (
 	"github.com/quiesce-dev/quiesce/internal"
 )
 
-// The reasons of the Events that WithEvents records.
+// The reasons of the Warning Events recorded through Options.Recorder.
 const (
-	// ReasonReconcileSlow: a reconcile of the object has been logged as slow (see
-	// drain.Options.SlowAfter).
+	// ReasonReconcileSlow: a reconcile of the object (or a Call inside it) was found slow by
+	// a "Slow calls" line (drain.Options.SlowAfter). Recorded once per object for as long
+	// as it stays slow.
 	ReasonReconcileSlow = "ReconcileSlow"
 	// ReasonReconcileAbandoned: a reconcile of the object, or a Call inside it, was still
 	// running at the end of the grace period; it is cut off when the process exits.
 	ReasonReconcileAbandoned = "ReconcileAbandoned"
 )
 
-// EventTimeout bounds the Event writes of one "Slow calls" line, and those of the end of
-// the grace period: the Runnable's Start returns at most this long after the grace period.
-const EventTimeout = 2 * time.Second
+// eventAction is the action of the Events (events.k8s.io/v1 requires one).
+const eventAction = "Reconcile"
 
-// WithEvents records Warning Events on the object of a wrapped reconcile that needs
-// attention, so that `kubectl describe` shows them where users look first:
-//
-//   - ReasonReconcileSlow, when the reconcile (or a Call inside it) is found slow by a
-//     "Slow calls" line: once per object for as long as it stays slow. Every slow call
-//     counts, not only the 20 the line lists, up to the oldest 100 per line (a bound on
-//     the Event writes of one line; a reconcile beyond it gets its Event from a later line
-//     once older ones returned);
-//   - ReasonReconcileAbandoned, when the runnable.Runnable abandons it at the end of the
-//     grace period: written before the Runnable's Start returns, so before mgr.Start does.
-//
-// Each says the call's age, where it waits and its handler. c reads the object (for its
-// UID) and creates the Events (core/v1, the kind kubectl describe lists; kubebuilder's
-// scaffold already grants events create and patch); mgr.GetClient() fits. obj is an
-// object of the reconciled type (e.g. &cachev1alpha1.Memcached{}), used as a template.
-//
-// Writes are synchronous and bounded by EventTimeout per batch, so keep
-// GracePeriod + EventTimeout within the manager's GracefulShutdownTimeout. A failed write
-// is logged once per controller and never delays a drain beyond that bound. WithEvents
-// works with reconcile.Request requests only: WrapTyped panics for other request types.
-// Calls that are not wrapped reconciles (plain drain calls) record nothing.
-func WithEvents(c client.Client, obj client.Object) Option {
-	if c == nil || obj == nil {
-		panic("reconcilers.WithEvents: nil client or object")
-	}
-	return func(o *options) {
-		o.events = &eventer{c: c, obj: obj}
-	}
-}
-
-// eventer is the internal.Observer of one wrapped controller with WithEvents.
+// eventer is the internal.Observer of one controller wrapped with Options.Recorder.
 type eventer struct {
-	c          client.Client
+	rec        events.EventRecorder
+	reader     client.Reader
 	obj        client.Object
-	controller string // set by WrapTyped
+	controller string
 	failed     sync.Once
 }
 
-// eventTag marks the calls of one wrapped reconcile with WithEvents, and its Calls
+// newEventer returns the eventer of o for a controller with requests of type R. It panics
+// on a misconfiguration: found at setup, not at the first slow reconcile.
+func newEventer[R comparable](controller string, o Options) *eventer {
+	var zero R
+	if _, ok := any(zero).(reconcile.Request); !ok {
+		panic(fmt.Sprintf("reconcilers.WrapTyped(%q): Options.Recorder needs reconcile.Request requests, not %T",
+			controller, zero))
+	}
+	if internal.IsNil(o.Reader) || internal.IsNil(o.Object) {
+		panic(fmt.Sprintf("reconcilers.Wrap(%q): Options.Recorder needs Options.Reader and Options.Object "+
+			"(Reader nil: %t, Object nil: %t)", controller, internal.IsNil(o.Reader), internal.IsNil(o.Object)))
+	}
+	return &eventer{rec: o.Recorder, reader: o.Reader, obj: o.Object, controller: controller}
+}
+
+// eventTag marks the calls of one wrapped reconcile and its Calls
 // (internal.CallOptions.Tag): the reconcile and what it started are one episode, recorded
 // as slow at most once.
 type eventTag struct {
@@ -109,41 +94,29 @@ func (ev *eventer) mine(calls []internal.Observed) (keys []types.NamespacedName,
 }
 
 // Slow records ReasonReconcileSlow for the objects whose reconcile is newly among the slow
-// calls, on a goroutine of its own, bounded by EventTimeout.
+// calls.
 func (ev *eventer) Slow(ctx context.Context, calls []internal.Observed) {
 	keys, by, tags := ev.mine(calls)
-	var fresh []types.NamespacedName
 	for _, k := range keys {
-		isNew := false
+		fresh := false
 		for _, t := range tags[k] {
 			if t.slow.CompareAndSwap(false, true) {
-				isNew = true
+				fresh = true
 			}
 		}
-		if isNew {
-			fresh = append(fresh, k)
+		if !fresh {
+			continue
 		}
+		e := by[k]
+		ev.record(ctx, k, ReasonReconcileSlow, fmt.Sprintf(
+			"Reconcile running for %s (call %s, reconcileID %s), waiting in %s, handler %s",
+			e.Age, e.Name, e.ReconcileID, e.Where, e.Handler))
 	}
-	if len(fresh) == 0 {
-		return
-	}
-	go func() {
-		ctx, cancel := context.WithTimeout(ctx, EventTimeout)
-		defer cancel()
-		for _, k := range fresh {
-			e := by[k]
-			ev.record(ctx, k, ReasonReconcileSlow, fmt.Sprintf(
-				"Reconcile running for %s (call %s, reconcileID %s), waiting in %s, handler %s",
-				e.Age, e.Name, e.ReconcileID, e.Where, e.Handler))
-		}
-	}()
 }
 
-// Abandoned records ReasonReconcileAbandoned for each object of calls, until ctx ends.
+// Abandoned records ReasonReconcileAbandoned for each object of calls.
 func (ev *eventer) Abandoned(ctx context.Context, calls []internal.Observed) {
 	keys, by, _ := ev.mine(calls)
-	ctx, cancel := context.WithTimeout(ctx, EventTimeout)
-	defer cancel()
 	for _, k := range keys {
 		e := by[k]
 		ev.record(ctx, k, ReasonReconcileAbandoned, fmt.Sprintf(
@@ -153,53 +126,48 @@ func (ev *eventer) Abandoned(ctx context.Context, calls []internal.Observed) {
 	}
 }
 
-// record writes one Warning Event about the object key. A failure is logged once.
+// record hands one Warning Event about the object key to the recorder, which sends it
+// asynchronously. A failure to read the object is logged once.
 func (ev *eventer) record(ctx context.Context, key types.NamespacedName, reason, msg string) {
-	err := ev.write(ctx, key, reason, msg)
-	if err == nil {
+	regarding, err := ev.regarding(ctx, key)
+	if err != nil {
+		ev.failed.Do(func() {
+			logr.FromContextOrDiscard(ctx).Error(err, "Failed to record an Event; later failures are not logged",
+				"controller", ev.controller, "namespace", key.Namespace, "name", key.Name, "reason", reason)
+		})
 		return
 	}
-	ev.failed.Do(func() {
-		logr.FromContextOrDiscard(ctx).Error(err, "Failed to record an Event; later failures are not logged",
-			"controller", ev.controller, "namespace", key.Namespace, "name", key.Name, "reason", reason)
-	})
+	if regarding == nil {
+		return // the object is gone: nobody can describe it
+	}
+	ev.rec.Eventf(regarding, nil, corev1.EventTypeWarning, reason, eventAction, "%s", internal.TruncateMessage(msg))
 }
 
-func (ev *eventer) write(ctx context.Context, key types.NamespacedName, reason, msg string) error {
+// regarding reads the object key and returns the Event's regarding object: a reference
+// with its kind and UID (which `kubectl describe` matches), or the object itself when the
+// reader knows no scheme to find its kind. nil: the object is gone.
+func (ev *eventer) regarding(ctx context.Context, key types.NamespacedName) (runtime.Object, error) {
 	obj, ok := ev.obj.DeepCopyObject().(client.Object)
 	if !ok {
-		return fmt.Errorf("failed to copy %T", ev.obj)
+		return nil, fmt.Errorf("failed to copy %T", ev.obj)
 	}
-	if err := ev.c.Get(ctx, key, obj); apierrors.IsNotFound(err) {
-		return nil // the object is gone: nobody can describe it
+	if err := ev.reader.Get(ctx, key, obj); apierrors.IsNotFound(err) {
+		return nil, nil
 	} else if err != nil {
-		return fmt.Errorf("failed to get the object: %w", err)
+		return nil, fmt.Errorf("failed to get the object: %w", err)
 	}
-	gvk, err := apiutil.GVKForObject(obj, ev.c.Scheme())
-	if err != nil {
-		return fmt.Errorf("failed to find the kind of %T: %w", obj, err)
+	gvk := obj.GetObjectKind().GroupVersionKind()
+	if s, ok := ev.reader.(interface{ Scheme() *runtime.Scheme }); ok && s.Scheme() != nil {
+		var err error
+		if gvk, err = apiutil.GVKForObject(obj, s.Scheme()); err != nil {
+			return nil, fmt.Errorf("failed to find the kind of %T: %w", obj, err)
+		}
 	}
-	ns := key.Namespace
-	if ns == "" {
-		ns = metav1.NamespaceDefault
+	if gvk.Empty() {
+		return obj, nil
 	}
-	now := metav1.Now()
-	event := &corev1.Event{
-		ObjectMeta: metav1.ObjectMeta{GenerateName: strings.ToLower(key.Name) + ".", Namespace: ns},
-		InvolvedObject: corev1.ObjectReference{
-			Kind: gvk.Kind, APIVersion: gvk.GroupVersion().String(),
-			Namespace: key.Namespace, Name: key.Name, UID: obj.GetUID(), ResourceVersion: obj.GetResourceVersion(),
-		},
-		Reason:         reason,
-		Message:        internal.TruncateMessage(msg),
-		Type:           corev1.EventTypeWarning,
-		Source:         corev1.EventSource{Component: ev.controller},
-		FirstTimestamp: now,
-		LastTimestamp:  now,
-		Count:          1,
-	}
-	if err := ev.c.Create(ctx, event); err != nil {
-		return fmt.Errorf("failed to create Event: %w", err)
-	}
-	return nil
+	return &corev1.ObjectReference{
+		Kind: gvk.Kind, APIVersion: gvk.GroupVersion().String(),
+		Namespace: key.Namespace, Name: key.Name, UID: obj.GetUID(), ResourceVersion: obj.GetResourceVersion(),
+	}, nil
 }

@@ -30,20 +30,21 @@ func manyClient(n int) client.Client {
 	return b.Build()
 }
 
-// eventsBy returns the Events of c with reason, by object name; it fails on two for one
+// eventsBy returns the Events of rec with reason, by object name; it fails on two for one
 // object, or an Event that does not say where the reconcile waits.
-func eventsBy(t *testing.T, c client.Client, reason string) map[string]corev1.Event {
+func eventsBy(t *testing.T, rec *recorder, reason string) map[string]recordedEvent {
 	t.Helper()
-	out := map[string]corev1.Event{}
-	for _, e := range recorded(t, c) {
-		if e.Reason != reason {
+	out := map[string]recordedEvent{}
+	for _, e := range rec.all() {
+		if e.reason != reason {
 			continue
 		}
-		name := e.InvolvedObject.Name
+		name := e.name()
 		if _, dup := out[name]; dup {
 			t.Fatalf("two %s Events for %s", reason, name)
 		}
-		if !strings.Contains(e.Message, "events_test.go") || e.InvolvedObject.UID != types.UID("uid-"+name) {
+		ref, _ := e.regarding.(*corev1.ObjectReference)
+		if !strings.Contains(e.note, "events_test.go") || ref == nil || ref.UID != types.UID("uid-"+name) {
 			t.Fatalf("%s Event %+v: want it on its object, saying where the reconcile waits", reason, e)
 		}
 		out[name] = e
@@ -53,14 +54,15 @@ func eventsBy(t *testing.T, c client.Client, reason string) map[string]corev1.Ev
 
 // More slow reconciles than a "Slow calls" line lists (20) each get their ReconcileSlow
 // Event, and each abandoned one its ReconcileAbandoned.
-func TestWithEventsRecordsEverySlowReconcile(t *testing.T) {
+func TestRecorderRecordsEverySlowReconcile(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const n = 25
+		rec := &recorder{}
 		c := manyClient(n)
 		ex := drain.New(drain.Options{SlowAfter: time.Second})
 		started := make(chan string)
 		release := make(chan struct{})
-		r := reconcilers.Wrap(ex, "cms", blocker(started, release), reconcilers.WithEvents(c, &corev1.ConfigMap{}))
+		r := reconcilers.Wrap(ex, "cms", blocker(started, release), eventOptions(rec, c))
 		done := make(chan error, n)
 		for i := range n {
 			go func() {
@@ -72,12 +74,12 @@ func TestWithEventsRecordsEverySlowReconcile(t *testing.T) {
 
 		time.Sleep(time.Second) // fake time: all turn slow, the line is logged
 		synctest.Wait()
-		if got := eventsBy(t, c, reconcilers.ReasonReconcileSlow); len(got) != n {
+		if got := eventsBy(t, rec, reconcilers.ReasonReconcileSlow); len(got) != n {
 			t.Fatalf("%d ReconcileSlow Events, want %d (one per slow reconcile)", len(got), n)
 		}
 
 		internal.Of(ex).Abandoned(context.Background())
-		if got := eventsBy(t, c, reconcilers.ReasonReconcileAbandoned); len(got) != n {
+		if got := eventsBy(t, rec, reconcilers.ReasonReconcileAbandoned); len(got) != n {
 			t.Fatalf("%d ReconcileAbandoned Events, want %d", len(got), n)
 		}
 
@@ -93,14 +95,15 @@ func TestWithEventsRecordsEverySlowReconcile(t *testing.T) {
 }
 
 // At most internal.MaxObserved slow reconciles per line get their Event: the oldest.
-func TestWithEventsSlowBound(t *testing.T) {
+func TestRecorderSlowBound(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const n = internal.MaxObserved + 5
+		rec := &recorder{}
 		c := manyClient(n)
 		ex := drain.New(drain.Options{SlowAfter: time.Second})
 		started := make(chan string)
 		release := make(chan struct{})
-		r := reconcilers.Wrap(ex, "cms", blocker(started, release), reconcilers.WithEvents(c, &corev1.ConfigMap{}))
+		r := reconcilers.Wrap(ex, "cms", blocker(started, release), eventOptions(rec, c))
 		done := make(chan error, n)
 		for i := range n {
 			go func() {
@@ -112,7 +115,7 @@ func TestWithEventsSlowBound(t *testing.T) {
 
 		time.Sleep(time.Second)
 		synctest.Wait()
-		got := eventsBy(t, c, reconcilers.ReasonReconcileSlow)
+		got := eventsBy(t, rec, reconcilers.ReasonReconcileSlow)
 		if len(got) != internal.MaxObserved {
 			t.Fatalf("%d ReconcileSlow Events, want %d (the bound)", len(got), internal.MaxObserved)
 		}

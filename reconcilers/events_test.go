@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -29,20 +31,63 @@ func eventsClient(funcs interceptor.Funcs) client.Client {
 	return interceptor.NewClient(fake.NewClientBuilder().WithObjects(cm("a"), cm("b")).Build(), funcs)
 }
 
-// recorded returns the Events c holds, by object name and reason.
-func recorded(t *testing.T, c client.Client) []corev1.Event {
-	t.Helper()
-	var list corev1.EventList
-	if err := c.List(context.Background(), &list); err != nil {
-		t.Fatal(err)
-	}
-	return list.Items
+// recordedEvent is one Event handed to a recorder.
+type recordedEvent struct {
+	regarding     runtime.Object
+	typ, reason   string
+	action, note  string
+	relatedWasNil bool
 }
 
-func reasons(evs []corev1.Event) string {
+// name returns the name of the Event's object.
+func (e recordedEvent) name() string {
+	if ref, ok := e.regarding.(*corev1.ObjectReference); ok {
+		return ref.Name
+	}
+	if o, ok := e.regarding.(client.Object); ok {
+		return o.GetName()
+	}
+	return "?"
+}
+
+// recorder is an events.EventRecorder that keeps what it is given, with the regarding object
+// (events.FakeRecorder keeps only the text).
+type recorder struct {
+	mu     sync.Mutex
+	events []recordedEvent
+}
+
+func (r *recorder) Eventf(regarding, related runtime.Object, typ, reason, action, note string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, recordedEvent{regarding: regarding, typ: typ, reason: reason, action: action,
+		note: fmtNote(note, args), relatedWasNil: related == nil})
+}
+
+func fmtNote(note string, args []any) string {
+	if note == "%s" && len(args) == 1 {
+		if s, ok := args[0].(string); ok {
+			return s
+		}
+	}
+	return "unexpected note format " + note
+}
+
+func (r *recorder) all() []recordedEvent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]recordedEvent(nil), r.events...)
+}
+
+// eventOptions are the Options recording Events of ConfigMaps read from c to rec.
+func eventOptions(rec *recorder, c client.Reader) reconcilers.Options {
+	return reconcilers.Options{Recorder: rec, Reader: c, Object: &corev1.ConfigMap{}}
+}
+
+func reasons(evs []recordedEvent) string {
 	out := make([]string, 0, len(evs))
 	for _, e := range evs {
-		out = append(out, e.InvolvedObject.Name+":"+e.Reason)
+		out = append(out, e.name()+":"+e.reason)
 	}
 	return strings.Join(out, ",")
 }
@@ -56,13 +101,13 @@ func blocker(started chan<- string, release <-chan struct{}) reconcile.Reconcile
 	})
 }
 
-func TestWithEventsRecordsSlowOncePerObjectWhileSlow(t *testing.T) {
+func TestRecorderRecordsSlowOncePerObjectWhileSlow(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := eventsClient(interceptor.Funcs{})
+		rec := &recorder{}
 		ex := drain.New(drain.Options{SlowAfter: time.Second, ReportEvery: time.Second})
 		started := make(chan string)
 		release := make(chan struct{})
-		r := reconcilers.Wrap(ex, "cms", blocker(started, release), reconcilers.WithEvents(c, &corev1.ConfigMap{}))
+		r := reconcilers.Wrap(ex, "cms", blocker(started, release), eventOptions(rec, eventsClient(interceptor.Funcs{})))
 		reconcileAsync := func(name string) <-chan error {
 			done := make(chan error, 1)
 			go func() {
@@ -76,21 +121,25 @@ func TestWithEventsRecordsSlowOncePerObjectWhileSlow(t *testing.T) {
 		done := reconcileAsync("a")
 		time.Sleep(1500 * time.Millisecond) // fake time: a turns slow, the line is logged
 		synctest.Wait()
-		evs := recorded(t, c)
+		evs := rec.all()
 		if got := reasons(evs); got != "a:ReconcileSlow" {
 			t.Fatalf("events after a turned slow = %q, want a:ReconcileSlow", got)
 		}
 		e := evs[0]
-		if e.Type != corev1.EventTypeWarning || e.InvolvedObject.UID != "uid-ns-a" || e.InvolvedObject.Kind != "ConfigMap" ||
-			e.Namespace != "ns" || !strings.Contains(e.Message, "cms/ns/a") || !strings.Contains(e.Message, "events_test.go") {
-			t.Fatalf("slow event = %+v, want a Warning on ConfigMap ns/a (uid-ns-a) naming the call and its line", e)
+		ref, _ := e.regarding.(*corev1.ObjectReference)
+		if ref == nil || ref.UID != "uid-ns-a" || ref.Kind != "ConfigMap" || ref.APIVersion != "v1" || ref.Namespace != "ns" {
+			t.Fatalf("regarding = %#v, want a reference to ConfigMap ns/a with its UID (kubectl describe matches it)", e.regarding)
+		}
+		if e.typ != corev1.EventTypeWarning || e.action != "Reconcile" || !e.relatedWasNil ||
+			!strings.Contains(e.note, "cms/ns/a") || !strings.Contains(e.note, "events_test.go") {
+			t.Fatalf("slow event = %+v, want a Warning naming the call and its line", e)
 		}
 
 		// An hour of staying slow, with b turning slow too: one Event each, no more.
 		doneB := reconcileAsync("b")
 		time.Sleep(time.Hour)
 		synctest.Wait()
-		if got := reasons(recorded(t, c)); got != "a:ReconcileSlow,b:ReconcileSlow" {
+		if got := reasons(rec.all()); got != "a:ReconcileSlow,b:ReconcileSlow" {
 			t.Fatalf("events after an hour = %q, want one slow Event per object", got)
 		}
 
@@ -103,7 +152,7 @@ func TestWithEventsRecordsSlowOncePerObjectWhileSlow(t *testing.T) {
 		done = reconcileAsync("a")
 		time.Sleep(1500 * time.Millisecond)
 		synctest.Wait()
-		if got := reasons(recorded(t, c)); got != "a:ReconcileSlow,a:ReconcileSlow,b:ReconcileSlow" {
+		if got := reasons(rec.all()); got != "a:ReconcileSlow,b:ReconcileSlow,a:ReconcileSlow" {
 			t.Fatalf("events after a slow again = %q, want a second slow Event for a", got)
 		}
 		close(release)
@@ -116,67 +165,77 @@ func TestWithEventsRecordsSlowOncePerObjectWhileSlow(t *testing.T) {
 	})
 }
 
-func TestWithEventsRecordsAbandonedReconcilesOncePerObject(t *testing.T) {
-	c := eventsClient(interceptor.Funcs{})
-	ex := drain.New(drain.Options{})
-	started := make(chan string)
-	release := make(chan struct{})
-	inner := reconcile.Func(func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
-		// a handler call inside the reconcile: the object gets one Event, not two.
-		return reconcile.Result{}, reconcilers.Call(ctx, "export", func(context.Context) error {
-			started <- req.Name
-			<-release
-			return nil
+func TestRecorderRecordsAbandonedReconcilesOncePerObject(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{}
+		ex := drain.New(drain.Options{})
+		started := make(chan string)
+		release := make(chan struct{})
+		inner := reconcile.Func(func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+			// a handler call inside the reconcile: the object gets one Event, not two.
+			return reconcile.Result{}, reconcilers.Call(ctx, "export", func(context.Context) error {
+				started <- req.Name
+				<-release
+				return nil
+			})
 		})
+		r := reconcilers.Wrap(ex, "cms", inner, eventOptions(rec, eventsClient(interceptor.Funcs{})))
+		done := make(chan error, 1)
+		go func() {
+			_, err := r.Reconcile(context.Background(), request("ns", "a"))
+			done <- err
+		}()
+		<-started
+		// A call that is not a wrapped reconcile, and a reconcile of an object that is gone.
+		other := make(chan struct{})
+		if err := ex.Go(context.Background(), "plain", func(context.Context) error { <-other; return nil }); err != nil {
+			t.Fatal(err)
+		}
+		gone := make(chan error, 1)
+		go func() {
+			_, err := r.Reconcile(context.Background(), request("ns", "gone"))
+			gone <- err
+		}()
+		<-started
+
+		begin := time.Now()
+		internal.Of(ex).Abandoned(context.Background())
+		if took := time.Since(begin); took != 0 {
+			t.Fatalf("Abandoned took %v, want no wait: the recorder sends asynchronously", took)
+		}
+
+		evs := rec.all()
+		if got := reasons(evs); got != "a:ReconcileAbandoned" {
+			t.Fatalf("events = %q, want one ReconcileAbandoned on a", got)
+		}
+		if n := evs[0].note; !strings.Contains(n, "cms/ns/a/export") || !strings.Contains(n, "events_test.go") {
+			t.Fatalf("note = %q, want the innermost call and its line", n)
+		}
+		close(release)
+		close(other)
+		if err := errors.Join(<-done, <-gone, ex.Drain(context.Background())); err != nil {
+			t.Fatal(err)
+		}
 	})
-	r := reconcilers.Wrap(ex, "cms", inner, reconcilers.WithEvents(c, &corev1.ConfigMap{}))
-	done := make(chan error, 1)
-	go func() {
-		_, err := r.Reconcile(context.Background(), request("ns", "a"))
-		done <- err
-	}()
-	<-started
-	// A call that is not a wrapped reconcile, and a reconcile of an object that is gone.
-	other := make(chan struct{})
-	if err := ex.Go(context.Background(), "plain", func(context.Context) error { <-other; return nil }); err != nil {
-		t.Fatal(err)
-	}
-	gone := make(chan error, 1)
-	go func() {
-		_, err := r.Reconcile(context.Background(), request("ns", "gone"))
-		gone <- err
-	}()
-	<-started
-
-	internal.Of(ex).Abandoned(context.Background())
-
-	evs := recorded(t, c)
-	if got := reasons(evs); got != "a:ReconcileAbandoned" {
-		t.Fatalf("events = %q, want one ReconcileAbandoned on a", got)
-	}
-	if m := evs[0].Message; !strings.Contains(m, "cms/ns/a/export") || !strings.Contains(m, "events_test.go") {
-		t.Fatalf("message = %q, want the innermost call and its line", m)
-	}
-	close(release)
-	close(other)
-	if err := errors.Join(<-done, <-gone, ex.Drain(context.Background())); err != nil {
-		t.Fatal(err)
-	}
 }
 
-func TestWithEventsFailureIsLoggedOnceAndBounded(t *testing.T) {
+// A reader that fails: no Event, one log line for all failures, and no wait.
+func TestRecorderReadFailureIsLoggedOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var logs capture
-		creates := 0
-		c := eventsClient(interceptor.Funcs{Create: func(ctx context.Context, _ client.WithWatch, _ client.Object, _ ...client.CreateOption) error {
-			creates++
-			<-ctx.Done() // an API server that never answers
-			return ctx.Err()
+		var mu sync.Mutex
+		gets := 0
+		c := eventsClient(interceptor.Funcs{Get: func(context.Context, client.WithWatch, client.ObjectKey, client.Object, ...client.GetOption) error {
+			mu.Lock()
+			defer mu.Unlock()
+			gets++
+			return errors.New("cache broken")
 		}})
+		rec := &recorder{}
 		ex := drain.New(drain.Options{Logger: logs.logger(0)})
 		started := make(chan string)
 		release := make(chan struct{})
-		r := reconcilers.Wrap(ex, "cms", blocker(started, release), reconcilers.WithEvents(c, &corev1.ConfigMap{}))
+		r := reconcilers.Wrap(ex, "cms", blocker(started, release), eventOptions(rec, c))
 		done := make(chan error, 2)
 		for _, name := range []string{"a", "b"} {
 			go func() {
@@ -188,8 +247,8 @@ func TestWithEventsFailureIsLoggedOnceAndBounded(t *testing.T) {
 
 		begin := time.Now()
 		internal.Of(ex).Abandoned(context.Background())
-		if took := time.Since(begin); took != reconcilers.EventTimeout {
-			t.Fatalf("Abandoned took %v, want EventTimeout (%v): the writes are bounded", took, reconcilers.EventTimeout)
+		if took := time.Since(begin); took != 0 {
+			t.Fatalf("Abandoned took %v, want no wait", took)
 		}
 		var failed []string
 		for _, l := range logs.all() {
@@ -197,8 +256,11 @@ func TestWithEventsFailureIsLoggedOnceAndBounded(t *testing.T) {
 				failed = append(failed, l)
 			}
 		}
-		if creates != 2 || len(failed) != 1 {
-			t.Fatalf("creates = %d, failure lines = %q; want 2 attempts and one line", creates, failed)
+		mu.Lock()
+		n := gets
+		mu.Unlock()
+		if n != 2 || len(failed) != 1 || len(rec.all()) != 0 {
+			t.Fatalf("gets = %d, failure lines = %q, events = %d; want 2 reads, one line, no Event", n, failed, len(rec.all()))
 		}
 		close(release)
 		if err := errors.Join(<-done, <-done, ex.Drain(context.Background())); err != nil {
@@ -207,21 +269,81 @@ func TestWithEventsFailureIsLoggedOnceAndBounded(t *testing.T) {
 	})
 }
 
-type typedReq struct{ _ string }
-
-func TestWithEventsNeedsRequests(t *testing.T) {
-	defer func() {
-		if v := recover(); v == nil || !strings.Contains(v.(string), "WithEvents") {
-			t.Fatalf("recover() = %v, want a panic naming WithEvents", v)
+// A reader that knows no scheme: the object read is the Event's regarding object, and the
+// recorder's scheme finds its kind.
+func TestRecorderReaderWithoutScheme(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{}
+		ex := drain.New(drain.Options{})
+		started := make(chan string)
+		release := make(chan struct{})
+		reader := struct{ client.Reader }{eventsClient(interceptor.Funcs{})}
+		r := reconcilers.Wrap(ex, "cms", blocker(started, release), eventOptions(rec, reader))
+		done := make(chan error, 1)
+		go func() {
+			_, err := r.Reconcile(context.Background(), request("ns", "a"))
+			done <- err
+		}()
+		<-started
+		internal.Of(ex).Abandoned(context.Background())
+		evs := rec.all()
+		if len(evs) != 1 {
+			t.Fatalf("events = %q, want one", reasons(evs))
 		}
-	}()
-	reconcilers.WrapTyped(drain.New(drain.Options{}), "typed",
-		reconcile.TypedFunc[typedReq](func(context.Context, typedReq) (reconcile.Result, error) { return reconcile.Result{}, nil }),
-		reconcilers.WithEvents(eventsClient(interceptor.Funcs{}), &corev1.ConfigMap{}))
+		if cm, ok := evs[0].regarding.(*corev1.ConfigMap); !ok || cm.UID != "uid-ns-a" {
+			t.Fatalf("regarding = %#v, want ConfigMap ns/a as read, with its UID", evs[0].regarding)
+		}
+		close(release)
+		if err := errors.Join(<-done, ex.Drain(context.Background())); err != nil {
+			t.Fatal(err)
+		}
+	})
 }
 
-func TestEventTimeout(t *testing.T) {
-	if reconcilers.EventTimeout != internal.ObserveTimeout {
-		t.Fatalf("EventTimeout = %v, but the runnable waits %v for the abandoned Events", reconcilers.EventTimeout, internal.ObserveTimeout)
+type typedReq struct{ _ string }
+
+// A misconfigured Recorder panics at Wrap, naming what is missing.
+func TestRecorderMisconfigurationPanicsAtSetup(t *testing.T) {
+	c := eventsClient(interceptor.Funcs{})
+	typed := reconcile.TypedFunc[typedReq](func(context.Context, typedReq) (reconcile.Result, error) { return reconcile.Result{}, nil })
+	noop := reconcile.Func(func(context.Context, reconcile.Request) (reconcile.Result, error) { return reconcile.Result{}, nil })
+	for name, tc := range map[string]struct {
+		wrap func(ex *drain.Executor)
+		want string
+	}{
+		"typed requests": {func(ex *drain.Executor) {
+			reconcilers.WrapTyped(ex, "typed", typed, eventOptions(&recorder{}, c))
+		}, "needs reconcile.Request requests, not reconcilers_test.typedReq"},
+		"no reader": {func(ex *drain.Executor) {
+			reconcilers.Wrap(ex, "cms", noop, reconcilers.Options{Recorder: &recorder{}, Object: &corev1.ConfigMap{}})
+		}, "Reader nil: true, Object nil: false"},
+		"no object": {func(ex *drain.Executor) {
+			reconcilers.Wrap(ex, "cms", noop, reconcilers.Options{Recorder: &recorder{}, Reader: c, Object: (*corev1.ConfigMap)(nil)})
+		}, "Reader nil: false, Object nil: true"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			ex := drain.New(drain.Options{})
+			defer func() {
+				v := recover()
+				s, _ := v.(string)
+				if !strings.Contains(s, "Options.Recorder needs") || !strings.Contains(s, tc.want) {
+					t.Fatalf("recover() = %v, want a panic saying %q", v, tc.want)
+				}
+			}()
+			tc.wrap(ex)
+			t.Fatal("no panic")
+		})
+	}
+}
+
+// Without a Recorder (nil, or a nil pointer), Reader and Object are ignored: the zero
+// Options are valid.
+func TestNoRecorderNoEvents(t *testing.T) {
+	ex := drain.New(drain.Options{})
+	noop := reconcile.Func(func(context.Context, reconcile.Request) (reconcile.Result, error) { return reconcile.Result{}, nil })
+	reconcilers.Wrap(ex, "cms", noop, reconcilers.Options{Reader: eventsClient(interceptor.Funcs{})})
+	reconcilers.Wrap(ex, "cms", noop, reconcilers.Options{Recorder: (*recorder)(nil)})
+	if n := len(internal.Of(ex).Settings().Observers.List()); n != 0 {
+		t.Fatalf("%d observers without a Recorder, want 0", n)
 	}
 }

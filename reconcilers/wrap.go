@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	crcontroller "sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -16,78 +18,78 @@ import (
 	"github.com/quiesce-dev/quiesce/internal"
 )
 
-// Option configures Wrap and WrapTyped.
-type Option func(*options)
-
-type options struct {
-	requeueAfter time.Duration
-	events       *eventer // WithEvents
-}
-
-// DefaultRequeueAfter is how long after a refused request Wrap asks for it again by default.
+// DefaultRequeueAfter is the default of Options.RequeueAfter.
 const DefaultRequeueAfter = time.Second
 
-// WithRequeueAfter sets how long after a request refused by a draining executor it is
-// requeued. Default: DefaultRequeueAfter. Values <= 0 mean the default.
-func WithRequeueAfter(d time.Duration) Option {
-	return func(o *options) {
-		if d > 0 {
-			o.requeueAfter = d
-		}
-	}
+// options are Options as a wrapped reconciler uses them.
+type options struct {
+	requeueAfter time.Duration
+	events       *eventer // nil without Options.Recorder
 }
 
-// Wrap runs each Reconcile of r as a tracked call of ex named "<controller>/<namespace>/<name>"
-// ("<controller>/<name>" for cluster-scoped objects), on controller-runtime's worker
-// goroutine. Inside it, Call runs blocking handler calls as tracked calls too. Reports
-// show each call with controller-runtime's reconcileID. Wrap panics if ex or r is nil: a
-// programming error, found when the controller is set up.
+// Options configure Wrap and WrapTyped. The zero value is valid: every zero field means the
+// documented default.
+type Options struct {
+	// RequeueAfter is how long after a request refused by a draining executor it is
+	// requeued. 0 or negative: DefaultRequeueAfter.
+	RequeueAfter time.Duration
+
+	// Recorder, if set, receives Warning Events about the object of a reconcile that needs
+	// attention (ReasonReconcileSlow, ReasonReconcileAbandoned), so that
+	// `kubectl describe` shows them. nil: no Events. On controller-runtime v0.23 and later:
+	// mgr.GetEventRecorder("<controller>"); on v0.22:
+	// events.NewEventBroadcasterAdapter(clientset).NewRecorder("<controller>"), its
+	// StartRecordingToSink called and its Shutdown deferred. A Recorder needs Reader and
+	// Object, and reconcile.Request requests: Wrap panics otherwise.
+	Recorder events.EventRecorder
+
+	// Reader reads the object for its UID, which `kubectl describe` matches Events by.
+	// Use the manager's cached client (mgr.GetClient()): the reads then never wait on the
+	// network. Required with Recorder.
+	Reader client.Reader
+
+	// Object is an object of the reconciled type (e.g. &cachev1alpha1.Memcached{}), copied
+	// for each read. Required with Recorder.
+	Object client.Object
+}
+
+// Wrap runs each Reconcile of r as a tracked call of ex named
+// "<controller>/<namespace>/<name>" ("<controller>/<name>" for cluster-scoped objects), so
+// that a drain waits for it and its reports name it, with its reconcileID.
 //
-// The reconcile keeps what controller-runtime gives it: its context's values and deadline
-// (ReconciliationTimeout still ends it), and its panics, which reach controller-runtime
-// (RecoverPanic, the panic metric and log) with their original stack, once the executor
-// settled and counted the call. What changes: once ex is driven by a runnable.Runnable
-// (runnable.Add, or Start), the reconcile's context ignores controller-runtime's
-// cancellation at shutdown and ends when the drain cancels it (drain.Options.CancelAfter),
-// so a reconcile in flight can finish within the grace period. With an executor no
-// Runnable drives, the context is the one controller-runtime passed, deadline and
-// cancellation alike.
+// The reconcile keeps its context's values and deadline, and its panics reach
+// controller-runtime (RecoverPanic, the panic metric) once the executor counted the call.
+// Once a runnable.Runnable drives ex, its context ends when the drain cancels it
+// (CancelAfter), not when controller-runtime begins to stop: in-flight work can finish.
 //
-// Once ex drains, new requests are not run: they are requeued (see WithRequeueAfter), with
-// one V(1) log line, not an error per request. So is a reconcile that returns an error
-// wrapping drain.ErrDraining (one whose handler Call the drain refused), one whose context
-// controller-runtime had already cancelled when it began (the moment before the drain
-// begins, at shutdown), and one cancelled while it waited for a drain.Options.MaxConcurrent
-// slot. MaxConcurrent bounds the reconciles; their Calls run in their reconcile's slot.
-func Wrap(ex *drain.Executor, controller string, r reconcile.Reconciler, opts ...Option) reconcile.Reconciler {
+// Once ex drains, requests are requeued after Options.RequeueAfter instead of run, with one
+// V(1) log line: new ones, those whose context was cancelled before they began or while
+// they waited for a MaxConcurrent slot, and those that return an error wrapping
+// drain.ErrDraining. Wrap panics on a nil ex or r, or a misconfigured Options.Recorder.
+func Wrap(ex *drain.Executor, controller string, r reconcile.Reconciler, opts Options) reconcile.Reconciler {
 	if ex == nil || r == nil {
 		panic(fmt.Sprintf("reconcilers.Wrap(%q): nil executor or reconciler (executor nil: %t, reconciler nil: %t)",
 			controller, ex == nil, r == nil))
 	}
-	return WrapTyped(ex, controller, r, opts...)
+	return WrapTyped(ex, controller, r, opts)
 }
 
 // WrapTyped is Wrap for a reconcile.TypedReconciler. The call is named
 // "<controller>/<request>", the request rendered by its String method if it has one, else
-// by fmt's %v. It panics if ex or r is nil.
+// by fmt's %v. Options.Recorder needs reconcile.Request requests.
 func WrapTyped[R comparable](
-	ex *drain.Executor, controller string, r reconcile.TypedReconciler[R], opts ...Option,
+	ex *drain.Executor, controller string, r reconcile.TypedReconciler[R], opts Options,
 ) reconcile.TypedReconciler[R] {
 	if ex == nil || r == nil {
 		panic(fmt.Sprintf("reconcilers.WrapTyped(%q): nil executor or reconciler (executor nil: %t, reconciler nil: %t)",
 			controller, ex == nil, r == nil))
 	}
-	o := options{requeueAfter: DefaultRequeueAfter}
-	for _, opt := range opts {
-		opt(&o)
+	o := options{requeueAfter: opts.RequeueAfter}
+	if o.requeueAfter <= 0 {
+		o.requeueAfter = DefaultRequeueAfter
 	}
-	if o.events != nil {
-		var zero R
-		if _, ok := any(zero).(reconcile.Request); !ok {
-			panic(fmt.Sprintf("reconcilers.WrapTyped(%q): WithEvents needs reconcile.Request requests, not %T",
-				controller, zero))
-		}
-		o.events.controller = controller
+	if !internal.IsNil(opts.Recorder) {
+		o.events = newEventer[R](controller, opts)
 		internal.Of(ex).Settings().Observers.Add(o.events)
 	}
 	return &wrapped[R]{ex: internal.Of(ex), r: r, opts: o, controller: controller, name: namer[R](controller)}
@@ -175,22 +177,16 @@ func namer[R comparable](controller string) func(R) (name, namespace, object str
 	}
 }
 
-// Call runs a blocking handler call from inside a wrapped reconciler as a tracked call
-// named "<reconcile name>/<name>", and waits for it like drain.Executor.Call: if ctx ends
-// first, Call returns ctx.Err() and fn stays tracked. Calls nest: a Call inside fn is named
-// "<reconcile name>/<name>/<inner name>". Inside any other tracked call (drain.FromContext)
-// it is named after that call. Outside a tracked call it runs fn(ctx) directly, and the
-// first such Call of the process logs it, through the logger of ctx (log.FromContext), so
-// that a reconciler left unwrapped is seen. An empty
-// name or a nil fn is an error wrapping drain.ErrInvalidCall.
+// Call runs a blocking handler call from inside a wrapped reconcile as a tracked call named
+// "<reconcile name>/<name>", and waits for it like drain.Executor.Call: if ctx ends first,
+// Call returns ctx.Err() and fn stays tracked, so the drain still waits for it. Calls nest.
+// Outside a tracked call it runs fn(ctx) directly, and logs that once per process, so that
+// a reconciler left unwrapped is seen. An empty name or a nil fn is an error wrapping
+// drain.ErrInvalidCall.
 //
-// Panics: a panic in fn while Call waits for it is raised again on the caller's goroutine
-// once the executor settled and counted the call (outside a tracked call, at once), so
-// that it travels as it would without quiesce: to controller-runtime's RecoverPanic, its
-// panic metric, or a crash. The value raised is a *drain.PanicError carrying fn's value
-// and stack (fn ran on another goroutine, whose stack the caller's panic cannot show;
-// errors.As and Unwrap reach a panicked error). A panic in fn after Call stopped waiting
-// (ctx ended first) has nobody to reach: the executor logs it ("Call panicked").
+// A panic in fn while Call waits is raised again on the caller's goroutine as a
+// *drain.PanicError carrying fn's value and stack, so that it reaches controller-runtime as
+// it would without quiesce. A panic after Call stopped waiting is logged by the executor.
 func Call(ctx context.Context, name string, fn func(context.Context) error) error {
 	if name == "" {
 		return fmt.Errorf("failed to run call: empty name: %w", drain.ErrInvalidCall)

@@ -409,11 +409,9 @@ func (r *Runnable) drain() error {
 	}
 	err = r.abandon(log, pe)
 
-	// Step 4: tell the executor's observers (reconcilers.WithEvents records an Event on
-	// each abandoned reconcile's object), bounded, before Start and so mgr.Start return.
-	octx, ocancel := context.WithTimeout(context.Background(), internal.ObserveTimeout)
-	defer ocancel()
-	r.core().Abandoned(octx)
+	// Step 4: tell the executor's observers (reconcilers.Options.Recorder queues an Event
+	// on each abandoned reconcile's object), before Start and so mgr.Start return.
+	r.core().Abandoned(context.Background())
 	return err
 }
 

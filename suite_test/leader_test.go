@@ -63,7 +63,7 @@ var _ = Describe("Leader election with two managers", func() {
 							runs = append(runs, r)
 							return nil
 						})
-					})))).To(Succeed())
+					}), reconcilers.Options{}))).To(Succeed())
 			return mgr, q
 		}
 

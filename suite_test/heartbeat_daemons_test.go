@@ -252,11 +252,11 @@ var _ = Describe("Daemons", func() {
 		Expect(msgs[len(msgs)-1]).To(Equal("Abandoned calls still running after the grace period"))
 		Expect(msgs[2 : len(msgs)-1]).To(HaveEach("Waiting for pending calls"))
 		lines := logs.all()
-		for _, line := range lines[1:] {
+		for _, line := range lines[2:] {
 			Expect(line).To(ContainSubstring(`"name"="` + stuck + `"`))
 			Expect(line).NotTo(ContainSubstring("/cm-"), "only the daemon that ignores its context is named")
 		}
-		for _, report := range lines[1 : len(lines)-1] {
+		for _, report := range lines[2 : len(lines)-1] {
 			Expect(report).To(ContainSubstring(`"daemon"=true`))
 		}
 

@@ -242,7 +242,7 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 		Expect(len(reports)).To(BeNumerically(">=", 2), "a report at 0.5s, then every second until 3s")
 		Expect(reports).To(HaveEach("Waiting for pending calls"))
 		lines := logs.all()
-		for _, report := range lines[1 : len(lines)-1] {
+		for _, report := range lines[2 : len(lines)-1] {
 			Expect(report).To(ContainSubstring(`"name"="` + name + `"`))
 			Expect(report).To(ContainSubstring(`"detached"=true`))
 			Expect(report).To(ContainSubstring(blockedAt))

@@ -551,7 +551,7 @@ func TestStopWithPendingCallsLogsItsTimeline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		logs := &lines{}
 		r := newRunnable(withDefaults(Options{Logger: logs.logger()}), false)
-		if err := r.ex.Go(context.Background(), "job", func(ctx context.Context) error {
+		if err := r.ex.Go(context.Background(), "job", func(context.Context) error {
 			time.Sleep(time.Second) // a call that takes a second (fake time)
 			return nil
 		}); err != nil {

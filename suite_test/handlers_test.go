@@ -69,19 +69,19 @@ func progressOf(ctx context.Context, key types.NamespacedName) (lifecycle.Record
 }
 
 // startHandlers makes a manager caching only ns, with a runnable.Runnable configured by
-// qopts, and a controller named name of the handlers hs on ConfigMaps; it starts the manager.
-func startHandlers(ns, name string, qopts runnable.Options, hs []lifecycle.Handler[*corev1.ConfigMap], opts lifecycle.HandlersOptions) (q *runnable.Runnable, stop context.CancelFunc, done <-chan error) {
+// default options, and a controller named name of the handlers hs on ConfigMaps; it starts the manager.
+func startHandlers(ns, name string, hs []lifecycle.Handler[*corev1.ConfigMap], opts lifecycle.HandlersOptions) (q *runnable.Runnable, stop context.CancelFunc, done <-chan error) {
 	GinkgoHelper()
-	mgr, q := newHandlers(ns, name, qopts, hs, opts)
+	mgr, q := newHandlers(ns, name, hs, opts)
 	stop, done = startManager(mgr)
 	return q, stop, done
 }
 
 // newHandlers is startHandlers without the start.
-func newHandlers(ns, name string, qopts runnable.Options, hs []lifecycle.Handler[*corev1.ConfigMap], opts lifecycle.HandlersOptions) (manager.Manager, *runnable.Runnable) {
+func newHandlers(ns, name string, hs []lifecycle.Handler[*corev1.ConfigMap], opts lifecycle.HandlersOptions) (manager.Manager, *runnable.Runnable) {
 	GinkgoHelper()
 	mgr := newManager(handlersCacheIn(ns))
-	q, err := runnable.Add(mgr, withGrace(qopts, 20*time.Second))
+	q, err := runnable.Add(mgr, runnable.Options{GracePeriod: 20 * time.Second})
 	Expect(err).NotTo(HaveOccurred())
 	opts.Recorder = broadcaster.NewRecorder(scheme.Scheme, name)
 	r, err := lifecycle.Handlers(q.Executor(), mgr.GetClient(), name, nil, hs, opts)
@@ -118,7 +118,7 @@ var _ = Describe("The Handlers reconciler", func() {
 
 		By("running the handlers until b runs, on a first manager")
 		// CancelAfter 0: the drain cancels b's context at once.
-		_, stop, done := startHandlers(ns, "handlers-resume", runnable.Options{}, hs, opts)
+		_, stop, done := startHandlers(ns, "handlers-resume", hs, opts)
 		Expect(k8sClient.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "resume"}})).To(Succeed())
 		Eventually(bRunning).Should(BeClosed())
 
@@ -135,7 +135,7 @@ var _ = Describe("The Handlers reconciler", func() {
 		Expect(p.Handlers).NotTo(HaveKey("c"))
 
 		By("starting a new manager")
-		_, stop, done = startHandlers(ns, "handlers-resume", runnable.Options{}, hs, opts)
+		_, stop, done = startHandlers(ns, "handlers-resume", hs, opts)
 		Eventually(func(g Gomega) {
 			p, err := progressOf(ctx, key)
 			g.Expect(err).NotTo(HaveOccurred())
@@ -174,7 +174,7 @@ var _ = Describe("The Handlers reconciler", func() {
 			}
 			return nil
 		}}
-		_, stop, done := startHandlers(ns, "handlers-retry", runnable.Options{}, []lifecycle.Handler[*corev1.ConfigMap]{flaky},
+		_, stop, done := startHandlers(ns, "handlers-retry", []lifecycle.Handler[*corev1.ConfigMap]{flaky},
 			lifecycle.HandlersOptions{Backoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond})
 		Expect(k8sClient.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: key.Name}})).To(Succeed())
 
@@ -228,7 +228,7 @@ var _ = Describe("The Handlers reconciler", func() {
 			runs.add("after")
 			return nil
 		}}
-		_, stop, done := startHandlers(ns, "handlers-terminal", runnable.Options{}, []lifecycle.Handler[*corev1.ConfigMap]{fatal, after},
+		_, stop, done := startHandlers(ns, "handlers-terminal", []lifecycle.Handler[*corev1.ConfigMap]{fatal, after},
 			lifecycle.HandlersOptions{Lifecycle: lifecycle.OneByOne})
 		Expect(k8sClient.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: key.Name}})).To(Succeed())
 
@@ -289,7 +289,7 @@ var _ = Describe("The Handlers reconciler", func() {
 			}})
 		}
 		var mgr manager.Manager
-		mgr, q = newHandlers(ns, "handlers-inline", runnable.Options{}, hs, lifecycle.HandlersOptions{Lifecycle: inline})
+		mgr, q = newHandlers(ns, "handlers-inline", hs, lifecycle.HandlersOptions{Lifecycle: inline})
 		settings := internal.Of(q.Executor()).Settings()
 		metered := settings.AfterCall
 		settings.AfterCall = func(controller string, took time.Duration, err error) {
@@ -322,9 +322,3 @@ var _ = Describe("The Handlers reconciler", func() {
 		expectNoLeaks(cur)
 	})
 })
-
-// withGrace returns opts with GracePeriod set to grace.
-func withGrace(opts runnable.Options, grace time.Duration) runnable.Options {
-	opts.GracePeriod = grace
-	return opts
-}

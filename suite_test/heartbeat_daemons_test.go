@@ -218,7 +218,7 @@ var _ = Describe("Daemons", func() {
 			beats1, beats2 := h.beatsOf("cm-1"), h.beatsOf("cm-2")
 			Consistently(func() []int32 { return []int32{h.beatsOf("cm-1"), h.beatsOf("cm-2")} }, 300*time.Millisecond).
 				Should(Equal([]int32{beats1, beats2}))
-			Expect(logs.messages()).To(Equal([]string{"Stop began", "Draining executor", "All calls returned"}),
+			Expect(logs.messages()).To(Equal(append(stopBegins(), "All calls returned")),
 				"no report, no restart: every daemon honoured its context")
 			expectNoLeaks(cur)
 		})
@@ -248,7 +248,7 @@ var _ = Describe("Daemons", func() {
 		Expect(h.notes()).To(ConsistOf("cm-0 stopped", "cm-1 stopped"))
 
 		msgs := logs.messages()
-		Expect(msgs[:2]).To(Equal([]string{"Stop began", "Draining executor"}))
+		Expect(msgs[:2]).To(Equal(stopBegins()))
 		Expect(msgs[len(msgs)-1]).To(Equal("Abandoned calls still running after the grace period"))
 		Expect(msgs[2 : len(msgs)-1]).To(HaveEach("Waiting for pending calls"))
 		lines := logs.all()

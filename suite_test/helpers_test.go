@@ -104,3 +104,6 @@ func expectNoLeaks(cur goleak.Option) {
 		return goleak.Find(cur)
 	}, 10*time.Second).Should(Succeed())
 }
+
+// stopBegins returns the first lines of quiesce's log in a stop that waits for calls.
+func stopBegins() []string { return []string{"Stop began", "Draining executor"} }

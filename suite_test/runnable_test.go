@@ -236,7 +236,7 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 		Expect(q.Err().Error()).NotTo(ContainSubstring(name), "the error counts the calls; the log line lists them")
 
 		msgs := logs.messages()
-		Expect(msgs[:2]).To(Equal([]string{"Stop began", "Draining executor"}))
+		Expect(msgs[:2]).To(Equal(stopBegins()))
 		Expect(msgs[len(msgs)-1]).To(Equal("Abandoned calls still running after the grace period"))
 		reports := msgs[2 : len(msgs)-1]
 		Expect(len(reports)).To(BeNumerically(">=", 2), "a report at 0.5s, then every second until 3s")

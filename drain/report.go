@@ -146,7 +146,7 @@ func (e *Executor) nextToTurnSlow(now time.Time) (time.Duration, bool) {
 // checkSlow logs the slow calls, if the line is due, and re-arms the timer while calls
 // are in flight.
 func (e *Executor) checkSlow() {
-	// The observers (reconcilers.Options.Recorder) are told of more slow calls than the line
+	// The observers (reconcilers.WrapOptions.Recorder) are told of more slow calls than the line
 	// lists; all are located from the same capture, so the line costs no second one.
 	obs := e.settings.Observers.List()
 	limit := internal.MaxListed

@@ -20,7 +20,7 @@ type Settings struct {
 	// A panic in it is logged, never raised.
 	AfterCall func(controller string, took time.Duration, err error)
 
-	// Observers are told of slow and abandoned calls (reconcilers.Options.Recorder adds one).
+	// Observers are told of slow and abandoned calls (reconcilers.WrapOptions.Recorder adds one).
 	Observers Observers
 }
 

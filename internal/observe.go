@@ -17,7 +17,7 @@ type Observed struct {
 	Options CallOptions
 }
 
-// Observer is told of calls that need a user's attention. reconcilers.Options.Recorder
+// Observer is told of calls that need a user's attention. reconcilers.WrapOptions.Recorder
 // records Events on their objects from it.
 type Observer interface {
 	// Slow is called after each "Slow calls" line, on the goroutine that logged it, with

@@ -78,7 +78,7 @@ type HandlersOptions struct {
 
 	// Recorder, if set, receives Warning Events on the object (ReasonProgressCorrupt,
 	// ReasonHandlerError, ReasonHandlerFailed). nil: no Events, only log lines. See
-	// reconcilers.Options.Recorder for where to get one.
+	// reconcilers.WrapOptions.Recorder for where to get one.
 	Recorder events.EventRecorder
 
 	// Annotation is the key of the annotation holding the Record. "":
@@ -107,7 +107,7 @@ type HandlersOptions struct {
 	Clock clock.PassiveClock
 
 	// Wrap is the Options of the reconcilers.Wrap that Handlers applies to its reconciler.
-	Wrap reconcilers.Options
+	Wrap reconcilers.WrapOptions
 }
 
 func (o *HandlersOptions) setDefaults() {

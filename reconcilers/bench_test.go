@@ -35,7 +35,7 @@ func BenchmarkReconcileLoop(b *testing.B) {
 			b.Run("wrapped", func(b *testing.B) {
 				ex := drivenExecutor(b)
 				benchLoopWorkers(b, workers, func(r reconcile.Reconciler) reconcile.Reconciler {
-					return reconcilers.Wrap(ex, "bench", r, reconcilers.Options{})
+					return reconcilers.Wrap(ex, "bench", r, reconcilers.WrapOptions{})
 				})
 			})
 		})
@@ -85,7 +85,7 @@ func BenchmarkReconcileDirect(b *testing.B) {
 		}
 	})
 	b.Run("wrapped", func(b *testing.B) {
-		w := reconcilers.Wrap(drivenExecutor(b), "bench", r, reconcilers.Options{})
+		w := reconcilers.Wrap(drivenExecutor(b), "bench", r, reconcilers.WrapOptions{})
 		b.ReportAllocs()
 		for b.Loop() {
 			_, _ = w.Reconcile(context.Background(), req)
@@ -104,7 +104,7 @@ func BenchmarkReconcileLoopInterleaved(b *testing.B) {
 			ex := drivenExecutor(b)
 			unwrapped := startLoop(b, "unwrapped", workers, func(r reconcile.Reconciler) reconcile.Reconciler { return r })
 			wrapped := startLoop(b, "wrapped", workers, func(r reconcile.Reconciler) reconcile.Reconciler {
-				return reconcilers.Wrap(ex, "bench", r, reconcilers.Options{})
+				return reconcilers.Wrap(ex, "bench", r, reconcilers.WrapOptions{})
 			})
 			// Distinct keys, so that the queue does not merge them; made before the timer starts.
 			reqs := make([]reconcile.Request, b.N)
@@ -138,7 +138,7 @@ func BenchmarkReconcileDirectInterleaved(b *testing.B) {
 		return reconcile.Result{}, nil
 	})
 	req := request("ns", "obj")
-	w := reconcilers.Wrap(drivenExecutor(b), "bench", r, reconcilers.Options{})
+	w := reconcilers.Wrap(drivenExecutor(b), "bench", r, reconcilers.WrapOptions{})
 	wrapped := func() { _, _ = w.Reconcile(context.Background(), req) }
 	unwrapped := func() { _, _ = r.Reconcile(context.Background(), req) }
 	wrappedNs, unwrappedNs, _ := interleaved(b, 1000, "wrapped", func(n int) {

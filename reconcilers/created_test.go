@@ -21,13 +21,13 @@ func TestSetupPanicsForExecutorNotCreatedByNew(t *testing.T) {
 		return reconcile.Result{}, nil
 	})
 	setups := map[string]func(ex *drain.Executor){
-		"Wrap": func(ex *drain.Executor) { reconcilers.Wrap(ex, "cms", noop, reconcilers.Options{}) },
+		"Wrap": func(ex *drain.Executor) { reconcilers.Wrap(ex, "cms", noop, reconcilers.WrapOptions{}) },
 		"WrapTyped": func(ex *drain.Executor) {
-			reconcilers.WrapTyped[reconcile.Request](ex, "cms", noop, reconcilers.Options{})
+			reconcilers.WrapTyped[reconcile.Request](ex, "cms", noop, reconcilers.WrapOptions{})
 		},
 		"Wrap with a Recorder": func(ex *drain.Executor) {
 			// A recorder and a reader that are never used: the setup panics first.
-			reconcilers.Wrap(ex, "cms", noop, reconcilers.Options{
+			reconcilers.Wrap(ex, "cms", noop, reconcilers.WrapOptions{
 				Recorder: events.NewFakeRecorder(1), Reader: struct{ client.Reader }{}, Object: &corev1.ConfigMap{},
 			})
 		},

@@ -38,7 +38,7 @@ func BenchmarkDaemonsEnsureLoop(b *testing.B) {
 
 	b.Run("without", func(b *testing.B) {
 		benchLoop(b, func(r reconcile.Reconciler) reconcile.Reconciler {
-			return reconcilers.Wrap(ex, "bench", r, reconcilers.Options{})
+			return reconcilers.Wrap(ex, "bench", r, reconcilers.WrapOptions{})
 		})
 	})
 	b.Run("ensure", func(b *testing.B) {
@@ -49,7 +49,7 @@ func BenchmarkDaemonsEnsureLoop(b *testing.B) {
 						return reconcile.Result{}, err
 					}
 					return r.Reconcile(ctx, req)
-				}), reconcilers.Options{})
+				}), reconcilers.WrapOptions{})
 		})
 	})
 	if s := d.Stats(); s.Running != len(objs) {

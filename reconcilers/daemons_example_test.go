@@ -79,8 +79,8 @@ func ExampleNewDaemons() {
 		started: make(chan struct{}),
 	}
 	// In an operator: ctrl.NewControllerManagedBy(mgr).For(&corev1.ConfigMap{}).
-	//	Complete(reconcilers.Wrap(q.Executor(), "heartbeat", r, reconcilers.Options{}))
-	w := reconcilers.Wrap(ex, "heartbeat", r, reconcilers.Options{})
+	//	Complete(reconcilers.Wrap(q.Executor(), "heartbeat", r, reconcilers.WrapOptions{}))
+	w := reconcilers.Wrap(ex, "heartbeat", r, reconcilers.WrapOptions{})
 	ctx := context.Background()
 	req := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(cm)}
 

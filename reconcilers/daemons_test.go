@@ -401,7 +401,7 @@ func TestDaemonsStopWhenTheDrainBegins(t *testing.T) {
 		r := reconcilers.Wrap(drain.New(drain.Options{}), "cm", reconcile.Func(
 			func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 				return reconcile.Result{}, d.Ensure(ctx, daemonObject(req.Name, "uid-e"), "heartbeat", untilStopped(&starts))
-			}), reconcilers.Options{})
+			}), reconcilers.WrapOptions{})
 		res, err := r.Reconcile(context.Background(), request("ns", "e"))
 		if err != nil || res.RequeueAfter != reconcilers.DefaultRequeueAfter {
 			t.Errorf("wrapped reconcile = %+v, %v, want a quiet requeue", res, err)

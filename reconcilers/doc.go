@@ -6,7 +6,7 @@
 // waits for it (if the reconcile's context ends first, Call returns and the handler stays
 // tracked). Once a runnable.Runnable drives the executor, a wrapped reconcile's context ends
 // when the drain cancels it, not when controller-runtime begins to stop, and new requests
-// are requeued instead of run. With Options.Recorder, a slow or abandoned reconcile records
+// are requeued instead of run. With WrapOptions.Recorder, a slow or abandoned reconcile records
 // a Warning Event on its object.
 //
 // Daemons runs long-lived functions per object, kopf-style: Ensure, called from Reconcile

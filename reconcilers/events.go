@@ -19,7 +19,7 @@ import (
 	"github.com/quiesce-dev/quiesce/internal"
 )
 
-// The reasons of the Warning Events recorded through Options.Recorder.
+// The reasons of the Warning Events recorded through WrapOptions.Recorder.
 const (
 	// ReasonReconcileSlow: a reconcile of the object (or a Call inside it) was found slow by
 	// a "Slow calls" line (drain.Options.SlowAfter). Recorded once per object for as long
@@ -33,7 +33,7 @@ const (
 // eventAction is the action of the Events (events.k8s.io/v1 requires one).
 const eventAction = "Reconcile"
 
-// eventer is the internal.Observer of one controller wrapped with Options.Recorder.
+// eventer is the internal.Observer of one controller wrapped with WrapOptions.Recorder.
 type eventer struct {
 	rec        events.EventRecorder
 	reader     client.Reader
@@ -44,14 +44,14 @@ type eventer struct {
 
 // newEventer returns the eventer of o for a controller with requests of type R. It panics
 // on a misconfiguration: found at setup, not at the first slow reconcile.
-func newEventer[R comparable](controller string, o Options) *eventer {
+func newEventer[R comparable](controller string, o WrapOptions) *eventer {
 	var zero R
 	if _, ok := any(zero).(reconcile.Request); !ok {
-		panic(fmt.Sprintf("reconcilers.WrapTyped(%q): Options.Recorder needs reconcile.Request requests, not %T",
+		panic(fmt.Sprintf("reconcilers.WrapTyped(%q): WrapOptions.Recorder needs reconcile.Request requests, not %T",
 			controller, zero))
 	}
 	if internal.IsNil(o.Reader) || internal.IsNil(o.Object) {
-		panic(fmt.Sprintf("reconcilers.Wrap(%q): Options.Recorder needs Options.Reader and Options.Object "+
+		panic(fmt.Sprintf("reconcilers.Wrap(%q): WrapOptions.Recorder needs WrapOptions.Reader and WrapOptions.Object "+
 			"(Reader nil: %t, Object nil: %t)", controller, internal.IsNil(o.Reader), internal.IsNil(o.Object)))
 	}
 	return &eventer{rec: o.Recorder, reader: o.Reader, obj: o.Object, controller: controller}

@@ -80,8 +80,8 @@ func (r *recorder) all() []recordedEvent {
 }
 
 // eventOptions are the Options recording Events of ConfigMaps read from c to rec.
-func eventOptions(rec *recorder, c client.Reader) reconcilers.Options {
-	return reconcilers.Options{Recorder: rec, Reader: c, Object: &corev1.ConfigMap{}}
+func eventOptions(rec *recorder, c client.Reader) reconcilers.WrapOptions {
+	return reconcilers.WrapOptions{Recorder: rec, Reader: c, Object: &corev1.ConfigMap{}}
 }
 
 func reasons(evs []recordedEvent) string {
@@ -315,10 +315,10 @@ func TestRecorderMisconfigurationPanicsAtSetup(t *testing.T) {
 			reconcilers.WrapTyped(ex, "typed", typed, eventOptions(&recorder{}, c))
 		}, "needs reconcile.Request requests, not reconcilers_test.typedReq"},
 		"no reader": {func(ex *drain.Executor) {
-			reconcilers.Wrap(ex, "cms", noop, reconcilers.Options{Recorder: &recorder{}, Object: &corev1.ConfigMap{}})
+			reconcilers.Wrap(ex, "cms", noop, reconcilers.WrapOptions{Recorder: &recorder{}, Object: &corev1.ConfigMap{}})
 		}, "Reader nil: true, Object nil: false"},
 		"no object": {func(ex *drain.Executor) {
-			reconcilers.Wrap(ex, "cms", noop, reconcilers.Options{Recorder: &recorder{}, Reader: c, Object: (*corev1.ConfigMap)(nil)})
+			reconcilers.Wrap(ex, "cms", noop, reconcilers.WrapOptions{Recorder: &recorder{}, Reader: c, Object: (*corev1.ConfigMap)(nil)})
 		}, "Reader nil: false, Object nil: true"},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -341,8 +341,8 @@ func TestRecorderMisconfigurationPanicsAtSetup(t *testing.T) {
 func TestNoRecorderNoEvents(t *testing.T) {
 	ex := drain.New(drain.Options{})
 	noop := reconcile.Func(func(context.Context, reconcile.Request) (reconcile.Result, error) { return reconcile.Result{}, nil })
-	reconcilers.Wrap(ex, "cms", noop, reconcilers.Options{Reader: eventsClient(interceptor.Funcs{})})
-	reconcilers.Wrap(ex, "cms", noop, reconcilers.Options{Recorder: (*recorder)(nil)})
+	reconcilers.Wrap(ex, "cms", noop, reconcilers.WrapOptions{Reader: eventsClient(interceptor.Funcs{})})
+	reconcilers.Wrap(ex, "cms", noop, reconcilers.WrapOptions{Recorder: (*recorder)(nil)})
 	if n := len(internal.Of(ex).Settings().Observers.List()); n != 0 {
 		t.Fatalf("%d observers without a Recorder, want 0", n)
 	}

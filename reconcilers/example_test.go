@@ -28,7 +28,7 @@ func ExampleWrap() {
 		func(context.Context, reconcile.Request) (reconcile.Result, error) {
 			fmt.Println("tracked as", ex.Pending()[0].Name)
 			return reconcile.Result{}, nil
-		}), reconcilers.Options{})
+		}), reconcilers.WrapOptions{})
 	// In an operator: ctrl.NewControllerManagedBy(mgr).For(&v1.Memcached{}).Complete(r)
 	req := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: metav1.NamespaceDefault, Name: "cache"}}
 	if _, err := r.Reconcile(context.Background(), req); err != nil {
@@ -51,7 +51,7 @@ func ExampleCall() {
 				return nil // e.g. a blocking snapshot call, given fn's context
 			})
 			return reconcile.Result{}, err
-		}), reconcilers.Options{})
+		}), reconcilers.WrapOptions{})
 	req := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: metav1.NamespaceDefault, Name: "cache"}}
 	if _, err := r.Reconcile(context.Background(), req); err != nil {
 		fmt.Println(err)
@@ -80,7 +80,7 @@ func ExampleWrap_options() {
 		func(context.Context, reconcile.Request) (reconcile.Result, error) {
 			<-release // a slow reconcile
 			return reconcile.Result{}, nil
-		}), reconcilers.Options{
+		}), reconcilers.WrapOptions{
 		RequeueAfter: 5 * time.Second,
 		Recorder:     rec,
 		Reader:       fake.NewClientBuilder().WithObjects(cm).Build(), // in an operator: mgr.GetClient()
@@ -119,7 +119,7 @@ func ExampleWrapTyped() {
 		func(context.Context, shard) (reconcile.Result, error) {
 			fmt.Println("tracked as", ex.Pending()[0].Name)
 			return reconcile.Result{}, nil
-		}), reconcilers.Options{RequeueAfter: 10 * time.Second})
+		}), reconcilers.WrapOptions{RequeueAfter: 10 * time.Second})
 	if _, err := r.Reconcile(context.Background(), shard{ID: 3}); err != nil {
 		fmt.Println(err)
 	}

@@ -47,7 +47,7 @@ func TestWrappedReconcileKeepsTheDeadline(t *testing.T) {
 					}
 					<-ctx.Done()
 					return reconcile.Result{}, ctx.Err()
-				}), reconcilers.Options{})
+				}), reconcilers.WrapOptions{})
 				if _, err := r.Reconcile(ctx, request("ns", "obj")); !errors.Is(err, context.DeadlineExceeded) {
 					t.Errorf("Reconcile = %v, want DeadlineExceeded", err)
 				}
@@ -77,7 +77,7 @@ func TestShieldedReconcileEndsAtTheDeadlineAfterAShutdown(t *testing.T) {
 			aliveAfterShutdown = ctx.Err() == nil
 			<-ctx.Done()
 			return reconcile.Result{}, ctx.Err()
-		}), reconcilers.Options{})
+		}), reconcilers.WrapOptions{})
 		if _, err := r.Reconcile(ctx, request("ns", "obj")); !errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("Reconcile = %v, want DeadlineExceeded", err)
 		}
@@ -100,7 +100,7 @@ func TestWrappedReconcileRepanicsAfterTheCallSettled(t *testing.T) {
 	r := reconcilers.Wrap(ex, "cm", reconcile.Func(func(context.Context, reconcile.Request) (reconcile.Result, error) {
 		panicInReconcile(boom)
 		return reconcile.Result{}, nil
-	}), reconcilers.Options{})
+	}), reconcilers.WrapOptions{})
 	var (
 		value any
 		stack string
@@ -157,7 +157,7 @@ func TestPanicReachesControllerRuntime(t *testing.T) {
 			panicInReconcile("reconciler broke")
 		}
 		return reconcile.Result{}, nil
-	}), reconcilers.Options{})
+	}), reconcilers.WrapOptions{})
 	before := panicsMetric(t, name)
 	events, stop := runController(t, name, r, 1)
 	events <- event.TypedGenericEvent[reconcile.Request]{Object: request("ns", "a")}
@@ -219,7 +219,7 @@ func TestShieldedReconcileKeepsTheCallersValues(t *testing.T) {
 		child, stop = context.WithCancel(ctx)
 		t.Cleanup(stop)
 		return reconcile.Result{}, child.Err()
-	}), reconcilers.Options{})
+	}), reconcilers.WrapOptions{})
 	if _, err := r.Reconcile(ctx, request("ns", "obj")); err != nil {
 		t.Fatalf("Reconcile = %v, want nil: the caller's cancel does not reach a shielded reconcile", err)
 	}
@@ -236,7 +236,7 @@ func TestShieldingIsFixedWhenTheExecutorIsOwned(t *testing.T) {
 		r := reconcilers.Wrap(ex, "cm", reconcile.Func(func(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
 			cancel()
 			return reconcile.Result{}, ctx.Err()
-		}), reconcilers.Options{})
+		}), reconcilers.WrapOptions{})
 		if _, err := r.Reconcile(ctx, request("ns", fmt.Sprint(i))); err != nil {
 			t.Errorf("reconcile %d: ctx.Err() = %v after the caller's cancel, want nil (shielded)", i, err)
 		}
@@ -259,7 +259,7 @@ func TestLocateNamesTheReconcilersOwnLine(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ex := newDriven(drain.Options{})
 		s := &stuckReconciler{at: make(chan string, 1), release: make(chan struct{})}
-		r := reconcilers.Wrap(ex, "cm", s, reconcilers.Options{})
+		r := reconcilers.Wrap(ex, "cm", s, reconcilers.WrapOptions{})
 		done := make(chan error, 1)
 		go func() {
 			_, err := r.Reconcile(context.Background(), request("ns", "obj"))
@@ -317,7 +317,7 @@ func TestCallPanicReachesControllerRuntime(t *testing.T) {
 			panicInReconcile("handler broke")
 			return nil
 		})
-	}), reconcilers.Options{})
+	}), reconcilers.WrapOptions{})
 	before := panicsMetric(t, name)
 	events, stop := runController(t, name, r, 1)
 	events <- event.TypedGenericEvent[reconcile.Request]{Object: request("ns", "a")}
@@ -357,7 +357,7 @@ func TestReconcileIDInReports(t *testing.T) {
 			pending <- ex.Pending()
 			return nil
 		})
-	}), reconcilers.Options{})
+	}), reconcilers.WrapOptions{})
 	events, stop := runController(t, name, r, 1)
 	events <- event.TypedGenericEvent[reconcile.Request]{Object: request("ns", "a")}
 	id, calls := <-seen, <-pending
@@ -379,7 +379,7 @@ func TestReconcileCancelledBeforeItBeganIsRequeuedQuietly(t *testing.T) {
 		r := reconcilers.Wrap(ex, "cm", reconcile.Func(func(context.Context, reconcile.Request) (reconcile.Result, error) {
 			t.Error("ran")
 			return reconcile.Result{}, nil
-		}), reconcilers.Options{})
+		}), reconcilers.WrapOptions{})
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
 		res, err := r.Reconcile(ctx, request("ns", "a"))

@@ -18,18 +18,18 @@ import (
 	"github.com/quiesce-dev/quiesce/internal"
 )
 
-// DefaultRequeueAfter is the default of Options.RequeueAfter.
+// DefaultRequeueAfter is the default of WrapOptions.RequeueAfter.
 const DefaultRequeueAfter = time.Second
 
-// options are Options as a wrapped reconciler uses them.
+// options are WrapOptions as a wrapped reconciler uses them.
 type options struct {
 	requeueAfter time.Duration
-	events       *eventer // nil without Options.Recorder
+	events       *eventer // nil without WrapOptions.Recorder
 }
 
-// Options configure Wrap and WrapTyped. The zero value is valid: every zero field means the
+// WrapOptions configure Wrap and WrapTyped. The zero value is valid: every zero field means the
 // documented default.
-type Options struct {
+type WrapOptions struct {
 	// RequeueAfter is how long after a request refused by a draining executor it is
 	// requeued. 0 or negative: DefaultRequeueAfter.
 	RequeueAfter time.Duration
@@ -62,11 +62,11 @@ type Options struct {
 // Once a runnable.Runnable drives ex, its context ends when the drain cancels it
 // (CancelAfter), not when controller-runtime begins to stop: in-flight work can finish.
 //
-// Once ex drains, requests are requeued after Options.RequeueAfter instead of run, with one
+// Once ex drains, requests are requeued after WrapOptions.RequeueAfter instead of run, with one
 // V(1) log line: new ones, those whose context was cancelled before they began or while
 // they waited for a MaxConcurrent slot, and those that return an error wrapping
-// drain.ErrDraining. Wrap panics on a nil ex or r, or a misconfigured Options.Recorder.
-func Wrap(ex *drain.Executor, controller string, r reconcile.Reconciler, opts Options) reconcile.Reconciler {
+// drain.ErrDraining. Wrap panics on a nil ex or r, or a misconfigured WrapOptions.Recorder.
+func Wrap(ex *drain.Executor, controller string, r reconcile.Reconciler, opts WrapOptions) reconcile.Reconciler {
 	if ex == nil || r == nil {
 		panic(fmt.Sprintf("reconcilers.Wrap(%q): nil executor or reconciler (executor nil: %t, reconciler nil: %t)",
 			controller, ex == nil, r == nil))
@@ -76,9 +76,9 @@ func Wrap(ex *drain.Executor, controller string, r reconcile.Reconciler, opts Op
 
 // WrapTyped is Wrap for a reconcile.TypedReconciler. The call is named
 // "<controller>/<request>", the request rendered by its String method if it has one, else
-// by fmt's %v. Options.Recorder needs reconcile.Request requests.
+// by fmt's %v. WrapOptions.Recorder needs reconcile.Request requests.
 func WrapTyped[R comparable](
-	ex *drain.Executor, controller string, r reconcile.TypedReconciler[R], opts Options,
+	ex *drain.Executor, controller string, r reconcile.TypedReconciler[R], opts WrapOptions,
 ) reconcile.TypedReconciler[R] {
 	if ex == nil || r == nil {
 		panic(fmt.Sprintf("reconcilers.WrapTyped(%q): nil executor or reconciler (executor nil: %t, reconciler nil: %t)",

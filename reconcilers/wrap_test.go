@@ -61,7 +61,7 @@ func TestWrapNamesTheCallAndPassesResults(t *testing.T) {
 	r := reconcilers.Wrap(ex, "cm", reconcile.Func(func(_ context.Context, _ reconcile.Request) (reconcile.Result, error) {
 		seen = names(ex.Pending())
 		return reconcile.Result{RequeueAfter: 7 * time.Second}, boom
-	}), reconcilers.Options{})
+	}), reconcilers.WrapOptions{})
 
 	res, err := r.Reconcile(context.Background(), request("ns", "obj"))
 	if !errors.Is(err, boom) || res.RequeueAfter != 7*time.Second {
@@ -102,7 +102,7 @@ func TestWrapTypedRendersTheRequest(t *testing.T) {
 	kr := reconcilers.WrapTyped(ex, "typed", reconcile.TypedFunc[key](func(context.Context, key) (reconcile.Result, error) {
 		seen = names(ex.Pending())
 		return reconcile.Result{}, nil
-	}), reconcilers.Options{})
+	}), reconcilers.WrapOptions{})
 	if _, err := kr.Reconcile(context.Background(), key{"a", "b"}); err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +112,7 @@ func TestWrapTypedRendersTheRequest(t *testing.T) {
 	pr := reconcilers.WrapTyped(ex, "plain", reconcile.TypedFunc[plain](func(context.Context, plain) (reconcile.Result, error) {
 		seen = names(ex.Pending())
 		return reconcile.Result{}, nil
-	}), reconcilers.Options{})
+	}), reconcilers.WrapOptions{})
 	if _, err := pr.Reconcile(context.Background(), plain{3}); err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +134,7 @@ func TestCallInsideAWrappedReconcileIsTracked(t *testing.T) {
 			})
 		})
 		return reconcile.Result{}, err
-	}), reconcilers.Options{})
+	}), reconcilers.WrapOptions{})
 	if _, err := r.Reconcile(context.Background(), request("ns", "obj")); err != nil {
 		t.Fatal(err)
 	}
@@ -182,11 +182,11 @@ func TestWrapWithNilExecutorOrReconcilerPanicsAtSetup(t *testing.T) {
 		return reconcile.Result{}, nil
 	})
 	for name, wrap := range map[string]func(){
-		"Wrap nil executor":      func() { reconcilers.Wrap(nil, "cm", ok, reconcilers.Options{}) },
-		"Wrap nil reconciler":    func() { reconcilers.Wrap(drain.New(drain.Options{}), "cm", nil, reconcilers.Options{}) },
-		"WrapTyped nil executor": func() { reconcilers.WrapTyped[reconcile.Request](nil, "cm", ok, reconcilers.Options{}) },
+		"Wrap nil executor":      func() { reconcilers.Wrap(nil, "cm", ok, reconcilers.WrapOptions{}) },
+		"Wrap nil reconciler":    func() { reconcilers.Wrap(drain.New(drain.Options{}), "cm", nil, reconcilers.WrapOptions{}) },
+		"WrapTyped nil executor": func() { reconcilers.WrapTyped[reconcile.Request](nil, "cm", ok, reconcilers.WrapOptions{}) },
 		"WrapTyped nil reconciler": func() {
-			reconcilers.WrapTyped[reconcile.Request](drain.New(drain.Options{}), "cm", nil, reconcilers.Options{})
+			reconcilers.WrapTyped[reconcile.Request](drain.New(drain.Options{}), "cm", nil, reconcilers.WrapOptions{})
 		},
 	} {
 		v := func() (v any) {
@@ -230,7 +230,7 @@ func TestRequestsAfterTheDrainBeganAreRequeuedNotRun(t *testing.T) {
 	r := reconcilers.Wrap(ex, "cm", reconcile.Func(func(context.Context, reconcile.Request) (reconcile.Result, error) {
 		ran++
 		return reconcile.Result{}, nil
-	}), reconcilers.Options{RequeueAfter: 3 * time.Second})
+	}), reconcilers.WrapOptions{RequeueAfter: 3 * time.Second})
 	ctx := log.IntoContext(context.Background(), logs.logger(1))
 	for range 3 {
 		res, err := r.Reconcile(ctx, request("ns", "obj"))
@@ -259,7 +259,7 @@ func TestContextOfAWrappedReconcile(t *testing.T) {
 			cancel()
 			<-ctx.Done()
 			return reconcile.Result{}, ctx.Err()
-		}), reconcilers.Options{})
+		}), reconcilers.WrapOptions{})
 		if _, err := r.Reconcile(ctx, request("ns", "obj")); !errors.Is(err, context.Canceled) {
 			t.Fatalf("Reconcile = %v, want context.Canceled", err)
 		}
@@ -277,7 +277,7 @@ func TestContextOfAWrappedReconcile(t *testing.T) {
 				time.Sleep(3 * time.Second) // the reconcile's own work: fake time in the bubble
 				live = ctx.Err() == nil
 				return reconcile.Result{}, nil
-			}), reconcilers.Options{})
+			}), reconcilers.WrapOptions{})
 			done := make(chan error, 1)
 			go func() {
 				_, err := r.Reconcile(ctx, request("ns", "obj"))
@@ -307,7 +307,7 @@ func TestContextOfAWrappedReconcile(t *testing.T) {
 			r := reconcilers.Wrap(ex, "cm", reconcile.Func(func(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
 				<-ctx.Done()
 				return reconcile.Result{}, ctx.Err()
-			}), reconcilers.Options{})
+			}), reconcilers.WrapOptions{})
 			done := make(chan error, 1)
 			go func() {
 				_, err := r.Reconcile(context.Background(), request("ns", "obj"))
@@ -340,7 +340,7 @@ func TestAReconcileWhoseHandlerIsRefusedIsRequeued(t *testing.T) {
 			return nil
 		})
 		return reconcile.Result{}, fmt.Errorf("failed to upload: %w", err)
-	}), reconcilers.Options{RequeueAfter: 2 * time.Second})
+	}), reconcilers.WrapOptions{RequeueAfter: 2 * time.Second})
 	res, err := r.Reconcile(context.Background(), request("ns", "obj"))
 	if err != nil || res.RequeueAfter != 2*time.Second {
 		t.Fatalf("Reconcile = %+v, %v; want RequeueAfter 2s and no error", res, err)
@@ -365,7 +365,7 @@ func TestMaxConcurrentBoundsReconcilesNotTheirCalls(t *testing.T) {
 				<-release
 			}
 			return reconcile.Result{}, nil
-		}), reconcilers.Options{})
+		}), reconcilers.WrapOptions{})
 		first := make(chan error, 1)
 		go func() {
 			_, err := r.Reconcile(context.Background(), request("ns", "first"))

@@ -38,7 +38,7 @@ func ExampleAdd() {
 		fmt.Println(err)
 		return
 	}
-	// ...Complete(reconcilers.Wrap(q.Executor(), "memcached", r, reconcilers.Options{}))
+	// ...Complete(reconcilers.Wrap(q.Executor(), "memcached", r, reconcilers.WrapOptions{}))
 
 	ctx, stop := context.WithCancel(context.Background()) // ctrl.SetupSignalHandler()
 	stop()                                                // as if SIGTERM came at once

@@ -206,7 +206,7 @@ func TestCallDurationByController(t *testing.T) {
 	}
 	wrapped := reconcilers.Wrap(r.Executor(), "memcached", reconcile.Func(func(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
 		return reconcile.Result{}, reconcilers.Call(ctx, "backup", func(context.Context) error { return nil })
-	}), reconcilers.Options{})
+	}), reconcilers.WrapOptions{})
 	memcached, other := histogramCount(t, "memcached"), histogramCount(t, otherCalls)
 	if _, err := wrapped.Reconcile(context.Background(), reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "ns", Name: "a"}}); err != nil {
 		t.Fatal(err)

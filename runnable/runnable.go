@@ -409,7 +409,7 @@ func (r *Runnable) drain() error {
 	}
 	err = r.abandon(log, pe)
 
-	// Step 4: tell the executor's observers (reconcilers.Options.Recorder queues an Event
+	// Step 4: tell the executor's observers (reconcilers.WrapOptions.Recorder queues an Event
 	// on each abandoned reconcile's object), before Start and so mgr.Start return.
 	r.core().Abandoned(context.Background())
 	return err

@@ -314,7 +314,7 @@ func TestShieldedFromCreation(t *testing.T) {
 			wrapped := reconcilers.Wrap(ex, "cm", reconcile.Func(func(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
 				cancel() // controller-runtime's shutdown
 				return reconcile.Result{}, ctx.Err()
-			}), reconcilers.Options{})
+			}), reconcilers.WrapOptions{})
 			_, err := wrapped.Reconcile(ctx, reconcile.Request{})
 			return err
 		}

@@ -91,7 +91,7 @@ var _ = Describe("Options.Recorder", func() {
 							<-hold // ignores its context
 							return nil
 						})
-					}), reconcilers.Options{
+					}), reconcilers.WrapOptions{
 					Recorder: rec,
 					Reader:   mgr.GetClient(),
 					Object:   &corev1.ConfigMap{},

@@ -153,7 +153,7 @@ func startHeartbeats(ns string, logs *logLines, hold <-chan struct{}, opts runna
 		beats:   map[string]*atomic.Int32{},
 	}
 	Expect(ctrl.NewControllerManagedBy(mgr).For(&corev1.ConfigMap{}).Named("daemons").
-		Complete(reconcilers.Wrap(q.Executor(), "daemons", h, reconcilers.Options{}))).To(Succeed())
+		Complete(reconcilers.Wrap(q.Executor(), "daemons", h, reconcilers.WrapOptions{}))).To(Succeed())
 	stop, done = startManager(mgr)
 	return h, q, stop, done
 }

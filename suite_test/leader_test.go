@@ -63,7 +63,7 @@ var _ = Describe("Leader election with two managers", func() {
 							runs = append(runs, r)
 							return nil
 						})
-					}), reconcilers.Options{}))).To(Succeed())
+					}), reconcilers.WrapOptions{}))).To(Succeed())
 			return mgr, q
 		}
 

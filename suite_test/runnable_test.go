@@ -169,7 +169,7 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 					patch := client.MergeFrom(cm.DeepCopy())
 					cm.Annotations = map[string]string{"quiesce.dev/finished": "true"}
 					return reconcile.Result{}, mgr.GetClient().Patch(ctx, &cm, patch)
-				}), reconcilers.Options{}))).To(Succeed())
+				}), reconcilers.WrapOptions{}))).To(Succeed())
 		stop, done := startManager(mgr)
 		key := configMap(ctx, ns, "slow")
 
@@ -215,7 +215,7 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 						<-hold // a blocking call that ignores its context
 						return nil
 					})
-				}), reconcilers.Options{}))).To(Succeed())
+				}), reconcilers.WrapOptions{}))).To(Succeed())
 		stop, done := startManager(mgr)
 		configMap(ctx, ns, "stuck")
 		Eventually(handlerStarted).Should(Receive())
@@ -272,7 +272,7 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 						reconciled <- struct{}{}
 					}
 					return reconcile.Result{}, nil
-				}), reconcilers.Options{}))).To(Succeed())
+				}), reconcilers.WrapOptions{}))).To(Succeed())
 		stop, done := startManager(mgr)
 		configMap(ctx, ns, "quiet")
 		Eventually(reconciled).Should(Receive())
@@ -311,7 +311,7 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 						<-hold
 						return nil
 					})
-				}), reconcilers.Options{}))).To(Succeed())
+				}), reconcilers.WrapOptions{}))).To(Succeed())
 		stop, done := startManager(mgr)
 
 		readyz := "http://" + probeAddr + "/readyz"

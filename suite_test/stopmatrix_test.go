@@ -209,7 +209,7 @@ func newMatrixReplica(ctx context.Context, c stopCell, ns, id string, withQuiesc
 
 	var rec reconcile.Reconciler = reconcile.Func(r.reconcile(release))
 	if withQuiesce {
-		rec = reconcilers.Wrap(r.q.Executor(), "matrix", rec, reconcilers.Options{})
+		rec = reconcilers.Wrap(r.q.Executor(), "matrix", rec, reconcilers.WrapOptions{})
 	}
 	Expect(ctrl.NewControllerManagedBy(r.mgr).For(&corev1.ConfigMap{}).Named("matrix").
 		// Two workers: one for the work in flight, one for a request that comes later.

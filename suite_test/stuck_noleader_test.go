@@ -52,7 +52,7 @@ func runStuck(ctx context.Context, withQuiesce bool) stuckRun {
 		run.q, err = runnable.Add(mgr, runnable.Options{GracePeriod: 2 * time.Second,
 			ReportAfter: 500 * time.Millisecond, ReportEvery: time.Second})
 		Expect(err).NotTo(HaveOccurred())
-		r = reconcilers.Wrap(run.q.Executor(), "inline", r, reconcilers.Options{})
+		r = reconcilers.Wrap(run.q.Executor(), "inline", r, reconcilers.WrapOptions{})
 	}
 	Expect(ctrl.NewControllerManagedBy(mgr).For(&corev1.ConfigMap{}).Named("inline").
 		WithOptions(controller.Options{NeedLeaderElection: ptr.To(false)}).Complete(r)).To(Succeed())

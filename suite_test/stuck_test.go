@@ -60,7 +60,7 @@ var _ = Describe("A stuck reconcile", func() {
 						stuck <- struct{}{}
 						<-hold // a call that ignores its context, inline in the reconcile
 						return reconcile.Result{}, nil
-					}), reconcilers.Options{}))).To(Succeed())
+					}), reconcilers.WrapOptions{}))).To(Succeed())
 			stop, done := startManager(mgr)
 			configMap(ctx, ns, "cm")
 			Eventually(stuck).Should(Receive())
@@ -138,7 +138,7 @@ var _ = Describe("A stuck reconcile", func() {
 					stuck <- struct{}{}
 					<-hold // ignores its context, on controller-runtime's worker
 					return reconcile.Result{}, nil
-				}), reconcilers.Options{}))).To(Succeed())
+				}), reconcilers.WrapOptions{}))).To(Succeed())
 		stop, done := startManager(mgr)
 		configMap(ctx, ns, "cm")
 		Eventually(stuck).Should(Receive())

@@ -139,5 +139,5 @@ func (r *ConfigMapReconciler) SetupWithManager(mgr ctrl.Manager, ex *drain.Execu
 		For(&corev1.ConfigMap{}).
 		Named("demo").
 		WithOptions(controller.Options{MaxConcurrentReconciles: workers}).
-		Complete(reconcilers.Wrap(ex, "demo", r, reconcilers.Options{})) // quiesce: track each reconcile
+		Complete(reconcilers.Wrap(ex, "demo", r, reconcilers.WrapOptions{})) // quiesce: track each reconcile
 }

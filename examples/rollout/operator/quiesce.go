@@ -24,5 +24,5 @@ func addQuiesce(mgr ctrl.Manager, opts *ctrl.Options, c config, r reconcile.Reco
 	if err != nil {
 		return nil, nil, err
 	}
-	return q, reconcilers.Wrap(q.Executor(), "rollout", r, reconcilers.Options{}), nil
+	return q, reconcilers.Wrap(q.Executor(), "rollout", r, reconcilers.WrapOptions{}), nil
 }

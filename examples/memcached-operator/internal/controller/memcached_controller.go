@@ -84,5 +84,5 @@ func (r *MemcachedReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&cachev1alpha1.Memcached{}).
 		Named("memcached").
-		Complete(reconcilers.Wrap(r.Executor, "memcached", r, reconcilers.Options{})) // the name given to Named
+		Complete(reconcilers.Wrap(r.Executor, "memcached", r, reconcilers.WrapOptions{})) // the name given to Named
 }

@@ -80,7 +80,7 @@ var _ = Describe("Memcached Controller", func() {
 			}
 
 			// Wrapped as SetupWithManager wraps it: a call left running fails this spec.
-			wrapped := reconcilers.Wrap(controllerReconciler.Executor, "memcached", controllerReconciler, reconcilers.Options{})
+			wrapped := reconcilers.Wrap(controllerReconciler.Executor, "memcached", controllerReconciler, reconcilers.WrapOptions{})
 			_, err := wrapped.Reconcile(ctx, reconcile.Request{
 				NamespacedName: typeNamespacedName,
 			})

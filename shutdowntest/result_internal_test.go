@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	. "github.com/onsi/gomega"
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 )
 
 // A line of examples/demo-operator's log (zap's development mode: console text, then the
@@ -51,7 +53,7 @@ func TestLogExcerpt(t *testing.T) {
 	g.Expect(logExcerpt(nil)).To(Equal("\t(none)"))
 	g.Expect(logExcerpt([]string{"a", "b"})).To(Equal("\ta\n\tb"))
 
-	var lines []string
+	lines := make([]string, 0, 100)
 	for i := range 100 {
 		lines = append(lines, fmt.Sprint("line ", i))
 	}
@@ -86,4 +88,23 @@ func TestMatchers(t *testing.T) {
 	g.Expect(HaveExitedGracefully().FailureMessage(killed)).To(ContainSubstring("a second SIGTERM or SIGKILL"))
 	_, err := HaveExitedGracefully().Match("not a result")
 	g.Expect(err).To(MatchError(ContainSubstring("expect a *shutdowntest.Result, got string")))
+}
+
+func TestKubebuilderFlags(t *testing.T) {
+	g := NewWithT(t)
+	e := Endpoints{Metrics: "127.0.0.1:1", Probe: "127.0.0.1:2"}
+	g.Expect(KubebuilderFlags(e)).To(Equal([]string{
+		"--metrics-bind-address=127.0.0.1:1", "--metrics-secure=false", "--health-probe-bind-address=127.0.0.1:2",
+	}))
+
+	env := &envtest.Environment{}
+	webhookEndpoints(env, &e) // no webhook installed
+	g.Expect(e.Webhook).To(BeEmpty())
+	env.WebhookInstallOptions = envtest.WebhookInstallOptions{
+		LocalServingHost: "127.0.0.1", LocalServingPort: 9443, LocalServingCertDir: "/tmp/certs",
+		ValidatingWebhooks: []*admissionv1.ValidatingWebhookConfiguration{{}},
+	}
+	webhookEndpoints(env, &e)
+	g.Expect(e.Webhook).To(Equal("127.0.0.1:9443"))
+	g.Expect(KubebuilderFlags(e)).To(ContainElement("--webhook-cert-path=/tmp/certs"))
 }

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -62,7 +63,8 @@ type Options struct {
 
 	// Env is the suite's started envtest environment. Start adds a user of the group
 	// system:masters to it (Environment.AddUser) and gives the operator that user's
-	// kubeconfig, in the KUBECONFIG environment variable. Required.
+	// kubeconfig, in the KUBECONFIG environment variable. When Env installs webhooks, Flags
+	// gets where their configurations send requests (Endpoints.Webhook). Required.
 	Env *envtest.Environment
 
 	// Flags returns the flags that bind the operator's metrics and probe servers to the
@@ -105,22 +107,46 @@ func (o *Options) setDefaults() error {
 	return nil
 }
 
-// Endpoints are the loopback addresses ("127.0.0.1:port") of the operator's servers.
+// Endpoints are the addresses of the operator's servers.
 type Endpoints struct {
-	Metrics string // the metrics server: /metrics and quiesce's /debug/quiesce, plain HTTP
-	Probe   string // the health probe server: /healthz and /readyz
+	Metrics string // the metrics server, "127.0.0.1:port": /metrics and /debug/quiesce, plain HTTP
+	Probe   string // the health probe server, "127.0.0.1:port": /healthz and /readyz
+
+	// Webhook is where the webhook configurations that Env installed send admission requests,
+	// "host:port" (Env.WebhookInstallOptions.LocalServingHost and LocalServingPort); "" when
+	// Env installs none. The operator's webhook server must listen there: pass the port in
+	// Options.Flags if its main takes one, or set LocalServingPort to the port it listens on
+	// (a kubebuilder scaffold: 9443) before the suite starts Env.
+	Webhook string
+	// WebhookCertDir holds the serving certificate (tls.crt, tls.key) that Env's webhook
+	// configurations trust; "" when Env installs no webhook.
+	WebhookCertDir string
 }
 
 // KubebuilderFlags are the flags of a kubebuilder (go/v4) scaffold's main.go for e:
 // --metrics-bind-address, --metrics-secure=false (the scaffold serves metrics over HTTPS
-// with authentication by default; the harness reads /debug/quiesce over plain HTTP), and
-// --health-probe-bind-address.
+// with authentication by default; the harness reads /debug/quiesce over plain HTTP),
+// --health-probe-bind-address, and --webhook-cert-path when Env installs webhooks.
 func KubebuilderFlags(e Endpoints) []string {
-	return []string{
+	flags := []string{
 		"--metrics-bind-address=" + e.Metrics,
 		"--metrics-secure=false",
 		"--health-probe-bind-address=" + e.Probe,
 	}
+	if e.WebhookCertDir != "" {
+		flags = append(flags, "--webhook-cert-path="+e.WebhookCertDir)
+	}
+	return flags
+}
+
+// webhookEndpoints fills in e's webhook fields from env.
+func webhookEndpoints(env *envtest.Environment, e *Endpoints) {
+	w := &env.WebhookInstallOptions
+	if len(w.MutatingWebhooks)+len(w.ValidatingWebhooks) == 0 {
+		return
+	}
+	e.Webhook = net.JoinHostPort(w.LocalServingHost, strconv.Itoa(w.LocalServingPort))
+	e.WebhookCertDir = w.LocalServingCertDir
 }
 
 // builds caches Build's binaries for the life of the process.
@@ -273,6 +299,7 @@ func start(ctx context.Context, bin, tmp string, opts Options) (*Operator, error
 	if e.Probe, err = freeAddr(); err != nil {
 		return nil, err
 	}
+	webhookEndpoints(opts.Env, &e)
 
 	cmd := exec.Command(bin, append(opts.Flags(e), opts.Args...)...)
 	cmd.Dir = opts.Dir

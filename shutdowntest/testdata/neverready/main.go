@@ -19,7 +19,7 @@ func main() {
 	go func() {
 		// Never ready.
 		h := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusServiceUnavailable) })
-		_ = http.ListenAndServe(*probe, h) //nolint:gosec // a test's stand-in, on 127.0.0.1
+		_ = http.ListenAndServe(*probe, h)
 	}()
 	fmt.Printf("neverready: pid %d waits for a cache that never syncs\n", os.Getpid())
 	c := make(chan os.Signal, 1)

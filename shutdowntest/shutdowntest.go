@@ -375,6 +375,9 @@ func (o *Operator) readLog(r *os.File) {
 // Endpoints returns the addresses of the operator's metrics and probe servers.
 func (o *Operator) Endpoints() Endpoints { return o.endpoints }
 
+// Done is closed once the operator's process exited, whatever ended it, and was reaped.
+func (o *Operator) Done() <-chan struct{} { return o.exited }
+
 // Pid returns the operator's process id.
 func (o *Operator) Pid() int { return o.cmd.Process.Pid }
 
@@ -491,6 +494,20 @@ func (o *Operator) forceStop(gently bool) {
 		}
 	}
 	_ = o.cmd.Process.Kill() // fails only once it exited
+}
+
+// Signal sends sig to the operator, e.g. a second SIGTERM while Stop waits (controller-runtime
+// then exits at once with code 1). It fails once the operator exited.
+func (o *Operator) Signal(sig os.Signal) error {
+	select {
+	case <-o.exited:
+		return fmt.Errorf("failed to send %s: the operator exited (%s)", sig, o.cmd.ProcessState)
+	default:
+	}
+	if err := o.cmd.Process.Signal(sig); err != nil {
+		return fmt.Errorf("failed to send %s: %w", sig, err)
+	}
+	return nil
 }
 
 // Kill ends the operator at once with SIGKILL unless it exited, and waits until the process

@@ -238,4 +238,5 @@ func TestContextEndKillsOperator(t *testing.T) {
 	res, err := op.Stop(t.Context())
 	g.Expect(err).To(MatchError(ContainSubstring("it had exited already (signal: killed)")))
 	g.Expect(res.ExitCode).To(Equal(-1))
+	g.Expect(op.Signal(syscall.SIGTERM)).To(MatchError(ContainSubstring("the operator exited")))
 }

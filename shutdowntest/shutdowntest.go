@@ -198,7 +198,12 @@ func Build(ctx context.Context, opts Options) (string, error) {
 	if b.binary != "" {
 		return b.binary, nil
 	}
-	bin := filepath.Join(binDir, fmt.Sprintf("operator-%d", n))
+	// The package's own name (e.g. "demo-operator", "cmd"), as ps shows it.
+	sub := filepath.Join(binDir, strconv.Itoa(n))
+	if err := os.MkdirAll(sub, 0o755); err != nil {
+		return "", fmt.Errorf("failed to create a directory for the binary: %w", err)
+	}
+	bin := filepath.Join(sub, filepath.Base(filepath.Clean(opts.Package)))
 	args := append(append([]string{"build", "-o", bin}, opts.BuildFlags...), opts.Package)
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = dir

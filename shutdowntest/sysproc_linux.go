@@ -2,8 +2,10 @@ package shutdowntest
 
 import "syscall"
 
-// sysProcAttr: the kernel kills the operator if the test process dies first (a test binary
-// killed by its own timeout, or by SIGKILL), so that no operator is left behind.
+// sysProcAttr: the operator runs in a process group of its own, so that a Ctrl-C in the
+// terminal reaches the test alone, which then kills it: the harness alone decides which
+// signal the operator gets. And the kernel kills the operator if the test process dies first
+// (a test binary killed by its own timeout, or by SIGKILL), so that none is left behind.
 func sysProcAttr() *syscall.SysProcAttr {
-	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 }

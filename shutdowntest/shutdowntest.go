@@ -68,12 +68,14 @@ type Options struct {
 	Env *envtest.Environment
 
 	// Flags returns the flags that bind the operator's metrics and probe servers to the
-	// addresses the harness chose. nil: KubebuilderFlags.
+	// addresses the harness chose; Start calls it once, just before the process starts.
+	// nil: KubebuilderFlags.
 	Flags func(Endpoints) []string
 	// Args are further flags, after those of Flags, e.g. "--quiesce-grace-period=5s".
 	Args []string
 
-	// ReadyTimeout bounds Start's wait for /readyz to answer 200. 0: DefaultReadyTimeout.
+	// ReadyTimeout bounds Start's wait for /readyz to answer 200, from the process's start
+	// (the build before it is bounded by Start's context only). 0: DefaultReadyTimeout.
 	ReadyTimeout time.Duration
 	// StopTimeout bounds Stop's wait for the exit after SIGTERM, before it sends a second
 	// SIGTERM, then SIGKILL. 0: DefaultStopTimeout. Set it above the operator's own

@@ -228,13 +228,15 @@ func run(ctx context.Context, cfg config) (res result, err error) {
 	}
 	// The operator gets a kubeconfig of its own, as it would in a cluster, and its metrics
 	// server (and /debug/quiesce) and probes on free loopback ports.
-	say("starting the operator: %s %s (metrics and probes on free loopback ports)",
-		filepath.Base(bin), strings.Join(cfg.operatorArgs(), " "))
 	op, err := shutdowntest.Start(ctx, shutdowntest.Options{
 		Binary: bin,
 		Env:    env,
-		Flags: func(e shutdowntest.Endpoints) []string { // the demo operator has no --metrics-secure
-			return []string{"--metrics-bind-address=" + e.Metrics, "--health-probe-bind-address=" + e.Probe}
+		Flags: func(e shutdowntest.Endpoints) []string { // called once, just before the start
+			// The demo operator has no --metrics-secure: its metrics server serves plain HTTP.
+			flags := []string{"--metrics-bind-address=" + e.Metrics, "--health-probe-bind-address=" + e.Probe}
+			say("starting the operator: %s %s",
+				filepath.Base(bin), strings.Join(append(flags, cfg.operatorArgs()...), " "))
+			return flags
 		},
 		Args:         cfg.operatorArgs(),
 		ReadyTimeout: startTimeout,
@@ -279,7 +281,8 @@ func run(ctx context.Context, cfg config) (res result, err error) {
 	res.ExitAfter = stopped.Took
 	res.Lines = stopped.Lines
 	res.ExitCode = stopped.ExitCode
-	say("the operator exited with code %d, %s after SIGTERM", res.ExitCode, res.ExitAfter.Round(10*time.Millisecond))
+	say("the operator exited with code %d, %s after SIGTERM (exit status %d)",
+		res.ExitCode, res.ExitAfter.Round(10*time.Millisecond), res.ExitCode)
 
 	if err := collectSnapshots(ctx, c, &res, say); err != nil {
 		return res, err

@@ -451,7 +451,8 @@ func (o *Operator) waitReady(ctx context.Context) error {
 }
 
 // Stop sends the operator SIGTERM and waits for it to exit, up to StopTimeout; then it sends
-// a second SIGTERM, and SIGKILL if it still runs a few seconds later (Result.Killed). It
+// a second SIGTERM, and SIGKILL if it still runs StopTimeout (at most 5s) later
+// (Result.Killed). It
 // returns once the process and its log are done, with what happened. When ctx ends first,
 // the operator is killed and Stop returns the Result and ctx's error. Stop on an operator
 // that exited already (it crashed) returns its Result and an error that says so.
@@ -492,7 +493,7 @@ func (o *Operator) forceStop(gently bool) {
 	o.killed = true
 	o.mu.Unlock()
 	if gently && o.cmd.Process.Signal(syscall.SIGTERM) == nil {
-		t := time.NewTimer(secondSignalWait)
+		t := time.NewTimer(min(o.opts.StopTimeout, secondSignalWait))
 		defer t.Stop()
 		select {
 		case <-o.exited:

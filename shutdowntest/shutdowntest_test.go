@@ -224,6 +224,28 @@ func TestExitsAtStart(t *testing.T) {
 	)))
 }
 
+func TestStopKillsAnOperatorThatIgnoresSIGTERM(t *testing.T) {
+	env, _ := environment(t)
+	g := NewWithT(t)
+	const stopTimeout = 500 * time.Millisecond
+	op, err := shutdowntest.Start(t.Context(), shutdowntest.Options{
+		Package: "./testdata/stubborn", Env: env, StopTimeout: stopTimeout,
+	})
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(op.Kill)
+
+	res, err := op.Stop(t.Context())
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(res.Killed).To(BeTrue())
+	g.Expect(res.ExitCode).To(Equal(-1)) // SIGKILL
+	// SIGTERM, StopTimeout, a second SIGTERM, StopTimeout again, SIGKILL.
+	g.Expect(res.Took).To(BeNumerically(">=", 2*stopTimeout))
+	g.Expect(res.Took).To(BeNumerically("<", 2*stopTimeout+5*time.Second))
+	g.Expect(res).To(shutdowntest.HaveLogged("stubborn: pid"))
+	g.Expect(res).NotTo(shutdowntest.HaveExitedGracefully())
+	checkGone(t, op.Pid())
+}
+
 func TestContextEndKillsOperator(t *testing.T) {
 	env, _ := environment(t)
 	g := NewWithT(t)

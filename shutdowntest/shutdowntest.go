@@ -159,6 +159,7 @@ var builds = struct {
 }{entries: map[string]*build{}}
 
 type build struct {
+	index  int        // the binary's subdirectory
 	mu     sync.Mutex // held while building
 	binary string     // set once built
 }
@@ -188,11 +189,10 @@ func Build(ctx context.Context, opts Options) (string, error) {
 	}
 	b := builds.entries[key]
 	if b == nil {
-		b = &build{}
+		b = &build{index: len(builds.entries)}
 		builds.entries[key] = b
 	}
 	binDir := builds.dir
-	n := len(builds.entries)
 	builds.Unlock()
 
 	b.mu.Lock()
@@ -201,7 +201,7 @@ func Build(ctx context.Context, opts Options) (string, error) {
 		return b.binary, nil
 	}
 	// The package's own name (e.g. "demo-operator", "cmd"), as ps shows it.
-	sub := filepath.Join(binDir, strconv.Itoa(n))
+	sub := filepath.Join(binDir, strconv.Itoa(b.index))
 	if err := os.MkdirAll(sub, 0o755); err != nil {
 		return "", fmt.Errorf("failed to create a directory for the binary: %w", err)
 	}
@@ -455,7 +455,8 @@ func (o *Operator) waitReady(ctx context.Context) error {
 // (Result.Killed). It
 // returns once the process and its log are done, with what happened. When ctx ends first,
 // the operator is killed and Stop returns the Result and ctx's error. Stop on an operator
-// that exited already (it crashed) returns its Result and an error that says so.
+// that exited already (it crashed) returns its Result and an error that says so. A second
+// Stop sends nothing and waits for the same exit.
 func (o *Operator) Stop(ctx context.Context) (*Result, error) {
 	select {
 	case <-o.exited:
@@ -464,8 +465,20 @@ func (o *Operator) Stop(ctx context.Context) (*Result, error) {
 	default:
 	}
 	o.mu.Lock()
-	o.signalAt = time.Now()
+	again := !o.signalAt.IsZero()
+	if !again {
+		o.signalAt = time.Now()
+	}
 	o.mu.Unlock()
+	if again { // another Stop signalled: one SIGTERM, not two; wait for the same exit
+		select {
+		case <-o.exited:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("failed to wait for the operator to exit: %w", ctx.Err())
+		}
+		<-o.logDone
+		return o.result(), nil
+	}
 	if err := o.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		o.Kill()
 		return o.result(), fmt.Errorf("failed to send SIGTERM to the operator: %w", err)

@@ -140,10 +140,17 @@ func TestGracefulStop(t *testing.T) {
 	g.Eventually(op.Pending).WithContext(ctx).WithTimeout(time.Minute).WithPolling(50 * time.Millisecond).
 		Should(BeNumerically(">=", 6))
 
+	// Two concurrent Stops send one SIGTERM (a second one would make the operator exit at once).
+	again := make(chan *shutdowntest.Result, 1)
+	go func() {
+		res, _ := op.Stop(ctx)
+		again <- res
+	}()
 	res, err := op.Stop(ctx)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(res).To(shutdowntest.HaveExitedGracefully())
 	g.Expect(res.Took).To(BeNumerically("<", grace))
+	g.Expect(<-again).To(shutdowntest.HaveExitedGracefully())
 	g.Expect(res.Abandoned).To(BeEmpty())
 	g.Expect(res).To(shutdowntest.HaveLogged("All calls returned"))
 	g.Expect(res).NotTo(shutdowntest.HaveLogged(shutdowntest.AbandonedMessage))

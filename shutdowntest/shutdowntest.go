@@ -396,9 +396,10 @@ func (o *Operator) Lines() []string {
 }
 
 // Pending returns how many calls quiesce tracks in the operator right now: the count of
-// GET /debug/quiesce on its metrics server. Wait for a state with it, e.g. in Gomega:
+// GET /debug/quiesce on its metrics server (an error until the server listens). Wait for a
+// state with it, e.g. in Gomega (whose default timeout, 1s, is short for an operator's start):
 //
-//	Eventually(op.Pending).WithContext(ctx).Should(BeNumerically(">=", 3))
+//	Eventually(op.Pending).WithContext(ctx).WithTimeout(time.Minute).Should(BeNumerically(">=", 3))
 func (o *Operator) Pending(ctx context.Context) (int, error) {
 	// limit=0: the count alone, without capturing the goroutines' stacks.
 	body, status, err := get(ctx, "http://"+o.endpoints.Metrics+DebugPath+"?limit=0")

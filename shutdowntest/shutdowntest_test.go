@@ -47,7 +47,10 @@ func TestMain(m *testing.M) {
 		code = 1
 	}
 	if code == 0 {
-		if err := goleak.Find(); err != nil {
+		// Ginkgo's interrupt handler (TestGinkgo) waits for a signal for the life of the process.
+		ginkgo := goleak.IgnoreTopFunction(
+			"github.com/onsi/ginkgo/v2/internal/interrupt_handler.(*InterruptHandler).registerForInterrupts.func2")
+		if err := goleak.Find(ginkgo); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak:", err)
 			code = 1
 		}
@@ -95,9 +98,17 @@ func demoOptions(env *envtest.Environment, args ...string) shutdowntest.Options 
 	}
 }
 
+// testingT is what createConfigMaps needs of a *testing.T or GinkgoT().
+type testingT interface {
+	Helper()
+	Fatal(args ...any)
+	Error(args ...any)
+	Cleanup(func())
+}
+
 // createConfigMaps creates a namespace and in it the ConfigMaps names labelled for the demo
 // operator; they are deleted when the test ends, so that no later operator reconciles them.
-func createConfigMaps(ctx context.Context, t *testing.T, c client.Client, ns string, names ...string) {
+func createConfigMaps(ctx context.Context, t testingT, c client.Client, ns string, names ...string) {
 	t.Helper()
 	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 		t.Fatal(err)

@@ -34,8 +34,9 @@ const DebugPath = "/debug/quiesce"
 // at the end of the grace period.
 const AbandonedMessage = "Abandoned calls still running after the grace period"
 
-// How long the harness waits for things that take no time: the log's end after the exit,
-// the exit after SIGKILL, the exit after a second SIGTERM, one HTTP request.
+// How long the harness waits for things that take no time (the log's end after the exit, the
+// exit after a second SIGTERM at most, one HTTP request), how often it polls /readyz, and how
+// much of the log an error shows.
 const (
 	logDrainTimeout    = 5 * time.Second
 	secondSignalWait   = 5 * time.Second
@@ -89,7 +90,7 @@ type Options struct {
 
 func (o *Options) setDefaults() error {
 	if o.Package == "" && o.Binary == "" {
-		return errors.New("invalid options: Package is required")
+		return errors.New("invalid options: Package (or Binary) is required")
 	}
 	if o.Env == nil {
 		return errors.New("invalid options: Env is required")
@@ -255,8 +256,8 @@ type Operator struct {
 // Start builds the operator (Build) unless opts.Binary is set, runs it with opts.Flags and
 // opts.Args against opts.Env, and returns once GET /readyz on its probe address answers
 // 200. It fails, killing the process, when the operator exits before it is ready (the error
-// has the exit status and the log's last lines), or is not ready within ReadyTimeout (with
-// the log's last lines), or when ctx ends. When ctx ends later, the operator is killed:
+// has the exit status and the log's first and last lines), or is not ready within
+// ReadyTimeout (with the log's lines likewise), or when ctx ends. When ctx ends later, the operator is killed:
 // pass a context that lasts as long as the spec. Call Stop, or Kill (e.g. with
 // DeferCleanup), once done.
 func Start(ctx context.Context, opts Options) (*Operator, error) {

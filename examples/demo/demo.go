@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -10,11 +9,9 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -24,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/quiesce-dev/quiesce/examples/internal/runner"
+	"github.com/quiesce-dev/quiesce/shutdowntest"
 )
 
 // Names shared with examples/demo-operator.
@@ -36,8 +34,6 @@ const (
 	startedMessage     = "Handler started"
 	// controller-runtime logs it once the metrics server listens.
 	metricsServingMessage = "Serving metrics server"
-	// Where runnable.Add serves the pending calls on the metrics server (runnable.DebugPath).
-	debugPath = "/debug/quiesce"
 )
 
 // How long the demo waits for things that take no time on an idle machine.
@@ -92,11 +88,9 @@ func (c *config) setDefaults() error {
 	return nil
 }
 
-// operatorArgs are the operator's flags for the scenario, its metrics server (and
-// /debug/quiesce) on metricsAddr.
-func (c *config) operatorArgs(metricsAddr string) []string {
+// operatorArgs are the operator's flags for the scenario, beside those of its servers.
+func (c *config) operatorArgs() []string {
 	return []string{
-		"--metrics-bind-address=" + metricsAddr,
 		"--grace-period=" + c.GracePeriod.String(),
 		"--report-after=" + min(time.Second, c.ReportEvery).String(),
 		"--report-every=" + c.ReportEvery.String(),
@@ -165,7 +159,8 @@ func (r *result) summary() string {
 
 // run plays the scenario: control plane, operator, objects, SIGTERM, exit. It returns an
 // error when the demo could not run; whether it went as expected is result.check's call.
-// Whatever happens, it leaves no process running and removes its temporary files.
+// Whatever happens, it leaves no process running. The binary it builds stays, for the next
+// run in the process, until shutdowntest.Cleanup.
 func run(ctx context.Context, cfg config) (res result, err error) {
 	if err := cfg.setDefaults(); err != nil {
 		return res, err
@@ -180,28 +175,22 @@ func run(ctx context.Context, cfg config) (res result, err error) {
 		return res, errors.New("KUBEBUILDER_ASSETS is not set: run `make demo`, " +
 			"or export KUBEBUILDER_ASSETS=$(hack/setup-envtest.sh)")
 	}
-	dir, err := os.MkdirTemp("", "quiesce-demo-")
-	if err != nil {
-		return res, fmt.Errorf("failed to create a temporary directory: %w", err)
-	}
-	defer func() {
-		if rmErr := os.RemoveAll(dir); rmErr != nil && err == nil {
-			err = fmt.Errorf("failed to remove the temporary directory: %w", rmErr)
-		}
-	}()
-
-	// Build the operator while the control plane starts.
+	// Build the operator while the control plane starts (shutdowntest builds once per process).
 	bin := cfg.Operator
 	built := make(chan error, 1)
 	if bin == "" {
-		bin = filepath.Join(dir, "demo-operator")
 		root, err := runner.ModuleRoot(ctx)
 		if err != nil {
 			return res, err
 		}
-		args := append(append([]string{"build", "-o", bin}, cfg.BuildFlags...), operatorPackage)
-		say("building the operator: go %s (in %s)", strings.Join(args, " "), root)
-		go func() { built <- runner.GoCmd(ctx, root, args...) }()
+		build := shutdowntest.Options{Package: operatorPackage, Dir: root, BuildFlags: cfg.BuildFlags}
+		say("building the operator: go build %s (in %s)",
+			strings.Join(append(append([]string(nil), cfg.BuildFlags...), operatorPackage), " "), root)
+		go func() {
+			var err error
+			bin, err = shutdowntest.Build(ctx, build)
+			built <- err
+		}()
 	} else {
 		built <- nil
 	}
@@ -226,20 +215,6 @@ func run(ctx context.Context, cfg config) (res result, err error) {
 			err = fmt.Errorf("failed to stop the control plane: %w", stopErr)
 		}
 	}()
-
-	// The operator gets a kubeconfig of its own, as it would in a cluster.
-	user, err := env.AddUser(envtest.User{Name: "demo-operator", Groups: []string{"system:masters"}}, nil)
-	if err != nil {
-		return res, fmt.Errorf("failed to add the operator's user: %w", err)
-	}
-	kubeconfig, err := user.KubeConfig()
-	if err != nil {
-		return res, fmt.Errorf("failed to make the operator's kubeconfig: %w", err)
-	}
-	kubeconfigPath := filepath.Join(dir, "kubeconfig")
-	if err := os.WriteFile(kubeconfigPath, kubeconfig, 0o600); err != nil {
-		return res, fmt.Errorf("failed to write the operator's kubeconfig: %w", err)
-	}
 	c, err := client.New(restCfg, client.Options{})
 	if err != nil {
 		return res, fmt.Errorf("failed to create a client: %w", err)
@@ -249,17 +224,30 @@ func run(ctx context.Context, cfg config) (res result, err error) {
 	}
 
 	if err := buildErr(); err != nil {
-		return res, fmt.Errorf("failed to build the operator: %w", err)
+		return res, err
 	}
-	metricsAddr, err := runner.FreeAddr()
+	// The operator gets a kubeconfig of its own, as it would in a cluster, and its metrics
+	// server (and /debug/quiesce) and probes on free loopback ports.
+	op, err := shutdowntest.Start(ctx, shutdowntest.Options{
+		Binary: bin,
+		Env:    env,
+		Flags: func(e shutdowntest.Endpoints) []string { // called once, just before the start
+			// The demo operator has no --metrics-secure: its metrics server serves plain HTTP.
+			flags := []string{"--metrics-bind-address=" + e.Metrics, "--health-probe-bind-address=" + e.Probe}
+			say("starting the operator: %s %s",
+				filepath.Base(bin), strings.Join(append(flags, cfg.operatorArgs()...), " "))
+			return flags
+		},
+		Args:         cfg.operatorArgs(),
+		ReadyTimeout: startTimeout,
+		// The operator's manager waits GracePeriod+2s at most (see examples/demo-operator).
+		StopTimeout: cfg.GracePeriod + 2*time.Second + exitMargin,
+		Output:      out,
+	})
 	if err != nil {
 		return res, err
 	}
-	op, err := startOperator(bin, cfg.operatorArgs(metricsAddr), kubeconfigPath, out, say)
-	if err != nil {
-		return res, err
-	}
-	defer op.kill() // on any early return; a no-op once it exited
+	defer op.Kill() // on any early return; a no-op once it exited
 
 	if err := createObjects(ctx, c, cfg, &res); err != nil {
 		return res, err
@@ -268,14 +256,14 @@ func run(ctx context.Context, cfg config) (res result, err error) {
 		"%s (handler legacy-export: hangs, ignoring its context)",
 		namespace, labelKey, labelValue, listOrNone(res.Finishing), cfg.Work, listOrNone(res.Hanging))
 
-	if err := op.waitFor(ctx, startedMessage, cfg.Objects, startTimeout); err != nil {
+	if err := waitFor(ctx, op, startedMessage, cfg.Objects); err != nil {
 		return res, err
 	}
 	// The metrics server listens before the controllers start; its line says so.
-	if err := op.waitFor(ctx, metricsServingMessage, 1, startTimeout); err != nil {
+	if err := waitFor(ctx, op, metricsServingMessage, 1); err != nil {
 		return res, err
 	}
-	url := "http://" + metricsAddr + debugPath
+	url := "http://" + op.Endpoints().Metrics + shutdowntest.DebugPath
 	if res.Debug, err = fetch(ctx, url); err != nil {
 		return res, err
 	}
@@ -284,21 +272,17 @@ func run(ctx context.Context, cfg config) (res result, err error) {
 		"for the demo) lists its pending calls, where each waits and its handler's line:\n%s\n",
 		cfg.Objects, url, indent(res.Debug))
 	say("sending SIGTERM to the operator (pid %d); it has %s to finish (contexts cancelled at %s)",
-		op.cmd.Process.Pid, cfg.GracePeriod, cfg.CancelAfter)
-	res.SignalAt = time.Now()
-	if err := op.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		return res, fmt.Errorf("failed to send SIGTERM to the operator: %w", err)
-	}
+		op.Pid(), cfg.GracePeriod, cfg.CancelAfter)
 
-	if err := waitForExit(ctx, op, cfg, &res, say); err != nil {
+	stopped, err := stop(ctx, op, cfg, &res, say)
+	if err != nil {
 		return res, err
 	}
-	res.ExitAfter = time.Since(res.SignalAt)
-	<-op.logDone
-	res.Lines = op.lines()
-	res.ExitCode = op.cmd.ProcessState.ExitCode()
-	say("the operator exited with code %d, %s after SIGTERM (%s)",
-		res.ExitCode, res.ExitAfter.Round(10*time.Millisecond), op.cmd.ProcessState)
+	res.ExitAfter = stopped.Took
+	res.Lines = stopped.Lines
+	res.ExitCode = stopped.ExitCode
+	say("the operator exited with code %d, %s after SIGTERM (exit status %d)",
+		res.ExitCode, res.ExitAfter.Round(10*time.Millisecond), res.ExitCode)
 
 	if err := collectSnapshots(ctx, c, &res, say); err != nil {
 		return res, err
@@ -325,34 +309,34 @@ func createObjects(ctx context.Context, c client.Client, cfg config, res *result
 	return nil
 }
 
-// waitForExit waits for the operator, sent SIGTERM at res.SignalAt, to exit, sending it the
+// stop sends the operator SIGTERM (at res.SignalAt) and waits for it to exit, sending it the
 // second SIGTERM of the scenario if there is one.
-func waitForExit(ctx context.Context, op *operator, cfg config, res *result, say func(string, ...any)) error {
-	// The operator's manager waits GracePeriod+2s at most (see examples/demo-operator).
-	timeout := time.NewTimer(cfg.GracePeriod + 2*time.Second + exitMargin)
-	defer timeout.Stop()
-	var second <-chan time.Time
-	if cfg.SecondSignal > 0 {
-		t := time.NewTimer(cfg.SecondSignal)
-		defer t.Stop()
-		second = t.C
-	}
-	for {
-		select {
-		case <-op.exited:
-			return nil
-		case <-second:
-			say("sending a second SIGTERM, %s after the first: the operator exits at once", cfg.SecondSignal)
-			res.Second = true
-			if err := op.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-				return fmt.Errorf("failed to send SIGTERM to the operator: %w", err)
-			}
-		case <-ctx.Done():
-			return fmt.Errorf("interrupted while the operator drained: %w", ctx.Err())
-		case <-timeout.C:
-			return fmt.Errorf("the operator did not exit within %s of SIGTERM", cfg.GracePeriod+2*time.Second+exitMargin)
+func stop(
+	ctx context.Context, op *shutdowntest.Operator, cfg config, res *result, say func(string, ...any),
+) (*shutdowntest.Result, error) {
+	fired := make(chan struct{})
+	second := time.AfterFunc(max(cfg.SecondSignal, 0), func() {
+		defer close(fired)
+		if cfg.SecondSignal <= 0 {
+			return
 		}
+		say("sending a second SIGTERM, %s after the first: the operator exits at once", cfg.SecondSignal)
+		res.Second = op.Signal(syscall.SIGTERM) == nil // exited already: not sent
+	})
+	res.SignalAt = time.Now()
+	stopped, err := op.Stop(ctx)
+	if !second.Stop() {
+		<-fired // res.Second is set
 	}
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return nil, fmt.Errorf("interrupted while the operator drained: %w", ctx.Err())
+	case err != nil:
+		return nil, err
+	case stopped.Killed:
+		return nil, fmt.Errorf("the operator did not exit within %s of SIGTERM", cfg.GracePeriod+2*time.Second+exitMargin)
+	}
+	return stopped, nil
 }
 
 // collectSnapshots records in res.Snapshots what the finishing handlers left in the cluster.
@@ -420,122 +404,36 @@ func listOrNone(names []string) string {
 	return strings.Join(names, ", ")
 }
 
-// operator is the demo operator's process and its log.
-type operator struct {
-	cmd     *exec.Cmd
-	exited  chan struct{} // closed once cmd.Wait returned
-	logDone chan struct{} // closed once its output reached EOF
-
-	mu      sync.Mutex
-	log     []string
-	changed chan struct{} // a token when a line was added or the operator exited
-}
-
-// startOperator runs bin with args and KUBECONFIG, and streams its output to out.
-func startOperator(
-	bin string, args []string, kubeconfig string, out io.Writer, say func(string, ...any),
-) (*operator, error) {
-	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig) // the last value of a key wins
-	// A process group of its own: a Ctrl-C in the terminal reaches the demo only, which
-	// then kills the operator; the demo alone decides which signal the operator gets.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	r, w, err := os.Pipe()
-	if err != nil {
-		return nil, fmt.Errorf("failed to create a pipe: %w", err)
-	}
-	cmd.Stdout, cmd.Stderr = w, w // one stream, in the order written
-	say("starting the operator: %s %s", filepath.Base(bin), strings.Join(args, " "))
-	err = cmd.Start()
-	_ = w.Close() // the operator has its own copy of the write end
-	if err != nil {
-		_ = r.Close()
-		return nil, fmt.Errorf("failed to start the operator: %w", err)
-	}
-	op := &operator{
-		cmd:     cmd,
-		exited:  make(chan struct{}),
-		logDone: make(chan struct{}),
-		changed: make(chan struct{}, 1),
-	}
-	go func() {
-		defer close(op.logDone)
-		defer func() { _ = r.Close() }()
-		sc := bufio.NewScanner(r)
-		sc.Buffer(make([]byte, 0, 64<<10), 4<<20)
-		for sc.Scan() {
-			line := sc.Text()
-			_, _ = fmt.Fprintln(out, line) // nowhere to report a failed write to
-			op.mu.Lock()
-			op.log = append(op.log, line)
-			op.mu.Unlock()
-			op.notify()
-		}
-		_, _ = io.Copy(io.Discard, r) // after a too long line: never block the operator
-	}()
-	go func() {
-		_ = cmd.Wait() // the exit status is in cmd.ProcessState
-		close(op.exited)
-		op.notify()
-	}()
-	return op, nil
-}
-
-func (op *operator) notify() {
-	select {
-	case op.changed <- struct{}{}:
-	default:
-	}
-}
-
-func (op *operator) lines() []string {
-	op.mu.Lock()
-	defer op.mu.Unlock()
-	return append([]string(nil), op.log...)
-}
-
-func (op *operator) count(substr string) int {
-	op.mu.Lock()
-	defer op.mu.Unlock()
-	n := 0
-	for _, l := range op.log {
-		if strings.Contains(l, substr) {
-			n++
-		}
-	}
-	return n
-}
-
-// waitFor waits until n lines of the operator's log contain substr.
-func (op *operator) waitFor(ctx context.Context, substr string, n int, timeout time.Duration) error {
-	deadline := time.NewTimer(timeout)
+// waitFor waits until n lines of the operator's log contain substr, up to startTimeout.
+func waitFor(ctx context.Context, op *shutdowntest.Operator, substr string, n int) error {
+	deadline := time.NewTimer(startTimeout)
 	defer deadline.Stop()
-	for op.count(substr) < n {
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for count(op.Lines(), substr) < n {
 		select {
-		case <-op.changed:
-		case <-op.exited:
-			<-op.logDone
-			if op.count(substr) >= n {
+		case <-tick.C:
+		case <-op.Done():
+			if count(op.Lines(), substr) >= n {
 				return nil
 			}
-			return fmt.Errorf("the operator exited (%s) before %d log lines said %q", op.cmd.ProcessState, n, substr)
+			return fmt.Errorf("the operator exited before %d log lines said %q", n, substr)
 		case <-ctx.Done():
 			return fmt.Errorf("interrupted while waiting for the operator: %w", ctx.Err())
 		case <-deadline.C:
 			return fmt.Errorf("timed out after %s waiting for %d log lines saying %q (got %d)",
-				timeout, n, substr, op.count(substr))
+				startTimeout, n, substr, count(op.Lines(), substr))
 		}
 	}
 	return nil
 }
 
-// kill ends the operator at once unless it exited, and waits for it and its log.
-func (op *operator) kill() {
-	select {
-	case <-op.exited:
-	default:
-		_ = op.cmd.Process.Kill()
-		<-op.exited
+func count(lines []string, substr string) int {
+	n := 0
+	for _, l := range lines {
+		if strings.Contains(l, substr) {
+			n++
+		}
 	}
-	<-op.logDone
+	return n
 }

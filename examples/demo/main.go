@@ -11,6 +11,8 @@ import (
 
 	"github.com/go-logr/logr"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/quiesce-dev/quiesce/shutdowntest"
 )
 
 func main() {
@@ -39,6 +41,9 @@ func main() {
 	defer stop()
 
 	res, err := run(ctx, cfg)
+	if cleanupErr := shutdowntest.Cleanup(); cleanupErr != nil { // the binary run built
+		fmt.Printf("==> %v\n", cleanupErr)
+	}
 	if err != nil {
 		fmt.Printf("==> FAILED: %v\n", err)
 		if ctx.Err() != nil {

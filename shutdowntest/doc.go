@@ -1,0 +1,29 @@
+// Package shutdowntest runs a user's operator as a real process in a test suite and stops it
+// with SIGTERM at a moment the test chooses, so that a suite proves the operator's shutdown:
+// the exit code, the time from SIGTERM to exit, the calls quiesce abandoned, the whole log.
+//
+// It serves Ginkgo and plain testing alike: nothing in its API depends on Ginkgo (pass
+// GinkgoWriter, or nothing, as Options.Output), and the Gomega matchers (HaveExitedGracefully,
+// HaveAbandoned, HaveLogged) take a *Result.
+//
+// A test builds the operator once per process (Build, cached), then, for each spec:
+//
+//	op, err := shutdowntest.Start(ctx, shutdowntest.Options{Package: "./cmd", Dir: root, Env: testEnv})
+//	DeferCleanup(op.Kill)
+//	// create objects, then wait until the operator works on them:
+//	Eventually(op.Pending).WithContext(ctx).WithTimeout(time.Minute).Should(BeNumerically(">=", 3))
+//	res, err := op.Stop(ctx)
+//	Expect(res).To(shutdowntest.HaveExitedGracefully())
+//
+// Start runs the binary with kubebuilder's flags for the metrics and probe servers on free
+// loopback ports (see Options.Flags) and a kubeconfig of its own for the suite's envtest
+// control plane, and returns once its /readyz answers 200. Pending reads quiesce's
+// /debug/quiesce on the metrics server. Stop sends SIGTERM and waits for the exit.
+//
+// Bounds: no process or goroutine of the harness outlives Stop or Kill, nor the context given
+// to Start (when it ends, the operator is killed). Stop waits at most Options.StopTimeout,
+// then sends a second SIGTERM (controller-runtime then exits at once), then SIGKILL.
+//
+// Concurrency: Build and Start may be called from several goroutines; an Operator's methods
+// are safe to call concurrently, and Kill may race with Stop.
+package shutdowntest

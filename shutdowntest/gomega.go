@@ -1,0 +1,71 @@
+package shutdowntest
+
+import (
+	"fmt"
+
+	"github.com/onsi/gomega"
+	"github.com/onsi/gomega/types"
+)
+
+// HaveExitedGracefully succeeds for a *Result whose operator exited with code 0 by itself:
+// every call returned within the grace period, and the harness neither signalled twice nor
+// killed it. Its failure message has the exit code, the time taken and the log's last lines.
+func HaveExitedGracefully() types.GomegaMatcher { return gracefulMatcher{} }
+
+type gracefulMatcher struct{}
+
+func (gracefulMatcher) Match(actual any) (bool, error) {
+	res, err := asResult(actual)
+	if err != nil {
+		return false, err
+	}
+	return res.ExitCode == 0 && !res.Killed, nil
+}
+
+func (gracefulMatcher) FailureMessage(actual any) string {
+	res, _ := asResult(actual) // Match checked it
+	how := fmt.Sprintf("exited with code %d", res.ExitCode)
+	if res.Killed {
+		how += " after the harness had to stop it (a second SIGTERM or SIGKILL)"
+	}
+	if res.AbandonedCount > 0 {
+		how += fmt.Sprintf(", abandoning %d call(s): %v", res.AbandonedCount, res.Abandoned)
+	}
+	return fmt.Sprintf("Expected the operator to exit with code 0 by itself; it %s, %s after SIGTERM. "+
+		"Its log:\n%s", how, res.Took, logExcerpt(res.Lines))
+}
+
+func (gracefulMatcher) NegatedFailureMessage(actual any) string {
+	res, _ := asResult(actual) // Match checked it
+	return fmt.Sprintf("Expected the operator not to exit gracefully; it exited with code 0, %s after SIGTERM",
+		res.Took)
+}
+
+func asResult(actual any) (*Result, error) {
+	switch r := actual.(type) {
+	case *Result:
+		if r != nil {
+			return r, nil
+		}
+	case Result:
+		return &r, nil
+	}
+	return nil, fmt.Errorf("shutdowntest matchers expect a *shutdowntest.Result, got %T", actual)
+}
+
+// HaveAbandoned succeeds for a *Result whose Abandoned lists a call that name matches: a
+// string (the exact call name, e.g. "memcached/default/a/legacy-export") or a Gomega matcher
+// (e.g. ContainSubstring("legacy-export")).
+func HaveAbandoned(name any) types.GomegaMatcher {
+	return gomega.WithTransform(func(r *Result) []string { return r.Abandoned }, gomega.ContainElement(name))
+}
+
+// HaveLogged succeeds for a *Result with a line in its log that text matches: a string
+// (contained in the line) or a Gomega matcher of a string.
+func HaveLogged(text any) types.GomegaMatcher {
+	m, ok := text.(types.GomegaMatcher)
+	if !ok {
+		m = gomega.ContainSubstring(fmt.Sprint(text))
+	}
+	return gomega.WithTransform(func(r *Result) []string { return r.Lines }, gomega.ContainElement(m))
+}

@@ -1,0 +1,78 @@
+package shutdowntest
+
+import (
+	"bufio"
+	"encoding/json"
+	"io"
+	"strings"
+	"time"
+)
+
+// Result is what happened when Stop stopped the operator.
+type Result struct {
+	// ExitCode is the operator's exit code; -1 when a signal ended it (SIGKILL).
+	ExitCode int
+	// Took is the time from the first SIGTERM to the exit.
+	Took time.Duration
+	// Killed is set when the operator did not exit within StopTimeout (or Stop's context
+	// ended first): the harness sent a second SIGTERM, then SIGKILL if needed.
+	Killed bool
+	// Lines is the operator's whole log, stdout and stderr, one string per line.
+	Lines []string
+	// Abandoned are the names of the calls in quiesce's AbandonedMessage line: the calls
+	// still running at the end of the grace period, oldest first (quiesce lists up to 20 by
+	// name; AbandonedCount counts them all). Empty when nothing was abandoned.
+	Abandoned []string
+	// AbandonedCount is how many calls quiesce abandoned (the line's "abandoned" field).
+	AbandonedCount int
+}
+
+// abandoned finds quiesce's AbandonedMessage line in lines and returns the names in its
+// "calls" field and its "abandoned" count. controller-runtime's zap logger writes a line
+// either as one JSON object (production mode) or, in development mode (kubebuilder's
+// default), as console text whose key/values are a JSON object after the message; both are
+// read as JSON. The last such line counts.
+func abandoned(lines []string) ([]string, int) {
+	for i := len(lines) - 1; i >= 0; i-- {
+		line := lines[i]
+		at := strings.Index(line, AbandonedMessage)
+		if at < 0 {
+			continue
+		}
+		var fields struct {
+			Abandoned int `json:"abandoned"`
+			Calls     []struct {
+				Name string `json:"name"`
+			} `json:"calls"`
+		}
+		if !decodeJSON(line, &fields) {
+			rest := line[at+len(AbandonedMessage):]
+			j := strings.Index(rest, "{")
+			if j < 0 || !decodeJSON(rest[j:], &fields) {
+				continue
+			}
+		}
+		names := make([]string, 0, len(fields.Calls))
+		for _, c := range fields.Calls {
+			names = append(names, c.Name)
+		}
+		return names, max(fields.Abandoned, len(names))
+	}
+	return nil, 0
+}
+
+// decodeJSON decodes the JSON object at the start of s into v (ignoring what follows it).
+func decodeJSON(s string, v any) bool {
+	s = strings.TrimSpace(s)
+	if !strings.HasPrefix(s, "{") {
+		return false
+	}
+	return json.NewDecoder(strings.NewReader(s)).Decode(v) == nil
+}
+
+// newScanner splits the operator's output into lines of up to maxLineBytes.
+func newScanner(r io.Reader) *bufio.Scanner {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 64<<10), maxLineBytes)
+	return sc
+}

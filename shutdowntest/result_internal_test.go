@@ -1,0 +1,110 @@
+package shutdowntest
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	. "github.com/onsi/gomega"
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+)
+
+// A line of examples/demo-operator's log (zap's development mode: console text, then the
+// key/values as JSON).
+const consoleLine = "2026-12-01T23:38:51Z\tERROR\tquiesce\tAbandoned calls still running after the grace period\t" +
+	`{"gracePeriod": "2s", "sinceStop": "2.007s", "abandoned": 1, "calls": [{"name":"demo/hanging/hang-1/legacy-export",` +
+	`"age":"2s","detached":true,"reconcileID":"b9456190-b6d0-4576-818e-401d8e90a083",` +
+	`"where":"main.(*legacyClient).Export (controller.go:130)",` +
+	`"handler":"main.(*ConfigMapReconciler).Reconcile.func2 (controller.go:64)"}], "error": "context deadline exceeded"}`
+
+// The same in production mode (JSON), with more calls than the line names.
+const jsonLine = `{"level":"error","ts":1764632331.5,"logger":"quiesce",` +
+	`"msg":"Abandoned calls still running after the grace period","sinceStop":"25s","abandoned":22,` +
+	`"calls":[{"name":"a/ns/x/export","age":"25s","detached":true,"where":"w","handler":"h"},` +
+	`{"name":"a/ns/y","age":"25s","detached":false,"where":"w","handler":"h"}],"more":20,` +
+	`"error":"context deadline exceeded","stacktrace":"main.main\n\t/src/main.go:1"}`
+
+func TestAbandoned(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		lines []string
+		want  []string
+		count int
+	}{
+		{"console", []string{"INFO\tStarting", consoleLine, "INFO\tWait completed"},
+			[]string{"demo/hanging/hang-1/legacy-export"}, 1},
+		{"json", []string{`{"msg":"Starting"}`, jsonLine}, []string{"a/ns/x/export", "a/ns/y"}, 22},
+		{"none", []string{"INFO\tAll calls returned"}, nil, 0},
+		{"no JSON after the message", []string{"ERROR\t" + AbandonedMessage + " (cut)"}, nil, 0},
+		{"the last line counts", []string{jsonLine, consoleLine}, []string{"demo/hanging/hang-1/legacy-export"}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := NewWithT(t)
+			names, count := abandoned(tc.lines)
+			g.Expect(names).To(Equal(tc.want))
+			g.Expect(count).To(Equal(tc.count))
+		})
+	}
+}
+
+func TestLogExcerpt(t *testing.T) {
+	g := NewWithT(t)
+	g.Expect(logExcerpt(nil)).To(Equal("\t(none)"))
+	g.Expect(logExcerpt([]string{"a", "b"})).To(Equal("\ta\n\tb"))
+
+	lines := make([]string, 0, 100)
+	for i := range 100 {
+		lines = append(lines, fmt.Sprint("line ", i))
+	}
+	got := strings.Split(logExcerpt(lines), "\n")
+	g.Expect(got).To(HaveLen(headLinesInErrors + 1 + lastLinesInErrors))
+	g.Expect(got[0]).To(Equal("\tline 0"))
+	g.Expect(got[headLinesInErrors]).To(Equal("\t... (75 lines left out)"))
+	g.Expect(got[len(got)-1]).To(Equal("\tline 99"))
+	g.Expect(lines).To(HaveLen(100)) // not modified
+	g.Expect(lines[headLinesInErrors]).To(Equal("line 5"))
+}
+
+func TestMatchers(t *testing.T) {
+	g := NewWithT(t)
+	graceful := &Result{ExitCode: 0, Lines: []string{"INFO\tAll calls returned"}}
+	hung := &Result{ExitCode: 1, Lines: []string{consoleLine}}
+	hung.Abandoned, hung.AbandonedCount = abandoned(hung.Lines)
+	killed := &Result{ExitCode: 0, Killed: true}
+
+	g.Expect(graceful).To(HaveExitedGracefully())
+	g.Expect(hung).NotTo(HaveExitedGracefully())
+	g.Expect(killed).NotTo(HaveExitedGracefully())
+	g.Expect(hung).To(HaveAbandoned("demo/hanging/hang-1/legacy-export"))
+	g.Expect(hung).To(HaveAbandoned(ContainSubstring("legacy-export")))
+	g.Expect(graceful).NotTo(HaveAbandoned(ContainSubstring("legacy-export")))
+	g.Expect(graceful).To(HaveLogged("All calls returned"))
+	g.Expect(graceful).To(HaveLogged(MatchRegexp(`All calls \w+`)))
+	g.Expect(hung).NotTo(HaveLogged("All calls returned"))
+
+	msg := HaveExitedGracefully().FailureMessage(hung)
+	g.Expect(msg).To(ContainSubstring("exited with code 1, abandoning 1 call(s): [demo/hanging/hang-1/legacy-export]"))
+	g.Expect(HaveExitedGracefully().FailureMessage(killed)).To(ContainSubstring("a second SIGTERM or SIGKILL"))
+	_, err := HaveExitedGracefully().Match("not a result")
+	g.Expect(err).To(MatchError(ContainSubstring("expect a *shutdowntest.Result, got string")))
+}
+
+func TestKubebuilderFlags(t *testing.T) {
+	g := NewWithT(t)
+	e := Endpoints{Metrics: "127.0.0.1:1", Probe: "127.0.0.1:2"}
+	g.Expect(KubebuilderFlags(e)).To(Equal([]string{
+		"--metrics-bind-address=127.0.0.1:1", "--metrics-secure=false", "--health-probe-bind-address=127.0.0.1:2",
+	}))
+
+	env := &envtest.Environment{}
+	webhookEndpoints(env, &e) // no webhook installed
+	g.Expect(e.Webhook).To(BeEmpty())
+	env.WebhookInstallOptions = envtest.WebhookInstallOptions{
+		LocalServingHost: "127.0.0.1", LocalServingPort: 9443, LocalServingCertDir: "/tmp/certs",
+		ValidatingWebhooks: []*admissionv1.ValidatingWebhookConfiguration{{}},
+	}
+	webhookEndpoints(env, &e)
+	g.Expect(e.Webhook).To(Equal("127.0.0.1:9443"))
+	g.Expect(KubebuilderFlags(e)).To(ContainElement("--webhook-cert-path=/tmp/certs"))
+}

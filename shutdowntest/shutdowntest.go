@@ -1,0 +1,610 @@
+package shutdowntest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+)
+
+// Defaults of Options.
+const (
+	DefaultReadyTimeout = 60 * time.Second
+	DefaultStopTimeout  = 90 * time.Second
+)
+
+// DebugPath is where quiesce's runnable.Add serves the pending calls on the metrics server
+// (runnable.DebugPath).
+const DebugPath = "/debug/quiesce"
+
+// AbandonedMessage is the message of the line in which quiesce names the calls it abandoned
+// at the end of the grace period.
+const AbandonedMessage = "Abandoned calls still running after the grace period"
+
+// How long the harness waits for things that take no time (the log's end after the exit, the
+// exit after a second SIGTERM at most, one HTTP request), how often it polls /readyz, and how
+// much of the log an error shows.
+const (
+	logDrainTimeout    = 5 * time.Second
+	secondSignalWait   = 5 * time.Second
+	requestTimeout     = 5 * time.Second
+	readyPollInterval  = 100 * time.Millisecond
+	headLinesInErrors  = 5
+	lastLinesInErrors  = 20
+	maxLineBytes       = 4 << 20
+	operatorUserName   = "shutdowntest"
+	kubeconfigFileName = "kubeconfig"
+)
+
+// Options say which operator to run and how. Zero values mean the defaults documented on
+// each field; Package and Env are required.
+type Options struct {
+	// Package is the operator's main package as `go build` takes it, e.g. "./cmd". Required.
+	Package string
+	// Dir is where `go build` runs, and the operator's working directory: usually the
+	// module's root. "": the current directory (in `go test`, the test's package directory).
+	Dir string
+	// BuildFlags are extra `go build` flags, e.g. "-race". Part of Build's cache key.
+	BuildFlags []string
+	// Binary, if set, is the operator's binary: Start runs it and builds nothing.
+	Binary string
+
+	// Env is the suite's started envtest environment. Start adds a user of the group
+	// system:masters to it (Environment.AddUser) and gives the operator that user's
+	// kubeconfig, in the KUBECONFIG environment variable. When Env installs webhooks, Flags
+	// gets where their configurations send requests (Endpoints.Webhook). Required.
+	Env *envtest.Environment
+
+	// Flags returns the flags that bind the operator's metrics and probe servers to the
+	// addresses the harness chose; Start calls it once, just before the process starts.
+	// nil: KubebuilderFlags.
+	Flags func(Endpoints) []string
+	// Args are further flags, after those of Flags, e.g. "--quiesce-grace-period=5s".
+	Args []string
+
+	// ReadyTimeout bounds Start's wait for /readyz to answer 200, from the process's start
+	// (the build before it is bounded by Start's context only). 0: DefaultReadyTimeout.
+	ReadyTimeout time.Duration
+	// StopTimeout bounds Stop's wait for the exit after SIGTERM, before it sends a second
+	// SIGTERM, then SIGKILL. 0: DefaultStopTimeout. Set it above the operator's own
+	// GracefulShutdownTimeout.
+	StopTimeout time.Duration
+
+	// Output receives a copy of each line the operator writes (stdout and stderr), e.g.
+	// GinkgoWriter or a testing.T's writer. nil: none; Result.Lines keeps them all anyway.
+	Output io.Writer
+}
+
+func (o *Options) setDefaults() error {
+	if o.Package == "" && o.Binary == "" {
+		return errors.New("invalid options: Package (or Binary) is required")
+	}
+	if o.Env == nil {
+		return errors.New("invalid options: Env is required")
+	}
+	if o.Flags == nil {
+		o.Flags = KubebuilderFlags
+	}
+	if o.ReadyTimeout <= 0 {
+		o.ReadyTimeout = DefaultReadyTimeout
+	}
+	if o.StopTimeout <= 0 {
+		o.StopTimeout = DefaultStopTimeout
+	}
+	if o.Output == nil {
+		o.Output = io.Discard
+	}
+	return nil
+}
+
+// Endpoints are the addresses of the operator's servers.
+type Endpoints struct {
+	Metrics string // the metrics server, "127.0.0.1:port": /metrics and /debug/quiesce, plain HTTP
+	Probe   string // the health probe server, "127.0.0.1:port": /healthz and /readyz
+
+	// Webhook is where the webhook configurations that Env installed send admission requests,
+	// "host:port" (Env.WebhookInstallOptions.LocalServingHost and LocalServingPort); "" when
+	// Env installs none. The operator's webhook server must listen there: pass the port in
+	// Options.Flags if its main takes one, or set LocalServingPort to the port it listens on
+	// (a kubebuilder scaffold: 9443) before the suite starts Env.
+	Webhook string
+	// WebhookCertDir holds the serving certificate (tls.crt, tls.key) that Env's webhook
+	// configurations trust; "" when Env installs no webhook.
+	WebhookCertDir string
+}
+
+// KubebuilderFlags are the flags of a kubebuilder (go/v4) scaffold's main.go for e:
+// --metrics-bind-address, --metrics-secure=false (the scaffold serves metrics over HTTPS
+// with authentication by default; the harness reads /debug/quiesce over plain HTTP),
+// --health-probe-bind-address, and --webhook-cert-path when Env installs webhooks.
+func KubebuilderFlags(e Endpoints) []string {
+	flags := []string{
+		"--metrics-bind-address=" + e.Metrics,
+		"--metrics-secure=false",
+		"--health-probe-bind-address=" + e.Probe,
+	}
+	if e.WebhookCertDir != "" {
+		flags = append(flags, "--webhook-cert-path="+e.WebhookCertDir)
+	}
+	return flags
+}
+
+// webhookEndpoints fills in e's webhook fields from env.
+func webhookEndpoints(env *envtest.Environment, e *Endpoints) {
+	w := &env.WebhookInstallOptions
+	if len(w.MutatingWebhooks)+len(w.ValidatingWebhooks) == 0 {
+		return
+	}
+	e.Webhook = net.JoinHostPort(w.LocalServingHost, strconv.Itoa(w.LocalServingPort))
+	e.WebhookCertDir = w.LocalServingCertDir
+}
+
+// builds caches Build's binaries for the life of the process.
+var builds = struct {
+	sync.Mutex
+	dir     string // holds every binary; removed by Cleanup
+	entries map[string]*build
+}{entries: map[string]*build{}}
+
+type build struct {
+	index  int        // the binary's subdirectory
+	mu     sync.Mutex // held while building
+	binary string     // set once built
+}
+
+// Build builds opts.Package in opts.Dir with opts.BuildFlags and returns the binary's path.
+// It builds once per (Dir, Package, BuildFlags) per process: later calls return the same
+// binary, concurrent ones wait for the first (a failed build is tried again). The binaries
+// live in one temporary directory for the life of the process: Cleanup removes it (call it
+// at the end of the suite, e.g. in TestMain or AfterSuite); otherwise it stays in os.TempDir.
+// A build that fails returns go build's output in the error.
+func Build(ctx context.Context, opts Options) (string, error) {
+	if opts.Package == "" {
+		return "", errors.New("invalid options: Package is required")
+	}
+	dir, err := filepath.Abs(opts.Dir)
+	if err != nil {
+		return "", fmt.Errorf("failed to resolve directory %q: %w", opts.Dir, err)
+	}
+	key := strings.Join(append([]string{dir, opts.Package}, opts.BuildFlags...), "\x00")
+
+	builds.Lock()
+	if builds.dir == "" {
+		if builds.dir, err = os.MkdirTemp("", "quiesce-shutdowntest-"); err != nil {
+			builds.Unlock()
+			return "", fmt.Errorf("failed to create a directory for the binaries: %w", err)
+		}
+	}
+	b := builds.entries[key]
+	if b == nil {
+		b = &build{index: len(builds.entries)}
+		builds.entries[key] = b
+	}
+	binDir := builds.dir
+	builds.Unlock()
+
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.binary != "" {
+		return b.binary, nil
+	}
+	// The package's own name (e.g. "demo-operator", "cmd"), as ps shows it.
+	sub := filepath.Join(binDir, strconv.Itoa(b.index))
+	if err := os.MkdirAll(sub, 0o755); err != nil {
+		return "", fmt.Errorf("failed to create a directory for the binary: %w", err)
+	}
+	bin := filepath.Join(sub, filepath.Base(filepath.Clean(opts.Package)))
+	args := append(append([]string{"build", "-o", bin}, opts.BuildFlags...), opts.Package)
+	cmd := exec.CommandContext(ctx, "go", args...)
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		if ctx.Err() != nil {
+			return "", fmt.Errorf("failed to build %s: %w", opts.Package, ctx.Err())
+		}
+		return "", fmt.Errorf("failed to build %s (go %s in %s): %w\n%s",
+			opts.Package, strings.Join(args, " "), dir, err, strings.TrimSpace(string(out)))
+	}
+	b.binary = bin
+	return bin, nil
+}
+
+// Cleanup removes the binaries Build made; a later Build builds again.
+func Cleanup() error {
+	builds.Lock()
+	defer builds.Unlock()
+	dir := builds.dir
+	builds.dir, builds.entries = "", map[string]*build{}
+	if dir == "" {
+		return nil
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("failed to remove the binaries: %w", err)
+	}
+	return nil
+}
+
+// Operator is a running operator process started by Start.
+type Operator struct {
+	opts      Options
+	endpoints Endpoints
+	cmd       *exec.Cmd
+	tmp       string        // the kubeconfig's directory, removed once the process is gone
+	exited    chan struct{} // closed once the process was reaped
+	logDone   chan struct{} // closed once the log goroutine returned
+	stopCtx   func() bool   // stops watching Start's ctx
+
+	mu       sync.Mutex
+	lines    []string
+	signalAt time.Time // the first SIGTERM of Stop
+	killed   bool      // Stop had to send a second SIGTERM or SIGKILL
+	exitedAt time.Time
+}
+
+// Start builds the operator (Build) unless opts.Binary is set, runs it with opts.Flags and
+// opts.Args against opts.Env, and returns once GET /readyz on its probe address answers
+// 200. It fails, killing the process, when the operator exits before it is ready (the error
+// has the exit status and the log's first and last lines), or is not ready within
+// ReadyTimeout (with the log's lines likewise), or when ctx ends. When ctx ends later, the operator is killed:
+// pass a context that lasts as long as the spec. Call Stop, or Kill (e.g. with
+// DeferCleanup), once done.
+func Start(ctx context.Context, opts Options) (*Operator, error) {
+	if err := opts.setDefaults(); err != nil {
+		return nil, err
+	}
+	bin := opts.Binary
+	if bin == "" {
+		var err error
+		if bin, err = Build(ctx, opts); err != nil {
+			return nil, err
+		}
+	}
+	tmp, err := os.MkdirTemp("", "quiesce-shutdowntest-run-")
+	if err != nil {
+		return nil, fmt.Errorf("failed to create a temporary directory: %w", err)
+	}
+	op, err := start(ctx, bin, tmp, opts)
+	if err != nil {
+		_ = os.RemoveAll(tmp) // nothing else to do about it; the error says what failed first
+		return nil, err
+	}
+	if err := op.waitReady(ctx); err != nil {
+		op.Kill()
+		return nil, err
+	}
+	return op, nil
+}
+
+func start(ctx context.Context, bin, tmp string, opts Options) (*Operator, error) {
+	user, err := opts.Env.AddUser(envtest.User{Name: operatorUserName, Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("failed to add the operator's user: %w", err)
+	}
+	kubeconfig, err := user.KubeConfig()
+	if err != nil {
+		return nil, fmt.Errorf("failed to make the operator's kubeconfig: %w", err)
+	}
+	kubeconfigPath := filepath.Join(tmp, kubeconfigFileName)
+	if err := os.WriteFile(kubeconfigPath, kubeconfig, 0o600); err != nil {
+		return nil, fmt.Errorf("failed to write the operator's kubeconfig: %w", err)
+	}
+	var e Endpoints
+	if e.Metrics, err = freeAddr(); err != nil {
+		return nil, err
+	}
+	if e.Probe, err = freeAddr(); err != nil {
+		return nil, err
+	}
+	webhookEndpoints(opts.Env, &e)
+
+	cmd := exec.Command(bin, append(opts.Flags(e), opts.Args...)...)
+	cmd.Dir = opts.Dir
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfigPath) // the last value of a key wins
+	cmd.SysProcAttr = sysProcAttr()
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("failed to create a pipe: %w", err)
+	}
+	cmd.Stdout, cmd.Stderr = w, w // one stream, in the order written
+	err = cmd.Start()
+	_ = w.Close() // the operator has its own copy of the write end
+	if err != nil {
+		_ = r.Close()
+		return nil, fmt.Errorf("failed to start %s: %w", bin, err)
+	}
+	op := &Operator{
+		opts:      opts,
+		endpoints: e,
+		cmd:       cmd,
+		tmp:       tmp,
+		exited:    make(chan struct{}),
+		logDone:   make(chan struct{}),
+	}
+	// The operator never outlives ctx.
+	op.stopCtx = context.AfterFunc(ctx, func() { _ = cmd.Process.Kill() })
+	go op.readLog(r)
+	go op.reap()
+	return op, nil
+}
+
+// reap waits for the process, records when it exited, stops watching Start's context and
+// removes the temporary directory.
+func (o *Operator) reap() {
+	_ = o.cmd.Wait() // the exit status is in cmd.ProcessState
+	o.mu.Lock()
+	o.exitedAt = time.Now()
+	o.mu.Unlock()
+	o.stopCtx()
+	_ = os.RemoveAll(o.tmp) // best effort: a file left in the temp dir is no failure of the spec
+	close(o.exited)
+}
+
+// readLog copies the operator's output, line by line, into o.lines and opts.Output.
+func (o *Operator) readLog(r *os.File) {
+	defer close(o.logDone)
+	defer func() { _ = r.Close() }()
+	go func() { // bound the read: once the process is gone, wait a little, then stop reading
+		select {
+		case <-o.exited:
+		case <-o.logDone:
+			return
+		}
+		t := time.NewTimer(logDrainTimeout)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			_ = r.SetReadDeadline(time.Now())
+		case <-o.logDone:
+		}
+	}()
+	sc := newScanner(r)
+	for sc.Scan() {
+		line := sc.Text()
+		_, _ = fmt.Fprintln(o.opts.Output, line) // nowhere to report a failed write to
+		o.mu.Lock()
+		o.lines = append(o.lines, line)
+		o.mu.Unlock()
+	}
+	_, _ = io.Copy(io.Discard, r) // after a line too long: never block the operator
+}
+
+// Endpoints returns the addresses of the operator's metrics and probe servers.
+func (o *Operator) Endpoints() Endpoints { return o.endpoints }
+
+// Done is closed once the operator's process exited, whatever ended it, and was reaped.
+func (o *Operator) Done() <-chan struct{} { return o.exited }
+
+// Pid returns the operator's process id.
+func (o *Operator) Pid() int { return o.cmd.Process.Pid }
+
+// Lines returns the operator's log so far, one string per line.
+func (o *Operator) Lines() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return append([]string(nil), o.lines...)
+}
+
+// Pending returns how many calls quiesce tracks in the operator right now: the count of
+// GET /debug/quiesce on its metrics server (an error until the server listens). Wait for a
+// state with it, e.g. in Gomega (whose default timeout, 1s, is short for an operator's start):
+//
+//	Eventually(op.Pending).WithContext(ctx).WithTimeout(time.Minute).Should(BeNumerically(">=", 3))
+func (o *Operator) Pending(ctx context.Context) (int, error) {
+	// limit=0: the count alone, without capturing the goroutines' stacks.
+	body, status, err := get(ctx, "http://"+o.endpoints.Metrics+DebugPath+"?limit=0")
+	if err != nil {
+		return 0, err
+	}
+	if status != http.StatusOK {
+		return 0, fmt.Errorf("failed to get %s: status %d: %s", DebugPath, status, strings.TrimSpace(string(body)))
+	}
+	var state struct {
+		Count *int `json:"count"`
+	}
+	if err := json.Unmarshal(body, &state); err != nil || state.Count == nil {
+		return 0, fmt.Errorf("failed to read the count of pending calls from %s: %q", DebugPath, body)
+	}
+	return *state.Count, nil
+}
+
+// waitReady polls /readyz until it answers 200.
+func (o *Operator) waitReady(ctx context.Context) error {
+	deadline := time.NewTimer(o.opts.ReadyTimeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(readyPollInterval)
+	defer tick.Stop()
+	url := "http://" + o.endpoints.Probe + "/readyz"
+	var last string
+	for {
+		_, status, err := get(ctx, url)
+		switch {
+		case err == nil && status == http.StatusOK:
+			return nil
+		case err != nil:
+			last = err.Error()
+		default:
+			last = fmt.Sprintf("status %d", status)
+		}
+		select {
+		case <-o.exited:
+			<-o.logDone
+			return fmt.Errorf("failed to start the operator: it exited before it was ready (%s); its log:\n%s",
+				o.cmd.ProcessState, logExcerpt(o.Lines()))
+		case <-ctx.Done():
+			return fmt.Errorf("failed to wait for the operator to be ready: %w", ctx.Err())
+		case <-deadline.C:
+			return fmt.Errorf("failed to start the operator: GET %s did not answer 200 within %s "+
+				"(last: %s); its log:\n%s", url, o.opts.ReadyTimeout, last, logExcerpt(o.Lines()))
+		case <-tick.C:
+		}
+	}
+}
+
+// Stop sends the operator SIGTERM and waits for it to exit, up to StopTimeout; then it sends
+// a second SIGTERM, and SIGKILL if it still runs StopTimeout (at most 5s) later
+// (Result.Killed). It
+// returns once the process and its log are done, with what happened. When ctx ends first,
+// the operator is killed and Stop returns the Result and ctx's error. Stop on an operator
+// that exited already (it crashed) returns its Result and an error that says so. A second
+// Stop sends nothing and waits for the same exit.
+func (o *Operator) Stop(ctx context.Context) (*Result, error) {
+	select {
+	case <-o.exited:
+		<-o.logDone
+		return o.result(), fmt.Errorf("failed to stop the operator: it had exited already (%s)", o.cmd.ProcessState)
+	default:
+	}
+	o.mu.Lock()
+	again := !o.signalAt.IsZero()
+	if !again {
+		o.signalAt = time.Now()
+	}
+	o.mu.Unlock()
+	if again { // another Stop signalled: one SIGTERM, not two; wait for the same exit
+		select {
+		case <-o.exited:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("failed to wait for the operator to exit: %w", ctx.Err())
+		}
+		<-o.logDone
+		return o.result(), nil
+	}
+	if err := o.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		o.Kill()
+		return o.result(), fmt.Errorf("failed to send SIGTERM to the operator: %w", err)
+	}
+	var errCtx error
+	timeout := time.NewTimer(o.opts.StopTimeout)
+	defer timeout.Stop()
+	select {
+	case <-o.exited:
+	case <-ctx.Done():
+		errCtx = fmt.Errorf("failed to wait for the operator to exit: %w", ctx.Err())
+		o.forceStop(false)
+	case <-timeout.C:
+		o.forceStop(true)
+	}
+	<-o.exited
+	<-o.logDone
+	return o.result(), errCtx
+}
+
+// forceStop marks the stop as forced and ends the process: a second SIGTERM first when
+// gently is set, then SIGKILL.
+func (o *Operator) forceStop(gently bool) {
+	o.mu.Lock()
+	o.killed = true
+	o.mu.Unlock()
+	if gently && o.cmd.Process.Signal(syscall.SIGTERM) == nil {
+		t := time.NewTimer(min(o.opts.StopTimeout, secondSignalWait))
+		defer t.Stop()
+		select {
+		case <-o.exited:
+			return
+		case <-t.C:
+		}
+	}
+	_ = o.cmd.Process.Kill() // fails only once it exited
+}
+
+// Signal sends sig to the operator, e.g. a second SIGTERM while Stop waits (controller-runtime
+// then exits at once with code 1). It fails once the operator exited.
+func (o *Operator) Signal(sig os.Signal) error {
+	select {
+	case <-o.exited:
+		return fmt.Errorf("failed to send %s: the operator exited (%s)", sig, o.cmd.ProcessState)
+	default:
+	}
+	if err := o.cmd.Process.Signal(sig); err != nil {
+		return fmt.Errorf("failed to send %s: %w", sig, err)
+	}
+	return nil
+}
+
+// Kill ends the operator at once with SIGKILL unless it exited, and waits until the process
+// and its log are done. It never leaves a process: use it with DeferCleanup or t.Cleanup.
+// It is a no-op once the operator exited.
+func (o *Operator) Kill() {
+	select {
+	case <-o.exited:
+	default:
+		_ = o.cmd.Process.Kill() // fails only once it exited
+		<-o.exited
+	}
+	<-o.logDone
+}
+
+func (o *Operator) result() *Result {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	res := &Result{
+		ExitCode: o.cmd.ProcessState.ExitCode(),
+		Killed:   o.killed,
+		Lines:    append([]string(nil), o.lines...),
+	}
+	if !o.signalAt.IsZero() {
+		res.Took = o.exitedAt.Sub(o.signalAt)
+	}
+	res.Abandoned, res.AbandonedCount = abandoned(res.Lines)
+	return res
+}
+
+// get GETs url, bounded by requestTimeout, and returns its body and status.
+func get(ctx context.Context, url string) ([]byte, int, error) {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, 0, fmt.Errorf("failed to create the request for %s: %w", url, err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, 0, fmt.Errorf("failed to get %s: %w", url, err)
+	}
+	defer func() { _ = resp.Body.Close() }() // read to the end below, or failed: nothing to lose
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return nil, 0, fmt.Errorf("failed to read the body of %s: %w", url, err)
+	}
+	return body, resp.StatusCode, nil
+}
+
+// freeAddr returns a 127.0.0.1 address with a port free right now. Another process could
+// take it before the operator binds it: the operator then fails to start, and Start says so.
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("failed to find a free port: %w", err)
+	}
+	addr := l.Addr().String()
+	if err := l.Close(); err != nil {
+		return "", fmt.Errorf("failed to free port %s: %w", addr, err)
+	}
+	return addr, nil
+}
+
+// logExcerpt returns, indented for an error, the log's first lines (where a bad flag is
+// reported, before the usage) and its last ones (where a failed setup is), the rest left out.
+func logExcerpt(lines []string) string {
+	if len(lines) == 0 {
+		return "\t(none)"
+	}
+	if len(lines) > headLinesInErrors+lastLinesInErrors {
+		left := len(lines) - headLinesInErrors - lastLinesInErrors
+		lines = append(append(lines[:headLinesInErrors:headLinesInErrors],
+			fmt.Sprintf("... (%d lines left out)", left)), lines[len(lines)-lastLinesInErrors:]...)
+	}
+	return "\t" + strings.Join(lines, "\n\t")
+}

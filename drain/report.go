@@ -45,7 +45,11 @@ func (e *Executor) reportPending() {
 	if total == 0 {
 		return
 	}
-	kv := []any{"pending", total, "calls", entries(calls, e.clock.Now())}
+	var kv []any
+	if e.settings.StopKV != nil {
+		kv = e.settings.StopKV()
+	}
+	kv = append(kv, "pending", total, "calls", entries(calls, e.clock.Now()))
 	if more := total - len(calls); more > 0 {
 		kv = append(kv, "more", more)
 	}

@@ -20,6 +20,10 @@ type Settings struct {
 	// A panic in it is logged, never raised.
 	AfterCall func(controller string, took time.Duration, err error)
 
+	// StopKV, if set, returns key/values that each drain report line starts with
+	// (runnable.Runnable: sinceStop, the time since the stop began).
+	StopKV func() []any
+
 	// Observers are told of slow and abandoned calls (reconcilers.WrapOptions.Recorder adds one).
 	Observers Observers
 }

@@ -546,13 +546,13 @@ func TestStopWithoutDelayIsQuiet(t *testing.T) {
 }
 
 // A stop that waits for calls tells its whole timeline at the default verbosity, from its
-// first line on.
+// first line on, and the drain's reports say how long after the stop's beginning they come.
 func TestStopWithPendingCallsLogsItsTimeline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		logs := &lines{}
-		r := newRunnable(withDefaults(Options{Logger: logs.logger()}), false)
+		r := newRunnable(withDefaults(Options{Logger: logs.logger(), ReportAfter: time.Second}), false)
 		if err := r.ex.Go(context.Background(), "job", func(context.Context) error {
-			time.Sleep(time.Second) // a call that takes a second (fake time)
+			time.Sleep(1500 * time.Millisecond) // a call that takes a while (fake time)
 			return nil
 		}); err != nil {
 			t.Fatal(err)
@@ -562,9 +562,12 @@ func TestStopWithPendingCallsLogsItsTimeline(t *testing.T) {
 		if err := (&stopper{r: r}).Start(ctx); err != nil {
 			t.Fatal(err)
 		}
-		want := []string{"Stop began", "Draining executor", "All calls returned"}
+		want := []string{"Stop began", "Draining executor", "Waiting for pending calls", "All calls returned"}
 		if m := logs.messages(); !slices.Equal(m, want) {
 			t.Errorf("log = %q, want %q", m, want)
+		}
+		if l := logs.line("Waiting for pending calls"); !strings.Contains(l, `"sinceStop"="1s"`) {
+			t.Errorf("report = %s, want sinceStop 1s", l)
 		}
 	})
 }

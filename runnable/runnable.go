@@ -165,7 +165,7 @@ func newRunnable(opts Options, metered bool) *Runnable {
 	if metered {
 		internal.Of(ex).Settings().AfterCall = observeCall
 	}
-	return &Runnable{
+	r := &Runnable{
 		ex:      ex,
 		log:     opts.Logger,
 		clock:   clk,
@@ -178,6 +178,8 @@ func newRunnable(opts Options, metered bool) *Runnable {
 		},
 		stopped: make(chan struct{}),
 	}
+	internal.Of(ex).Settings().StopKV = r.sinceStop // before the executor is shared
+	return r
 }
 
 // core returns the executor's internal.Core.

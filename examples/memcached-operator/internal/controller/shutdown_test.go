@@ -49,14 +49,12 @@ var _ = Describe("Memcached operator shutdown", func() {
 		Expect(c.Create(ctx, newMemcached("busy"))).To(Succeed())
 		Eventually(op.Pending).WithContext(ctx).WithTimeout(time.Minute).WithPolling(20 * time.Millisecond).
 			Should(BeNumerically(">=", 1))
-		type stop struct {
-			res *shutdowntest.Result
-			err error
-		}
-		stopped := make(chan stop, 1)
-		go func() {
-			res, err := op.Stop(ctx)
-			stopped <- stop{res, err}
+		var res *shutdowntest.Result
+		stopped := make(chan error, 1)
+		go func() { // Stop sends SIGTERM, then waits for the exit
+			var err error
+			res, err = op.Stop(ctx)
+			stopped <- err
 		}()
 		Eventually(op.Lines).WithContext(ctx).WithTimeout(time.Minute).WithPolling(10 * time.Millisecond).
 			Should(ContainElement(ContainSubstring("Draining executor")))
@@ -65,13 +63,11 @@ var _ = Describe("Memcached operator shutdown", func() {
 		Expect(c.Create(ctx, newMemcached("during-stop"))).To(Succeed())
 		Expect(op.Done()).NotTo(BeClosed())
 
-		var s stop
-		Eventually(stopped).WithContext(ctx).WithTimeout(time.Minute).Should(Receive(&s))
-		Expect(s.err).NotTo(HaveOccurred())
-		Expect(s.res).To(shutdowntest.HaveExitedGracefully())
-		Expect(s.res).To(shutdowntest.HaveLogged(And(
+		Eventually(stopped).WithContext(ctx).WithTimeout(time.Minute).Should(Receive(Succeed()))
+		Expect(res).To(shutdowntest.HaveExitedGracefully())
+		Expect(res).To(shutdowntest.HaveLogged(And(
 			ContainSubstring("Validation for Memcached upon creation"), ContainSubstring("during-stop"))))
-		Expect(s.res).To(shutdowntest.HaveLogged("All calls returned"))
+		Expect(res).To(shutdowntest.HaveLogged("All calls returned"))
 	})
 })
 

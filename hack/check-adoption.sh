@@ -3,8 +3,8 @@
 # examples/memcached-operator, then runs that operator's own tests.
 #
 # 1. Scaffolds the Memcached operator with kubebuilder (fetched through the Go module proxy)
-#    in a temporary directory, as README.md says: `kubebuilder init`, `create api`, then
-#    controller-gen for `make manifests generate`.
+#    in a temporary directory, as README.md says: `kubebuilder init`, `create api`,
+#    `create webhook`, then controller-gen for `make manifests generate`.
 # 2. Applies every ```diff block of README.md to it, and fails unless the result equals
 #    examples/memcached-operator, file for file (go.mod and go.sum aside: `go get` changes
 #    them, not the diff; and the scaffold's files the example leaves out, listed below).
@@ -26,12 +26,13 @@ CONTROLLER_GEN="sigs.k8s.io/controller-tools/cmd/controller-gen@v0.23.0"
 # What kubebuilder writes for a repository of its own (CI, IDE, agent notes), left out of the
 # example; bin/ holds what the example's Makefile downloads.
 skip='^(\.github/|\.devcontainer/|AGENTS\.md$|bin/|go\.mod$|go\.sum$)'
-# The files README.md's diff changes, in the README's order (for --print-diff).
+# The files README.md's diff changes or adds, in the README's order (for --print-diff).
 adopted=(
 	cmd/main.go
 	internal/controller/memcached_controller.go
 	internal/controller/suite_test.go
 	internal/controller/memcached_controller_test.go
+	internal/controller/shutdown_test.go
 	config/manager/manager.yaml
 	config/rbac/metrics_reader_role.yaml
 )
@@ -58,6 +59,8 @@ start=$SECONDS
 	"$GO" run "$KUBEBUILDER" init --domain example.com --repo example.com/memcached --skip-go-version-check
 	"$GO" run "$KUBEBUILDER" create api --group cache --version v1alpha1 --kind Memcached \
 		--resource --controller --make=false
+	"$GO" run "$KUBEBUILDER" create webhook --group cache --version v1alpha1 --kind Memcached \
+		--programmatic-validation --make=false
 	# make manifests generate, with controller-gen from the module proxy instead of bin/.
 	"$GO" run "$CONTROLLER_GEN" rbac:roleName=manager-role crd webhook paths="./..." \
 		output:crd:artifacts:config=config/crd/bases
@@ -75,7 +78,11 @@ echo "    took $((SECONDS - start))s"
 
 if [[ "$mode" == --print-diff ]]; then
 	for f in "${adopted[@]}"; do
-		diff -u --label "a/$f" --label "b/$f" "$scaffold/$f" "$example/$f" || true
+		if [[ -f "$scaffold/$f" ]]; then
+			diff -u --label "a/$f" --label "b/$f" "$scaffold/$f" "$example/$f" || true
+		else # a file the diff adds
+			diff -u --label /dev/null --label "b/$f" /dev/null "$example/$f" || true
+		fi
 	done
 	exit 0
 fi

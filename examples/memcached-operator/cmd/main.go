@@ -39,6 +39,7 @@ import (
 
 	cachev1alpha1 "example.com/memcached/api/v1alpha1"
 	"example.com/memcached/internal/controller"
+	webhookv1alpha1 "example.com/memcached/internal/webhook/v1alpha1"
 	// +kubebuilder:scaffold:imports
 )
 
@@ -123,7 +124,9 @@ func main() {
 		webhookServerOptions.KeyName = webhookCertKey
 	}
 
-	webhookServer := webhook.NewServer(webhookServerOptions)
+	// quiesce: each admission request runs as a tracked call, and the webhooks keep serving
+	// until the reconciles in flight are done. Connected by runnable.Add (ManagerOptions).
+	webhookServer := runnable.WebhookServer(webhook.NewServer(webhookServerOptions))
 
 	// Metrics endpoint is enabled in 'config/default/kustomization.yaml'. The Metrics options configure the server.
 	// More info:
@@ -160,7 +163,7 @@ func main() {
 		metricsServerOptions.KeyName = metricsCertKey
 	}
 
-	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
+	mgrOpts := ctrl.Options{
 		Scheme:                 scheme,
 		Metrics:                metricsServerOptions,
 		WebhookServer:          webhookServer,
@@ -178,7 +181,8 @@ func main() {
 		// if you are doing or is intended to do any operation such as perform cleanups
 		// after the manager stops then its usage might be unsafe.
 		LeaderElectionReleaseOnCancel: true,
-	})
+	}
+	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), mgrOpts)
 	if err != nil {
 		setupLog.Error(err, "Failed to start manager")
 		os.Exit(1)
@@ -186,8 +190,9 @@ func main() {
 
 	// quiesce: on SIGTERM, let in-flight reconciles finish within the grace period, log what
 	// is still running, and name what had to be abandoned. Also serves /debug/quiesce on the
-	// metrics server, a readyz check and metrics.
-	q, err := runnable.Add(mgr, runnable.Options{})
+	// metrics server, a readyz check and metrics. ManagerOptions: the budget's check and the
+	// WebhookServer above.
+	q, err := runnable.Add(mgr, runnable.Options{ManagerOptions: &mgrOpts})
 	if err != nil {
 		setupLog.Error(err, "Failed to set up quiesce")
 		os.Exit(1)
@@ -200,6 +205,13 @@ func main() {
 	}).SetupWithManager(mgr); err != nil {
 		setupLog.Error(err, "Failed to create controller", "controller", "memcached")
 		os.Exit(1)
+	}
+	// nolint:goconst
+	if os.Getenv("ENABLE_WEBHOOKS") != "false" {
+		if err := webhookv1alpha1.SetupMemcachedWebhookWithManager(mgr); err != nil {
+			setupLog.Error(err, "Failed to create webhook", "webhook", "Memcached")
+			os.Exit(1)
+		}
 	}
 	// +kubebuilder:scaffold:builder
 

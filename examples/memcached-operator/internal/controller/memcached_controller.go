@@ -19,6 +19,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -75,9 +76,12 @@ func (r *MemcachedReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	return ctrl.Result{}, nil
 }
 
-// register stands in for a call that blocks and takes no context, such as a client library
-// without contexts or an exec.Command's Run: replace it with yours.
-func register(name string) error { return nil }
+// register stands in for a call that blocks for a while and takes no context, such as a client
+// library without contexts or an exec.Command's Run: replace it with yours.
+func register(name string) error {
+	time.Sleep(2 * time.Second)
+	return nil
+}
 
 // SetupWithManager sets up the controller with the Manager.
 func (r *MemcachedReconciler) SetupWithManager(mgr ctrl.Manager) error {

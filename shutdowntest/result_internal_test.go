@@ -106,5 +106,5 @@ func TestKubebuilderFlags(t *testing.T) {
 	}
 	webhookEndpoints(env, &e)
 	g.Expect(e.Webhook).To(Equal("127.0.0.1:9443"))
-	g.Expect(KubebuilderFlags(e)).To(ContainElement("--webhook-cert-path=/tmp/certs"))
+	g.Expect(KubebuilderFlags(e)).To(ContainElements("--webhook-cert-path=/tmp/certs", "--webhook-port=9443"))
 }

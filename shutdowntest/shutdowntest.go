@@ -117,9 +117,9 @@ type Endpoints struct {
 
 	// Webhook is where the webhook configurations that Env installed send admission requests,
 	// "host:port" (Env.WebhookInstallOptions.LocalServingHost and LocalServingPort); "" when
-	// Env installs none. The operator's webhook server must listen there: pass the port in
-	// Options.Flags if its main takes one, or set LocalServingPort to the port it listens on
-	// (a kubebuilder scaffold: 9443) before the suite starts Env.
+	// Env installs none. The operator's webhook server must listen there: KubebuilderFlags
+	// passes its port as --webhook-port; for a main with other flags, pass it in
+	// Options.Flags, or set LocalServingPort to the port it listens on before Env starts.
 	Webhook string
 	// WebhookCertDir holds the serving certificate (tls.crt, tls.key) that Env's webhook
 	// configurations trust; "" when Env installs no webhook.
@@ -129,15 +129,17 @@ type Endpoints struct {
 // KubebuilderFlags are the flags of a kubebuilder (go/v4) scaffold's main.go for e:
 // --metrics-bind-address, --metrics-secure=false (the scaffold serves metrics over HTTPS
 // with authentication by default; the harness reads /debug/quiesce over plain HTTP),
-// --health-probe-bind-address, and --webhook-cert-path when Env installs webhooks.
+// --health-probe-bind-address, and, when Env installs webhooks, --webhook-cert-path and
+// --webhook-port (the scaffold's flags for its webhook server).
 func KubebuilderFlags(e Endpoints) []string {
 	flags := []string{
 		"--metrics-bind-address=" + e.Metrics,
 		"--metrics-secure=false",
 		"--health-probe-bind-address=" + e.Probe,
 	}
-	if e.WebhookCertDir != "" {
-		flags = append(flags, "--webhook-cert-path="+e.WebhookCertDir)
+	if e.Webhook != "" {
+		_, port, _ := net.SplitHostPort(e.Webhook)
+		flags = append(flags, "--webhook-cert-path="+e.WebhookCertDir, "--webhook-port="+port)
 	}
 	return flags
 }

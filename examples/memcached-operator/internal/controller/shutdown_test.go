@@ -2,7 +2,6 @@ package controller
 
 import (
 	"path/filepath"
-	"strconv"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -40,7 +39,6 @@ var _ = Describe("Memcached operator shutdown", func() {
 		DeferCleanup(shutdowntest.Cleanup) // removes the binary that Start builds
 		op, err := shutdowntest.Start(ctx, shutdowntest.Options{
 			Package: "./cmd", Dir: filepath.Join("..", ".."), Env: env, Output: GinkgoWriter,
-			Args: []string{"--webhook-port=" + strconv.Itoa(env.WebhookInstallOptions.LocalServingPort)},
 		})
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(op.Kill) // never leaves a process, whatever fails

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"slices"
 	"testing"
@@ -9,11 +10,19 @@ import (
 	"github.com/go-logr/logr"
 	"go.uber.org/goleak"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/quiesce-dev/quiesce/shutdowntest"
 )
 
 func TestMain(m *testing.M) {
 	ctrllog.SetLogger(logr.Discard())
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		if err := shutdowntest.Cleanup(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			code = 1
+		}
+		os.Exit(code)
+	}))
 }
 
 // TestRollout plays `make demo-rollout`: with quiesce, a rolling update of the leader fails

@@ -82,14 +82,14 @@ func (s *stage) startReplica(
 	if s.cfg.ShowLogs {
 		out = s.cfg.Out
 	}
+	s.say("%s run: starting replica %s: operator %s (and its --id, webhook and probe addresses)",
+		s.mode(), name, strings.Join(args, " "))
 	op, err := shutdowntest.Start(ctx, shutdowntest.Options{
 		Binary: s.bin,
 		Env:    s.env,
 		Flags: func(e shutdowntest.Endpoints) []string {
-			flags := []string{"--id=" + name, "--webhook-host=" + host, "--webhook-port=" + port,
+			return []string{"--id=" + name, "--webhook-host=" + host, "--webhook-port=" + port,
 				"--cert-dir=" + e.WebhookCertDir, "--health-probe-bind-address=" + e.Probe}
-			s.say("%s: starting %s: operator %s", s.mode(), name, strings.Join(append(flags, args...), " "))
-			return flags
 		},
 		Args:         args,
 		ReadyTimeout: startTimeout,

@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -50,9 +51,12 @@ type config struct {
 	SingleObjects int
 	SingleWork    time.Duration
 	SkipSingle    bool
-	Operator      string    // an operator binary; empty: build one
-	Out           io.Writer // the narration; nil: discard
-	ShowLogs      bool      // stream the replicas' logs to Out
+	Operator      string // an operator binary; empty: build one
+	// Env is a started control plane made by newEnvironment, left running; nil: run starts
+	// one and stops it.
+	Env      *envtest.Environment
+	Out      io.Writer // the narration; nil: discard
+	ShowLogs bool      // stream the replicas' logs to Out
 }
 
 func (c *config) setDefaults() {
@@ -128,14 +132,17 @@ func run(ctx context.Context, cfg config) (res *report, err error) {
 	}
 	defer func() { _ = buildErr() }() // on an early return, wait for the build; its error no longer matters
 
-	say("starting the control plane, with a validating webhook on ConfigMaps (failurePolicy: Fail) " +
-		"that points at the router")
-	env := newEnvironment()
-	restCfg, err := env.Start()
-	if err != nil {
-		return nil, fmt.Errorf("failed to start the control plane: %w", err)
+	env := cfg.Env
+	if env == nil {
+		say("starting the control plane, with a validating webhook on ConfigMaps (failurePolicy: Fail) " +
+			"that points at the router")
+		env = newEnvironment()
+		if _, err := env.Start(); err != nil {
+			return nil, fmt.Errorf("failed to start the control plane: %w", err)
+		}
+		defer func() { err = errors.Join(err, env.Stop()) }()
 	}
-	defer func() { err = errors.Join(err, env.Stop()) }()
+	restCfg := rest.CopyConfig(env.Config)
 	restCfg.QPS, restCfg.Burst = -1, 0 // the client creates at its own pace, unthrottled
 	c, err := client.New(restCfg, client.Options{})
 	if err != nil {

@@ -1,0 +1,141 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/quiesce-dev/quiesce/examples/internal/runner"
+	"github.com/quiesce-dev/quiesce/shutdowntest"
+)
+
+// The stop's line budget (issue 24): with the README's manifest (ShutdownDelay 5s, a
+// readiness probe every second) and nothing hanging, one replica's whole stop logs at most
+// this many lines, quiesce's and controller-runtime's together.
+const (
+	maxStopLines      = 30
+	readmeDelay       = 5 * time.Second
+	readmeProbePeriod = time.Second // periodSeconds: 1, failureThreshold: 1
+)
+
+// TestStopLogsLittle: one replica of the operator with a shutdown delay and nothing in
+// flight, its /readyz probed as a kubelet probes it with the README's settings. Its stop,
+// from SIGTERM to its exit, logs one line per failed probe (controller-runtime's "healthz
+// check failed", at the default verbosity) and a fixed number of others. The test runs a
+// shorter delay than the README's, to be fast, and adds the failed probes the README's delay
+// would add: the total stays within maxStopLines.
+func TestStopLogsLittle(t *testing.T) {
+	const delay = 2 * time.Second
+	ctx := t.Context()
+	op := startStopLogReplica(t, environment(t), delay)
+	// Its start is over: the controller's workers run (the stop's lines come after).
+	waitCtx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	if err := op.WaitLines(waitCtx, 1, func(l string) bool { return strings.Contains(l, "Starting workers") }); err != nil {
+		t.Fatal(err)
+	}
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	var failedProbes int
+	wg.Go(func() { failedProbes = probe(ctx, op, readmeProbePeriod) })
+	before := len(op.Lines())
+	res, err := op.Stop(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if res.ExitCode != 0 || res.Killed {
+		t.Fatalf("exit code %d (killed: %t), want 0: nothing hangs", res.ExitCode, res.Killed)
+	}
+	stop := res.Lines[before:]
+	healthz := 0
+	var kinds []string
+	for _, l := range stop {
+		var e struct{ Logger, Msg string }
+		_ = json.Unmarshal([]byte(l), &e) // an unreadable line counts too, unnamed
+		if e.Msg == "healthz check failed" {
+			healthz++
+		}
+		kinds = append(kinds, e.Logger+": "+e.Msg)
+	}
+	t.Logf("the stop: exit %d %s after SIGTERM, %d failed probes, %d lines (%d of them \"healthz check failed\"):\n\t%s",
+		res.ExitCode, res.Took.Round(time.Millisecond), failedProbes, len(stop), healthz, strings.Join(kinds, "\n\t"))
+	// controller-runtime logs each failed probe once, no more.
+	if healthz > failedProbes {
+		t.Errorf("%d \"healthz check failed\" lines for %d failed probes, want at most one each", healthz, failedProbes)
+	}
+	more := int((readmeDelay - delay) / readmeProbePeriod)
+	if n := len(stop) + more; n > maxStopLines {
+		t.Errorf("the stop logs %d lines; with the README's %s delay, %d more failed probes: %d lines, want at most %d",
+			len(stop), readmeDelay, more, n, maxStopLines)
+	}
+}
+
+// startStopLogReplica starts one replica of the operator, with quiesce and delay, in a
+// namespace of its own; its webhook server listens on a free port of its own (the webhook
+// configuration points at the rollout's router, and the test creates no ConfigMap).
+func startStopLogReplica(t *testing.T, env *envtest.Environment, delay time.Duration) *shutdowntest.Operator {
+	t.Helper()
+	webhookAddr, err := runner.FreeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, port, _ := net.SplitHostPort(webhookAddr)
+	c, err := client.New(env.Config, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ns = "stoplog"
+	if err := c.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	op, err := shutdowntest.Start(t.Context(), shutdowntest.Options{
+		Package: operatorPackage,
+		Dir:     moduleRoot,
+		Env:     env,
+		Flags: func(e shutdowntest.Endpoints) []string {
+			return []string{"--id=stoplog", "--webhook-host=" + host, "--webhook-port=" + port,
+				"--cert-dir=" + e.WebhookCertDir, "--health-probe-bind-address=" + e.Probe}
+		},
+		Args:         []string{"--namespace=" + ns, "--shutdown-delay=" + delay.String(), "--grace-period=5s"},
+		ReadyTimeout: startTimeout,
+		StopTimeout:  delay + 5*time.Second + exitMargin,
+		Output:       t.Output(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(op.Kill)
+	return op
+}
+
+// probe GETs op's /readyz every period, as a kubelet's readiness probe does, until op exits
+// or ctx ends, and returns how many probes failed.
+func probe(ctx context.Context, op *shutdowntest.Operator, period time.Duration) int {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	url := "http://" + op.Endpoints().Probe + "/readyz"
+	failed := 0
+	for {
+		select {
+		case <-op.Done():
+			return failed
+		case <-ctx.Done():
+			return failed
+		case <-t.C:
+		}
+		if !ready(ctx, url) {
+			failed++
+		}
+	}
+}

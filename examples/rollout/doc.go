@@ -7,7 +7,8 @@
 // whose /readyz passes (probed every 500ms, as a kubelet would), a replica leaves the pool at
 // its second failing probe, and established connections are left alone, as conntrack
 // leaves them. It builds examples/rollout/operator once and, for each run, starts two
-// replicas with leader election (LeaderElectionReleaseOnCancel), a client that creates a
+// replicas with leader election (LeaderElectionReleaseOnCancel), each run, waited on,
+// stopped and reaped by shutdowntest, as a user's suite would run its operator; a client that creates a
 // labelled ConfigMap every --interval through the API server (each create passes the
 // webhook), and sends the leader SIGTERM once it reconciled --before of them, mid-work.
 //

@@ -59,7 +59,7 @@ func TestStopLogsLittle(t *testing.T) {
 	}
 	stop := res.Lines[before:]
 	healthz := 0
-	var kinds []string
+	kinds := make([]string, 0, len(stop))
 	for _, l := range stop {
 		var e struct{ Logger, Msg string }
 		_ = json.Unmarshal([]byte(l), &e) // an unreadable line counts too, unnamed

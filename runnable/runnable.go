@@ -321,7 +321,7 @@ func (r *Runnable) NeedLeaderElection() bool { return r.elected }
 // Its error says what it is. controller-runtime logs it at V(1) only ("healthz check
 // failed", "checker": "quiesce"); at the default verbosity it logs one line per failed
 // probe, "healthz check failed" with "statuses": [{}], which names no check: with
-// periodSeconds p, a shutdown delay d costs about d/p such lines.
+// periodSeconds p, a shutdown delay d costs about d/p such lines (2d/p at V(1)).
 func (r *Runnable) ReadyzCheck(*http.Request) error {
 	if r.stop.delay > 0 && r.stop.began() {
 		return fmt.Errorf("quiesce: shutting down: readiness fails for the %v shutdown delay so that "+

@@ -29,14 +29,29 @@ const (
 
 // TestStopLogsLittle: one replica of the operator with a shutdown delay and nothing in
 // flight, its /readyz probed as a kubelet probes it with the README's settings. Its stop,
-// from SIGTERM to its exit, logs one line per failed probe (controller-runtime's "healthz
-// check failed", at the default verbosity) and a fixed number of others. The test runs a
-// shorter delay than the README's, to be fast, and adds the failed probes the README's delay
-// would add: the total stays within maxStopLines.
+// from SIGTERM to its exit, logs a fixed number of lines and, per failed probe,
+// controller-runtime's "healthz check failed": one line at the default verbosity, two at
+// V(1) (kubebuilder's scaffold logs at debug level: zap's Development mode), the second one
+// with the check's name and quiesce's reason. The test runs a shorter delay than the
+// README's, to be fast, and adds the lines of the failed probes that the README's delay would
+// add: the total stays within maxStopLines.
 func TestStopLogsLittle(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		args     []string
+		perProbe int // "healthz check failed" lines per failed probe
+	}{
+		{"info", nil, 1},
+		{"debug", []string{"--zap-log-level=debug"}, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testStopLogsLittle(t, "stoplog-"+tc.name, tc.perProbe, tc.args...) })
+	}
+}
+
+func testStopLogsLittle(t *testing.T, ns string, perProbe int, args ...string) {
 	const delay = 2 * time.Second
 	ctx := t.Context()
-	op := startStopLogReplica(t, environment(t), delay)
+	op := startStopLogReplica(t, environment(t), ns, delay, args...)
 	// Its start is over: the controller's workers run (the stop's lines come after).
 	waitCtx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
@@ -58,25 +73,34 @@ func TestStopLogsLittle(t *testing.T) {
 		t.Fatalf("exit code %d (killed: %t), want 0: nothing hangs", res.ExitCode, res.Killed)
 	}
 	stop := res.Lines[before:]
-	healthz := 0
+	healthz, reasons := 0, 0
 	kinds := make([]string, 0, len(stop))
 	for _, l := range stop {
-		var e struct{ Logger, Msg string }
+		var e struct{ Logger, Msg, Checker, Error string }
 		_ = json.Unmarshal([]byte(l), &e) // an unreadable line counts too, unnamed
 		if e.Msg == "healthz check failed" {
 			healthz++
+			if e.Checker == "quiesce" && strings.Contains(e.Error, "readiness fails for the 2s shutdown delay") {
+				reasons++
+			}
 		}
 		kinds = append(kinds, e.Logger+": "+e.Msg)
 	}
 	t.Logf("the stop: exit %d %s after SIGTERM, %d failed probes, %d lines (%d of them \"healthz check failed\"):\n\t%s",
 		res.ExitCode, res.Took.Round(time.Millisecond), failedProbes, len(stop), healthz, strings.Join(kinds, "\n\t"))
-	// controller-runtime logs each failed probe once, no more.
-	if healthz > failedProbes {
-		t.Errorf("%d \"healthz check failed\" lines for %d failed probes, want at most one each", healthz, failedProbes)
+	if failedProbes == 0 {
+		t.Fatal("no probe failed during the delay")
 	}
-	more := int((readmeDelay - delay) / readmeProbePeriod)
+	if healthz > perProbe*failedProbes {
+		t.Errorf("%d \"healthz check failed\" lines for %d failed probes, want at most %d each",
+			healthz, failedProbes, perProbe)
+	}
+	if perProbe > 1 && reasons == 0 {
+		t.Errorf("no V(1) \"healthz check failed\" line gives quiesce's reason")
+	}
+	more := perProbe * int((readmeDelay-delay)/readmeProbePeriod)
 	if n := len(stop) + more; n > maxStopLines {
-		t.Errorf("the stop logs %d lines; with the README's %s delay, %d more failed probes: %d lines, want at most %d",
+		t.Errorf("the stop logs %d lines; with the README's %s delay, %d more for the failed probes: %d, want at most %d",
 			len(stop), readmeDelay, more, n, maxStopLines)
 	}
 }
@@ -84,7 +108,9 @@ func TestStopLogsLittle(t *testing.T) {
 // startStopLogReplica starts one replica of the operator, with quiesce and delay, in a
 // namespace of its own; its webhook server listens on a free port of its own (the webhook
 // configuration points at the rollout's router, and the test creates no ConfigMap).
-func startStopLogReplica(t *testing.T, env *envtest.Environment, delay time.Duration) *shutdowntest.Operator {
+func startStopLogReplica(
+	t *testing.T, env *envtest.Environment, ns string, delay time.Duration, args ...string,
+) *shutdowntest.Operator {
 	t.Helper()
 	webhookAddr, err := runner.FreeAddr()
 	if err != nil {
@@ -95,7 +121,6 @@ func startStopLogReplica(t *testing.T, env *envtest.Environment, delay time.Dura
 	if err != nil {
 		t.Fatal(err)
 	}
-	const ns = "stoplog"
 	if err := c.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +132,8 @@ func startStopLogReplica(t *testing.T, env *envtest.Environment, delay time.Dura
 			return []string{"--id=stoplog", "--webhook-host=" + host, "--webhook-port=" + port,
 				"--cert-dir=" + e.WebhookCertDir, "--health-probe-bind-address=" + e.Probe}
 		},
-		Args:         []string{"--namespace=" + ns, "--shutdown-delay=" + delay.String(), "--grace-period=5s"},
+		Args: append([]string{"--namespace=" + ns, "--shutdown-delay=" + delay.String(), "--grace-period=5s"},
+			args...),
 		ReadyTimeout: startTimeout,
 		StopTimeout:  delay + 5*time.Second + exitMargin,
 		Output:       t.Output(),

@@ -238,8 +238,9 @@ func TestShutdownDelayOnTheLeader(t *testing.T) {
 		begin := time.Now()
 		rp.sigterm()
 		synctest.Wait()
-		if err := rp.r.ReadyzCheck(nil); err == nil || !strings.Contains(err.Error(), "shutdown delay") {
-			t.Fatalf("ReadyzCheck once the stop began = %v, want the shutdown delay's error", err)
+		const says = "quiesce: shutting down: readiness fails for the 5s shutdown delay so that Services stop routing here"
+		if err := rp.r.ReadyzCheck(nil); err == nil || !strings.Contains(err.Error(), says) {
+			t.Fatalf("ReadyzCheck once the stop began = %v, want an error saying %q", err, says)
 		}
 		if rp.r.draining() {
 			t.Fatal("the executor drains during the delay")

@@ -319,9 +319,15 @@ func (r *Runnable) NeedLeaderElection() bool { return r.elected }
 // a ShutdownDelay (on every replica: see StopContext), so that Services stop sending work to
 // a pod that is shutting down while it still serves. With no delay it never fails: a
 // replica stays in its Service until its webhooks stop, as it would without quiesce.
+//
+// Its error says what it is. controller-runtime logs it at V(1) only ("healthz check
+// failed", "checker": "quiesce"); at the default verbosity it logs one line per failed
+// probe, "healthz check failed" with "statuses": [{}], which names no check: with
+// periodSeconds p, a shutdown delay d costs about d/p such lines (2d/p at V(1)).
 func (r *Runnable) ReadyzCheck(*http.Request) error {
 	if r.stop.delay > 0 && r.stop.began() {
-		return fmt.Errorf("quiesce: shutting down: out of rotation for the %v shutdown delay", r.stop.delay)
+		return fmt.Errorf("quiesce: shutting down: readiness fails for the %v shutdown delay so that "+
+			"Services stop routing here; the operator keeps serving meanwhile", r.stop.delay)
 	}
 	return nil
 }

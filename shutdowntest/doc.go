@@ -18,7 +18,9 @@
 // Start runs the binary with kubebuilder's flags for the metrics and probe servers on free
 // loopback ports (see Options.Flags) and a kubeconfig of its own for the suite's envtest
 // control plane, and returns once its /readyz answers 200. Pending reads quiesce's
-// /debug/quiesce on the metrics server. Stop sends SIGTERM and waits for the exit.
+// /debug/quiesce on the metrics server; WaitLines waits for lines of the operator's log (e.g.
+// "successfully acquired lease", or n reconciles working). Stop sends SIGTERM and waits for
+// the exit.
 //
 // Bounds: no process or goroutine of the harness outlives Stop or Kill, nor the context given
 // to Start (when it ends, the operator is killed). Stop waits at most Options.StopTimeout,

@@ -250,8 +250,9 @@ type Operator struct {
 
 	mu       sync.Mutex
 	lines    []string
-	signalAt time.Time // the first SIGTERM of Stop
-	killed   bool      // Stop had to send a second SIGTERM or SIGKILL
+	changed  chan struct{} // closed, and replaced, when a line is added (WaitLines)
+	signalAt time.Time     // the first SIGTERM of Stop
+	killed   bool          // Stop had to send a second SIGTERM or SIGKILL
 	exitedAt time.Time
 }
 
@@ -333,6 +334,7 @@ func start(ctx context.Context, bin, tmp string, opts Options) (*Operator, error
 		tmp:       tmp,
 		exited:    make(chan struct{}),
 		logDone:   make(chan struct{}),
+		changed:   make(chan struct{}),
 	}
 	// The operator never outlives ctx.
 	op.stopCtx = context.AfterFunc(ctx, func() { _ = cmd.Process.Kill() })
@@ -377,6 +379,8 @@ func (o *Operator) readLog(r *os.File) {
 		_, _ = fmt.Fprintln(o.opts.Output, line) // nowhere to report a failed write to
 		o.mu.Lock()
 		o.lines = append(o.lines, line)
+		close(o.changed)
+		o.changed = make(chan struct{})
 		o.mu.Unlock()
 	}
 	_, _ = io.Copy(io.Discard, r) // after a line too long: never block the operator
@@ -396,6 +400,45 @@ func (o *Operator) Lines() []string {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return append([]string(nil), o.lines...)
+}
+
+// WaitLines waits until n lines of the operator's log, from its start on, satisfy match
+// (called once per line, on the caller's goroutine), e.g. until it logged that it acquired
+// the lease, or that n reconciles work. It returns nil then; an error when the log ended
+// first (the operator exited: the error has its status and the count), or when ctx ends
+// (bound the wait with it). It waits on the log itself, without polling.
+func (o *Operator) WaitLines(ctx context.Context, n int, match func(line string) bool) error {
+	seen, got := 0, 0
+	count := func() <-chan struct{} {
+		o.mu.Lock()
+		lines, changed := o.lines[seen:len(o.lines):len(o.lines)], o.changed // append-only: safe to read unlocked
+		o.mu.Unlock()
+		for _, l := range lines {
+			if match(l) {
+				got++
+			}
+		}
+		seen += len(lines)
+		return changed
+	}
+	for {
+		changed := count()
+		if got >= n {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-o.exited:
+			<-o.logDone
+			if count(); got >= n {
+				return nil
+			}
+			return fmt.Errorf("failed to wait for %d matching log lines: the operator exited (%s) after %d",
+				n, o.cmd.ProcessState, got)
+		case <-ctx.Done():
+			return fmt.Errorf("failed to wait for %d matching log lines (got %d): %w", n, got, ctx.Err())
+		}
+	}
 }
 
 // Pending returns how many calls quiesce tracks in the operator right now: the count of

@@ -7,6 +7,7 @@ import (
 	"os"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -279,4 +280,25 @@ func TestContextEndKillsOperator(t *testing.T) {
 	g.Expect(err).To(MatchError(ContainSubstring("it had exited already (signal: killed)")))
 	g.Expect(res.ExitCode).To(Equal(-1))
 	g.Expect(op.Signal(syscall.SIGTERM)).To(MatchError(ContainSubstring("the operator exited")))
+}
+
+func TestWaitLines(t *testing.T) {
+	env, _ := environment(t)
+	g := NewWithT(t)
+	op, err := shutdowntest.Start(t.Context(), shutdowntest.Options{Package: "./testdata/stubborn", Env: env})
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(op.Kill)
+	says := func(s string) func(string) bool { return func(l string) bool { return strings.Contains(l, s) } }
+
+	g.Expect(op.WaitLines(t.Context(), 1, says("ignores SIGTERM"))).To(Succeed())
+	// A line that does not come: the context bounds the wait.
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	g.Expect(op.WaitLines(ctx, 2, says("ignores SIGTERM"))).To(And(
+		MatchError(context.DeadlineExceeded), MatchError(ContainSubstring("(got 1)"))))
+	// The operator exits: the wait ends with its status.
+	op.Kill()
+	g.Expect(op.WaitLines(t.Context(), 1, says("never logged"))).
+		To(MatchError(ContainSubstring("the operator exited (signal: killed) after 0")))
+	g.Expect(op.WaitLines(t.Context(), 1, says("ignores SIGTERM"))).To(Succeed())
 }

@@ -406,34 +406,10 @@ func listOrNone(names []string) string {
 
 // waitFor waits until n lines of the operator's log contain substr, up to startTimeout.
 func waitFor(ctx context.Context, op *shutdowntest.Operator, substr string, n int) error {
-	deadline := time.NewTimer(startTimeout)
-	defer deadline.Stop()
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for count(op.Lines(), substr) < n {
-		select {
-		case <-tick.C:
-		case <-op.Done():
-			if count(op.Lines(), substr) >= n {
-				return nil
-			}
-			return fmt.Errorf("the operator exited before %d log lines said %q", n, substr)
-		case <-ctx.Done():
-			return fmt.Errorf("interrupted while waiting for the operator: %w", ctx.Err())
-		case <-deadline.C:
-			return fmt.Errorf("timed out after %s waiting for %d log lines saying %q (got %d)",
-				startTimeout, n, substr, count(op.Lines(), substr))
-		}
+	ctx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	if err := op.WaitLines(ctx, n, func(l string) bool { return strings.Contains(l, substr) }); err != nil {
+		return fmt.Errorf("waiting for %d log lines saying %q: %w", n, substr, err)
 	}
 	return nil
-}
-
-func count(lines []string, substr string) int {
-	n := 0
-	for _, l := range lines {
-		if strings.Contains(l, substr) {
-			n++
-		}
-	}
-	return n
 }

@@ -6,10 +6,11 @@
 // a test-only TCP router standing in for a Service: new connections go to the replicas
 // whose /readyz passes (probed every 500ms, as a kubelet would), a replica leaves the pool at
 // its second failing probe, and established connections are left alone, as conntrack
-// leaves them. It builds examples/rollout/operator once and, for each run, starts two
-// replicas with leader election (LeaderElectionReleaseOnCancel), a client that creates a
-// labelled ConfigMap every --interval through the API server (each create passes the
-// webhook), and sends the leader SIGTERM once it reconciled --before of them, mid-work.
+// leaves them. The replicas run under shutdowntest, as a user's suite runs its operator
+// (built once, started, waited on, stopped, reaped). For each run it starts two replicas with
+// leader election (LeaderElectionReleaseOnCancel), a client that creates a labelled
+// ConfigMap every --interval through the API server (each create passes the webhook), and
+// sends the leader SIGTERM once it reconciled --before of them, mid-work.
 //
 // It measures: the creates that failed, the ConfigMaps never reconciled to completion, the
 // reconciles of the new leader that began before the old leader's last one ended, the old

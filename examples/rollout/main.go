@@ -11,6 +11,8 @@ import (
 
 	"github.com/go-logr/logr"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/quiesce-dev/quiesce/shutdowntest"
 )
 
 // The messages of quiesce's timeline lines (key sinceStop).
@@ -68,6 +70,9 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	rep, err := run(ctx, cfg)
+	if cerr := shutdowntest.Cleanup(); cerr != nil {
+		fmt.Printf("==> %v\n", cerr)
+	}
 	if err != nil {
 		fmt.Printf("==> FAILED: %v\n", err)
 		os.Exit(2)

@@ -1,171 +1,154 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
-	"os/exec"
-	"path/filepath"
+	"net"
+	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
 	"github.com/quiesce-dev/quiesce/examples/internal/runner"
+	"github.com/quiesce-dev/quiesce/shutdowntest"
 )
 
-// replica is one operator process and its log.
-type replica struct {
-	name        string
-	webhookAddr string // where its webhook server listens
-	readyz      string // its /readyz URL
-	cmd         *exec.Cmd
-	exited      chan struct{} // closed once cmd.Wait returned
-	logDone     chan struct{} // closed once its output reached EOF
-
-	mu      sync.Mutex
-	log     []string
-	changed chan struct{} // a token when a line was added or the process exited
+// stage is what every run plays on, the rollout and the single-replica case alike: the
+// control plane (whose webhook configuration points at the router's address), the operator's
+// binary, a client, the narration.
+type stage struct {
+	cfg     config
+	quiesce bool
+	bin     string
+	env     *envtest.Environment
+	c       client.Client
+	say     func(string, ...any)
 }
 
-// startReplica runs bin with args and KUBECONFIG; its output goes to out (nil: kept only).
-func startReplica(bin, name string, args []string, kubeconfig string, out io.Writer) (*replica, error) {
+func (s *stage) mode() string { return modeOf(s.quiesce) }
+
+// args are the operator's flags for a run in namespace ns.
+func (s *stage) args(ns string, delay, work time.Duration) []string {
+	return []string{
+		"--quiesce=" + strconv.FormatBool(s.quiesce), "--namespace=" + ns,
+		"--grace-period=" + s.cfg.Grace.String(), "--shutdown-delay=" + delay.String(),
+		"--work=" + work.String(), "--webhook-work=" + s.cfg.WebhookWork.String(),
+		"--webhook-http2=" + strconv.FormatBool(s.cfg.HTTP2),
+	}
+}
+
+// setUp creates namespace ns and starts the router where the webhook configuration points.
+// Close the router.
+func (s *stage) setUp(ctx context.Context, ns string) (*router, *poolLog, error) {
+	if err := s.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		return nil, nil, fmt.Errorf("failed to create namespace %s: %w", ns, err)
+	}
+	pool := &poolLog{changed: make(chan struct{}, 1)}
+	w := &s.env.WebhookInstallOptions
+	rt, err := newRouter(net.JoinHostPort(w.LocalServingHost, strconv.Itoa(w.LocalServingPort)), pool.record)
+	if err != nil {
+		return nil, nil, fmt.Errorf("failed to start the router: %w", err)
+	}
+	return rt, pool, nil
+}
+
+// replica is one operator process, run by shutdowntest, and where its webhook server listens.
+type replica struct {
+	*shutdowntest.Operator
+	name        string
+	stopTimeout time.Duration
+}
+
+// startReplica starts a replica of the operator named name with args (its --shutdown-delay
+// delay), once its /readyz passes adds it to rt, and returns once it is in the router's pool,
+// after it acquired the lease when lead is set. Kill it.
+func (s *stage) startReplica(
+	ctx context.Context, rt *router, pool *poolLog, name string, args []string, delay time.Duration, lead bool,
+) (*replica, error) {
+	// The router's address is the webhook configuration's: each replica's webhook server
+	// listens on a port of its own, behind it.
 	webhookAddr, err := runner.FreeAddr()
 	if err != nil {
 		return nil, err
 	}
-	probeAddr, err := runner.FreeAddr()
+	host, port, _ := net.SplitHostPort(webhookAddr)
+	var out io.Writer
+	if s.cfg.ShowLogs {
+		out = s.cfg.Out
+	}
+	s.say("%s run: starting replica %s: operator %s (and its --id, webhook and probe addresses)",
+		s.mode(), name, strings.Join(args, " "))
+	op, err := shutdowntest.Start(ctx, shutdowntest.Options{
+		Binary: s.bin,
+		Env:    s.env,
+		Flags: func(e shutdowntest.Endpoints) []string {
+			return []string{"--id=" + name, "--webhook-host=" + host, "--webhook-port=" + port,
+				"--cert-dir=" + e.WebhookCertDir, "--health-probe-bind-address=" + e.Probe}
+		},
+		Args:         args,
+		ReadyTimeout: startTimeout,
+		StopTimeout:  delay + s.cfg.Grace + exitMargin,
+		Output:       out,
+	})
 	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	rp := &replica{Operator: op, name: name, stopTimeout: delay + s.cfg.Grace + exitMargin}
+	rt.add(name, webhookAddr, "http://"+op.Endpoints().Probe+"/readyz")
+	if lead {
+		if err := rp.waitFor(ctx, leaseAcquired, 1); err != nil {
+			rp.Kill()
+			return nil, err
+		}
+	}
+	if err := pool.waitIn(ctx, name); err != nil {
+		rp.Kill()
 		return nil, err
 	}
-	host, port, _ := strings.Cut(webhookAddr, ":")
-	args = append([]string{"--id=" + name, "--webhook-host=" + host, "--webhook-port=" + port,
-		"--health-probe-bind-address=" + probeAddr}, args...)
-	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig)
-	// A process group of its own: a Ctrl-C reaches the runner only, which then kills it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	r, w, err := os.Pipe()
-	if err != nil {
-		return nil, fmt.Errorf("failed to create a pipe: %w", err)
-	}
-	cmd.Stdout, cmd.Stderr = w, w
-	err = cmd.Start()
-	_ = w.Close() // the process has its own copy of the write end
-	if err != nil {
-		_ = r.Close()
-		return nil, fmt.Errorf("failed to start %s: %w", filepath.Base(bin), err)
-	}
-	rp := &replica{
-		name: name, webhookAddr: webhookAddr, readyz: "http://" + probeAddr + "/readyz", cmd: cmd,
-		exited: make(chan struct{}), logDone: make(chan struct{}), changed: make(chan struct{}, 1),
-	}
-	go func() {
-		defer close(rp.logDone)
-		defer func() { _ = r.Close() }()
-		sc := bufio.NewScanner(r)
-		sc.Buffer(make([]byte, 0, 64<<10), 4<<20)
-		for sc.Scan() {
-			if out != nil {
-				_, _ = fmt.Fprintln(out, sc.Text())
-			}
-			rp.mu.Lock()
-			rp.log = append(rp.log, sc.Text())
-			rp.mu.Unlock()
-			rp.notify()
-		}
-		_, _ = io.Copy(io.Discard, r) // after a too long line: never block the process
-	}()
-	go func() {
-		_ = cmd.Wait() // the exit status is in cmd.ProcessState
-		close(rp.exited)
-		rp.notify()
-	}()
 	return rp, nil
 }
 
-func (rp *replica) notify() {
-	select {
-	case rp.changed <- struct{}{}:
-	default:
+// waitFor waits until n lines of its log contain substr, in any case, for startTimeout at most.
+func (rp *replica) waitFor(ctx context.Context, substr string, n int) error {
+	ctx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	substr = strings.ToLower(substr)
+	err := rp.WaitLines(ctx, n, func(l string) bool { return strings.Contains(strings.ToLower(l), substr) })
+	if err != nil {
+		return fmt.Errorf("%s: waiting for %q: %w", rp.name, substr, err)
 	}
+	return nil
 }
 
-// entries returns its log lines that are JSON objects, decoded, in order.
-func (rp *replica) entries() []map[string]any {
-	rp.mu.Lock()
-	defer rp.mu.Unlock()
+// stop sends the replica SIGTERM and waits for its exit; it returns what happened and when
+// it sent the signal. An exit forced by the harness (no exit within its stop timeout) is an
+// error.
+func (rp *replica) stop(ctx context.Context) (*shutdowntest.Result, time.Time, error) {
+	at := time.Now()
+	res, err := rp.Stop(ctx)
+	if err != nil {
+		return nil, at, fmt.Errorf("%s: %w", rp.name, err)
+	}
+	if res.Killed {
+		return nil, at, fmt.Errorf("%s did not exit within %s of SIGTERM", rp.name, rp.stopTimeout)
+	}
+	return res, at, nil
+}
+
+// entries returns the lines of log that are JSON objects, decoded, in order.
+func entries(log []string) []map[string]any {
 	var es []map[string]any
-	for _, l := range rp.log {
+	for _, l := range log {
 		var e map[string]any
 		if json.Unmarshal([]byte(l), &e) == nil {
 			es = append(es, e)
 		}
 	}
 	return es
-}
-
-func (rp *replica) count(substr string) int {
-	rp.mu.Lock()
-	defer rp.mu.Unlock()
-	n := 0
-	for _, l := range rp.log {
-		if strings.Contains(strings.ToLower(l), strings.ToLower(substr)) {
-			n++
-		}
-	}
-	return n
-}
-
-// waitFor waits until n lines of its log contain substr, in any case, for startTimeout at most.
-func (rp *replica) waitFor(ctx context.Context, substr string, n int) error {
-	timeout := startTimeout
-	deadline := time.NewTimer(timeout)
-	defer deadline.Stop()
-	for rp.count(substr) < n {
-		select {
-		case <-rp.changed:
-		case <-rp.exited:
-			<-rp.logDone
-			if rp.count(substr) >= n {
-				return nil
-			}
-			return fmt.Errorf("%s exited (%s) before %d log lines said %q", rp.name, rp.cmd.ProcessState, n, substr)
-		case <-ctx.Done():
-			return fmt.Errorf("interrupted while waiting for %s: %w", rp.name, ctx.Err())
-		case <-deadline.C:
-			return fmt.Errorf("timed out after %s waiting for %d log lines of %s saying %q (got %d)",
-				timeout, n, rp.name, substr, rp.count(substr))
-		}
-	}
-	return nil
-}
-
-// stop sends SIGTERM and waits for the exit and the log, killing the process after timeout.
-func (rp *replica) stop(timeout time.Duration) error {
-	if err := rp.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		return fmt.Errorf("failed to send SIGTERM to %s: %w", rp.name, err)
-	}
-	select {
-	case <-rp.exited:
-	case <-time.After(timeout):
-		rp.kill()
-		return fmt.Errorf("%s did not exit within %s of SIGTERM", rp.name, timeout)
-	}
-	<-rp.logDone
-	return nil
-}
-
-// kill ends the process at once unless it exited, and waits for it and its log.
-func (rp *replica) kill() {
-	select {
-	case <-rp.exited:
-	default:
-		_ = rp.cmd.Process.Kill()
-		<-rp.exited
-	}
-	<-rp.logDone
 }

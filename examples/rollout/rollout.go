@@ -5,10 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
-	"path/filepath"
-	"strconv"
 	"sync"
 	"time"
 
@@ -16,10 +13,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/quiesce-dev/quiesce/examples/internal/runner"
+	"github.com/quiesce-dev/quiesce/shutdowntest"
 )
 
 // Names shared with examples/rollout/operator.
@@ -52,9 +51,12 @@ type config struct {
 	SingleObjects int
 	SingleWork    time.Duration
 	SkipSingle    bool
-	Operator      string    // an operator binary; empty: build one
-	Out           io.Writer // the narration; nil: discard
-	ShowLogs      bool      // stream the replicas' logs to Out
+	Operator      string // an operator binary; empty: build one
+	// Env is a started control plane made by newEnvironment, left running; nil: run starts
+	// one and stops it.
+	Env      *envtest.Environment
+	Out      io.Writer // the narration; nil: discard
+	ShowLogs bool      // stream the replicas' logs to Out
 }
 
 func (c *config) setDefaults() {
@@ -92,83 +94,67 @@ type report struct {
 
 // run starts one control plane and plays the rollout with quiesce, then without, then the
 // single-replica case with quiesce, then without (unless cfg.SkipSingle).
-// Whatever happens, it leaves no process running and removes its temporary files.
+// Whatever happens, it leaves no process running. The operator's binary (built once per
+// process by shutdowntest) stays for a later run until shutdowntest.Cleanup.
 func run(ctx context.Context, cfg config) (res *report, err error) {
 	cfg.setDefaults()
 	out := &runner.SyncWriter{W: cfg.Out}
 	cfg.Out = out
 	say := func(format string, args ...any) { _, _ = fmt.Fprintf(out, "==> "+format+"\n", args...) }
 
-	assets := os.Getenv("KUBEBUILDER_ASSETS")
-	if assets == "" {
+	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
 		return nil, errors.New("KUBEBUILDER_ASSETS is not set: run `make demo-rollout`, " +
 			"or export KUBEBUILDER_ASSETS=$(hack/setup-envtest.sh)")
 	}
-	dir, err := os.MkdirTemp("", "quiesce-rollout-")
-	if err != nil {
-		return nil, fmt.Errorf("failed to create a temporary directory: %w", err)
-	}
-	defer func() { err = errors.Join(err, os.RemoveAll(dir)) }()
-
 	// Build the operator while the control plane starts.
 	bin := cfg.Operator
-	var buildErr error
-	built := make(chan struct{})
+	built := make(chan error, 1)
 	if bin == "" {
-		bin = filepath.Join(dir, "operator")
 		root, err := runner.ModuleRoot(ctx)
 		if err != nil {
 			return nil, err
 		}
-		say("building the operator: go build -o %s %s (in %s)", bin, operatorPackage, root)
-		go func() { defer close(built); buildErr = runner.GoCmd(ctx, root, "build", "-o", bin, operatorPackage) }()
+		say("building the operator: go build %s (in %s)", operatorPackage, root)
+		go func() {
+			var err error
+			bin, err = shutdowntest.Build(ctx, shutdowntest.Options{Package: operatorPackage, Dir: root})
+			built <- err
+		}()
 	} else {
-		close(built)
+		built <- nil
 	}
-	defer func() { <-built }() // on an early return too
+	buildErr := func() error { // waits for the build, once
+		err, ok := <-built
+		if ok {
+			close(built)
+		}
+		return err
+	}
+	defer func() { _ = buildErr() }() // on an early return, wait for the build; its error no longer matters
 
-	say("starting the control plane, with a validating webhook on ConfigMaps (failurePolicy: Fail) " +
-		"that points at the router")
-	env := &envtest.Environment{
-		// Above envtest's 20s default: a busy machine takes longer to start kube-apiserver.
-		ControlPlaneStartTimeout: time.Minute,
-		WebhookInstallOptions: envtest.WebhookInstallOptions{
-			LocalServingHost:   "127.0.0.1",
-			ValidatingWebhooks: []*admissionv1.ValidatingWebhookConfiguration{webhookConfiguration()},
-		}}
-	restCfg, err := env.Start()
-	if err != nil {
-		return nil, fmt.Errorf("failed to start the control plane: %w", err)
+	env := cfg.Env
+	if env == nil {
+		say("starting the control plane, with a validating webhook on ConfigMaps (failurePolicy: Fail) " +
+			"that points at the router")
+		env = newEnvironment()
+		if _, err := env.Start(); err != nil {
+			return nil, fmt.Errorf("failed to start the control plane: %w", err)
+		}
+		defer func() { err = errors.Join(err, env.Stop()) }()
 	}
-	defer func() { err = errors.Join(err, env.Stop()) }()
+	restCfg := rest.CopyConfig(env.Config)
 	restCfg.QPS, restCfg.Burst = -1, 0 // the client creates at its own pace, unthrottled
 	c, err := client.New(restCfg, client.Options{})
 	if err != nil {
 		return nil, fmt.Errorf("failed to create a client: %w", err)
 	}
-	user, err := env.AddUser(envtest.User{Name: "rollout-operator", Groups: []string{"system:masters"}}, nil)
-	if err != nil {
-		return nil, fmt.Errorf("failed to add the operator's user: %w", err)
-	}
-	kubeconfig, err := user.KubeConfig()
-	if err != nil {
-		return nil, fmt.Errorf("failed to make the operator's kubeconfig: %w", err)
-	}
-	kubeconfigPath := filepath.Join(dir, "kubeconfig")
-	if err := os.WriteFile(kubeconfigPath, kubeconfig, 0o600); err != nil {
-		return nil, fmt.Errorf("failed to write the operator's kubeconfig: %w", err)
-	}
-	if <-built; buildErr != nil {
-		return nil, fmt.Errorf("failed to build the operator: %w", buildErr)
+	if err := buildErr(); err != nil {
+		return nil, err
 	}
 
-	routerAddr := net.JoinHostPort(env.WebhookInstallOptions.LocalServingHost,
-		strconv.Itoa(env.WebhookInstallOptions.LocalServingPort))
-	certDir := env.WebhookInstallOptions.LocalServingCertDir
 	res = &report{}
 	for _, quiesce := range []bool{true, false} {
-		s := &scenario{cfg: cfg, quiesce: quiesce, bin: bin, kubeconfig: kubeconfigPath,
-			certDir: certDir, routerAddr: routerAddr, c: c, say: say}
+		s := &scenario{stage{cfg: cfg, quiesce: quiesce, bin: bin, env: env, c: c, say: say}}
 		start := time.Now()
 		r, err := s.play(ctx)
 		if err != nil {
@@ -181,8 +167,7 @@ func run(ctx context.Context, cfg config) (res *report, err error) {
 		return res, nil
 	}
 	for _, quiesce := range []bool{true, false} {
-		s := &single{cfg: cfg, quiesce: quiesce, bin: bin, kubeconfig: kubeconfigPath,
-			certDir: certDir, routerAddr: routerAddr, c: c, say: say}
+		s := &single{stage{cfg: cfg, quiesce: quiesce, bin: bin, env: env, c: c, say: say}}
 		start := time.Now()
 		r, err := s.play(ctx)
 		if err != nil {
@@ -192,6 +177,19 @@ func run(ctx context.Context, cfg config) (res *report, err error) {
 		res.Single = append(res.Single, r)
 	}
 	return res, nil
+}
+
+// newEnvironment is the control plane: its validating webhook on the labelled ConfigMaps
+// points at 127.0.0.1 and a free port, where the router listens.
+func newEnvironment() *envtest.Environment {
+	return &envtest.Environment{
+		// Above envtest's 20s default: a busy machine takes longer to start kube-apiserver.
+		ControlPlaneStartTimeout: time.Minute,
+		WebhookInstallOptions: envtest.WebhookInstallOptions{
+			LocalServingHost:   "127.0.0.1",
+			ValidatingWebhooks: []*admissionv1.ValidatingWebhookConfiguration{webhookConfiguration()},
+		},
+	}
 }
 
 // webhookConfiguration selects the labelled ConfigMaps; envtest points it at the router.

@@ -1,29 +1,90 @@
 package main
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"os"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
 	"go.uber.org/goleak"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/quiesce-dev/quiesce/shutdowntest"
 )
+
+// moduleRoot is the module's root, relative to the package's directory.
+const moduleRoot = "../.."
+
+// One control plane for the package's tests, started by the first test that needs it and
+// stopped by TestMain, before the leak check.
+var shared struct {
+	once sync.Once
+	env  *envtest.Environment
+	err  error
+}
 
 func TestMain(m *testing.M) {
 	ctrllog.SetLogger(logr.Discard())
-	goleak.VerifyTestMain(m)
+	code := m.Run()
+	if shared.env != nil {
+		if err := shared.env.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "failed to stop the control plane:", err)
+			code = 1
+		}
+	}
+	if err := shutdowntest.Cleanup(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		code = 1
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// environment returns the package's control plane, made by newEnvironment, once the
+// operator is built too (the build runs while the control plane starts; shutdowntest.Build
+// then returns the same binary at once).
+func environment(t *testing.T) *envtest.Environment {
+	t.Helper()
+	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
+		t.Fatal("KUBEBUILDER_ASSETS is not set: run `make test`, or export KUBEBUILDER_ASSETS=$(hack/setup-envtest.sh)")
+	}
+	shared.once.Do(func() {
+		built := make(chan error, 1)
+		go func() {
+			_, err := shutdowntest.Build(context.Background(), shutdowntest.Options{Package: operatorPackage, Dir: moduleRoot})
+			built <- err
+		}()
+		env := newEnvironment()
+		_, err := env.Start()
+		if err != nil {
+			shared.err = fmt.Errorf("failed to start the control plane: %w", err)
+		} else {
+			shared.env = env
+		}
+		shared.err = errors.Join(shared.err, <-built)
+	})
+	if shared.err != nil {
+		t.Fatal(shared.err)
+	}
+	return shared.env
 }
 
 // TestRollout plays `make demo-rollout`: with quiesce, a rolling update of the leader fails
 // no create and loses no reconcile, the two leaders never overlap, the old leader logs its
 // timeline in order and exits 0. The plain controller-runtime run is printed, not checked.
 func TestRollout(t *testing.T) {
-	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
-		t.Fatal("KUBEBUILDER_ASSETS is not set: run `make test`, or export KUBEBUILDER_ASSETS=$(hack/setup-envtest.sh)")
-	}
-	rep, err := run(t.Context(), config{Out: t.Output()})
+	rep, err := run(t.Context(), config{Out: t.Output(), Env: environment(t)})
 	if err != nil {
 		t.Fatalf("run() = %v", err)
 	}

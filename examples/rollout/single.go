@@ -4,11 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -30,24 +29,11 @@ var singleTimelineSteps = []string{stepStopBegan, stepDraining, stepReturned, st
 // single is the single-replica case of issue 22: one replica, no ShutdownDelay, whose
 // reconciles write objects that its own webhook validates (--self-write), stopped with
 // SIGTERM while its reconciles work.
-type single struct {
-	cfg                                  config
-	quiesce                              bool
-	bin, kubeconfig, certDir, routerAddr string
-	c                                    client.Client
-	say                                  func(string, ...any)
-}
-
-func (s *single) mode() string { return modeOf(s.quiesce) }
+type single struct{ stage }
 
 func (s *single) args(ns string) []string {
-	return []string{
-		"--quiesce=" + fmt.Sprint(s.quiesce), "--namespace=" + ns, "--cert-dir=" + s.certDir,
-		"--grace-period=" + s.cfg.Grace.String(), "--shutdown-delay=0s",
-		"--work=" + s.cfg.SingleWork.String(), "--webhook-work=" + s.cfg.WebhookWork.String(),
-		"--webhook-http2=" + fmt.Sprint(s.cfg.HTTP2), "--self-write",
-		"--max-concurrent-reconciles=" + fmt.Sprint(s.cfg.SingleObjects),
-	}
+	return append(s.stage.args(ns, 0, s.cfg.SingleWork),
+		"--self-write", "--max-concurrent-reconciles="+strconv.Itoa(s.cfg.SingleObjects))
 }
 
 // singleResult is what one single-replica run measured.
@@ -75,33 +61,16 @@ type singleResult struct {
 func (s *single) play(ctx context.Context) (*singleResult, error) {
 	mode := s.mode()
 	ns, name := "single-"+mode, "single-"+mode
-	if err := s.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
-		return nil, fmt.Errorf("failed to create namespace %s: %w", ns, err)
-	}
-	pool := &poolLog{changed: make(chan struct{}, 1)}
-	rt, err := newRouter(s.routerAddr, pool.record)
+	rt, pool, err := s.setUp(ctx, ns)
 	if err != nil {
-		return nil, fmt.Errorf("failed to start the router: %w", err)
+		return nil, err
 	}
 	defer func() { _ = rt.Close() }()
-	var logOut io.Writer
-	if s.cfg.ShowLogs {
-		logOut = s.cfg.Out
-	}
-	args := s.args(ns)
-	s.say("%s single replica: starting %s: operator %v", mode, name, args)
-	a, err := startReplica(s.bin, name, args, s.kubeconfig, logOut)
+	a, err := s.startReplica(ctx, rt, pool, name, s.args(ns), 0, true)
 	if err != nil {
 		return nil, err
 	}
-	defer a.kill()
-	rt.add(a.name, a.webhookAddr, a.readyz)
-	if err := a.waitFor(ctx, leaseAcquired, 1); err != nil {
-		return nil, err
-	}
-	if err := pool.waitIn(ctx, a.name); err != nil {
-		return nil, err
-	}
+	defer a.Kill()
 
 	// The objects, at once, so that their reconciles work together.
 	n := s.cfg.SingleObjects
@@ -122,21 +91,12 @@ func (s *single) play(ctx context.Context) (*singleResult, error) {
 	if err := a.waitFor(ctx, reconcileWorking, n); err != nil {
 		return nil, err
 	}
-	res := &singleResult{Mode: mode, Objects: n, SignalAt: time.Now()}
 	s.say("%s: %d reconciles working; sending it SIGTERM", a.name, n)
-	if err := a.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		return nil, fmt.Errorf("failed to send SIGTERM to %s: %w", a.name, err)
+	stopped, signalAt, err := a.stop(ctx)
+	if err != nil {
+		return nil, err
 	}
-	select {
-	case <-a.exited:
-	case <-time.After(s.cfg.Grace + exitMargin):
-		return nil, fmt.Errorf("%s did not exit within %s of SIGTERM", a.name, s.cfg.Grace+exitMargin)
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-	res.ExitAfter = time.Since(res.SignalAt)
-	<-a.logDone
-	res.ExitCode = a.cmd.ProcessState.ExitCode()
+	res := &singleResult{Mode: mode, Objects: n, SignalAt: signalAt, ExitAfter: stopped.Took, ExitCode: stopped.ExitCode}
 	s.say("%s exited with code %d, %s after SIGTERM", a.name, res.ExitCode, res.ExitAfter.Round(time.Millisecond))
 
 	var l corev1.ConfigMapList
@@ -148,7 +108,7 @@ func (s *single) play(ctx context.Context) (*singleResult, error) {
 			res.Unreconciled++
 		}
 	}
-	res.measure(a.entries(), pool.between(res.SignalAt, res.SignalAt.Add(res.ExitAfter)))
+	res.measure(entries(stopped.Lines), pool.between(res.SignalAt, res.SignalAt.Add(res.ExitAfter)))
 	for _, l := range res.Story() {
 		s.say("%s", l)
 	}

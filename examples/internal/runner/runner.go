@@ -1,5 +1,5 @@
-// Package runner holds what the example runners (make demo, make demo-rollout) share: a free
-// loopback port, the module to build from, the go command, and a writer for several
+// Package runner holds what the example runners (make demo, make demo-rollout) share beside
+// shutdowntest: a free loopback port, the module to build from, and a writer for several
 // goroutines' lines. It is an example's helper, not part of quiesce's API.
 package runner
 
@@ -43,16 +43,6 @@ func ModuleRoot(ctx context.Context) (string, error) {
 		return "", errors.New("failed to find the quiesce module: run from inside it (make does), or pass --operator")
 	}
 	return filepath.Dir(gomod), nil
-}
-
-// GoCmd runs the go command in dir, returning its output in the error if it fails.
-func GoCmd(ctx context.Context, dir string, args ...string) error {
-	cmd := exec.CommandContext(ctx, "go", args...)
-	cmd.Dir = dir
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, b)
-	}
-	return nil
 }
 
 // SyncWriter serialises the writes of several goroutines (a runner's narration and the

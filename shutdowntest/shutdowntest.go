@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/quiesce-dev/quiesce/runnable"
 )
 
 // Defaults of Options.
@@ -25,10 +27,6 @@ const (
 	DefaultReadyTimeout = 60 * time.Second
 	DefaultStopTimeout  = 90 * time.Second
 )
-
-// DebugPath is where quiesce's runnable.Add serves the pending calls on the metrics server
-// (runnable.DebugPath).
-const DebugPath = "/debug/quiesce"
 
 // AbandonedMessage is the message of the line in which quiesce names the calls it abandoned
 // at the end of the grace period.
@@ -448,18 +446,18 @@ func (o *Operator) WaitLines(ctx context.Context, n int, match func(line string)
 //	Eventually(op.Pending).WithContext(ctx).WithTimeout(time.Minute).Should(BeNumerically(">=", 3))
 func (o *Operator) Pending(ctx context.Context) (int, error) {
 	// limit=0: the count alone, without capturing the goroutines' stacks.
-	body, status, err := get(ctx, "http://"+o.endpoints.Metrics+DebugPath+"?limit=0")
+	body, status, err := get(ctx, "http://"+o.endpoints.Metrics+runnable.DebugPath+"?limit=0")
 	if err != nil {
 		return 0, err
 	}
 	if status != http.StatusOK {
-		return 0, fmt.Errorf("failed to get %s: status %d: %s", DebugPath, status, strings.TrimSpace(string(body)))
+		return 0, fmt.Errorf("failed to get %s: status %d: %s", runnable.DebugPath, status, strings.TrimSpace(string(body)))
 	}
 	var state struct {
 		Count *int `json:"count"`
 	}
 	if err := json.Unmarshal(body, &state); err != nil || state.Count == nil {
-		return 0, fmt.Errorf("failed to read the count of pending calls from %s: %q", DebugPath, body)
+		return 0, fmt.Errorf("failed to read the count of pending calls from %s: %q", runnable.DebugPath, body)
 	}
 	return *state.Count, nil
 }

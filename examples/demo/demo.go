@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/quiesce-dev/quiesce/examples/internal/runner"
+	"github.com/quiesce-dev/quiesce/runnable"
 	"github.com/quiesce-dev/quiesce/shutdowntest"
 )
 
@@ -263,7 +264,7 @@ func run(ctx context.Context, cfg config) (res result, err error) {
 	if err := waitFor(ctx, op, metricsServingMessage, 1); err != nil {
 		return res, err
 	}
-	url := "http://" + op.Endpoints().Metrics + shutdowntest.DebugPath
+	url := "http://" + op.Endpoints().Metrics + runnable.DebugPath
 	if res.Debug, err = fetch(ctx, url); err != nil {
 		return res, err
 	}

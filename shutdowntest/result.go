@@ -25,6 +25,44 @@ type Result struct {
 	Abandoned []string
 	// AbandonedCount is how many calls quiesce abandoned (the line's "abandoned" field).
 	AbandonedCount int
+	// Timeline is quiesce's stop, step by step: its lines that carry sinceStop ("Stop
+	// began", "Shutdown delay over", "Draining executor", each report "Waiting for pending
+	// calls", "All calls returned" or AbandonedMessage, "Webhook server stopped"), in order.
+	// Lines quiesce logs at V(1) (a stop that waits for nothing) are here only when the
+	// operator logs V(1).
+	Timeline []Step
+}
+
+// Step is one line of quiesce's stop timeline.
+type Step struct {
+	// Message is the line's constant message, e.g. "Draining executor".
+	Message string
+	// SinceStop is the time from SIGTERM to the line, as quiesce logs it, e.g. "1.994s".
+	SinceStop string
+}
+
+// timeline returns the lines of lines that carry sinceStop, read as abandoned reads them: a
+// JSON object (production mode) or console text whose last tab-separated field is one.
+func timeline(lines []string) []Step {
+	var steps []Step
+	for _, line := range lines {
+		if !strings.Contains(line, `"sinceStop"`) {
+			continue
+		}
+		var f struct {
+			Msg       string `json:"msg"`
+			SinceStop string `json:"sinceStop"`
+		}
+		if decodeJSON(line, &f) && f.SinceStop != "" {
+			steps = append(steps, Step{Message: f.Msg, SinceStop: f.SinceStop})
+			continue
+		}
+		parts := strings.Split(line, "\t")
+		if n := len(parts); n >= 2 && decodeJSON(parts[n-1], &f) && f.SinceStop != "" {
+			steps = append(steps, Step{Message: parts[n-2], SinceStop: f.SinceStop})
+		}
+	}
+	return steps
 }
 
 // abandoned finds quiesce's AbandonedMessage line in lines and returns the names in its

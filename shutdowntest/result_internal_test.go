@@ -48,6 +48,21 @@ func TestAbandoned(t *testing.T) {
 	}
 }
 
+func TestTimeline(t *testing.T) {
+	g := NewWithT(t)
+	lines := []string{
+		"2026-12-02T00:27:43Z\tINFO\tsetup\tStarting manager",
+		"2026-12-02T00:27:43Z\tINFO\tquiesce\tStop began\t" + `{"sinceStop": "0s", "shutdownDelay": "0s", "gracePeriod": "25s"}`,
+		`{"level":"info","logger":"quiesce","msg":"Draining executor","gracePeriod":"25s","sinceStop":"1ms","pending":2}`,
+		"2026-12-02T00:27:45Z\tINFO\tquiesce\tAll calls returned\t" + `{"gracePeriod": "25s", "sinceStop": "1.994s"}`,
+		"2026-12-02T00:27:45Z\tINFO\tStopping and waiting for caches",
+	}
+	g.Expect(timeline(lines)).To(Equal([]Step{
+		{"Stop began", "0s"}, {"Draining executor", "1ms"}, {"All calls returned", "1.994s"},
+	}))
+	g.Expect(timeline([]string{"INFO\tStarting"})).To(BeEmpty())
+}
+
 func TestLogExcerpt(t *testing.T) {
 	g := NewWithT(t)
 	g.Expect(logExcerpt(nil)).To(Equal("\t(none)"))

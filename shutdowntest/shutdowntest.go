@@ -601,6 +601,7 @@ func (o *Operator) result() *Result {
 		res.Took = o.exitedAt.Sub(o.signalAt)
 	}
 	res.Abandoned, res.AbandonedCount = abandoned(res.Lines)
+	res.Timeline = timeline(res.Lines)
 	return res
 }
 

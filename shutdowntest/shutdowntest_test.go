@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -166,6 +167,12 @@ func TestGracefulStop(t *testing.T) {
 	g.Expect(res.Abandoned).To(BeEmpty())
 	g.Expect(res).To(shutdowntest.HaveLogged("All calls returned"))
 	g.Expect(res).NotTo(shutdowntest.HaveLogged(shutdowntest.AbandonedMessage))
+	steps := make([]string, 0, len(res.Timeline))
+	for _, s := range res.Timeline {
+		steps = append(steps, s.Message)
+	}
+	g.Expect(steps).To(HaveExactElements(append([]any{"Stop began", "Draining executor"},
+		append(slices.Repeat([]any{"Waiting for pending calls"}, max(0, len(steps)-3)), "All calls returned")...)...))
 	checkGone(t, op.Pid())
 	t.Logf("graceful stop: exit code %d, took %s, %d lines, killed %t",
 		res.ExitCode, res.Took.Round(time.Millisecond), len(res.Lines), res.Killed)

@@ -20,6 +20,7 @@ const (
 	stepStopBegan      = "Stop began"
 	stepDelayOver      = "Shutdown delay over"
 	stepDraining       = "Draining executor"
+	stepReport         = "Waiting for pending calls"
 	stepReturned       = "All calls returned"
 	stepWebhookStopped = "Webhook server stopped"
 )

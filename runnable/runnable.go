@@ -127,8 +127,12 @@ var (
 //
 // The executor is the Runnable's from its creation: the contexts of the reconciles wrapped
 // with reconcilers.Wrap end by its drain (Options.CancelAfter), not by controller-runtime's
-// cancellation, so that in-flight work finishes. Start the Runnable (Add, or mgr.Add) for
-// the drain to happen; an executor of drain.New leaves contexts as they are.
+// cancellation, so that in-flight work finishes; an executor of drain.New leaves contexts as
+// they are. A Runnable of New drains only when the context given to its Start ends: it is
+// for tests and programs without a manager. In a manager use Add, whose stop procedure
+// drains on every replica as the manager's stop begins (mgr.Add(New(...)) would drain only
+// with the leader-election group, after the controllers that need no leader election,
+// which then wait for their shielded reconciles).
 func New(opts Options) *Runnable { return newRunnable(withDefaults(opts), false) }
 
 // withDefaults fills in the documented defaults of opts.

@@ -89,6 +89,10 @@ func main() {
 		Development: true,
 	}
 	opts.BindFlags(flag.CommandLine)
+	// quiesce: --quiesce-shutdown-delay, --quiesce-grace-period, --quiesce-cancel-after; their
+	// defaults (no delay) suit make run, a Deployment sets its own in the container's args.
+	var qopts runnable.Options
+	qopts.BindFlags(flag.CommandLine)
 	flag.Parse()
 
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
@@ -192,7 +196,8 @@ func main() {
 	// is still running, and name what had to be abandoned. Also serves /debug/quiesce on the
 	// metrics server, a readyz check and metrics. ManagerOptions: the budget's check and the
 	// WebhookServer above.
-	q, err := runnable.Add(mgr, runnable.Options{ManagerOptions: &mgrOpts})
+	qopts.ManagerOptions = &mgrOpts
+	q, err := runnable.Add(mgr, qopts)
 	if err != nil {
 		setupLog.Error(err, "Failed to set up quiesce")
 		os.Exit(1)
@@ -225,7 +230,8 @@ func main() {
 	}
 
 	setupLog.Info("Starting manager")
-	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
+	// StopContext: the manager keeps serving for --quiesce-shutdown-delay after SIGTERM.
+	if err := mgr.Start(q.StopContext(ctrl.SetupSignalHandler())); err != nil {
 		setupLog.Error(err, "Failed to run manager")
 		os.Exit(1)
 	}

@@ -158,12 +158,14 @@ func startHeartbeats(ns string, logs *logLines, hold <-chan struct{}, opts runna
 	return h, q, stop, done
 }
 
-// pendingNames returns the names of ex's pending calls.
-func pendingNames(ex *drain.Executor) []string {
-	pending := ex.Pending()
-	out := make([]string, 0, len(pending))
-	for _, p := range pending {
-		out = append(out, p.Name)
+// daemonNames returns the names of ex's pending daemons. Reconciles are left out: every
+// heartbeat changes its ConfigMap, so one may be in flight at any moment.
+func daemonNames(ex *drain.Executor) []string {
+	var out []string
+	for _, p := range ex.Pending() {
+		if p.Daemon {
+			out = append(out, p.Name)
+		}
 	}
 	return out
 }
@@ -192,9 +194,8 @@ var _ = Describe("Daemons", func() {
 					g.Expect(cm.Finalizers).To(ContainElement(heartbeatFinalizer))
 				}).Should(Succeed())
 			}
-			Expect(pendingNames(q.Executor())).To(ConsistOf(
+			Expect(daemonNames(q.Executor())).To(ConsistOf(
 				"daemons/"+ns+"/cm-0/heartbeat", "daemons/"+ns+"/cm-1/heartbeat", "daemons/"+ns+"/cm-2/heartbeat"))
-			Expect(q.Executor().Pending()).To(HaveEach(HaveField("Daemon", BeTrue())))
 
 			By("deleting one: its daemon stops, then its finalizer is released")
 			cm0 := &corev1.ConfigMap{}
@@ -207,7 +208,7 @@ var _ = Describe("Daemons", func() {
 			beats0, beats1 := h.beatsOf(deleted), h.beatsOf("cm-1")
 			Consistently(func() int32 { return h.beatsOf(deleted) }, 500*time.Millisecond).Should(Equal(beats0))
 			Expect(h.beatsOf("cm-1")).To(BeNumerically(">", beats1), "the others beat on")
-			Expect(pendingNames(q.Executor())).To(ConsistOf("daemons/"+ns+"/cm-1/heartbeat", "daemons/"+ns+"/cm-2/heartbeat"))
+			Expect(daemonNames(q.Executor())).To(ConsistOf("daemons/"+ns+"/cm-1/heartbeat", "daemons/"+ns+"/cm-2/heartbeat"))
 
 			By("stopping the manager: every daemon stops at once, and the drain reports nothing")
 			stop()
@@ -236,7 +237,7 @@ var _ = Describe("Daemons", func() {
 			configMap(ctx, ns, name)
 		}
 		stuck := "daemons/" + ns + "/stuck/heartbeat"
-		Eventually(func() []string { return pendingNames(q.Executor()) }).Should(ConsistOf(
+		Eventually(func() []string { return daemonNames(q.Executor()) }).Should(ConsistOf(
 			"daemons/"+ns+"/cm-0/heartbeat", "daemons/"+ns+"/cm-1/heartbeat", stuck))
 		Eventually(func() int32 { return h.beatsOf("cm-1") }).Should(BeNumerically(">", 0))
 

@@ -123,3 +123,16 @@ func TestKubebuilderFlags(t *testing.T) {
 	g.Expect(e.Webhook).To(Equal("127.0.0.1:9443"))
 	g.Expect(KubebuilderFlags(e)).To(ContainElements("--webhook-cert-path=/tmp/certs", "--webhook-port=9443"))
 }
+
+func TestBuildFlags(t *testing.T) {
+	g := NewWithT(t)
+	race := []string(nil)
+	if raceEnabled {
+		race = []string{"-race"}
+	}
+	g.Expect(buildFlags(nil)).To(Equal(race), "the operator is built as the test is")
+	g.Expect(buildFlags([]string{"-tags=e2e"})).To(Equal(append(race, "-tags=e2e")))
+	for _, said := range [][]string{{"-race"}, {"-race=false"}, {"--race=true"}, {"-tags=e2e", "-race=0"}} {
+		g.Expect(buildFlags(said)).To(Equal(said), "the caller said")
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -55,7 +56,10 @@ type Options struct {
 	// Dir is where `go build` runs, and the operator's working directory: usually the
 	// module's root. "": the current directory (in `go test`, the test's package directory).
 	Dir string
-	// BuildFlags are extra `go build` flags, e.g. "-race". Part of Build's cache key.
+	// BuildFlags are extra `go build` flags. Part of Build's cache key. When the test itself
+	// runs with the race detector (`go test -race`) and BuildFlags do not mention -race, Build
+	// adds -race: the operator runs under the detector too, and its build reuses the packages
+	// `go test -race` compiled. "-race=false" builds without it.
 	BuildFlags []string
 	// Binary, if set, is the operator's binary: Start runs it and builds nothing.
 	Binary string
@@ -165,7 +169,8 @@ type build struct {
 	binary string     // set once built
 }
 
-// Build builds opts.Package in opts.Dir with opts.BuildFlags and returns the binary's path.
+// Build builds opts.Package in opts.Dir with opts.BuildFlags (with -race added when the test
+// runs with the race detector; see Options.BuildFlags) and returns the binary's path.
 // It builds once per (Dir, Package, BuildFlags) per process: later calls return the same
 // binary, concurrent ones wait for the first (a failed build is tried again). The binaries
 // live in one temporary directory for the life of the process: Cleanup removes it (call it
@@ -179,7 +184,8 @@ func Build(ctx context.Context, opts Options) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("failed to resolve directory %q: %w", opts.Dir, err)
 	}
-	key := strings.Join(append([]string{dir, opts.Package}, opts.BuildFlags...), "\x00")
+	flags := buildFlags(opts.BuildFlags)
+	key := strings.Join(append([]string{dir, opts.Package}, flags...), "\x00")
 
 	builds.Lock()
 	if builds.dir == "" {
@@ -207,7 +213,7 @@ func Build(ctx context.Context, opts Options) (string, error) {
 		return "", fmt.Errorf("failed to create a directory for the binary: %w", err)
 	}
 	bin := filepath.Join(sub, filepath.Base(filepath.Clean(opts.Package)))
-	args := append(append([]string{"build", "-o", bin}, opts.BuildFlags...), opts.Package)
+	args := append(append([]string{"build", "-o", bin}, flags...), opts.Package)
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = dir
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -219,6 +225,24 @@ func Build(ctx context.Context, opts Options) (string, error) {
 	}
 	b.binary = bin
 	return bin, nil
+}
+
+// buildFlags returns flags with -race first when this process runs with the race detector and
+// flags do not mention -race.
+func buildFlags(flags []string) []string {
+	for _, f := range flags {
+		if name, _, _ := strings.Cut(strings.TrimLeft(f, "-"), "="); name == "race" {
+			return flags
+		}
+	}
+	if info, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range info.Settings {
+			if s.Key == "-race" && s.Value == "true" {
+				return append([]string{"-race"}, flags...)
+			}
+		}
+	}
+	return flags
 }
 
 // Cleanup removes the binaries Build made; a later Build builds again.

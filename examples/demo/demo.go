@@ -56,7 +56,6 @@ type config struct {
 	// operator still runs: it then exits at once with code 1, without finishing its drain.
 	SecondSignal time.Duration
 	Operator     string    // a demo-operator binary; empty: build one
-	BuildFlags   []string  // extra `go build` flags, e.g. -race
 	Out          io.Writer // the demo's narration and the operator's log; nil: discard
 }
 
@@ -184,9 +183,8 @@ func run(ctx context.Context, cfg config) (res result, err error) {
 		if err != nil {
 			return res, err
 		}
-		build := shutdowntest.Options{Package: operatorPackage, Dir: root, BuildFlags: cfg.BuildFlags}
-		say("building the operator: go build %s (in %s)",
-			strings.Join(append(append([]string(nil), cfg.BuildFlags...), operatorPackage), " "), root)
+		build := shutdowntest.Options{Package: operatorPackage, Dir: root}
+		say("building the operator: go build %s (in %s)", operatorPackage, root)
 		go func() {
 			var err error
 			bin, err = shutdowntest.Build(ctx, build)

@@ -296,9 +296,6 @@ func runDemo(t *testing.T, cfg config) result {
 	t.Helper()
 	var out bytes.Buffer
 	cfg.Out = &out
-	if raceEnabled {
-		cfg.BuildFlags = []string{"-race"}
-	}
 	start := time.Now()
 	res, err := run(t.Context(), cfg)
 	t.Logf("the demo took %s", time.Since(start).Round(time.Millisecond))

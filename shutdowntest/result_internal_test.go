@@ -126,9 +126,9 @@ func TestKubebuilderFlags(t *testing.T) {
 
 func TestBuildFlags(t *testing.T) {
 	g := NewWithT(t)
-	race := []string(nil)
+	var race []string // what Build adds
 	if raceEnabled {
-		race = []string{"-race"}
+		race = append(race, "-race")
 	}
 	g.Expect(buildFlags(nil)).To(Equal(race), "the operator is built as the test is")
 	g.Expect(buildFlags([]string{"-tags=e2e"})).To(Equal(append(race, "-tags=e2e")))

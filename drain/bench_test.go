@@ -6,7 +6,6 @@ import (
 	"io"
 	"runtime"
 	"runtime/pprof"
-	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/quiesce-dev/quiesce/drain"
+	"github.com/quiesce-dev/quiesce/internal/benchpair"
 )
 
 func nop(context.Context) error { return nil }
@@ -398,7 +398,7 @@ func BenchmarkCallInterleaved(b *testing.B) {
 	ex := newExecutor(b, drain.Options{})
 	ctx := context.Background()
 	var wg sync.WaitGroup
-	ratio := interleaved(b, 200, "call", func(n int) {
+	_, _, ratio := benchpair.Interleaved(b, 200, "call", func(n int) {
 		for range n {
 			if err := ex.Call(ctx, "nop", nop); err != nil {
 				b.Fatal(err)
@@ -442,7 +442,7 @@ func BenchmarkReportInterleaved(b *testing.B) {
 		}),
 	})
 	release := blockedCalls(b, ex, pending, depth)
-	ratio := interleaved(b, 1, "report", func(n int) {
+	_, _, ratio := benchpair.Interleaved(b, 1, "report", func(n int) {
 		for range n {
 			drain.ReportPending(ex)
 		}
@@ -464,42 +464,3 @@ func BenchmarkReportInterleaved(b *testing.B) {
 	}
 }
 
-// interleaved runs b.N iterations of each of two cases, alternately, block at a time (the
-// first of each pair in turn). It reports the median over the blocks of each case's ns/op
-// in place of ns/op, and returns the median ratio of the first's time to the second's.
-func interleaved(
-	b *testing.B, block int, name1 string, run1 func(n int), name2 string, run2 func(n int),
-) (ratio float64) {
-	b.Helper()
-	var per1, per2, ratios []float64
-	b.ResetTimer()
-	for done := 0; done < b.N; {
-		n := min(block, b.N-done)
-		var t1, t2 time.Duration
-		if len(ratios)%2 == 0 {
-			t1, t2 = timed(run1, n), timed(run2, n)
-		} else {
-			t2, t1 = timed(run2, n), timed(run1, n)
-		}
-		per1 = append(per1, float64(t1.Nanoseconds())/float64(n))
-		per2 = append(per2, float64(t2.Nanoseconds())/float64(n))
-		ratios = append(ratios, float64(t1)/float64(t2))
-		done += n
-	}
-	b.StopTimer()
-	b.ReportMetric(0, "ns/op")
-	b.ReportMetric(median(per1), name1+"-ns/op")
-	b.ReportMetric(median(per2), name2+"-ns/op")
-	return median(ratios)
-}
-
-func timed(run func(n int), n int) time.Duration {
-	t0 := time.Now()
-	run(n)
-	return time.Since(t0)
-}
-
-func median(xs []float64) float64 {
-	slices.Sort(xs)
-	return xs[len(xs)/2]
-}

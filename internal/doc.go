@@ -5,10 +5,9 @@
 // reports, errors and /debug/quiesce share. It is to quiesce what pkg/internal is to
 // controller-runtime.
 //
-// drain imports this package, so this package cannot name *drain.Executor. drain embeds
-// Hidden in its Executor under an unexported field name; its method is promoted, so that a
-// *drain.Executor is an Executor here, and Of gives its Core, all typed, with nothing added
-// to drain's public API:
+// drain imports this package, so this package cannot name *drain.Executor. drain sets the
+// hook CoreOf in its init (the pattern of grpc's internal package); Of gives an executor's
+// Core, all typed, with nothing added to drain's public API:
 //
 //	err := internal.Of(ex).Go(ctx, internal.CallOptions{Name: name, Daemon: true}, fn)
 //

@@ -2,11 +2,9 @@ package reconcilers_test
 
 import (
 	"context"
-	"slices"
 	"strconv"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/go-logr/logr"
 	"k8s.io/client-go/util/workqueue"
@@ -18,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/quiesce-dev/quiesce/drain"
+	"github.com/quiesce-dev/quiesce/internal/benchpair"
 	"github.com/quiesce-dev/quiesce/internal"
 	"github.com/quiesce-dev/quiesce/reconcilers"
 )
@@ -123,7 +122,7 @@ func BenchmarkReconcileLoopInterleaved(b *testing.B) {
 				}
 			}
 			// The time ratio unwrapped/wrapped is the throughput ratio wrapped/unwrapped.
-			_, _, ratio := interleaved(b, 100, "unwrapped", feed(unwrapped, 0), "wrapped", feed(wrapped, 1))
+			_, _, ratio := benchpair.Interleaved(b, 100, "unwrapped", feed(unwrapped, 0), "wrapped", feed(wrapped, 1))
 			b.ReportMetric(ratio, "wrapped/unwrapped-throughput")
 		})
 	}
@@ -141,7 +140,7 @@ func BenchmarkReconcileDirectInterleaved(b *testing.B) {
 	w := reconcilers.Wrap(drivenExecutor(b), "bench", r, reconcilers.WrapOptions{})
 	wrapped := func() { _, _ = w.Reconcile(context.Background(), req) }
 	unwrapped := func() { _, _ = r.Reconcile(context.Background(), req) }
-	wrappedNs, unwrappedNs, _ := interleaved(b, 1000, "wrapped", func(n int) {
+	wrappedNs, unwrappedNs, _ := benchpair.Interleaved(b, 1000, "wrapped", func(n int) {
 		for range n {
 			wrapped()
 		}
@@ -180,48 +179,6 @@ func startLoop(b *testing.B, name string, workers int, wrap func(reconcile.Recon
 	b.Cleanup(stop)
 	l.events = events
 	return l
-}
-
-// interleaved runs b.N iterations of each of two cases, alternately, block at a time (the
-// first of each pair in turn). It reports the median over the blocks of each case's ns/op
-// in place of ns/op, and returns those medians and the median ratio of the first's time to
-// the second's.
-func interleaved(
-	b *testing.B, block int, name1 string, run1 func(n int), name2 string, run2 func(n int),
-) (ns1, ns2, ratio float64) {
-	b.Helper()
-	var per1, per2, ratios []float64
-	b.ResetTimer()
-	for done := 0; done < b.N; {
-		n := min(block, b.N-done)
-		var t1, t2 time.Duration
-		if len(ratios)%2 == 0 {
-			t1, t2 = timed(run1, n), timed(run2, n)
-		} else {
-			t2, t1 = timed(run2, n), timed(run1, n)
-		}
-		per1 = append(per1, float64(t1.Nanoseconds())/float64(n))
-		per2 = append(per2, float64(t2.Nanoseconds())/float64(n))
-		ratios = append(ratios, float64(t1)/float64(t2))
-		done += n
-	}
-	b.StopTimer()
-	ns1, ns2, ratio = median(per1), median(per2), median(ratios)
-	b.ReportMetric(0, "ns/op")
-	b.ReportMetric(ns1, name1+"-ns/op")
-	b.ReportMetric(ns2, name2+"-ns/op")
-	return ns1, ns2, ratio
-}
-
-func timed(run func(n int), n int) time.Duration {
-	t0 := time.Now()
-	run(n)
-	return time.Since(t0)
-}
-
-func median(xs []float64) float64 {
-	slices.Sort(xs)
-	return xs[len(xs)/2]
 }
 
 // runController starts a controller of controller-runtime named name, fed by the returned

@@ -463,4 +463,3 @@ func BenchmarkReportInterleaved(b *testing.B) {
 		b.Fatal(err)
 	}
 }
-

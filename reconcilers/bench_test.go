@@ -16,8 +16,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/quiesce-dev/quiesce/drain"
-	"github.com/quiesce-dev/quiesce/internal/benchpair"
 	"github.com/quiesce-dev/quiesce/internal"
+	"github.com/quiesce-dev/quiesce/internal/benchpair"
 	"github.com/quiesce-dev/quiesce/reconcilers"
 )
 

@@ -6,7 +6,8 @@
 // GinkgoWriter, or nothing, as Options.Output), and the Gomega matchers (HaveExitedGracefully,
 // HaveAbandoned, HaveLogged) take a *Result.
 //
-// A test builds the operator once per process (Build, cached), then, for each spec:
+// A test builds the operator once per process (Build, cached; with -race when the test runs
+// with it), then, for each spec:
 //
 //	op, err := shutdowntest.Start(ctx, shutdowntest.Options{Package: "./cmd", Dir: root, Env: testEnv})
 //	DeferCleanup(op.Kill)

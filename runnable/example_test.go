@@ -22,17 +22,25 @@ import (
 // mgr.Start returned, Err says whether calls had to be abandoned.
 func ExampleAdd() {
 	// In an operator: ctrl.GetConfigOrDie() and your usual options.
-	mgr, err := ctrl.NewManager(&rest.Config{Host: "http://127.0.0.1:1"}, ctrl.Options{
+	cfg := &rest.Config{Host: "http://127.0.0.1:1"}
+	mgrOpts := ctrl.Options{
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
-	})
+	}
+	// With leader election on, quiesce watches the lease: calls end with the leadership.
+	if err := runnable.ObserveLease(cfg, &mgrOpts); err != nil {
+		fmt.Println(err)
+		return
+	}
+	mgr, err := ctrl.NewManager(cfg, mgrOpts)
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 	q, err := runnable.Add(mgr, runnable.Options{
-		GracePeriod: 25 * time.Second, // below GracefulShutdownTimeout
-		CancelAfter: 20 * time.Second, // let reconciles finish
+		ManagerOptions: &mgrOpts,         // as given to ctrl.NewManager
+		GracePeriod:    25 * time.Second, // below GracefulShutdownTimeout
+		CancelAfter:    20 * time.Second, // let reconciles finish
 	})
 	if err != nil {
 		fmt.Println(err)

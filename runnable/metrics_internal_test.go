@@ -81,7 +81,7 @@ func TestStoppedRunnablesAreFoldedAndReleased(t *testing.T) {
 	// Half of the Runnables stop as usual; the others find their executor drained
 	// already, and refuse a call first.
 	run := func(i int) {
-		r, err := Add(stubManager{}, Options{})
+		r, err := Add(stubManager{}, Options{ManagerOptions: &manager.Options{}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -200,7 +200,7 @@ func histogramCount(t *testing.T, controller string) uint64 {
 }
 
 func TestCallDurationByController(t *testing.T) {
-	r, err := Add(stubManager{}, Options{})
+	r, err := Add(stubManager{}, Options{ManagerOptions: &manager.Options{}})
 	if err != nil {
 		t.Fatal(err)
 	}

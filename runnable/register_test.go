@@ -42,7 +42,8 @@ func TestMetricsRegisteredAtAdd(t *testing.T) {
 	if registered() {
 		t.Fatal("quiesce metrics are in metrics.Registry before any Add")
 	}
-	if _, err := runnable.Add(newManager(t, &ctrl.Options{}), runnable.Options{}); err != nil {
+	var opts ctrl.Options
+	if _, err := runnable.Add(newManager(t, &opts), runnable.Options{ManagerOptions: &opts}); err != nil {
 		t.Fatal(err)
 	}
 	if !registered() {

@@ -123,12 +123,11 @@ func review(namespace, name string) string {
 		namespace, name, name)
 }
 
-// replica is a Runnable with its stop procedure and webhook server, wired as Add wires
-// them, under a manager played by the test in controller-runtime's order: the signal
-// context goes through StopContext; when the manager's context ends, it stops the
-// runnables that need no leader election (the stop procedure), waits for them, then the
-// leader-election group (the Runnable), then the webhooks. loseLease plays the lease
-// loss: every group stopped at once, nothing waited for.
+// replica is a Runnable and its webhook server, wired as Add wires them, under a manager
+// played by the test in controller-runtime's order: the signal context goes through
+// StopContext; when the manager's context ends, it stops the runnables that need no leader
+// election (the Runnable), waits for them, then the leader-election group (here empty),
+// then the webhooks.
 type replica struct {
 	r     *Runnable
 	ws    *webhookServer
@@ -138,19 +137,17 @@ type replica struct {
 	sigterm                               context.CancelFunc // the first SIGTERM
 	stopOthers, stopElected, stopWebhooks context.CancelFunc
 	others, elected, webhooks             chan error
-	lost                                  chan struct{}
 	stopped                               chan struct{} // the manager's stop is over
 }
 
-func newReplica(t *testing.T, opts Options, leader bool) *replica {
+func newReplica(t *testing.T, opts Options) *replica {
 	t.Helper()
 	logs := &lines{}
 	opts.Logger = logs.logger()
-	rp := &replica{inner: newFakeServer(), logs: logs, lost: make(chan struct{}), stopped: make(chan struct{}),
+	rp := &replica{inner: newFakeServer(), logs: logs, stopped: make(chan struct{}),
 		others: make(chan error, 1), elected: make(chan error, 1), webhooks: make(chan error, 1)}
 	rp.ws = WebhookServer(rp.inner).(*webhookServer)
 	rp.r = newRunnable(withDefaults(opts), false)
-	rp.r.stop.procedure.Store(true) // as Add does
 	if !rp.ws.connect(rp.r) {
 		t.Fatal("connect failed")
 	}
@@ -162,28 +159,18 @@ func newReplica(t *testing.T, opts Options, leader bool) *replica {
 	elected, stopElected := context.WithCancel(context.Background())
 	rp.stopWebhooks, rp.stopOthers, rp.stopElected = stopWebhooks, stopOthers, stopElected
 	go func() { rp.webhooks <- rp.ws.Start(webhooks) }()
-	go func() { rp.others <- (&stopper{r: rp.r}).Start(others) }()
-	if leader {
-		go func() { rp.elected <- rp.r.Start(elected) }()
-	} else {
-		rp.elected <- nil
-	}
+	go func() { rp.others <- rp.r.Start(others) }()
+	go func() { <-elected.Done(); rp.elected <- nil }()
 	go func() {
 		defer close(rp.stopped)
-		select {
-		case <-mgrCtx.Done():
-			stopOthers()
-			errOthers := <-rp.others
-			stopElected()
-			<-rp.elected //nolint:errcheck // the Runnable's result: Err, which the tests check
-			stopWebhooks()
-			if err := errors.Join(errOthers, <-rp.webhooks); err != nil {
-				t.Errorf("the stop procedure or the webhook server returned %v", err)
-			}
-		case <-rp.lost:
-			stopOthers()
-			stopElected()
-			stopWebhooks()
+		<-mgrCtx.Done()
+		stopOthers()
+		<-rp.others //nolint:errcheck // the Runnable's result: Err, which the tests check
+		stopElected()
+		<-rp.elected //nolint:errcheck // the empty leader-election group
+		stopWebhooks()
+		if err := <-rp.webhooks; err != nil {
+			t.Errorf("the webhook server returned %v", err)
 		}
 	}()
 	t.Cleanup(func() {
@@ -203,7 +190,7 @@ func (rp *replica) stop() error {
 
 func TestShutdownDelayOnTheLeader(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		rp := newReplica(t, Options{GracePeriod: 10 * time.Second, ShutdownDelay: 5 * time.Second}, true)
+		rp := newReplica(t, Options{GracePeriod: 10 * time.Second, ShutdownDelay: 5 * time.Second})
 		release := make(chan struct{})
 		var ctxErr error
 		rp.ws.Register("/validate", http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
@@ -294,7 +281,7 @@ func TestShutdownDelayOnTheLeader(t *testing.T) {
 func TestStandbyDrainsItsWebhookCalls(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rp := newReplica(t, Options{GracePeriod: 4 * time.Second, ShutdownDelay: time.Second,
-			CancelAfter: -1}, false)
+			CancelAfter: -1})
 		release := make(chan struct{})
 		defer close(release)
 		rp.ws.Register("/mutate", http.HandlerFunc(func(http.ResponseWriter, *http.Request) { <-release })) // hangs
@@ -332,7 +319,7 @@ func TestStandbyDrainsItsWebhookCalls(t *testing.T) {
 // its webhooks stop), and the drain begins when the manager's stop begins.
 func TestNoDelayKeepsReadiness(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		rp := newReplica(t, Options{}, true)
+		rp := newReplica(t, Options{})
 		release := make(chan struct{})
 		if err := rp.r.ex.Go(context.Background(), "job", func(context.Context) error { <-release; return nil }); err != nil {
 			t.Fatal(err)
@@ -355,60 +342,12 @@ func TestNoDelayKeepsReadiness(t *testing.T) {
 	})
 }
 
-// The lease is lost: controller-runtime stops every group at once. Every call's context
-// ends at once, with the cause, and the calls stay tracked and reported.
-func TestLeaseLostFences(t *testing.T) {
+// A Runnable whose lease nobody observes (leader election off) never fences: its calls
+// end at CancelAfter, and no line speaks of leadership.
+func TestNoFenceWithoutLease(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		rp := newReplica(t, Options{GracePeriod: 10 * time.Second}, true)
-		ended := make(chan error, 2)
-		release := make(chan struct{})
-		for _, name := range []string{"a", "b"} {
-			if err := rp.r.ex.Go(context.Background(), name, func(ctx context.Context) error {
-				<-ctx.Done()
-				ended <- context.Cause(ctx)
-				<-release // still running after its context ended
-				return nil
-			}); err != nil {
-				t.Fatal(err)
-			}
-		}
-		begin := time.Now()
-		close(rp.lost)
-		for range 2 {
-			if err := <-ended; !errors.Is(err, errLeadershipLost) {
-				t.Errorf("cause = %v, want %v", err, errLeadershipLost)
-			}
-		}
-		if took := time.Since(begin); took != 0 {
-			t.Errorf("the calls were cancelled %v after the lease was lost, want at once", took)
-		}
-		if p := rp.r.Executor().Pending(); len(p) != 2 {
-			t.Errorf("Pending after the fence = %+v, want both calls still tracked", p)
-		}
-		synctest.Wait()
-		if l := rp.logs.line("Leadership lost: cancelling calls"); !strings.Contains(l, `"cancelled"=2`) {
-			t.Errorf("fence line = %q, want cancelled=2", l)
-		}
-		close(release)
-		<-rp.r.Done()
-		if err := rp.r.Err(); err != nil {
-			t.Errorf("Err = %v", err)
-		}
-		<-rp.stopped
-		for _, ch := range []chan error{rp.others, rp.elected, rp.webhooks} {
-			if err := <-ch; err != nil {
-				t.Errorf("a group returned %v", err)
-			}
-		}
-	})
-}
-
-// A Runnable that needs no leader election stops with the stop procedure: that is no lease
-// loss, and it does not fence.
-func TestNoFenceOutsideTheLeaderElectionGroup(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		r := newRunnable(withDefaults(Options{NeedLeaderElection: new(bool), GracePeriod: 10 * time.Second}), false)
-		r.stop.procedure.Store(true)
+		logs := &lines{}
+		r := newRunnable(withDefaults(Options{GracePeriod: 10 * time.Second, Logger: logs.logger()}), false)
 		var cause error
 		if err := r.ex.Go(context.Background(), "job", func(ctx context.Context) error {
 			<-ctx.Done()
@@ -418,36 +357,36 @@ func TestNoFenceOutsideTheLeaderElectionGroup(t *testing.T) {
 			t.Fatal(err)
 		}
 		ctx, stop := context.WithCancel(context.Background())
-		errs := make(chan error, 2)
-		go func() { errs <- (&stopper{r: r}).Start(ctx) }()
+		errs := make(chan error, 1)
 		go func() { errs <- r.Start(ctx) }()
 		synctest.Wait()
 		begin := time.Now()
 		stop()
-		for range 2 {
-			if err := <-errs; err != nil {
-				t.Fatal(err)
-			}
+		if err := <-errs; err != nil {
+			t.Fatal(err)
 		}
 		if took := time.Since(begin); took != 8*time.Second || errors.Is(cause, errLeadershipLost) {
 			t.Errorf("the call ended after %v with %v, want at CancelAfter (8s), not fenced", took, cause)
 		}
+		if l := logs.line("Leadership lost: cancelling calls"); l != "" {
+			t.Errorf("logged %s with no lease", l)
+		}
 	})
 }
 
-// With a ShutdownDelay, the stop procedure refuses to start unless the manager's context
+// With a ShutdownDelay, the Runnable refuses to start unless the manager's context
 // came from StopContext: the delay would not keep every controller serving.
 func TestDelayWithoutStopContextFailsAtStart(t *testing.T) {
 	r := newRunnable(withDefaults(Options{ShutdownDelay: time.Second}), false)
-	err := (&stopper{r: r}).Start(context.Background())
+	err := r.Start(context.Background())
 	if err == nil || !strings.Contains(err.Error(), "mgr.Start(q.StopContext(ctx))") {
-		t.Fatalf("stop procedure Start = %v, want the StopContext error", err)
+		t.Fatalf("Start = %v, want the StopContext error", err)
 	}
 }
 
 func TestWebhookContextEndsWhenTheClientGoesAway(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		rp := newReplica(t, Options{}, true)
+		rp := newReplica(t, Options{})
 		ended := make(chan error, 1)
 		rp.ws.Register("/v", http.HandlerFunc(func(_ http.ResponseWriter, req *http.Request) {
 			<-req.Context().Done()
@@ -530,14 +469,14 @@ func TestWebhookServerNotConnected(t *testing.T) {
 	WebhookServer(nil)
 }
 
-// A stop procedure with no delay and no webhook server stays as quiet as a plain Runnable.
+// A stop with no delay and no webhook server, and nothing pending, logs nothing.
 func TestStopWithoutDelayIsQuiet(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		logs := &lines{}
 		r := newRunnable(withDefaults(Options{Logger: logs.logger()}), false)
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
-		if err := (&stopper{r: r}).Start(ctx); err != nil {
+		if err := r.Start(ctx); err != nil {
 			t.Fatal(err)
 		}
 		if m := logs.messages(); len(m) != 0 {
@@ -560,7 +499,7 @@ func TestStopWithPendingCallsLogsItsTimeline(t *testing.T) {
 		}
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
-		if err := (&stopper{r: r}).Start(ctx); err != nil {
+		if err := r.Start(ctx); err != nil {
 			t.Fatal(err)
 		}
 		want := []string{"Stop began", "Draining executor", "Waiting for pending calls", "All calls returned"}
@@ -618,7 +557,7 @@ func TestValidate(t *testing.T) {
 		{Options{CancelAfter: 30 * time.Second}, "CancelAfter (30s) must be below GracePeriod (25s)"},
 		{Options{CancelAfter: -1}, ""},
 		{Options{GracePeriod: 40 * time.Second}, "GracePeriod (40s) must be below the manager's " +
-			"GracefulShutdownTimeout (30s, controller-runtime's default; pass the manager's Options as ManagerOptions if you set it): " +
+			"GracefulShutdownTimeout (30s, controller-runtime's default, as ManagerOptions set none): " +
 			"raise GracefulShutdownTimeout in the manager's Options above 40s"},
 		{Options{GracePeriod: 30 * time.Second}, "GracePeriod (30s) must be below"},
 		// The delay comes before the manager's stop (StopContext): not in its budget.
@@ -626,7 +565,13 @@ func TestValidate(t *testing.T) {
 		{Options{GracePeriod: 8 * time.Second, ManagerOptions: &managerOptions{GracefulShutdownTimeout: ptr.To(4 * time.Second)}},
 			"GracefulShutdownTimeout (4s, from ManagerOptions)"},
 		{Options{GracePeriod: time.Hour, ManagerOptions: &managerOptions{GracefulShutdownTimeout: ptr.To(time.Duration(-1))}}, ""},
+		{Options{ManagerOptions: &managerOptions{LeaderElection: true}},
+			"call runnable.ObserveLease(cfg, &mgrOpts) before ctrl.NewManager(cfg, mgrOpts)"},
+		{Options{ManagerOptions: &managerOptions{LeaderElection: true, LeaderElectionResourceLockInterface: &leaseObserver{}}}, ""},
 	} {
+		if tc.opts.ManagerOptions == nil {
+			tc.opts.ManagerOptions = &managerOptions{}
+		}
 		err := validate(tc.opts)
 		switch {
 		case tc.want == "" && err != nil:

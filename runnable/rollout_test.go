@@ -40,6 +40,7 @@ func TestAddRejectsBadOptions(t *testing.T) {
 		want string
 	}{
 		{"negative delay", runnable.Options{ShutdownDelay: -time.Second}, ctrl.Options{}, "ShutdownDelay is -1s"},
+		{"no ManagerOptions", runnable.Options{}, ctrl.Options{}, "Options.ManagerOptions is nil: set it to the ctrl.Options"},
 		{"grace at the default budget", runnable.Options{GracePeriod: 30 * time.Second}, ctrl.Options{},
 			"raise GracefulShutdownTimeout in the manager's Options above 30s"},
 		{"grace beyond the budget", runnable.Options{GracePeriod: 8 * time.Second},
@@ -50,7 +51,7 @@ func TestAddRejectsBadOptions(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			mgr := newManager(t, &tc.mgr)
 			tc.opts.ManagerOptions = &tc.mgr
-			if tc.name == "grace at the default budget" {
+			if tc.name == "no ManagerOptions" {
 				tc.opts.ManagerOptions = nil
 			}
 			_, err := runnable.Add(mgr, tc.opts)
@@ -68,14 +69,14 @@ func TestAddRejectsBadOptions(t *testing.T) {
 func TestSecondAddOnOneManagerFails(t *testing.T) {
 	var opts ctrl.Options
 	mgr := newManager(t, &opts)
-	if _, err := runnable.Add(mgr, runnable.Options{}); err != nil {
+	if _, err := runnable.Add(mgr, runnable.Options{ManagerOptions: &opts}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := runnable.Add(mgr, runnable.Options{}); err == nil || !strings.Contains(err.Error(), "once per manager") {
+	if _, err := runnable.Add(mgr, runnable.Options{ManagerOptions: &opts}); err == nil || !strings.Contains(err.Error(), "once per manager") {
 		t.Fatalf("second Add = %v, want a once-per-manager error", err)
 	}
 	// Another manager is another story.
-	if _, err := runnable.Add(newManager(t, &opts), runnable.Options{}); err != nil {
+	if _, err := runnable.Add(newManager(t, &opts), runnable.Options{ManagerOptions: &opts}); err != nil {
 		t.Fatalf("Add on a second manager = %v", err)
 	}
 }

@@ -55,7 +55,7 @@ type Options struct {
 
 	// ShutdownDelay is how long everything keeps serving once the stop began (SIGTERM),
 	// before the manager's stop begins; default 0. It needs the manager started with
-	// StopContext (mgr.Start(q.StopContext(ctx))); Add's stop procedure fails to start
+	// StopContext (mgr.Start(q.StopContext(ctx))); the Runnable fails to start
 	// otherwise. From SIGTERM on, ReadyzCheck fails on every replica, leader and
 	// standbys, so that Services stop routing to the pod, while webhooks, controllers
 	// (with and without leader election), probes and metrics keep serving; a
@@ -69,18 +69,22 @@ type Options struct {
 	// It is timed on Options.Clock.
 	ShutdownDelay time.Duration
 
-	// ManagerOptions are the Options given to ctrl.NewManager, if known. Add reads:
+	// ManagerOptions are the Options given to ctrl.NewManager; Add requires them. Add reads:
 	// GracefulShutdownTimeout (nil: controller-runtime's default, 30s; negative: no
-	// limit) to check GracePeriod against it; Metrics.BindAddress, to say once when
-	// /debug/quiesce cannot be served ("0": the metrics server is off); and WebhookServer,
-	// which Add connects to the Runnable when it is a WebhookServer. nil: Add assumes
-	// controller-runtime's defaults, and a WebhookServer stays unconnected (its Start
-	// fails).
+	// limit) to check GracePeriod against it; LeaderElection, and then the lease observer
+	// that ObserveLease installed in LeaderElectionResourceLockInterface (Add fails without
+	// it); Metrics, to serve DebugPath only behind the metrics server's FilterProvider
+	// (see DebugWithoutFilter); and WebhookServer, which Add connects to the Runnable when
+	// it is a WebhookServer.
 	ManagerOptions *manager.Options
 
-	// NeedLeaderElection is what NeedLeaderElection returns. nil: true (see
-	// Runnable.NeedLeaderElection for why).
-	NeedLeaderElection *bool
+	// DebugWithoutFilter serves DebugPath on a metrics server that has no FilterProvider
+	// (kubebuilder's --metrics-secure=false): anyone who reaches the metrics port then
+	// reads the names of the objects in flight and the code lines they wait on, and each
+	// request captures every goroutine's stack. false (the default): Add serves DebugPath
+	// only behind ManagerOptions.Metrics.FilterProvider (authentication and authorization,
+	// as for /metrics), and logs once that it is off otherwise.
+	DebugWithoutFilter bool
 
 	// Clock stamps the calls and times the reports, CancelAfter and ShutdownDelay (not
 	// GracePeriod, on real time). nil: clock.RealClock{}.
@@ -100,8 +104,11 @@ type Runnable struct {
 	log     logr.Logger
 	clock   clock.WithTickerAndDelayedExecution // the executor's: stamps calls, times ShutdownDelay
 	grace   time.Duration
-	elected bool
 	metered bool // created by Add: in the metrics until the drain is over
+	// eventsBudget bounds how long the Observers (Events) may take over the abandoned
+	// calls, so that Start returns before the manager gives up waiting.
+	eventsBudget time.Duration
+	lease        atomic.Pointer[leaseObserver] // connected by Add, when leader election is on
 
 	stop *stopState // see stop.go
 
@@ -122,17 +129,16 @@ var (
 )
 
 // New returns a Runnable owning a new executor configured by opts. It is not added
-// to a manager: Add does that, with its readyz check, metrics, debug handler and stop
-// procedure (ShutdownDelay, the webhook server, standbys).
+// to a manager: Add does that, with its readyz check, metrics, debug handler, the lease
+// observer and the webhook server; New ignores ManagerOptions and DebugWithoutFilter.
 //
 // The executor is the Runnable's from its creation: the contexts of the reconciles wrapped
 // with reconcilers.Wrap end by its drain (Options.CancelAfter), not by controller-runtime's
 // cancellation, so that in-flight work finishes; an executor of drain.New leaves contexts as
-// they are. A Runnable of New drains only when the context given to its Start ends: it is
-// for tests and programs without a manager. In a manager use Add, whose stop procedure
-// drains on every replica as the manager's stop begins (mgr.Add(New(...)) would drain only
-// with the leader-election group, after the controllers that need no leader election,
-// which then wait for their shielded reconciles).
+// they are. A Runnable of New drains when the context given to its Start ends: it is for
+// tests and programs without a manager. Given to mgr.Add, it stops as Add's does (first,
+// on every replica), but with leader election on nothing fences its calls when the lease
+// is lost: in a manager use Add.
 func New(opts Options) *Runnable { return newRunnable(withDefaults(opts), false) }
 
 // withDefaults fills in the documented defaults of opts.
@@ -147,10 +153,6 @@ func withDefaults(opts Options) Options {
 }
 
 func newRunnable(opts Options, metered bool) *Runnable {
-	elected := true
-	if opts.NeedLeaderElection != nil {
-		elected = *opts.NeedLeaderElection
-	}
 	var clk clock.WithTickerAndDelayedExecution = clock.RealClock{}
 	if opts.Clock != nil {
 		clk = opts.Clock
@@ -170,12 +172,12 @@ func newRunnable(opts Options, metered bool) *Runnable {
 		internal.Of(ex).Settings().AfterCall = observeCall
 	}
 	r := &Runnable{
-		ex:      ex,
-		log:     opts.Logger,
-		clock:   clk,
-		grace:   opts.GracePeriod,
-		elected: elected,
-		metered: metered,
+		ex:           ex,
+		log:          opts.Logger,
+		clock:        clk,
+		grace:        opts.GracePeriod,
+		metered:      metered,
+		eventsBudget: maxEventsBudget,
 		stop: &stopState{
 			delay:    opts.ShutdownDelay,
 			stopping: make(chan struct{}),
@@ -190,21 +192,26 @@ func newRunnable(opts Options, metered bool) *Runnable {
 func (r *Runnable) core() internal.Core { return internal.Of(r.ex) }
 
 // Add creates a Runnable as New does and adds it to mgr, with ReadyzCheck as the readyz
-// check "quiesce", the executor's metrics in controller-runtime's metrics.Registry, the
+// check "quiesce", the executor's metrics in controller-runtime's metrics.Registry, and the
 // Runnable itself (ServeHTTP) at DebugPath on the manager's metrics server, behind its
-// FilterProvider like /metrics, and its stop procedure: a small runnable that needs no
-// leader election, so that it runs on every replica and the manager stops it first: the
-// drain begins when the manager's stop begins, for every controller (see stop.go). It
-// connects the manager's WebhookServer, if Options.ManagerOptions hold one.
+// FilterProvider like /metrics (see Options.DebugWithoutFilter). It connects what
+// Options.ManagerOptions hold: the lease observer of ObserveLease (required when leader
+// election is on) and a WebhookServer.
 //
-// It must be called before mgr.Start, once per manager: a second Add on the same manager
-// returns an error. It checks opts first, and
-// returns an error naming the value to change when ShutdownDelay is negative, when
-// CancelAfter > 0 is not below GracePeriod, or
-// when GracePeriod is not below the manager's GracefulShutdownTimeout. An Add that fails
-// adds nothing to mgr and leaves the WebhookServer unconnected, unless mgr itself refuses
-// a runnable (it started already). When ManagerOptions say that the metrics server is off,
-// it logs once that DebugPath is not served.
+// The Runnable needs no leader election: it runs on every replica, leader and standbys,
+// and controller-runtime stops it first, with the other runnables that need none, and
+// waits for it before it stops the leader-election group (pkg/manager/internal.go,
+// engageStopProcedure, v0.22 through v0.25): the drain begins as the manager's stop
+// begins, for every controller.
+//
+// It must be called before mgr.Start, once per manager. It checks opts first, and returns
+// an error naming the value to change when ManagerOptions is nil, when leader election is
+// on but ObserveLease was not called, when ShutdownDelay is negative, when CancelAfter > 0
+// is not below GracePeriod, when GracePeriod is not below the manager's
+// GracefulShutdownTimeout, or on a second Add on one manager. Add is atomic: it makes the
+// registrations that can fail first, and an Add that fails leaves mgr as it was (a
+// corrected Add works, and so does mgr.Start without quiesce). When DebugPath is not
+// served (no metrics server, or no FilterProvider), it logs once why.
 //
 // The metrics hold the executor until the drain is over, then keep only its counters.
 func Add(mgr manager.Manager, opts Options) (*Runnable, error) {
@@ -214,9 +221,11 @@ func Add(mgr manager.Manager, opts Options) (*Runnable, error) {
 	if err := validate(opts); err != nil {
 		return nil, fmt.Errorf("failed to add quiesce runnable: %w", err)
 	}
-	var ws *webhookServer
-	if opts.ManagerOptions != nil {
-		ws, _ = opts.ManagerOptions.WebhookServer.(*webhookServer)
+	mo := opts.ManagerOptions
+	ws, _ := mo.WebhookServer.(*webhookServer)
+	var lease *leaseObserver
+	if mo.LeaderElection {
+		lease = mo.LeaderElectionResourceLockInterface.(*leaseObserver) // validate checked it
 	}
 	if opts.Logger.GetSink() == nil {
 		opts.Logger = mgr.GetLogger().WithName("quiesce")
@@ -226,47 +235,92 @@ func Add(mgr manager.Manager, opts Options) (*Runnable, error) {
 	}
 	opts = withDefaults(opts)
 	r := newRunnable(opts, true)
-	if ws != nil && !ws.connect(r) {
-		return nil, errors.New("failed to add quiesce runnable: " +
-			"its WebhookServer is connected to another Runnable already (use one WebhookServer per manager)")
-	}
+	r.eventsBudget = eventsBudget(opts.GracePeriod, mo)
+
+	// Every step that can fail comes first, each undone if a later one fails; from the
+	// readyz check on, nothing fails on a manager that has not started.
 	if !added.claim(mgr) {
-		if ws != nil {
-			ws.disconnect(r)
-		}
 		return nil, errors.New("failed to add quiesce runnable: " +
 			"this manager has one already (call runnable.Add once per manager)")
 	}
-	if err := mgr.AddReadyzCheck("quiesce", r.ReadyzCheck); err != nil {
+	if ws != nil && !ws.connect(r) {
 		added.release(mgr)
-		if ws != nil {
-			ws.disconnect(r)
+		return nil, errors.New("failed to add quiesce runnable: " +
+			"its WebhookServer is connected to another Runnable already (use one WebhookServer per manager)")
+	}
+	if lease != nil && !lease.connect(r) {
+		ws.disconnect(r)
+		added.release(mgr)
+		return nil, errors.New("failed to add quiesce runnable: the lease observer of its ManagerOptions " +
+			"is connected to another Runnable already (call ObserveLease on each manager's own Options)")
+	}
+	undo := func() {
+		lease.disconnect(r)
+		ws.disconnect(r)
+		added.release(mgr)
+	}
+	serveDebug := r.debugServed(opts)
+	if serveDebug {
+		if err := mgr.AddMetricsServerExtraHandler(DebugPath, r); err != nil {
+			undo()
+			return nil, fmt.Errorf("failed to add quiesce debug handler at %s: %w", DebugPath, err)
 		}
+	}
+	if err := mgr.AddReadyzCheck("quiesce", r.ReadyzCheck); err != nil {
+		undo()
 		return nil, fmt.Errorf("failed to add quiesce readyz check: %w", err)
 	}
-	// Before mgr.Start: the Runnable's Start, in another group, must know, however the
-	// goroutines of the groups are scheduled, that the stop procedure drains.
-	r.stop.procedure.Store(true)
 	// Tracked before mgr.Add, which may start r at once: a drain over before it was
 	// tracked would leave it tracked for good.
 	stats.track(r)
-	if err := mgr.Add(&stopper{r: r}); err != nil {
-		stats.fold(r)
-		return nil, fmt.Errorf("failed to add quiesce stop procedure: %w", err)
-	}
 	if err := mgr.Add(r); err != nil {
+		stats.fold(r)
+		undo()
 		return nil, fmt.Errorf("failed to add quiesce runnable: %w", err)
 	}
-	if mo := opts.ManagerOptions; mo != nil && mo.Metrics.BindAddress == "0" {
+	if lease != nil {
+		r.lease.Store(lease)
+		// The elector's Events ("became leader"), as controller-runtime records them.
+		rec := mgr.GetEventRecorderFor(lease.Identity())
+		lease.events.to.Store(&rec)
+	}
+	return r, nil
+}
+
+// debugServed reports whether Add serves DebugPath, and logs once why not.
+func (r *Runnable) debugServed(opts Options) bool {
+	m := opts.ManagerOptions.Metrics
+	switch {
+	case m.BindAddress == "0":
 		r.log.Info("Not serving /debug/quiesce: the manager's metrics server is off", "path", DebugPath,
 			"howToServe", "set Metrics.BindAddress in the manager's Options, "+
 				"or serve the Runnable (an http.Handler) on a server of your own")
-		return r, nil
+		return false
+	case m.FilterProvider == nil && !opts.DebugWithoutFilter:
+		r.log.Info("Not serving /debug/quiesce: the metrics server authenticates no one", "path", DebugPath,
+			"howToServe", "set Metrics.FilterProvider (kubebuilder: --metrics-secure), "+
+				"or Options.DebugWithoutFilter to serve it to anyone who reaches the metrics port")
+		return false
 	}
-	if err := mgr.AddMetricsServerExtraHandler(DebugPath, r); err != nil {
-		return nil, fmt.Errorf("failed to add quiesce debug handler: %w", err)
+	return true
+}
+
+// maxEventsBudget bounds how long the Observers (WrapOptions.Recorder's Events) may take over
+// the abandoned calls: they read each object from the API server.
+const maxEventsBudget = 5 * time.Second
+
+// eventsBudget is how long the Observers may take over the abandoned calls: half the time
+// between the end of the grace period and the manager's GracefulShutdownTimeout, at most
+// maxEventsBudget, so that Start returns before the manager gives up waiting.
+func eventsBudget(grace time.Duration, mo *manager.Options) time.Duration {
+	timeout := defaultGracefulShutdownTimeout
+	if mo.GracefulShutdownTimeout != nil {
+		timeout = *mo.GracefulShutdownTimeout
 	}
-	return r, nil
+	if timeout < 0 {
+		return maxEventsBudget
+	}
+	return min(maxEventsBudget, (timeout-grace)/2)
 }
 
 // defaultGracefulShutdownTimeout is controller-runtime's default GracefulShutdownTimeout.
@@ -275,6 +329,15 @@ const defaultGracefulShutdownTimeout = 30 * time.Second
 // validate checks the options Add is given, before their defaults are filled in, and says
 // which value to change.
 func validate(opts Options) error {
+	mo := opts.ManagerOptions
+	if mo == nil {
+		return errors.New("Options.ManagerOptions is nil: set it to the ctrl.Options given to ctrl.NewManager " +
+			"(quiesce reads their GracefulShutdownTimeout, leader election, metrics server and webhook server)")
+	}
+	if _, ok := mo.LeaderElectionResourceLockInterface.(*leaseObserver); mo.LeaderElection && !ok {
+		return errors.New("leader election is on, but quiesce does not observe the lease: " +
+			"call runnable.ObserveLease(cfg, &mgrOpts) before ctrl.NewManager(cfg, mgrOpts)")
+	}
 	grace := opts.GracePeriod
 	if grace <= 0 {
 		grace = DefaultGracePeriod
@@ -286,13 +349,9 @@ func validate(opts Options) error {
 		return fmt.Errorf("CancelAfter (%v) must be below GracePeriod (%v): lower CancelAfter, or raise GracePeriod",
 			opts.CancelAfter, grace)
 	}
-	timeout := defaultGracefulShutdownTimeout
-	source := "controller-runtime's default; pass the manager's Options as ManagerOptions if you set it"
-	if mo := opts.ManagerOptions; mo != nil {
-		source = "controller-runtime's default, as ManagerOptions set none"
-		if mo.GracefulShutdownTimeout != nil {
-			timeout, source = *mo.GracefulShutdownTimeout, "from ManagerOptions"
-		}
+	timeout, source := defaultGracefulShutdownTimeout, "controller-runtime's default, as ManagerOptions set none"
+	if mo.GracefulShutdownTimeout != nil {
+		timeout, source = *mo.GracefulShutdownTimeout, "from ManagerOptions"
 	}
 	if timeout < 0 { // the manager waits for its runnables as long as they take
 		return nil
@@ -308,16 +367,11 @@ func validate(opts Options) error {
 // Executor returns the executor the Runnable owns and drains. Pass it to reconcilers.Wrap.
 func (r *Runnable) Executor() *drain.Executor { return r.ex }
 
-// NeedLeaderElection reports whether the manager starts the Runnable only once elected
-// (Options.NeedLeaderElection, true by default).
-//
-// Where the drain runs does not depend on it: for a Runnable created by Add, the stop
-// procedure drains on every replica as the manager's stop begins. In the leader-election
-// group (the default), the Runnable also fences: when the lease is lost, controller-runtime
-// stops every group at once, with no grace, because another replica may lead already; the
-// Runnable then ends the context of every tracked call at once ("Leadership lost:
-// cancelling calls"), and they stay tracked and reported.
-func (r *Runnable) NeedLeaderElection() bool { return r.elected }
+// NeedLeaderElection is false: the Runnable runs on every replica, leader and standbys, and
+// controller-runtime stops it first, before the leader-election group (see Add). Fencing,
+// when the lease is lost, comes from the lease itself (ObserveLease), not from the group
+// the Runnable runs in.
+func (r *Runnable) NeedLeaderElection() bool { return false }
 
 // ReadyzCheck is a healthz.Checker that fails from the moment the stop began, when there is
 // a ShutdownDelay (on every replica: see StopContext), so that Services stop sending work to
@@ -336,23 +390,29 @@ func (r *Runnable) ReadyzCheck(*http.Request) error {
 	return nil
 }
 
-// Start blocks until ctx ends, then until the drain is over, and returns its result. It
-// returns nil when every call returned. Otherwise it logs the calls it abandoned as one
-// error line (the oldest 20, and how many more) and returns an error that counts them,
-// points at the log, and wraps the *drain.PendingError listing them all (errors.As),
-// itself wrapping context.DeadlineExceeded; with no Logger, it logs nothing and returns
-// the *drain.PendingError itself.
+// Start blocks until ctx ends, then drains, and returns the drain's result. It returns
+// nil when every call returned. Otherwise it logs the calls it abandoned as one error line
+// (the oldest 20, and how many more) and returns an error that counts them, points at the
+// log, and wraps the *drain.PendingError listing them all (errors.As), itself wrapping
+// context.DeadlineExceeded; with no Logger, it logs nothing and returns the
+// *drain.PendingError itself.
 //
-// The drain refuses new calls and waits up to GracePeriod for the tracked ones to return,
-// while the executor logs what it still waits for. For a Runnable created by Add, the stop
-// procedure runs it as the manager's stop begins, on every replica, and Start, stopped
-// later with the leader-election group, only waits for its end; if ctx ends while the
-// drain is still going, controller-runtime did not wait for it: the lease was lost, and
-// Start fences (see NeedLeaderElection). For a Runnable created by New, Start drains when
-// ctx ends. A Runnable starts once: a second Start returns an error at once.
+// The drain is the stop procedure, one step at a time: the stop begins (at the end of
+// ShutdownDelay, StopContext logged its start); the executor refuses new calls and waits up
+// to GracePeriod for the tracked ones (reconciles of both groups, their calls, daemons and
+// webhook calls), while it logs what it still waits for; then the leader-election group,
+// the caches and the webhooks stop. A lost lease (ObserveLease) starts the drain early,
+// with every call's context ended. A Runnable starts once: a second Start returns an error
+// at once, and so does a Start with a ShutdownDelay when the manager's context did not come
+// from StopContext.
 func (r *Runnable) Start(ctx context.Context) error {
 	if !r.started.CompareAndSwap(false, true) {
 		return errors.New("failed to start quiesce runnable: already started")
+	}
+	if r.stop.delay > 0 && !r.stop.delayed.Load() {
+		return fmt.Errorf("failed to start quiesce runnable: ShutdownDelay is %v, "+
+			"but the manager's context does not come from StopContext: start the manager with "+
+			"mgr.Start(q.StopContext(ctx)), or set no ShutdownDelay", r.stop.delay)
 	}
 	select {
 	case <-r.ex.Draining():
@@ -366,13 +426,13 @@ func (r *Runnable) Start(ctx context.Context) error {
 	default:
 	}
 	<-ctx.Done()
-	if r.elected && r.stop.procedure.Load() {
-		select {
-		case <-r.stopped: // the stop procedure drained: the normal stop
-		default:
-			r.fence()
-		}
-	}
+
+	// Step 1: the stop began.
+	r.beginStop()
+
+	// Step 2: drain every tracked call of this replica, leader or standby, within
+	// GracePeriod. The leader-election group, the caches and the webhooks stop after this
+	// returns.
 	r.startDrain()
 	<-r.stopped
 	return r.err
@@ -422,8 +482,11 @@ func (r *Runnable) drain() error {
 	err = r.abandon(log, pe)
 
 	// Step 4: tell the executor's observers (reconcilers.WrapOptions.Recorder queues an Event
-	// on each abandoned reconcile's object), before Start and so mgr.Start return.
-	r.core().Abandoned(context.Background())
+	// on each abandoned reconcile's object), before Start and so mgr.Start return; they read
+	// from the API server, so within a budget that leaves the manager time to return.
+	ectx, ecancel := context.WithTimeout(context.Background(), r.eventsBudget)
+	defer ecancel()
+	r.core().Abandoned(ectx)
 	return err
 }
 
@@ -478,8 +541,7 @@ func (r *Runnable) finish(err error) {
 	close(r.stopped)
 }
 
-// Done returns a channel closed when the drain is over: when Start returns, or, on a
-// standby (whose Start never runs), when the stop procedure drained.
+// Done returns a channel closed when the drain is over, as Start returns.
 func (r *Runnable) Done() <-chan struct{} { return r.stopped }
 
 // Err returns the drain's result, once Done is closed: nil when every call returned, or

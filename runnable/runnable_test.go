@@ -13,7 +13,6 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 	"go.uber.org/goleak"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/quiesce-dev/quiesce/drain"
@@ -54,12 +53,10 @@ func messages(lines []string) []string {
 	return out
 }
 
+// The Runnable runs on every replica: fencing comes from the lease, not from its group.
 func TestNeedLeaderElection(t *testing.T) {
-	if !runnable.New(runnable.Options{}).NeedLeaderElection() {
-		t.Error("default NeedLeaderElection = false, want true")
-	}
-	if runnable.New(runnable.Options{NeedLeaderElection: ptr.To(false)}).NeedLeaderElection() {
-		t.Error("NeedLeaderElection with the option false = true")
+	if runnable.New(runnable.Options{}).NeedLeaderElection() {
+		t.Error("NeedLeaderElection = true, want false")
 	}
 }
 
@@ -104,7 +101,7 @@ func TestStartDrainsWhenAllCallsReturnInTime(t *testing.T) {
 		if err := r.Err(); err != nil {
 			t.Fatalf("Err = %v", err)
 		}
-		want := []string{"Draining executor", "Waiting for pending calls", "All calls returned"}
+		want := []string{"Stop began", "Draining executor", "Waiting for pending calls", "All calls returned"}
 		if got := messages(logs.all()); strings.Join(got, "|") != strings.Join(want, "|") {
 			t.Fatalf("log messages = %q, want %q", got, want)
 		}

@@ -3,7 +3,6 @@ package runnable
 import (
 	"context"
 	"errors"
-	"fmt"
 	"reflect"
 	"sync"
 	"sync/atomic"
@@ -18,9 +17,8 @@ import (
 type stopState struct {
 	delay time.Duration
 
-	procedure atomic.Bool // Add added the stop procedure, which drains (set before mgr.Start)
-	delayed   atomic.Bool // StopContext was called: the manager's stop comes after the delay
-	waited    atomic.Bool // calls were pending when the stop or the drain began
+	delayed atomic.Bool // StopContext was called: the manager's stop comes after the delay
+	waited  atomic.Bool // calls were pending when the stop or the drain began
 
 	beginOnce sync.Once
 	at        time.Time     // when the stop began; written before stopping is closed
@@ -41,6 +39,9 @@ func (s *stopState) began() bool {
 // a ShutdownDelay, and webhook responses close their connections.
 func (r *Runnable) beginStop() {
 	r.stop.beginOnce.Do(func() {
+		if l := r.lease.Load(); l != nil {
+			l.stop() // no campaigning from now on
+		}
 		r.stop.at = time.Now()
 		if r.ex.Stats().InFlight > 0 {
 			r.stop.waited.Store(true)
@@ -73,7 +74,7 @@ func (r *Runnable) sinceStop() []any {
 // context can keep them all serving.
 //
 // A second SIGTERM during the delay still exits at once (ctrl.SetupSignalHandler). With
-// ShutdownDelay > 0, Add's stop procedure refuses to start unless the manager's context
+// ShutdownDelay > 0, the Runnable refuses to start unless the manager's context
 // came from StopContext; with no delay it is optional (the stop's timeline then counts
 // from ctx's end). Call it once, before mgr.Start.
 func (r *Runnable) StopContext(ctx context.Context) context.Context {
@@ -96,42 +97,6 @@ func (r *Runnable) StopContext(ctx context.Context) context.Context {
 // errLeadershipLost is the cause of the contexts that the fence ends.
 var errLeadershipLost = errors.New("leader election lost")
 
-// stopper is the stop procedure that Add adds to the manager. It does not need leader
-// election, so it runs on every replica, and controller-runtime stops it first, with the
-// other runnables that need no leader election, and waits for it before it stops the
-// leader-election group (pkg/manager/internal.go, engageStopProcedure, v0.22 through
-// v0.25). So the drain begins when the manager's stop begins, for the controllers of both
-// groups, and the webhooks, stopped last, serve until it is over.
-type stopper struct{ r *Runnable }
-
-var _ manager.LeaderElectionRunnable = (*stopper)(nil)
-
-// NeedLeaderElection is false: the stop procedure runs on standbys too.
-func (s *stopper) NeedLeaderElection() bool { return false }
-
-// Start blocks until ctx ends, then runs the stop procedure, one step at a time. It fails at
-// once when ShutdownDelay is set and the manager's context did not come from StopContext.
-func (s *stopper) Start(ctx context.Context) error {
-	r := s.r
-	if r.stop.delay > 0 && !r.stop.delayed.Load() {
-		r.stop.procedure.Store(false) // the manager stops before its stop: nothing to fence
-		return fmt.Errorf("failed to start quiesce stop procedure: ShutdownDelay is %v, "+
-			"but the manager's context does not come from StopContext: start the manager with "+
-			"mgr.Start(q.StopContext(ctx)), or set no ShutdownDelay", r.stop.delay)
-	}
-	<-ctx.Done()
-
-	// Step 1: the stop began (at the end of ShutdownDelay, StopContext logged its start).
-	r.beginStop()
-
-	// Step 2: drain every tracked call of this replica, leader or standby, within
-	// GracePeriod: reconciles of both groups, their calls, daemons and webhook calls. The
-	// leader-election group, the caches and the webhooks stop after this returns.
-	r.startDrain()
-	<-r.stopped
-	return nil
-}
-
 // startDrain starts the drain, once, on a goroutine of its own; r.stopped is closed when it
 // is over.
 func (r *Runnable) startDrain() {
@@ -141,13 +106,24 @@ func (r *Runnable) startDrain() {
 	})
 }
 
-// fence ends the contexts of every tracked call at once: the lease was lost, so another
-// replica may lead already, and controller-runtime gives its runnables no grace.
-func (r *Runnable) fence() {
+// fence ends the contexts of every tracked call at once: the lease was lost (the lease
+// observer saw it, see ObserveLease), so another replica may lead already, and
+// controller-runtime gives its runnables no grace. The stop begins, if it had not, and the
+// drain with it: no call is admitted any more, and the calls still running stay tracked
+// and reported.
+func (r *Runnable) fence(lastRenewal time.Time, renewDeadline time.Duration, reason string) {
+	r.beginStop()
 	r.startDrain()
 	<-r.ex.Draining() // every call still running is listed, and no other is admitted
 	n := r.core().Fence(errLeadershipLost)
-	safely(func() { r.log.Info("Leadership lost: cancelling calls", append(r.sinceStop(), "cancelled", n)...) })
+	safely(func() {
+		r.log.Info("Leadership lost: cancelling calls", append(r.sinceStop(),
+			"reason", reason,
+			"lastRenewal", lastRenewal.UTC().Format(time.RFC3339Nano),
+			"sinceLastRenewal", r.clock.Since(lastRenewal).Round(time.Millisecond).String(),
+			"renewDeadline", renewDeadline.String(),
+			"cancelled", n)...)
+	})
 }
 
 // safely runs log, a call of the Logger, and contains a panic in it: these lines are logged

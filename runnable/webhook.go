@@ -75,7 +75,11 @@ var _ webhook.Server = (*webhookServer)(nil)
 func (s *webhookServer) connect(r *Runnable) bool { return s.r.CompareAndSwap(nil, r) }
 
 // disconnect undoes connect(r), for an Add that failed.
-func (s *webhookServer) disconnect(r *Runnable) { s.r.CompareAndSwap(r, nil) }
+func (s *webhookServer) disconnect(r *Runnable) {
+	if s != nil {
+		s.r.CompareAndSwap(r, nil)
+	}
+}
 
 // NeedLeaderElection is the inner server's (false for controller-runtime's).
 func (s *webhookServer) NeedLeaderElection() bool { return s.inner.NeedLeaderElection() }

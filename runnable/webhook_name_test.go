@@ -347,7 +347,7 @@ func TestAdmissionNotConnected(t *testing.T) {
 // still named after the request.
 func TestAdmissionOnceTheStopBegan(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		rp := newReplica(t, Options{GracePeriod: 10 * time.Second, ShutdownDelay: 5 * time.Second}, true)
+		rp := newReplica(t, Options{GracePeriod: 10 * time.Second, ShutdownDelay: 5 * time.Second})
 		names := &callNames{}
 		rp.ws.Register("/v", &admission.Webhook{Handler: names})
 		rp.sigterm()

@@ -75,7 +75,7 @@ var _ = Describe("Options.Recorder", func() {
 			ns := newNamespace(ctx)
 			mgr := newManager(inNamespace(ns))
 			var logs logLines
-			q, err := runnable.Add(mgr, runnable.Options{
+			q, err := addQuiesce(mgr, runnable.Options{
 				Logger: logs.logger(), SlowAfter: 500 * time.Millisecond, ReportEvery: 500 * time.Millisecond,
 				GracePeriod: 2 * time.Second,
 			})

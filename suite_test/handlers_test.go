@@ -81,7 +81,7 @@ func startHandlers(ns, name string, hs []lifecycle.Handler[*corev1.ConfigMap], o
 func newHandlers(ns, name string, hs []lifecycle.Handler[*corev1.ConfigMap], opts lifecycle.HandlersOptions) (manager.Manager, *runnable.Runnable) {
 	GinkgoHelper()
 	mgr := newManager(handlersCacheIn(ns))
-	q, err := runnable.Add(mgr, runnable.Options{GracePeriod: 20 * time.Second})
+	q, err := addQuiesce(mgr, runnable.Options{GracePeriod: 20 * time.Second})
 	Expect(err).NotTo(HaveOccurred())
 	opts.Recorder = broadcaster.NewRecorder(scheme.Scheme, name)
 	r, err := lifecycle.Handlers(q.Executor(), mgr.GetClient(), name, nil, hs, opts)

@@ -144,7 +144,7 @@ func startHeartbeats(ns string, logs *logLines, hold <-chan struct{}, opts runna
 	GinkgoHelper()
 	mgr := newManager(inNamespace(ns))
 	opts.Logger = logs.logger()
-	q, err := runnable.Add(mgr, opts)
+	q, err := addQuiesce(mgr, opts)
 	Expect(err).NotTo(HaveOccurred())
 	h = &heartbeats{
 		Client:  mgr.GetClient(),

@@ -31,8 +31,17 @@ func newNamespace(ctx context.Context) string {
 }
 
 // newManager makes a manager on the suite's control plane with no metrics or probe listeners
-// unless opts set them; the last opts' fields win.
-func newManager(mutate ...func(*manager.Options)) manager.Manager {
+// unless opts set them; the last opts' fields win. With leader election on, quiesce
+// observes its lease (runnable.ObserveLease), as an operator's main.go does; without a
+// Runnable connected, the observer passes every call through.
+func newManager(mutate ...func(*manager.Options)) manager.Manager { return makeManager(true, mutate...) }
+
+// newPlainManager is newManager without quiesce's lease observer: plain controller-runtime.
+func newPlainManager(mutate ...func(*manager.Options)) manager.Manager {
+	return makeManager(false, mutate...)
+}
+
+func makeManager(observeLease bool, mutate ...func(*manager.Options)) manager.Manager {
 	opts := manager.Options{
 		Scheme:                 scheme.Scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
@@ -43,9 +52,27 @@ func newManager(mutate ...func(*manager.Options)) manager.Manager {
 	for _, m := range mutate {
 		m(&opts)
 	}
+	if observeLease {
+		Expect(runnable.ObserveLease(cfg, &opts)).To(Succeed())
+	}
 	mgr, err := ctrl.NewManager(cfg, opts)
 	Expect(err).NotTo(HaveOccurred())
+	managerOptions.Store(mgr, &opts)
 	return mgr
+}
+
+// managerOptions holds the Options each manager of newManager was made with.
+var managerOptions sync.Map
+
+// addQuiesce is runnable.Add with o.ManagerOptions, when nil, set to the Options
+// newManager made mgr with, as main.go passes them.
+func addQuiesce(mgr manager.Manager, o runnable.Options) (*runnable.Runnable, error) {
+	if o.ManagerOptions == nil {
+		if mo, ok := managerOptions.Load(mgr); ok {
+			o.ManagerOptions = mo.(*manager.Options)
+		}
+	}
+	return runnable.Add(mgr, o)
 }
 
 // inNamespace restricts a manager's cache to ns, so that its controllers see only the

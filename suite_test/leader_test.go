@@ -44,7 +44,7 @@ var _ = Describe("Leader election with two managers", func() {
 				o.RetryPeriod = ptr.To(200 * time.Millisecond)
 			})
 			// CancelAfter: the handler may finish its 2 s of work after the stop.
-			q, err := runnable.Add(mgr, runnable.Options{CancelAfter: 10 * time.Second, GracePeriod: 15 * time.Second})
+			q, err := addQuiesce(mgr, runnable.Options{CancelAfter: 10 * time.Second, GracePeriod: 15 * time.Second})
 			Expect(err).NotTo(HaveOccurred())
 			Expect(ctrl.NewControllerManagedBy(mgr).For(&corev1.ConfigMap{}).Named("leader").
 				Complete(reconcilers.Wrap(q.Executor(), "leader", reconcile.Func(

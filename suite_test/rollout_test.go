@@ -29,7 +29,6 @@ var _ = Describe("A rolling update", func() {
 		cur := goleak.IgnoreCurrent()
 		ns := newNamespace(ctx)
 		candidate := func() (manager.Manager, *runnable.Runnable) {
-			var opts manager.Options
 			mgr := newManager(inNamespace(ns), func(o *manager.Options) {
 				o.LeaderElection = true
 				o.LeaderElectionID = "quiesce-rollout-spec"
@@ -39,9 +38,8 @@ var _ = Describe("A rolling update", func() {
 				o.RenewDeadline = ptr.To(3 * time.Second)
 				o.RetryPeriod = ptr.To(200 * time.Millisecond)
 				o.GracefulShutdownTimeout = ptr.To(20 * time.Second)
-				opts = *o
 			})
-			q, err := runnable.Add(mgr, runnable.Options{GracePeriod: 5 * time.Second, ShutdownDelay: 2 * time.Second, ManagerOptions: &opts})
+			q, err := addQuiesce(mgr, runnable.Options{GracePeriod: 5 * time.Second, ShutdownDelay: 2 * time.Second})
 			Expect(err).NotTo(HaveOccurred())
 			return mgr, q
 		}
@@ -81,13 +79,11 @@ var _ = Describe("A rolling update", func() {
 		ws := runnable.WebhookServer(webhook.NewServer(webhook.Options{
 			Host: certs.LocalServingHost, Port: certs.LocalServingPort, CertDir: certs.LocalServingCertDir,
 		}))
-		var opts manager.Options
 		mgr := newManager(func(o *manager.Options) {
 			o.WebhookServer = ws
 			o.GracefulShutdownTimeout = ptr.To(20 * time.Second)
-			opts = *o
 		})
-		q, err := runnable.Add(mgr, runnable.Options{GracePeriod: 10 * time.Second, ShutdownDelay: 2 * time.Second, ManagerOptions: &opts})
+		q, err := addQuiesce(mgr, runnable.Options{GracePeriod: 10 * time.Second, ShutdownDelay: 2 * time.Second})
 		Expect(err).NotTo(HaveOccurred())
 
 		release, releaseAll := releaser()
@@ -163,15 +159,15 @@ var _ = Describe("A rolling update", func() {
 
 	It("should refuse bad options at Add, naming the value to change", func() {
 		mgr := newManager()
-		_, err := runnable.Add(mgr, runnable.Options{ShutdownDelay: -time.Second})
+		_, err := addQuiesce(mgr, runnable.Options{ShutdownDelay: -time.Second})
 		Expect(err).To(MatchError(ContainSubstring("ShutdownDelay is -1s")))
-		_, err = runnable.Add(mgr, runnable.Options{GracePeriod: 30 * time.Second})
+		_, err = addQuiesce(mgr, runnable.Options{GracePeriod: 30 * time.Second})
 		Expect(err).To(MatchError(ContainSubstring("raise GracefulShutdownTimeout in the manager's Options above 30s")))
-		_, err = runnable.Add(mgr, runnable.Options{GracePeriod: 10 * time.Second, CancelAfter: 12 * time.Second})
+		_, err = addQuiesce(mgr, runnable.Options{GracePeriod: 10 * time.Second, CancelAfter: 12 * time.Second})
 		Expect(err).To(MatchError(ContainSubstring("CancelAfter (12s) must be below GracePeriod (10s)")))
-		_, err = runnable.Add(mgr, runnable.Options{})
+		_, err = addQuiesce(mgr, runnable.Options{})
 		Expect(err).NotTo(HaveOccurred())
-		_, err = runnable.Add(mgr, runnable.Options{})
+		_, err = addQuiesce(mgr, runnable.Options{})
 		Expect(err).To(MatchError(ContainSubstring("once per manager")))
 
 		ws := runnable.WebhookServer(webhook.NewServer(webhook.Options{}))

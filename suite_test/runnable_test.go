@@ -145,7 +145,7 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 		cur := goleak.IgnoreCurrent()
 		ns := newNamespace(ctx)
 		mgr := newManager(inNamespace(ns))
-		q, err := runnable.Add(mgr, runnable.Options{
+		q, err := addQuiesce(mgr, runnable.Options{
 			CancelAfter: 10 * time.Second,
 			GracePeriod: 15 * time.Second,
 		})
@@ -192,7 +192,7 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 		ns := newNamespace(ctx)
 		mgr := newManager(inNamespace(ns), func(o *manager.Options) { o.GracefulShutdownTimeout = ptr.To(30 * time.Second) })
 		var logs logLines
-		q, err := runnable.Add(mgr, runnable.Options{
+		q, err := addQuiesce(mgr, runnable.Options{
 			Logger: logs.logger(), ReportAfter: 500 * time.Millisecond, ReportEvery: time.Second,
 			GracePeriod: 3 * time.Second,
 			// At once: the reconcile returns and only the executor waits for the call (detached).
@@ -262,7 +262,7 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 		ns := newNamespace(ctx)
 		mgr := newManager(inNamespace(ns))
 		var logs logLines
-		q, err := runnable.Add(mgr, runnable.Options{Logger: logs.logger(), ReportAfter: time.Millisecond})
+		q, err := addQuiesce(mgr, runnable.Options{Logger: logs.logger(), ReportAfter: time.Millisecond})
 		Expect(err).NotTo(HaveOccurred())
 		reconciled := make(chan struct{}, 1)
 		Expect(ctrl.NewControllerManagedBy(mgr).For(&corev1.ConfigMap{}).Named("quiet").
@@ -292,7 +292,7 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 			o.HealthProbeBindAddress = probeAddr
 			o.Metrics = metricsserver.Options{BindAddress: metricsAddr}
 		})
-		q, err := runnable.Add(mgr, runnable.Options{GracePeriod: 2 * time.Second})
+		q, err := addQuiesce(mgr, runnable.Options{GracePeriod: 2 * time.Second})
 		Expect(err).NotTo(HaveOccurred())
 
 		hold, release := releaser()
@@ -379,7 +379,7 @@ var _ = Describe("runnable.Add", func() {
 		stop()
 		Eventually(done).Should(Receive(BeNil()))
 
-		_, err := runnable.Add(mgr, runnable.Options{})
+		_, err := addQuiesce(mgr, runnable.Options{})
 		Expect(err).To(MatchError(ContainSubstring("failed to add quiesce")))
 		expectNoLeaks(cur)
 	})

@@ -169,8 +169,11 @@ func newMatrixReplica(ctx context.Context, c stopCell, ns, id string, withQuiesc
 		ws = runnable.WebhookServer(ws)
 	}
 
-	var opts manager.Options
-	r.mgr = newManager(inNamespace(ns), func(o *manager.Options) {
+	makeMgr := newPlainManager
+	if withQuiesce {
+		makeMgr = newManager
+	}
+	r.mgr = makeMgr(inNamespace(ns), func(o *manager.Options) {
 		o.WebhookServer = ws
 		o.GracefulShutdownTimeout = ptr.To(matrixShutdownTimeout)
 		if c.leaderElection {
@@ -182,15 +185,13 @@ func newMatrixReplica(ctx context.Context, c stopCell, ns, id string, withQuiesc
 			o.RenewDeadline = ptr.To(matrixRenewDeadline)
 			o.RetryPeriod = ptr.To(matrixRetryPeriod)
 		}
-		opts = *o
 	})
 	if withQuiesce {
 		var err error
-		r.q, err = runnable.Add(r.mgr, runnable.Options{
+		r.q, err = addQuiesce(r.mgr, runnable.Options{
 			Logger:         r.logs.logger().WithName(id),
 			GracePeriod:    matrixGrace,
 			ShutdownDelay:  c.delay,
-			ManagerOptions: &opts,
 		})
 		Expect(err).NotTo(HaveOccurred())
 	}

@@ -49,7 +49,7 @@ func runStuck(ctx context.Context, withQuiesce bool) stuckRun {
 	})
 	if withQuiesce {
 		var err error
-		run.q, err = runnable.Add(mgr, runnable.Options{GracePeriod: 2 * time.Second,
+		run.q, err = addQuiesce(mgr, runnable.Options{GracePeriod: 2 * time.Second,
 			ReportAfter: 500 * time.Millisecond, ReportEvery: time.Second})
 		Expect(err).NotTo(HaveOccurred())
 		r = reconcilers.Wrap(run.q.Executor(), "inline", r, reconcilers.WrapOptions{})

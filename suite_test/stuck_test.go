@@ -43,7 +43,7 @@ var _ = Describe("A stuck reconcile", func() {
 				o.Metrics = metricsserver.Options{BindAddress: metricsAddr}
 			})
 			var logs logLines
-			q, err := runnable.Add(mgr, runnable.Options{
+			q, err := addQuiesce(mgr, runnable.Options{
 				Logger: logs.logger(), SlowAfter: time.Second, ReportEvery: time.Second,
 			})
 			Expect(err).NotTo(HaveOccurred())
@@ -120,7 +120,7 @@ var _ = Describe("A stuck reconcile", func() {
 			o.Logger = logs.logger()
 			o.GracefulShutdownTimeout = ptr.To(5 * time.Second)
 		})
-		q, err := runnable.Add(mgr, runnable.Options{
+		q, err := addQuiesce(mgr, runnable.Options{
 			ReportAfter: 500 * time.Millisecond, ReportEvery: time.Second,
 			GracePeriod: 2 * time.Second,
 		})
@@ -203,7 +203,7 @@ var _ = Describe("/debug/quiesce", func() {
 				FilterProvider: bearerTokenFilter,
 			}
 		})
-		_, err := runnable.Add(mgr, runnable.Options{})
+		_, err := addQuiesce(mgr, runnable.Options{})
 		Expect(err).NotTo(HaveOccurred())
 		stop, done := startManager(mgr)
 

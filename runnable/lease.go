@@ -1,0 +1,294 @@
+package runnable
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/leaderelection"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/recorder"
+)
+
+// defaultRenewDeadline is controller-runtime's default RenewDeadline.
+const defaultRenewDeadline = 10 * time.Second
+
+// ObserveLease lets quiesce observe this replica's lease, so that the contexts it keeps
+// alive end with the replica's leadership. Call it on the manager's Options once they are
+// complete, before ctrl.NewManager; Add (Options.ManagerOptions: the same Options)
+// connects it. With opts.LeaderElection off it does nothing; with it on, Add fails
+// unless ObserveLease was called.
+//
+// It sets opts.LeaderElectionResourceLockInterface to the lock that controller-runtime
+// would use (leaderelection.NewResourceLock, from opts' LeaderElectionID,
+// LeaderElectionNamespace, LeaderElectionResourceLock, RenewDeadline and
+// LeaderElectionLabels, on opts.LeaderElectionConfig or else cfg), or to the lock opts hold
+// already, wrapped: every read and write of the lease goes through unchanged, and quiesce
+// sees each renewal. Then:
+//
+//   - fencing: the context of every tracked call ends, with the cause "leader election
+//     lost", RenewDeadline after the last renewal that succeeded unless another one
+//     succeeded meanwhile (client-go's elector gives the lease up no earlier), or as soon
+//     as a read of the lease shows another holder; one line, "Leadership lost: cancelling
+//     calls", says when the last renewal succeeded. From then on the replica never writes
+//     the lease again, so its elector gives up too and the manager stops, as
+//     controller-runtime stops on a lost lease. This holds in steady state, during
+//     ShutdownDelay and during the drain;
+//   - no campaigning once the stop began: from the start of the stop (SIGTERM, the start
+//     of ShutdownDelay) a replica that does not hold the lease never acquires it (its
+//     elector logs the refused write); the leader renews it until its drain is over, and
+//     releases it then if LeaderElectionReleaseOnCancel is set.
+//
+// With opts.LeaderElectionConfig set (the lease in another cluster), the elector's
+// Events ("became leader") are not recorded. ObserveLease is idempotent.
+func ObserveLease(cfg *rest.Config, opts *manager.Options) error {
+	if opts == nil {
+		return errors.New("failed to observe the lease: nil manager Options")
+	}
+	if !opts.LeaderElection {
+		return nil
+	}
+	if _, ok := opts.LeaderElectionResourceLockInterface.(*leaseObserver); ok {
+		return nil
+	}
+	deadline := defaultRenewDeadline
+	if opts.RenewDeadline != nil {
+		deadline = *opts.RenewDeadline
+	}
+	l := &leaseObserver{inner: opts.LeaderElectionResourceLockInterface, renewDeadline: deadline}
+	if l.inner == nil {
+		lcfg := cfg
+		if opts.LeaderElectionConfig != nil {
+			lcfg = opts.LeaderElectionConfig
+		}
+		if lcfg == nil {
+			return errors.New("failed to observe the lease: nil rest.Config (pass the one given to ctrl.NewManager)")
+		}
+		var events recorder.Provider = &l.events
+		if opts.LeaderElectionConfig != nil {
+			events = noEvents{}
+		}
+		inner, err := leaderelection.NewResourceLock(lcfg, events, leaderelection.Options{
+			LeaderElection:             true,
+			LeaderElectionResourceLock: opts.LeaderElectionResourceLock,
+			LeaderElectionID:           opts.LeaderElectionID,
+			LeaderElectionNamespace:    opts.LeaderElectionNamespace,
+			RenewDeadline:              deadline,
+			LeaderLabels:               opts.LeaderElectionLabels,
+		})
+		if err != nil {
+			return fmt.Errorf("failed to observe the lease: %w", err)
+		}
+		l.inner = inner
+	}
+	opts.LeaderElectionResourceLockInterface = l
+	return nil
+}
+
+// errNotCampaigning is the error of a write that would acquire the lease once the stop began.
+var errNotCampaigning = errors.New("quiesce: this replica is stopping: it does not acquire the lease")
+
+// errLeaseLost is the error of every write of the lease once quiesce fenced.
+var errLeaseLost = errors.New("quiesce: the lease was lost: this replica no longer writes it")
+
+// leaseObserver is the resourcelock.Interface that ObserveLease installs: it passes every
+// call to inner and watches the outcome.
+type leaseObserver struct {
+	inner         resourcelock.Interface
+	renewDeadline time.Duration
+	events        lockEvents
+	r             atomic.Pointer[Runnable] // connected by Add
+
+	mu          sync.Mutex
+	held        bool        // the last write of ours that succeeded made us the holder
+	lost        bool        // fenced: no write from now on
+	stopping    bool        // the stop began: no acquisition
+	lastRenewal time.Time   // when the last successful renewal was sent, on the Runnable's clock
+	fence       clock.Timer // fires RenewDeadline after lastRenewal
+}
+
+var _ resourcelock.Interface = (*leaseObserver)(nil)
+
+// connect connects l to r; false if it is connected to another Runnable.
+func (l *leaseObserver) connect(r *Runnable) bool { return l.r.CompareAndSwap(nil, r) }
+
+// disconnect undoes connect(r), for an Add that failed.
+func (l *leaseObserver) disconnect(r *Runnable) {
+	if l != nil {
+		l.r.CompareAndSwap(r, nil)
+	}
+}
+
+func (l *leaseObserver) clock() clock.WithTickerAndDelayedExecution {
+	if r := l.r.Load(); r != nil {
+		return r.clock
+	}
+	return clock.RealClock{}
+}
+
+// Get reads the lease; a record held by another identity while this replica held it means
+// the lease is lost.
+func (l *leaseObserver) Get(ctx context.Context) (*resourcelock.LeaderElectionRecord, []byte, error) {
+	rec, raw, err := l.inner.Get(ctx)
+	if err == nil && rec != nil && rec.HolderIdentity != "" && rec.HolderIdentity != l.inner.Identity() {
+		l.lose(false)
+	}
+	return rec, raw, err
+}
+
+// Create creates the lease, as Update does.
+func (l *leaseObserver) Create(ctx context.Context, ler resourcelock.LeaderElectionRecord) error {
+	return l.write(ctx, ler, l.inner.Create)
+}
+
+// Update writes the lease: a renewal, an acquisition, or a release. Once the stop began a
+// write that would acquire the lease is refused, and once fenced every write of ours is.
+func (l *leaseObserver) Update(ctx context.Context, ler resourcelock.LeaderElectionRecord) error {
+	return l.write(ctx, ler, l.inner.Update)
+}
+
+func (l *leaseObserver) write(ctx context.Context, ler resourcelock.LeaderElectionRecord,
+	fn func(context.Context, resourcelock.LeaderElectionRecord) error,
+) error {
+	mine := ler.HolderIdentity == l.inner.Identity()
+	l.mu.Lock()
+	switch {
+	case mine && l.lost:
+		l.mu.Unlock()
+		return errLeaseLost
+	case mine && l.stopping && !l.held:
+		l.mu.Unlock()
+		return errNotCampaigning
+	}
+	l.mu.Unlock()
+	// Stamped before the write: the holder's renewal counts from no earlier than this.
+	sent := l.clock().Now()
+	if err := fn(ctx, ler); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !mine { // released (LeaderElectionReleaseOnCancel): a planned end, no fence
+		l.held = false
+		l.stopFence()
+		return nil
+	}
+	if l.lost {
+		return nil // sent before the fence: the elector gives up at its next renewal
+	}
+	l.held = true
+	if sent.After(l.lastRenewal) {
+		l.lastRenewal = sent
+		l.stopFence()
+		l.fence = l.clock().AfterFunc(l.renewDeadline-l.clock().Since(sent), l.expire)
+	}
+	return nil
+}
+
+func (l *leaseObserver) stopFence() {
+	if l.fence != nil {
+		l.fence.Stop()
+		l.fence = nil
+	}
+}
+
+// expire fences when RenewDeadline passed since the last renewal.
+func (l *leaseObserver) expire() {
+	l.mu.Lock()
+	due := l.held && !l.lost && l.clock().Since(l.lastRenewal) >= l.renewDeadline
+	l.mu.Unlock()
+	if due {
+		l.lose(true)
+	}
+}
+
+// lose marks the lease lost, once, and has the Runnable fence. expired: RenewDeadline
+// passed since the last renewal; otherwise another identity holds the lease.
+func (l *leaseObserver) lose(expired bool) {
+	l.mu.Lock()
+	if !l.held || l.lost {
+		l.mu.Unlock()
+		return
+	}
+	l.held, l.lost = false, true
+	l.stopFence()
+	last := l.lastRenewal
+	l.mu.Unlock()
+	if r := l.r.Load(); r != nil {
+		reason := "another replica holds the lease"
+		if expired {
+			reason = "no renewal within the renew deadline"
+		}
+		r.fence(last, l.renewDeadline, reason)
+	}
+}
+
+// stop marks the start of the stop: from now on the replica acquires no lease it does not hold.
+func (l *leaseObserver) stop() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.stopping = true
+}
+
+// RecordEvent, Identity and Describe are inner's.
+func (l *leaseObserver) RecordEvent(s string) { l.inner.RecordEvent(s) }
+func (l *leaseObserver) Identity() string     { return l.inner.Identity() }
+func (l *leaseObserver) Describe() string     { return l.inner.Describe() }
+
+// lockEvents is the recorder.Provider given to leaderelection.NewResourceLock: the lock's
+// Events go to the manager's recorder once Add connected it (mgr.GetEventRecorderFor, as
+// controller-runtime itself does), and are dropped before (the elector records none before
+// the manager starts). Embedding the interface keeps it a recorder.Provider across
+// controller-runtime releases; only GetEventRecorderFor is ever called.
+type lockEvents struct {
+	recorder.Provider
+	to atomic.Pointer[record.EventRecorder]
+}
+
+func (p *lockEvents) GetEventRecorderFor(string) record.EventRecorder { return (*lockRecorder)(p) }
+
+// noEvents drops the lock's Events.
+type noEvents struct{ recorder.Provider }
+
+func (noEvents) GetEventRecorderFor(string) record.EventRecorder { return (*lockRecorder)(nil) }
+
+// lockRecorder forwards to the recorder Add connected, if any.
+type lockRecorder lockEvents
+
+func (r *lockRecorder) get() record.EventRecorder {
+	if r == nil {
+		return nil
+	}
+	if p := r.to.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+func (r *lockRecorder) Event(obj runtime.Object, eventtype, reason, message string) {
+	if to := r.get(); to != nil {
+		to.Event(obj, eventtype, reason, message)
+	}
+}
+
+func (r *lockRecorder) Eventf(obj runtime.Object, eventtype, reason, messageFmt string, args ...any) {
+	if to := r.get(); to != nil {
+		to.Eventf(obj, eventtype, reason, messageFmt, args...)
+	}
+}
+
+func (r *lockRecorder) AnnotatedEventf(obj runtime.Object, annotations map[string]string,
+	eventtype, reason, messageFmt string, args ...any,
+) {
+	if to := r.get(); to != nil {
+		to.AnnotatedEventf(obj, annotations, eventtype, reason, messageFmt, args...)
+	}
+}

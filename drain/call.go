@@ -26,7 +26,6 @@ type call struct {
 
 	onCaller bool // Run: fn runs on the caller's goroutine
 	slot     bool // holds a MaxConcurrent slot, given back by finish
-	inSlot   bool // holds one, or runs in its outer call's: its nested calls take none
 	shielded bool // Context derives from context.Background: Value asks parent after it
 	labelled bool // parent carries pprof labels, which Run restores (see labels.go)
 

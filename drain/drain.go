@@ -411,7 +411,6 @@ func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn func(c
 	}
 	c := newCall(ctx, e, o, fn)
 	c.slot = slot
-	c.inSlot = slot || e.slots != nil && !o.Daemon && !o.NoSlot // else it runs in its outer call's
 	e.mu.Lock()
 	if e.isDraining {
 		e.mu.Unlock()
@@ -482,14 +481,15 @@ func stopTimer(t clock.Timer) {
 
 // needsSlot reports whether a call takes a MaxConcurrent slot: MaxConcurrent bounds
 // reconciles and their calls, so daemons and webhook calls take none, and a call made
-// inside a call of e that holds a slot runs in that slot (a reconcile's handler calls
-// cannot deadlock waiting for the slot their own reconcile holds).
+// inside a call of e runs where its outer call runs: in the slot the outer call holds (a
+// reconcile's handler calls cannot deadlock waiting for the slot their own reconcile
+// holds), or, inside a daemon or a webhook call, in none.
 func (e *Executor) needsSlot(ctx context.Context, o *internal.CallOptions) bool {
 	if e.slots == nil || o.Daemon || o.NoSlot {
 		return false
 	}
 	outer, ok := ctx.Value(internal.CallKey{}).(*call)
-	return !ok || outer.e != e || !outer.inSlot
+	return !ok || outer.e != e
 }
 
 // acquire takes a MaxConcurrent slot, giving up when ctx ends or the drain begins.

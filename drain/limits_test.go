@@ -287,7 +287,8 @@ func TestStress(t *testing.T) {
 
 // MaxConcurrent bounds reconciles and their calls: a call nested in a call holding a slot
 // runs in that slot (no self-deadlock with MaxConcurrent 1), and daemons and webhook calls
-// (internal.CallOptions Daemon, NoSlot) never wait for nor hold one.
+// (internal.CallOptions Daemon, NoSlot), and the calls nested in them, never wait for nor
+// hold one.
 func TestMaxConcurrentSlots(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ex := drain.New(drain.Options{MaxConcurrent: 1, CancelAfter: -1})
@@ -324,10 +325,17 @@ func TestMaxConcurrentSlots(t *testing.T) {
 		if err := ex.Call(ctx, "other", blocked); !errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("a second top-level call = %v, want to wait for the slot until its deadline", err)
 		}
-		// Still, a daemon and a webhook call start at once.
-		if err := core.Run(context.Background(), internal.CallOptions{Name: "webhook2", NoSlot: true},
-			func(context.Context) error { return nil }); err != nil {
-			t.Errorf("a webhook call with the slot taken = %v", err)
+		// Still, a daemon and a webhook call start at once, and so do the calls nested in
+		// them (reconcilers.Call in an admission handler or a daemon): they run where their
+		// outer call runs, in no slot.
+		for _, o := range []internal.CallOptions{{Name: "webhook2", NoSlot: true}, {Name: "daemon2", Daemon: true}} {
+			if err := core.Run(context.Background(), o, func(ctx context.Context) error {
+				return ex.Call(ctx, o.Name+"/inner", func(ctx context.Context) error {
+					return ex.Call(ctx, o.Name+"/inner/deeper", func(context.Context) error { return nil })
+				})
+			}); err != nil {
+				t.Errorf("%s and its nested calls with the slot taken = %v", o.Name, err)
+			}
 		}
 		close(release)
 		if err := <-done; err != nil {

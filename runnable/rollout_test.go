@@ -2,6 +2,8 @@ package runnable_test
 
 import (
 	"context"
+	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -209,4 +211,116 @@ func (s *hookSink) WithValues(kv ...any) logr.LogSink {
 
 func (s *hookSink) WithName(name string) logr.LogSink {
 	return &hookSink{LogSink: s.LogSink.WithName(name), hook: s.hook}
+}
+
+// With leader election on, Add refuses a manager whose lease quiesce does not observe,
+// and takes one that ObserveLease prepared.
+func TestAddNeedsTheLeaseObserved(t *testing.T) {
+	cfg := &rest.Config{Host: noAPIServer}
+	opts := ctrl.Options{LeaderElection: true, LeaderElectionID: "x.example.com", LeaderElectionNamespace: "ns",
+		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0"}
+	mgr, err := ctrl.NewManager(cfg, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := runnable.Add(mgr, runnable.Options{ManagerOptions: &opts}); err == nil ||
+		!strings.Contains(err.Error(), "call runnable.ObserveLease(cfg, &mgrOpts) before ctrl.NewManager") {
+		t.Fatalf("Add with an unobserved lease = %v, want an error naming ObserveLease", err)
+	}
+	if err := runnable.ObserveLease(cfg, &opts); err != nil {
+		t.Fatal(err)
+	}
+	mgr, err = ctrl.NewManager(cfg, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := runnable.Add(mgr, runnable.Options{ManagerOptions: &opts}); err != nil {
+		t.Fatalf("Add with the lease observed = %v", err)
+	}
+	// One observer serves one manager's Runnable.
+	other, err := ctrl.NewManager(cfg, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := runnable.Add(other, runnable.Options{ManagerOptions: &opts}); err == nil ||
+		!strings.Contains(err.Error(), "connected to another Runnable") {
+		t.Fatalf("Add with another manager's observer = %v, want an error", err)
+	}
+}
+
+// An Add that fails at its last fallible step (DebugPath taken on the metrics server)
+// leaves the manager as it was: the same error again, not "has one already", and the
+// manager starts and stops without quiesce.
+func TestFailedAddLeavesTheManagerAsItWas(t *testing.T) {
+	var logs capture
+	opts := ctrl.Options{HealthProbeBindAddress: "0", Logger: logs.logger(),
+		Metrics: metricsserver.Options{BindAddress: "127.0.0.1:0", FilterProvider: noFilter}}
+	mgr, err := ctrl.NewManager(&rest.Config{Host: noAPIServer}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mgr.AddMetricsServerExtraHandler(runnable.DebugPath, http.NotFoundHandler()); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := runnable.Add(mgr, runnable.Options{ManagerOptions: &opts, ShutdownDelay: time.Second}); err == nil ||
+			!strings.Contains(err.Error(), "failed to add quiesce debug handler at /debug/quiesce") {
+			t.Fatalf("Add = %v, want the debug handler's error", err)
+		}
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("mgr.Start after a failed Add = %v, want nil", err)
+	}
+	for _, l := range logs.all() {
+		if strings.Contains(l, "quiesce") {
+			t.Errorf("the manager logged %s after a failed Add", l)
+		}
+	}
+}
+
+// noFilter is a metrics FilterProvider that lets every request through: in a real
+// operator, filters.WithAuthenticationAndAuthorization.
+func noFilter(*rest.Config, *http.Client) (metricsserver.Filter, error) {
+	return func(_ logr.Logger, h http.Handler) (http.Handler, error) { return h, nil }, nil
+}
+
+// /debug/quiesce is served only behind the metrics server's filter, unless the user opts in.
+func TestDebugServedOnlyBehindAFilter(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		filter   func(*rest.Config, *http.Client) (metricsserver.Filter, error)
+		insecure bool
+		served   bool
+	}{
+		{"no filter", nil, false, false},
+		{"no filter, opted in", nil, true, true},
+		{"filter", noFilter, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var logs capture
+			opts := ctrl.Options{HealthProbeBindAddress: "0",
+				Metrics: metricsserver.Options{BindAddress: "127.0.0.1:0", FilterProvider: tc.filter}}
+			mgr, err := ctrl.NewManager(&rest.Config{Host: noAPIServer}, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := runnable.Add(mgr, runnable.Options{ManagerOptions: &opts, Logger: logs.logger(),
+				DebugWithoutFilter: tc.insecure}); err != nil {
+				t.Fatal(err)
+			}
+			// The path is free only if Add did not take it.
+			free := mgr.AddMetricsServerExtraHandler(runnable.DebugPath, http.NotFoundHandler()) == nil
+			if free == tc.served {
+				t.Errorf("DebugPath served = %t, want %t", !free, tc.served)
+			}
+			said := slices.Contains(messages(logs.all()), "Not serving /debug/quiesce: the metrics server authenticates no one")
+			if said == tc.served {
+				t.Errorf("logged that DebugPath is not served: %t, want %t (log %q)", said, !tc.served, logs.all())
+			}
+		})
+	}
 }

@@ -3,6 +3,7 @@ package drain
 import (
 	"context"
 	"sync"
+	"time"
 
 	"github.com/go-logr/logr"
 
@@ -18,6 +19,11 @@ func observed(calls []*call, ents []internal.Entry) []internal.Observed {
 	return out
 }
 
+// observeTimeout bounds how long the observers (reconcilers' Events, which read each object
+// from the API server) may take over one "Slow calls" line: the slow-call timer waits for
+// them.
+const observeTimeout = 5 * time.Second
+
 // observeSlow tells the observers obs of the slow calls of a "Slow calls" line: up to
 // internal.MaxObserved of them, located, where the line lists internal.MaxListed.
 func (e *Executor) observeSlow(obs []internal.Observer, calls []*call, ents []internal.Entry) {
@@ -25,7 +31,8 @@ func (e *Executor) observeSlow(obs []internal.Observer, calls []*call, ents []in
 		return
 	}
 	o := observed(calls, ents)
-	ctx := logr.NewContext(context.Background(), e.log)
+	ctx, cancel := context.WithTimeout(logr.NewContext(context.Background(), e.log), observeTimeout)
+	defer cancel()
 	for _, ob := range obs {
 		e.safely(func() { ob.Slow(ctx, o) })
 	}

@@ -26,6 +26,12 @@ type Settings struct {
 
 	// Observers are told of slow and abandoned calls (reconcilers.WrapOptions.Recorder adds one).
 	Observers Observers
+
+	// DrainOver, if set, is closed when the owner's drain is over (runnable.Runnable.Done).
+	// A wrapped reconcile that the drain refused waits for it, or for the end of its own
+	// context (its controller stops), before it asks to be requeued: a refused request
+	// comes back once per stop, not every RequeueAfter.
+	DrainOver <-chan struct{}
 }
 
 // CallOptions shape one tracked call started through Run, Call or Go.

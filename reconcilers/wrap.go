@@ -65,7 +65,8 @@ type WrapOptions struct {
 // Once ex drains, requests are requeued after WrapOptions.RequeueAfter instead of run, with one
 // V(1) log line: new ones, those whose context was cancelled before they began or while
 // they waited for a MaxConcurrent slot, and those that return an error wrapping
-// drain.ErrDraining. Wrap panics on a nil ex or r, or a misconfigured WrapOptions.Recorder.
+// drain.ErrDraining. When a runnable.Runnable drives ex, a refused request is held until its
+// drain is over (or its context ends) before it is requeued: once per stop. Wrap panics on a nil ex or r, or a misconfigured WrapOptions.Recorder.
 func Wrap(ex *drain.Executor, controller string, r reconcile.Reconciler, opts WrapOptions) reconcile.Reconciler {
 	if ex == nil || r == nil {
 		panic(fmt.Sprintf("reconcilers.Wrap(%q): nil executor or reconciler (executor nil: %t, reconciler nil: %t)",
@@ -139,9 +140,27 @@ func (w *wrapped[R]) Reconcile(ctx context.Context, req R) (reconcile.Result, er
 	// Refused by the drain (or a handler Call it made was), or cancelled by
 	// controller-runtime's stop while it waited for a MaxConcurrent slot: requeued.
 	if errors.Is(err, drain.ErrDraining) || !out.ran && errors.Is(err, context.Canceled) {
+		w.hold(ctx)
 		return w.requeue(ctx), nil
 	}
 	return out.res, err
+}
+
+// hold waits, with a request the drain refused, until the drain of the Runnable that owns
+// the executor is over or controller-runtime ends ctx (the controller stops), so that the
+// request is requeued once per stop rather than every RequeueAfter while controllers of the
+// leader-election group still run: controller-runtime's worker has nothing else to do, as
+// every request is refused. Both ends are bounded: the drain by GracePeriod, ctx by the
+// manager's stop. An executor that no Runnable drives is not waited for.
+func (w *wrapped[R]) hold(ctx context.Context) {
+	over := w.ex.Settings().DrainOver
+	if over == nil {
+		return
+	}
+	select {
+	case <-over:
+	case <-ctx.Done():
+	}
 }
 
 // requeue is the result of a request not run because the manager stops.

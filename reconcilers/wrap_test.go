@@ -20,6 +20,7 @@ import (
 	"github.com/quiesce-dev/quiesce/drain"
 	"github.com/quiesce-dev/quiesce/internal"
 	"github.com/quiesce-dev/quiesce/reconcilers"
+	"github.com/quiesce-dev/quiesce/runnable"
 )
 
 // TestMain checks that no goroutine outlives the tests, except the work queue's metrics
@@ -391,6 +392,56 @@ func TestMaxConcurrentBoundsReconcilesNotTheirCalls(t *testing.T) {
 		}
 		close(release)
 		if err := <-first; err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// Through a Runnable, a request refused by the drain is held until the drain is over, or
+// until controller-runtime ends its context, and then requeued: once per stop, not every
+// RequeueAfter while the leader-election group still runs.
+func TestRefusedRequestHeldUntilTheDrainIsOver(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := runnable.New(runnable.Options{GracePeriod: 10 * time.Second})
+		ran := 0
+		r := reconcilers.Wrap(q.Executor(), "cm", reconcile.Func(func(context.Context, reconcile.Request) (reconcile.Result, error) {
+			ran++
+			return reconcile.Result{}, nil
+		}), reconcilers.WrapOptions{})
+		// A call in flight keeps the drain going for 3s.
+		if err := q.Executor().Go(context.Background(), "slow", func(context.Context) error {
+			time.Sleep(3 * time.Second)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		ctx, stop := context.WithCancel(context.Background())
+		stop()
+		started := make(chan error, 1)
+		go func() { started <- q.Start(ctx) }()
+		<-q.Executor().Draining()
+
+		// controller-runtime's context ends first (the controller stops): released then.
+		crCtx, crStop := context.WithTimeout(context.Background(), time.Second)
+		defer crStop()
+		begin := time.Now()
+		res, err := r.Reconcile(crCtx, request("ns", "a"))
+		if took := time.Since(begin); err != nil || res.RequeueAfter != reconcilers.DefaultRequeueAfter || took != time.Second {
+			t.Errorf("Reconcile = %+v, %v after %v; want a requeue when its context ended (1s)", res, err, took)
+		}
+		// Otherwise when the drain is over, at 3s.
+		res, err = r.Reconcile(context.Background(), request("ns", "b"))
+		if took := time.Since(begin); err != nil || res.RequeueAfter != reconcilers.DefaultRequeueAfter || took != 3*time.Second {
+			t.Errorf("Reconcile = %+v, %v after %v; want a requeue when the drain was over (3s)", res, err, took)
+		}
+		// After the drain, at once.
+		if _, err := r.Reconcile(context.Background(), request("ns", "c")); err != nil || time.Since(begin) != 3*time.Second {
+			t.Errorf("Reconcile after the drain = %v after %v, want at once", err, time.Since(begin))
+		}
+		if ran != 0 {
+			t.Errorf("the reconciler ran %d times during the drain", ran)
+		}
+		if err := <-started; err != nil {
 			t.Fatal(err)
 		}
 	})

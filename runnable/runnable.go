@@ -185,6 +185,7 @@ func newRunnable(opts Options, metered bool) *Runnable {
 		stopped: make(chan struct{}),
 	}
 	internal.Of(ex).Settings().StopKV = r.sinceStop // before the executor is shared
+	internal.Of(ex).Settings().DrainOver = r.stopped
 	return r
 }
 

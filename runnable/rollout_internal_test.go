@@ -211,7 +211,7 @@ func TestShutdownDelayOnTheLeader(t *testing.T) {
 		if rec.Header().Get("Connection") != "" {
 			t.Errorf("before the stop: Connection: %q, want none", rec.Header().Get("Connection"))
 		}
-		_, cancelB, doneB := rp.inner.serve("/validate", review("ns", "b"))
+		recB, cancelB, doneB := rp.inner.serve("/validate", review("ns", "b"))
 		defer cancelB()
 		synctest.Wait()
 		if p := rp.r.Executor().Pending(); len(p) != 1 || p[0].Name != "webhook/validate" {
@@ -261,6 +261,9 @@ func TestShutdownDelayOnTheLeader(t *testing.T) {
 		<-doneB
 		if ctxErr != nil {
 			t.Errorf("the request in flight saw its context end: %v", ctxErr)
+		}
+		if c := recB.Header().Get("Connection"); c != "close" {
+			t.Errorf("the request in flight when the stop began: Connection: %q, want close", c)
 		}
 		if err := rp.stop(); err != nil {
 			t.Fatalf("Err = %v", err)

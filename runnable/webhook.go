@@ -132,9 +132,7 @@ func (h *trackedHook) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		h.hook.ServeHTTP(w, req)
 		return
 	}
-	if r.stop.began() {
-		w.Header().Set("Connection", "close")
-	}
+	w = &closingWriter{ResponseWriter: w, stop: r.stop}
 	ctx, cancel := liveContext(req.Context())
 	defer cancel()
 	if h.admission {
@@ -164,6 +162,37 @@ func (h *trackedHook) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		http.Error(w, "webhook handler panicked", http.StatusInternalServerError)
 	}
 }
+
+// closingWriter answers with "Connection: close" when the response's header is written
+// once the stop began: a request that was in flight when the stop began closes its
+// connection too, so that the API server's next request goes to another replica.
+type closingWriter struct {
+	http.ResponseWriter
+	stop  *stopState
+	wrote bool
+}
+
+func (w *closingWriter) WriteHeader(code int) {
+	w.mark()
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *closingWriter) Write(b []byte) (int, error) {
+	w.mark()
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *closingWriter) mark() {
+	if !w.wrote {
+		w.wrote = true
+		if w.stop.began() {
+			w.Header().Set("Connection", "close")
+		}
+	}
+}
+
+// Unwrap returns the ResponseWriter, for http.ResponseController.
+func (w *closingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // liveContext returns a context with parent's values that ends when parent ends, but for
 // the inner server's stop (errServerStopping): a request in flight keeps a live context

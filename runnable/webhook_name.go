@@ -29,10 +29,12 @@ func newTrackedHook(s *webhookServer, path string, hook http.Handler) *trackedHo
 	name := strings.Trim(path, "/")
 	h := &trackedHook{s: s, name: name, call: webhookCallName(name, "", ""), hook: hook}
 	if wh, ok := hook.(*admission.Webhook); ok && wh != nil && wh.Handler != nil {
-		if _, wrapped := wh.Handler.(*trackedHandler); !wrapped {
-			wh.Handler = &trackedHandler{hook: h, wh: wh, inner: wh.Handler}
-		}
-		h.admission = true
+		// A Webhook of its own, so that the caller's is left as it was: its exported fields
+		// (the same from controller-runtime v0.22 through v0.25), its Handler wrapped.
+		cp := &admission.Webhook{RecoverPanic: wh.RecoverPanic, WithContextFunc: wh.WithContextFunc,
+			LogConstructor: wh.LogConstructor}
+		cp.Handler = &trackedHandler{hook: h, wh: cp, inner: wh.Handler}
+		h.hook, h.admission = cp, true
 	}
 	return h
 }

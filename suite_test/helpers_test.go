@@ -34,7 +34,9 @@ func newNamespace(ctx context.Context) string {
 // unless opts set them; the last opts' fields win. With leader election on, quiesce
 // observes its lease (runnable.ObserveLease), as an operator's main.go does; without a
 // Runnable connected, the observer passes every call through.
-func newManager(mutate ...func(*manager.Options)) manager.Manager { return makeManager(true, mutate...) }
+func newManager(mutate ...func(*manager.Options)) manager.Manager {
+	return makeManager(true, mutate...)
+}
 
 // newPlainManager is newManager without quiesce's lease observer: plain controller-runtime.
 func newPlainManager(mutate ...func(*manager.Options)) manager.Manager {

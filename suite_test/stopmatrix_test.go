@@ -189,9 +189,9 @@ func newMatrixReplica(ctx context.Context, c stopCell, ns, id string, withQuiesc
 	if withQuiesce {
 		var err error
 		r.q, err = addQuiesce(r.mgr, runnable.Options{
-			Logger:         r.logs.logger().WithName(id),
-			GracePeriod:    matrixGrace,
-			ShutdownDelay:  c.delay,
+			Logger:        r.logs.logger().WithName(id),
+			GracePeriod:   matrixGrace,
+			ShutdownDelay: c.delay,
 		})
 		Expect(err).NotTo(HaveOccurred())
 	}

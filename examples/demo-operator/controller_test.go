@@ -45,17 +45,19 @@ func TestSnapshotFinishesDuringShutdown(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(func() { g.Expect(env.Stop()).To(Succeed()) })
 
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+	mgrOpts := ctrl.Options{
 		Scheme:                 scheme.Scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
 		Cache:                  cacheOptions(), // only the labelled ConfigMaps, as in main
 		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
-	})
+	}
+	mgr, err := ctrl.NewManager(cfg, mgrOpts)
 	g.Expect(err).NotTo(HaveOccurred())
 	q, err := runnable.Add(mgr, runnable.Options{
-		GracePeriod: 25 * time.Second, // below the manager's default GracefulShutdownTimeout (30s)
-		CancelAfter: 20 * time.Second, // in-flight reconciles may finish
+		ManagerOptions: &mgrOpts,
+		GracePeriod:    25 * time.Second, // below the manager's default GracefulShutdownTimeout (30s)
+		CancelAfter:    20 * time.Second, // in-flight reconciles may finish
 	})
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect((&ConfigMapReconciler{Client: mgr.GetClient(), Work: 500 * time.Millisecond}).

@@ -121,10 +121,12 @@ func run(setupLog logr.Logger, c managerConfig) int {
 	// and drains it when the manager stops.
 	q, err := runnable.Add(mgr, runnable.Options{
 		ManagerOptions: &mgrOpts, // Add checks GracePeriod against GracefulShutdownTimeout
-		GracePeriod:    c.grace,
-		ReportAfter:    c.reportAfter,
-		ReportEvery:    c.reportEvery,
-		CancelAfter:    c.cancelAfter,
+		// The demo serves /debug/quiesce without authentication, on 127.0.0.1 (see above).
+		DebugWithoutFilter: true,
+		GracePeriod:        c.grace,
+		ReportAfter:        c.reportAfter,
+		ReportEvery:        c.reportEvery,
+		CancelAfter:        c.cancelAfter,
 	})
 	if err != nil {
 		setupLog.Error(err, "Failed to add quiesce")

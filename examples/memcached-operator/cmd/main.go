@@ -186,7 +186,14 @@ func main() {
 		// after the manager stops then its usage might be unsafe.
 		LeaderElectionReleaseOnCancel: true,
 	}
-	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), mgrOpts)
+	// quiesce: with --leader-elect, quiesce observes the lease, so that the contexts it
+	// keeps alive end with this replica's leadership, and a stopping replica never takes it.
+	cfg := ctrl.GetConfigOrDie()
+	if err := runnable.ObserveLease(cfg, &mgrOpts); err != nil {
+		setupLog.Error(err, "Failed to observe the lease")
+		os.Exit(1)
+	}
+	mgr, err := ctrl.NewManager(cfg, mgrOpts)
 	if err != nil {
 		setupLog.Error(err, "Failed to start manager")
 		os.Exit(1)

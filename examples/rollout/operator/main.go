@@ -134,6 +134,14 @@ func run(setupLog logr.Logger, c config) int {
 			},
 		},
 	}
+	if c.quiesce {
+		// quiesce: the contexts it keeps alive end with the lease (fencing), and a replica
+		// whose stop began never acquires it.
+		if err := runnable.ObserveLease(restCfg, &mgrOpts); err != nil {
+			setupLog.Error(err, "Failed to observe the lease")
+			return 1
+		}
+	}
 	mgr, err := ctrl.NewManager(restCfg, mgrOpts)
 	if err != nil {
 		setupLog.Error(err, "Failed to create manager")

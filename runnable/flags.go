@@ -15,6 +15,7 @@ import "flag"
 //	--quiesce-shutdown-delay  ShutdownDelay (0)
 //	--quiesce-grace-period    GracePeriod (0: 25s)
 //	--quiesce-cancel-after    CancelAfter (0: 4/5 of the grace period)
+//	--quiesce-debug-without-filter  DebugWithoutFilter (false)
 //
 // A Deployment passes its production values as container args, e.g.
 // --quiesce-shutdown-delay=5s. Add checks the values as it checks any Options.
@@ -29,4 +30,7 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 		"When, from the manager's stop (the end of the shutdown delay), the contexts of calls still running "+
 			"are cancelled. "+
 			"0: 4/5 of the grace period; negative: never.")
+	fs.BoolVar(&o.DebugWithoutFilter, "quiesce-debug-without-filter", o.DebugWithoutFilter,
+		"Serve /debug/quiesce (object names, code lines) on a metrics server without authentication "+
+			"(--metrics-secure=false). Off by default: it is served only behind the metrics server's filter.")
 }

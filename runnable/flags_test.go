@@ -21,10 +21,14 @@ func TestBindFlags(t *testing.T) {
 	if opts.ShutdownDelay != 0 || opts.GracePeriod != 20*time.Second || opts.CancelAfter != 0 {
 		t.Fatalf("with no flags: %+v, want the values given as defaults", opts)
 	}
-	if err := fs.Parse([]string{"--quiesce-shutdown-delay=5s", "--quiesce-grace-period=25s", "--quiesce-cancel-after=-1s"}); err != nil {
+	if opts.DebugWithoutFilter {
+		t.Fatal("DebugWithoutFilter on with no flags")
+	}
+	if err := fs.Parse([]string{"--quiesce-shutdown-delay=5s", "--quiesce-grace-period=25s", "--quiesce-cancel-after=-1s",
+		"--quiesce-debug-without-filter"}); err != nil {
 		t.Fatal(err)
 	}
-	if opts.ShutdownDelay != 5*time.Second || opts.GracePeriod != 25*time.Second || opts.CancelAfter != -time.Second {
+	if !opts.DebugWithoutFilter || opts.ShutdownDelay != 5*time.Second || opts.GracePeriod != 25*time.Second || opts.CancelAfter != -time.Second {
 		t.Fatalf("after the flags: delay %v, grace %v, cancelAfter %v", opts.ShutdownDelay, opts.GracePeriod, opts.CancelAfter)
 	}
 	if err := fs.Parse([]string{"--quiesce-grace-period=soon"}); err == nil {

@@ -212,7 +212,8 @@ func (r *Runnable) core() internal.Core { return internal.Of(r.ex) }
 // GracefulShutdownTimeout, or on a second Add on one manager. Add is atomic: it makes the
 // registrations that can fail first, and an Add that fails leaves mgr as it was (a
 // corrected Add works, and so does mgr.Start without quiesce). When DebugPath is not
-// served (no metrics server, or no FilterProvider), it logs once why.
+// served, it logs once why: at V(1) when the metrics server is off, at the default
+// verbosity when it has no FilterProvider.
 //
 // The metrics hold the executor until the drain is over, then keep only its counters.
 func Add(mgr manager.Manager, opts Options) (*Runnable, error) {
@@ -292,8 +293,8 @@ func Add(mgr manager.Manager, opts Options) (*Runnable, error) {
 func (r *Runnable) debugServed(opts Options) bool {
 	m := opts.ManagerOptions.Metrics
 	switch {
-	case m.BindAddress == "0":
-		r.log.Info("Not serving /debug/quiesce: the manager's metrics server is off", "path", DebugPath,
+	case m.BindAddress == "0": // the user's choice: said at V(1) only
+		r.log.V(1).Info("Not serving /debug/quiesce: the manager's metrics server is off", "path", DebugPath,
 			"howToServe", "set Metrics.BindAddress in the manager's Options, "+
 				"or serve the Runnable (an http.Handler) on a server of your own")
 		return false

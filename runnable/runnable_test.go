@@ -29,12 +29,15 @@ type capture struct {
 	lines []string
 }
 
-func (c *capture) logger() logr.Logger {
+func (c *capture) logger() logr.Logger { return c.loggerV(0) }
+
+// loggerV logs the lines up to verbosity v.
+func (c *capture) loggerV(v int) logr.Logger {
 	return funcr.New(func(_, args string) {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		c.lines = append(c.lines, args)
-	}, funcr.Options{})
+	}, funcr.Options{Verbosity: v})
 }
 
 func (c *capture) all() []string {

@@ -109,7 +109,8 @@ func TestKubebuilderFlags(t *testing.T) {
 	g := NewWithT(t)
 	e := Endpoints{Metrics: "127.0.0.1:1", Probe: "127.0.0.1:2"}
 	g.Expect(KubebuilderFlags(e)).To(Equal([]string{
-		"--metrics-bind-address=127.0.0.1:1", "--metrics-secure=false", "--health-probe-bind-address=127.0.0.1:2",
+		"--metrics-bind-address=127.0.0.1:1", "--metrics-secure=false", "--quiesce-debug-without-filter",
+		"--health-probe-bind-address=127.0.0.1:2",
 	}))
 
 	env := &envtest.Environment{}

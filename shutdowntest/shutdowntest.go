@@ -130,13 +130,15 @@ type Endpoints struct {
 
 // KubebuilderFlags are the flags of a kubebuilder (go/v4) scaffold's main.go for e:
 // --metrics-bind-address, --metrics-secure=false (the scaffold serves metrics over HTTPS
-// with authentication by default; the harness reads /debug/quiesce over plain HTTP),
-// --health-probe-bind-address, and, when Env installs webhooks, --webhook-cert-path and
-// --webhook-port (the scaffold's flags for its webhook server).
+// with authentication by default; the harness reads /debug/quiesce over plain HTTP, on
+// loopback) with --quiesce-debug-without-filter (runnable.Options.BindFlags), so that
+// quiesce serves it there, --health-probe-bind-address, and, when Env installs webhooks,
+// --webhook-cert-path and --webhook-port (the scaffold's flags for its webhook server).
 func KubebuilderFlags(e Endpoints) []string {
 	flags := []string{
 		"--metrics-bind-address=" + e.Metrics,
 		"--metrics-secure=false",
+		"--quiesce-debug-without-filter",
 		"--health-probe-bind-address=" + e.Probe,
 	}
 	if e.Webhook != "" {

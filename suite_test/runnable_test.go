@@ -292,7 +292,8 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 			o.HealthProbeBindAddress = probeAddr
 			o.Metrics = metricsserver.Options{BindAddress: metricsAddr}
 		})
-		q, err := addQuiesce(mgr, runnable.Options{GracePeriod: 2 * time.Second})
+		// The spec reads /debug/quiesce over plain HTTP.
+		q, err := addQuiesce(mgr, runnable.Options{GracePeriod: 2 * time.Second, DebugWithoutFilter: true})
 		Expect(err).NotTo(HaveOccurred())
 
 		hold, release := releaser()

@@ -487,15 +487,9 @@ func stealLease(ctx context.Context, ns string) {
 	}, 10*time.Second, 50*time.Millisecond).Should(Succeed())
 }
 
-// cutAfter is how long after the stop began the work's context ended: after the cancel,
-// or, when the lease was lost, after (or before) mgr.Start returned "leader election lost",
-// the moment controller-runtime learns it.
-func (r replicaRun) cutAfter(c stopCell) time.Duration {
-	if c.leaseLost {
-		return absDuration(r.work.at.Sub(r.start.at))
-	}
-	return r.work.at.Sub(r.begin)
-}
+// cutAfter is how long after the stop began (the cancel, or the lease taken) the work's
+// context ended.
+func (r replicaRun) cutAfter() time.Duration { return r.work.at.Sub(r.begin) }
 
 // summary is the cell's line for the README table.
 func (r replicaRun) summary(quiesce bool) string {
@@ -560,7 +554,12 @@ func checkPlain(c stopCell, run cellRun) {
 		// API server's HTTP/2 connection to it closes after Go's GOAWAY timeout of 1s.
 		Expect(l.stopTook).To(BeNumerically("<", matrixShutdownTimeout), "the stop is bounded")
 	}
-	Expect(l.cutAfter(c)).To(BeNumerically("<", 500*time.Millisecond), "the work is cut as the stop begins")
+	if c.leaseLost {
+		Expect(absDuration(l.work.at.Sub(l.start.at))).To(BeNumerically("<", 500*time.Millisecond),
+			"the work is cut as controller-runtime learns the lease is lost")
+	} else {
+		Expect(l.cutAfter()).To(BeNumerically("<", 500*time.Millisecond), "the work is cut as the stop begins")
+	}
 	if c.standby {
 		checkStandby(run)
 	}
@@ -575,8 +574,11 @@ func checkQuiesce(c stopCell, run cellRun) {
 		Expect(l.start.err).To(MatchError(ContainSubstring("leader election lost")))
 		Expect(l.work.cut).To(BeTrue(), "the lease was lost: quiesce fences, the work's context ends at once")
 		Expect(l.work.wrote).To(BeFalse(), "no write after the lease was lost")
-		Expect(l.cutAfter(c)).To(BeNumerically("<", 500*time.Millisecond),
-			"the work's context ended as mgr.Start returned (fencing)")
+		// quiesce observes the lease: a read that shows the other holder fences, within a
+		// RetryPeriod of the theft, and never later than controller-runtime learns it.
+		Expect(l.cutAfter()).To(BeNumerically("<", matrixRenewDeadline), "fenced from the lease itself")
+		Expect(l.work.at.Sub(l.start.at)).To(BeNumerically("<", 500*time.Millisecond),
+			"the work's context ended no later than mgr.Start returned")
 		Expect(l.leaseLine).To(BeTrue(), `quiesce logs "Leadership lost: cancelling calls"`)
 		Expect(l.stopTook).To(BeNumerically("<", matrixRenewDeadline+2*time.Second))
 		return
@@ -654,7 +656,7 @@ func checkRule(c stopCell, q, p cellRun) {
 			"%s: quiesce's stop (%v) took longer than plain's (%v) and what it waits for", pair.role, pair.q.stopTook, pair.p.stopTook)
 	}
 	if c.leaseLost {
-		Expect(q.leader.cutAfter(c)).To(BeNumerically("<", p.leader.cutAfter(c)+250*time.Millisecond),
+		Expect(q.leader.cutAfter()).To(BeNumerically("<", p.leader.cutAfter()+250*time.Millisecond),
 			"quiesce fences as promptly as controller-runtime cancels")
 	}
 }

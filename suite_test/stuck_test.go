@@ -45,6 +45,7 @@ var _ = Describe("A stuck reconcile", func() {
 			var logs logLines
 			q, err := addQuiesce(mgr, runnable.Options{
 				Logger: logs.logger(), SlowAfter: time.Second, ReportEvery: time.Second,
+				DebugWithoutFilter: true, // the spec reads /debug/quiesce over plain HTTP
 			})
 			Expect(err).NotTo(HaveOccurred())
 			hold, release := releaser()

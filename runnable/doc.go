@@ -1,20 +1,25 @@
 // Package runnable provides a controller-runtime manager.Runnable that owns a
 // drain.Executor and drains it within a grace period when the manager stops.
 //
-// Add it to a manager with Add, before mgr.Start; pass its Executor to reconcilers.Wrap.
-// Add also adds a stop procedure, a runnable that needs no leader election: it runs on every
-// replica, leader and standbys, and controller-runtime stops it first, with the other
-// runnables of its group, and waits for it before it stops the leader-election group, the
-// caches, the webhooks and the HTTP servers (pkg/manager/internal.go, engageStopProcedure).
-// So the drain begins when the manager's stop begins, for every tracked call of the replica:
-// it refuses new calls, waits up to GracePeriod for the tracked ones while the executor logs
-// what it still waits for, and cancels their contexts at CancelAfter. If calls are still
-// running when GracePeriod ends, it lists them in one error line, "Abandoned calls still
-// running after the grace period" (the oldest 20 with name, age, detached, where and
-// handler, and how many more). Err tells main, after mgr.Start returned, whether calls were
-// abandoned. The Runnable's Start, stopped later with the leader-election group, only waits
-// for the drain; if its context ends while the drain still runs, controller-runtime did not
-// wait for it: the lease was lost, and the Runnable cancels every call's context at once.
+// Add it to a manager with Add, before mgr.Start, with the manager's Options
+// (Options.ManagerOptions); pass its Executor to reconcilers.Wrap. The Runnable needs no
+// leader election: it runs on every replica, leader and standbys, and controller-runtime
+// stops it first, with the other runnables of its group, and waits for it before it stops the
+// leader-election group, the caches, the webhooks and the HTTP servers
+// (pkg/manager/internal.go, engageStopProcedure). So the drain begins when the manager's stop
+// begins, for every tracked call of the replica: it refuses new calls, waits up to
+// GracePeriod for the tracked ones while the executor logs what it still waits for, and
+// cancels their contexts at CancelAfter. If calls are still running when GracePeriod ends, it
+// lists them in one error line, "Abandoned calls still running after the grace period" (the
+// oldest 20 with name, age, detached, where and handler, and how many more). Err tells main,
+// after mgr.Start returned, whether calls were abandoned.
+//
+// With leader election on, ObserveLease, called on the manager's Options before
+// ctrl.NewManager, lets quiesce watch the lease itself: the context of every tracked call
+// ends, with the cause "leader election lost", no later than RenewDeadline after the last
+// successful renewal ("Leadership lost: cancelling calls"), whenever the lease is lost, and a
+// replica whose stop began never acquires the lease. Add fails when leader election is on
+// and the lease is not observed.
 //
 // All methods are safe for concurrent use; none blocks but Start. A Runnable starts once.
 //
@@ -29,14 +34,16 @@
 // line with its offset from the stop, "sinceStop": "Stop began", "Shutdown delay over",
 // "Draining executor", "All calls returned" (or the abandoned line), "Webhook server stopped".
 //
-// Add checks its Options (negative ShutdownDelay, CancelAfter not below GracePeriod,
+// Setup misuse is an error, never a panic: Add checks its Options (no ManagerOptions, leader
+// election without ObserveLease, negative ShutdownDelay, CancelAfter not below GracePeriod,
 // GracePeriod not below the manager's GracefulShutdownTimeout, a second Add on one manager)
-// and returns an error naming the value to change; a failed Add adds nothing.
+// and returns an error naming the value to change; a failed Add leaves the manager as it was.
 //
 // Add also registers:
 //   - a readyz check, "quiesce", failing from SIGTERM on when there is a ShutdownDelay;
 //   - the Runnable's ServeHTTP at /debug/quiesce on the manager's metrics server, behind
-//     its FilterProvider like /metrics: the pending calls as JSON;
+//     its FilterProvider like /metrics: the pending calls as JSON (with no FilterProvider,
+//     only if Options.DebugWithoutFilter says so);
 //   - process-wide Prometheus metrics in controller-runtime's metrics.Registry:
 //     quiesce_calls_in_flight, quiesce_calls_started_total, quiesce_calls_refused_total,
 //     quiesce_calls_panicked_total, quiesce_calls_abandoned_total,

@@ -153,6 +153,8 @@ func (b *blackhole) hole() {
 	b.holed = true
 }
 
+// close closes the listener and every connection, and waits for the proxy's goroutines.
+// Calling it again does nothing more.
 func (b *blackhole) close() {
 	_ = b.ln.Close()
 	b.mu.Lock()
@@ -188,7 +190,7 @@ var _ = Describe("An API server that stops answering", func() {
 		Expect(err).NotTo(HaveOccurred())
 		hold, release := releaser()
 		stuck := make(chan struct{}, 1)
-		rec, _ := newRecorder("blackholed")
+		rec, stopRecorder := newRecorder("blackholed")
 		Expect(ctrl.NewControllerManagedBy(mgr).For(&corev1.ConfigMap{}).Named("blackholed").Complete(reconcilers.Wrap(q.Executor(), "blackholed", reconcile.Func(
 			func(context.Context, reconcile.Request) (reconcile.Result, error) {
 				stuck <- struct{}{}
@@ -203,16 +205,24 @@ var _ = Describe("An API server that stops answering", func() {
 		hole.hole()
 		begin := time.Now()
 		stop()
+		// quiesce's part: the grace period, then the Events' budget (half of what is left
+		// before GracefulShutdownTimeout), whatever the API server does.
+		Eventually(q.Done(), timeout).Should(BeClosed(), "the Runnable's stop is over before the manager gives up")
+		drained := time.Since(begin)
+		Expect(q.Err()).To(HaveOccurred())
+		// The manager's: the stuck reconcile holds controller-runtime's worker until
+		// GracefulShutdownTimeout, as it does without quiesce.
 		Eventually(done, timeout+5*time.Second).Should(Receive())
 		took := time.Since(begin)
-		_, _ = fmt.Fprintf(GinkgoWriter, "blackhole | mgr.Start returned %v after the stop (GracefulShutdownTimeout %v)\n", took, timeout)
+		_, _ = fmt.Fprintf(GinkgoWriter, "blackhole | quiesce's stop over %v after the stop, mgr.Start returned after %v (GracefulShutdownTimeout %v)\n",
+			drained, took, timeout)
 		Expect(took).To(BeNumerically("<", timeout+time.Second))
-		Eventually(q.Done(), time.Second).Should(BeClosed(), "the Runnable's drain is over before the process would exit")
-		Expect(q.Err()).To(HaveOccurred())
 		Expect(logs.all()).To(ContainElement(And(
 			ContainSubstring("Abandoned calls still running after the grace period"),
 			ContainSubstring("blackholed/"+ns+"/work"))))
 		release()
+		stopRecorder()
+		hole.close()
 		expectNoLeaks(cur)
 	})
 })

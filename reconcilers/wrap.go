@@ -66,7 +66,8 @@ type WrapOptions struct {
 // V(1) log line: new ones, those whose context was cancelled before they began or while
 // they waited for a MaxConcurrent slot, and those that return an error wrapping
 // drain.ErrDraining. When a runnable.Runnable drives ex, a refused request is held until its
-// drain is over (or its context ends) before it is requeued: once per stop. Wrap panics on a nil ex or r, or a misconfigured WrapOptions.Recorder.
+// drain is over (or its context ends) before it is requeued: once per stop. Wrap panics on a
+// nil ex or r, or a misconfigured WrapOptions.Recorder.
 func Wrap(ex *drain.Executor, controller string, r reconcile.Reconciler, opts WrapOptions) reconcile.Reconciler {
 	if ex == nil || r == nil {
 		panic(fmt.Sprintf("reconcilers.Wrap(%q): nil executor or reconciler (executor nil: %t, reconciler nil: %t)",

@@ -27,6 +27,9 @@ import (
 	"github.com/quiesce-dev/quiesce/drain"
 )
 
+// connectionClose is the Connection header of a response once the stop began.
+const connectionClose = "close"
+
 // lines records each log line as funcr renders it.
 type lines struct {
 	mu  sync.Mutex
@@ -240,7 +243,7 @@ func TestShutdownDelayOnTheLeader(t *testing.T) {
 		rec, cancel, done = rp.inner.serve("/validate", review("ns", "a"))
 		<-done
 		cancel()
-		if rec.Code != http.StatusOK || rec.Header().Get("Connection") != "close" {
+		if rec.Code != http.StatusOK || rec.Header().Get("Connection") != connectionClose {
 			t.Errorf("during the delay: %d, Connection: %q, want 200 and close", rec.Code, rec.Header().Get("Connection"))
 		}
 
@@ -262,7 +265,7 @@ func TestShutdownDelayOnTheLeader(t *testing.T) {
 		if ctxErr != nil {
 			t.Errorf("the request in flight saw its context end: %v", ctxErr)
 		}
-		if c := recB.Header().Get("Connection"); c != "close" {
+		if c := recB.Header().Get("Connection"); c != connectionClose {
 			t.Errorf("the request in flight when the stop began: Connection: %q, want close", c)
 		}
 		if err := rp.stop(); err != nil {

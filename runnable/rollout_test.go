@@ -128,7 +128,7 @@ func TestRealManagerKeepsServingForTheDelay(t *testing.T) {
 	log := logs.logger()
 	log = logr.New(&hookSink{LogSink: log.GetSink(), hook: func(msg string) {
 		switch msg {
-		case "Stop began":
+		case stopBegan:
 			readyAtStop = q.ReadyzCheck(nil)
 		case "Shutdown delay over":
 			select {
@@ -170,7 +170,7 @@ func TestRealManagerKeepsServingForTheDelay(t *testing.T) {
 	if drainingAtDelayEnd {
 		t.Error("the executor drained before the delay was over")
 	}
-	want := []string{"Stop began", "Shutdown delay over", "Draining executor", "All calls returned"}
+	want := []string{stopBegan, "Shutdown delay over", "Draining executor", "All calls returned"}
 	if got := messages(logs.all()); strings.Join(got, "|") != strings.Join(want, "|") {
 		t.Fatalf("log messages = %q, want %q", got, want)
 	}

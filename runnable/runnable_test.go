@@ -21,6 +21,9 @@ import (
 	"github.com/quiesce-dev/quiesce/runnable"
 )
 
+// stopBegan is the message of the stop's first line.
+const stopBegan = "Stop began"
+
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // capture records each log line as funcr renders it.
@@ -104,7 +107,7 @@ func TestStartDrainsWhenAllCallsReturnInTime(t *testing.T) {
 		if err := r.Err(); err != nil {
 			t.Fatalf("Err = %v", err)
 		}
-		want := []string{"Stop began", "Draining executor", "Waiting for pending calls", "All calls returned"}
+		want := []string{stopBegan, "Draining executor", "Waiting for pending calls", "All calls returned"}
 		if got := messages(logs.all()); strings.Join(got, "|") != strings.Join(want, "|") {
 			t.Fatalf("log messages = %q, want %q", got, want)
 		}

@@ -356,7 +356,7 @@ func TestAdmissionOnceTheStopBegan(t *testing.T) {
 		rec, cancel, done := rp.inner.serve("/v", string(admissionReview(t, "ns", "x", `{}`)))
 		<-done
 		cancel()
-		if res := response(t, rec); !res.Allowed || rec.Header().Get("Connection") != "close" {
+		if res := response(t, rec); !res.Allowed || rec.Header().Get("Connection") != connectionClose {
 			t.Errorf("response %+v, Connection: %q; want allowed, close", res, rec.Header().Get("Connection"))
 		}
 		if got := names.get(); len(got) != 1 || got[0] != "webhook/v/ns/x" {

@@ -103,7 +103,8 @@ type Runnable struct {
 	elected bool
 	metered bool // created by Add: in the metrics until the drain is over
 
-	stop *stopState // see stop.go
+	stop  *stopState // see stop.go
+	debug debugView  // see debug.go
 
 	started      atomic.Bool
 	drainStarted atomic.Bool // the Runnable's drain began

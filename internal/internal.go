@@ -179,6 +179,11 @@ const MaxNameBytes = 256
 
 // Cut returns s, or, when s is longer than MaxNameBytes, its first MaxNameBytes bytes
 // (never splitting a UTF-8 sequence) followed by "...(N bytes)", N being len(s).
+//
+// It is the one helper through which text that others supply (call names made of object
+// names, admission requests' names and generateNames, handler ids read from an annotation,
+// panic values) passes before a log line, an Event, an annotation or an error carries it:
+// whatever they send, what quiesce writes of it is bounded.
 func Cut(s string) string {
 	if len(s) <= MaxNameBytes {
 		return s

@@ -60,7 +60,7 @@ func statefulSet(ns, name string) *appsv1.StatefulSet {
 		Spec: appsv1.StatefulSetSpec{
 			ServiceName: name,
 			Replicas:    ptr.To[int32](1),
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Selector:    &metav1.LabelSelector{MatchLabels: labels},
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: labels},
 				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "example.invalid/c"}}},

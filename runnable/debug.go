@@ -55,7 +55,9 @@ type debugState struct {
 //     listed with an empty "where" and "handler" instead of paying for a capture of their
 //     own: at most one capture a second, however many requests come.
 //   - Beyond DebugBurst requests at once and DebugRate a second, the answer is 429 Too
-//     Many Requests with Retry-After: 1, before anything is listed.
+//     Many Requests with Retry-After: 1, before anything is listed. ?limit=0, the count
+//     alone, lists nothing and captures nothing: it is not limited, so that a harness
+//     (shutdowntest.Operator.Pending) may poll it.
 //
 // Add serves it at DebugPath on the manager's metrics server, behind the server's
 // FilterProvider (authentication and authorization when SecureServing is set); see
@@ -74,7 +76,7 @@ func (r *Runnable) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	r.debug.once.Do(func() {
 		r.debug.limiter = flowcontrol.NewTokenBucketPassiveRateLimiterWithClock(DebugRate, DebugBurst, r.clock)
 	})
-	if !r.debug.limiter.TryAccept() {
+	if limit != 0 && !r.debug.limiter.TryAccept() {
 		w.Header().Set("Retry-After", "1")
 		http.Error(w, "too many requests: at most "+strconv.Itoa(DebugRate)+" a second", http.StatusTooManyRequests)
 		return

@@ -324,4 +324,10 @@ func TestServeHTTPRateLimit(t *testing.T) {
 	if ok != runnable.DebugRate {
 		t.Fatalf("GETs answered a second later: %d, want %d", ok, runnable.DebugRate)
 	}
+	// The count alone costs nothing: never limited.
+	for range 3 * runnable.DebugBurst {
+		if res, _ := serve(t, r, http.MethodGet, "/debug/quiesce?limit=0"); res.StatusCode != http.StatusOK {
+			t.Fatalf("GET ?limit=0 beyond the rate: status %d, want 200", res.StatusCode)
+		}
+	}
 }

@@ -95,7 +95,7 @@ func ExampleHandlersOptions_progressKey() {
 	ex := drain.New(drain.Options{})
 	defer func() { _ = ex.Drain(context.Background()) }()
 	c := fake.NewClientBuilder().WithObjects(&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
-		Namespace: metav1.NamespaceDefault, Name: "cfg", Generation: 1, UID: "9b1f7c4e",
+		Namespace: metav1.NamespaceDefault, Name: "settings", Generation: 1, UID: "9b1f7c4e",
 		Annotations: map[string]string{
 			lifecycle.DefaultProgressAnnotation: `{"generation":1,"handlers":{"provision":{"retries":0,"done":true}}}`,
 		},
@@ -115,7 +115,7 @@ func ExampleHandlersOptions_progressKey() {
 		fmt.Println(err)
 		return
 	}
-	req := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: metav1.NamespaceDefault, Name: "cfg"}}
+	req := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: metav1.NamespaceDefault, Name: "settings"}}
 	if _, err := r.Reconcile(context.Background(), req); err != nil {
 		fmt.Println(err)
 		return

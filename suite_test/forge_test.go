@@ -48,16 +48,17 @@ func statefulSet(ns, name string) *appsv1.StatefulSet {
 // (not their status), and returns a client acting as that user.
 func editorOf(ctx context.Context, ns, user string) client.Client {
 	GinkgoHelper()
+	const role = "statefulset-editor"
 	Expect(k8sClient.Create(ctx, &rbacv1.Role{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "statefulset-editor"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: role},
 		Rules: []rbacv1.PolicyRule{{
 			APIGroups: []string{"apps"}, Resources: []string{"statefulsets"},
 			Verbs: []string{"get", "list", "watch", "update", "patch"},
 		}},
 	})).To(Succeed())
 	Expect(k8sClient.Create(ctx, &rbacv1.RoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "statefulset-editor"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "statefulset-editor"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: role},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role},
 		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: user}},
 	})).To(Succeed())
 	u, err := testEnv.AddUser(envtest.User{Name: user}, cfg)

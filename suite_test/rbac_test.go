@@ -1,6 +1,7 @@
 package suite_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -25,10 +26,9 @@ import (
 // replaced by ns; they are deleted when the spec ends.
 func applyDoc(ctx context.Context, path, ns string) {
 	GinkgoHelper()
-	f, err := os.Open(path)
+	data, err := os.ReadFile(path)
 	Expect(err).NotTo(HaveOccurred())
-	defer f.Close()
-	dec := utilyaml.NewYAMLOrJSONDecoder(f, 4096)
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
 	for {
 		var u unstructured.Unstructured
 		err := dec.Decode(&u.Object)

@@ -227,7 +227,7 @@ func (e *Executor) logPanic(err error) {
 	if errors.As(err, &pe) {
 		e.safely(func() {
 			e.log.Error(err, "Call panicked",
-				"call", internal.Cut(pe.Name), "panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))
+				"call", internal.Cut(pe.Name), "panic", internal.Cut(fmt.Sprint(pe.Value)), "stack", string(pe.Stack))
 		})
 	}
 }

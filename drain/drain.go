@@ -110,7 +110,7 @@ type PanicError struct {
 }
 
 func (e *PanicError) Error() string {
-	return fmt.Sprintf("call %q panicked: %v", internal.Cut(e.Name), e.Value)
+	return fmt.Sprintf("call %q panicked: %s", internal.Cut(e.Name), internal.Cut(fmt.Sprint(e.Value)))
 }
 
 // Unwrap returns the panic value when it is an error, so that errors.Is and errors.As

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/google/pprof/profile"
+
+	"github.com/quiesce-dev/quiesce/internal"
 )
 
 // Locating a call: while fn runs, its goroutine carries the pprof label quiesce=<id> (see
@@ -75,6 +77,7 @@ type capture struct {
 	at     time.Time
 	epoch  uint64             // it saw every label of a call whose since is up to this
 	stacks map[string][]stack // by label id
+	nested []string           // the ids whose own stack runs calls below the innermost
 	ok     bool               // the profile was written and read
 }
 
@@ -129,6 +132,7 @@ func fresh(at time.Time) bool {
 // takeCapture writes the goroutine profile and keeps the stacks labelled by quiesce.
 func takeCapture() *capture {
 	c := &capture{at: time.Now(), epoch: captureEpoch.Add(1)}
+	internal.Captures.Add(1)
 	var buf bytes.Buffer
 	if err := pprof.Lookup("goroutine").WriteTo(&buf, 0); err != nil {
 		return c
@@ -154,6 +158,13 @@ func takeCapture() *capture {
 			}
 		}
 		c.stacks[ids[0]] = append(c.stacks[ids[0]], st)
+	}
+	// Found once here rather than by every locate that reads the capture: with many
+	// goroutines, walking them all is what a shared capture would otherwise cost each asker.
+	for id, stacks := range c.stacks {
+		if st, ok := ownStack(stacks); ok && st.execs >= 2 {
+			c.nested = append(c.nested, id)
+		}
 	}
 	return c
 }
@@ -192,7 +203,12 @@ func ownStack(stacks []stack) (stack, bool) {
 }
 
 // locate returns the Pending of each call, with Where and Handler filled.
-func (e *Executor) locate(calls []*call) []Pending {
+func (e *Executor) locate(calls []*call) []Pending { return e.locateWith(calls, false) }
+
+// locateWith is locate; with shared, it uses any capture taken in the last captureReuse,
+// even one taken before some of the calls began: those are left without a location (Where
+// and Handler empty) rather than paid for with a capture of their own.
+func (e *Executor) locateWith(calls []*call, shared bool) []Pending {
 	out := make([]Pending, len(calls))
 	held := make([]*label, len(calls))
 	var since uint64
@@ -211,15 +227,26 @@ func (e *Executor) locate(calls []*call) []Pending {
 	if since == 0 {
 		return out
 	}
+	if shared {
+		since = 0 // any fresh capture will do
+	}
 	cp := captureSince(since)
 	if !cp.ok {
 		e.unknownWhy(unknownNoProfile)
 	}
 	for i, c := range calls {
-		if held[i] != nil && c.since.Load() == sinceLeft {
+		if held[i] == nil {
+			continue
+		}
+		switch s := c.since.Load(); {
+		case s == sinceLeft:
 			// fn returned since: its label, given back, may be another call's in the capture.
 			held[i] = nil
 			out[i].Where, out[i].Handler = Unknown, Unknown
+		case s > cp.epoch:
+			// shared: the capture began before the call's label; the label may be another
+			// call's in it.
+			held[i] = nil
 		}
 	}
 	index := make(map[*call]int, len(calls))
@@ -244,11 +271,8 @@ func (e *Executor) locate(calls []*call) []Pending {
 	}
 	// A Run inside fn, on fn's goroutine, relabels it while it runs: the enclosing calls,
 	// of any executor, are on the inner call's stack, each above the next exec frame.
-	for id, stacks := range cp.stacks {
-		st, ok := ownStack(stacks)
-		if !ok || st.execs < 2 { // no call below the innermost on this goroutine
-			continue
-		}
+	for _, id := range cp.nested {
+		st, _ := ownStack(cp.stacks[id])
 		inner := labelled(id, cp.epoch)
 		if inner == nil {
 			continue

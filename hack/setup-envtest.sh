@@ -24,7 +24,11 @@ fail() {
 	if [[ -s "${steplog:-}" ]]; then
 		log "last lines of the step's output (${steplog}):"
 		tail -n 30 "${steplog}" >&2
-		cp "${steplog}" "${TMPDIR:-/tmp}/setup-envtest-failed.log" 2>/dev/null || true
+		# The build's directory goes away on exit: keep the log in a new file of our own
+		# (mktemp: never a fixed path, which a symlink planted there would redirect).
+		if kept="$(mktemp -t setup-envtest-failed.XXXXXX)" && cp "${steplog}" "${kept}"; then
+			log "the whole log is kept in ${kept}"
+		fi
 	fi
 	exit 1
 }

@@ -3,8 +3,13 @@ package internal
 import (
 	"context"
 	"strconv"
+	"sync/atomic"
 	"time"
 )
+
+// Captures counts the captures of every goroutine's stack that drain took to locate calls,
+// in this process: what tests and benchmarks of /debug/quiesce measure.
+var Captures atomic.Uint64
 
 // Settings are the settings of one executor that only quiesce's own packages set, before
 // the executor is shared (runnable.New, reconcilers.Wrap); they are only read after that.
@@ -110,6 +115,12 @@ type Core interface {
 	// Entries lists the oldest limit pending calls (all with limit < 0), located, as
 	// reports show them, and how many are pending.
 	Entries(limit int) (ents []Entry, total int)
+	// Listing is Entries for /debug/quiesce: it copies the oldest limit calls (all with
+	// limit < 0) under the executor's lock and renders them outside it, locating them with
+	// any capture of the stacks taken in the last second, shared with every other asker;
+	// calls that began after that capture are listed without a location (Where and Handler
+	// empty). At most one capture a second, however many ask and however many calls begin.
+	Listing(limit int) (ents []Entry, total int)
 	// Fence ends the context of every call still running at once, with cause, and returns
 	// how many it ended. runnable calls it when the lease is lost, once the drain began.
 	Fence(cause error) int
@@ -174,6 +185,11 @@ const MaxNameBytes = 256
 
 // Cut returns s, or, when s is longer than MaxNameBytes, its first MaxNameBytes bytes
 // (never splitting a UTF-8 sequence) followed by "...(N bytes)", N being len(s).
+//
+// It is the one helper through which text that others supply (call names made of object
+// names, admission requests' names and generateNames, handler ids read from an annotation,
+// panic values) passes before a log line, an Event, an annotation or an error carries it:
+// whatever they send, what quiesce writes of it is bounded.
 func Cut(s string) string {
 	if len(s) <= MaxNameBytes {
 		return s

@@ -8,7 +8,8 @@
 //  2. Read its Record from the annotation (HandlersOptions.Annotation). A Record of another
 //     metadata.generation is dropped: every handler runs again for a new generation. One
 //     that cannot be decoded is logged, reported by a Warning Event (ReasonProgressCorrupt)
-//     and dropped too.
+//     and dropped too, as is one the operator did not sign when HandlersOptions.ProgressKey
+//     is set (ReasonProgressForged; see "Who can write the progress").
 //  3. The handlers to run are those not done, in registration order, less those waiting out
 //     a retry backoff (if all wait, the object is requeued when the first delay ends). A
 //     Func, the lifecycle, picks among them.
@@ -19,9 +20,9 @@
 //     "<controller>/<namespace>/<name>/<handler ID>" on its own copy of the object.
 //  6. Their outcomes are recorded by a merge patch of the annotation alone: success marks a
 //     handler done; a reconcile.TerminalError marks it done and failed (Warning Event
-//     ReasonHandlerFailed); another error, or a panic, counts a retry, keeps the message
-//     (its first KiB) and delays the next run by the backoff (Warning Event
-//     ReasonHandlerError).
+//     ReasonHandlerFailed); another error, or a panic, counts a retry, keeps the error's
+//     class (see "What Handlers publishes") and delays the next run by the backoff
+//     (Warning Event ReasonHandlerError).
 //  7. The object is requeued after NextCycle if handlers are ready to run, after the
 //     shortest delay if all wait, and not at all once every handler is done.
 //
@@ -45,6 +46,42 @@
 // get one round of handlers for their whole life. Handler IDs are kept in the annotation:
 // renaming a handler runs it again. Handlers does not manage finalizers: it runs the
 // handlers of an object being deleted like those of any other, while the object exists.
+//
+// # Who can write the progress
+//
+// The Record is an annotation: anyone who may update or patch the object writes it, with no
+// status permission. Without HandlersOptions.ProgressKey, Handlers trusts what it reads: such
+// a user can mark a handler done for the object's current (or next: in the same update as a
+// spec change) generation, so that it never runs, or write a corrupt value so that every
+// handler runs again. Leave ProgressKey unset only if everyone who may patch the objects may
+// also decide which handlers run.
+//
+// With ProgressKey set, Handlers signs every Record it writes (HMAC-SHA256 of the object's
+// UID, the generation and the handlers, with a key only the operator holds) and refuses any
+// Record whose signature is missing or wrong: the refusal is logged ("Progress annotation is
+// not signed by this operator"), reported by a Warning Event (ReasonProgressForged), and
+// every handler runs for the current generation as if there were no Record. A user with
+// patch rights then can:
+//   - make handlers run again: delete the annotation, corrupt it, forge it, or put back an
+//     older Record of the same object and generation (Handlers must be idempotent anyway);
+//   - read the Record (progress, retry times, and what PublishErrors allows of errors).
+//
+// and cannot:
+//   - skip a handler: a Record marking it done for a generation must carry the operator's
+//     signature for that object's UID and that generation, so neither a made-up one, nor one
+//     edited, nor one copied from another object (or an object of the same name deleted
+//     since), nor one of another generation, is accepted;
+//   - change retry counts or delays, for the same reason.
+//
+// # What Handlers publishes
+//
+// The Record and the Events are read by everyone who may read the object or the Events of
+// its namespace. By default a failed handler's error appears there as its class only (its
+// API reason and HTTP status, or its Go type: see Progress.Message), never its text, which
+// may hold URLs, response bodies or tokens; the whole error is in the operator's log.
+// HandlersOptions.PublishErrors puts the text (its first KiB) in both. Text that others
+// supply (handler ids in a Record, object names) is cut to 256 bytes before it reaches an
+// error, a log line or an Event. docs/security.md lists everything quiesce publishes.
 //
 // The Funcs never block and are safe for concurrent use (the random ones draw from
 // math/rand/v2's goroutine-safe source). A reconciler of Handlers blocks while its

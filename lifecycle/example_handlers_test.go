@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -85,4 +86,42 @@ func ExampleParseRecord() {
 	// Output:
 	// 2 true 3 failed to dial: timeout
 	// failed to decode progress: unexpected end of JSON input
+}
+
+// With a ProgressKey, a Record that the operator did not sign (here written by someone who
+// may patch the object, marking the handler done) is refused: the handler runs all the same,
+// and a Warning Event says why.
+func ExampleHandlersOptions_progressKey() {
+	ex := drain.New(drain.Options{})
+	defer func() { _ = ex.Drain(context.Background()) }()
+	c := fake.NewClientBuilder().WithObjects(&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
+		Namespace: metav1.NamespaceDefault, Name: "settings", Generation: 1, UID: "9b1f7c4e",
+		Annotations: map[string]string{
+			lifecycle.DefaultProgressAnnotation: `{"generation":1,"handlers":{"provision":{"retries":0,"done":true}}}`,
+		},
+	}}).Build()
+	rec := events.NewFakeRecorder(10)
+	provision := lifecycle.Handler[*corev1.ConfigMap]{ID: "provision", Fn: func(context.Context, *corev1.ConfigMap) error {
+		fmt.Println("provisioning")
+		return nil
+	}}
+	r, err := lifecycle.Handlers(ex, c, "configmaps", nil, []lifecycle.Handler[*corev1.ConfigMap]{provision},
+		lifecycle.HandlersOptions{
+			// In an operator: read from a Secret mounted for the operator alone.
+			ProgressKey: []byte("0123456789abcdef0123456789abcdef"),
+			Recorder:    rec,
+		})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	req := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: metav1.NamespaceDefault, Name: "settings"}}
+	if _, err := r.Reconcile(context.Background(), req); err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(<-rec.Events)
+	// Output:
+	// provisioning
+	// Warning ProgressForged Annotation quiesce.dev/progress holds progress this operator did not sign, all handlers start afresh: failed to verify progress: no signature
 }

@@ -108,6 +108,27 @@ type HandlersOptions struct {
 
 	// Wrap is the Options of the reconcilers.Wrap that Handlers applies to its reconciler.
 	Wrap reconcilers.WrapOptions
+
+	// ProgressKey, if set, signs each Record that Handlers writes: an HMAC-SHA256 with this
+	// key of the object's UID, the Record's generation and its handlers. A Record without
+	// the signature, or with one that does not match, is refused as forged: logged,
+	// reported by a Warning Event (ReasonProgressForged), and every handler runs for the
+	// object's generation as if there were no Record. So a user who may patch the object
+	// but does not hold the key can make handlers run again, never skip one (see the
+	// package documentation, "Who can write the progress"). Keep the key in a Secret that
+	// only the operator reads, at least MinProgressKeyBytes (32) random bytes. Setting it,
+	// or changing it, makes every Record written before refused once: each object's
+	// handlers run once more. nil: Records are not signed, and anyone who may patch the
+	// object can mark a handler done.
+	ProgressKey []byte
+
+	// PublishErrors puts a failed handler's error text (its first KiB) in the Record's
+	// Progress.Message and in the Events' notes, which anyone who may read the object or
+	// its Events reads. false, the default: they carry the error's class only (its API
+	// reason and HTTP status, or its Go type, see Progress.Message), and the whole text
+	// is in the operator's log alone. Client errors often hold URLs, response bodies or
+	// tokens: set it only if the object's readers may read those.
+	PublishErrors bool
 }
 
 func (o *HandlersOptions) setDefaults() {
@@ -180,6 +201,13 @@ func Handlers[T client.Object](
 	if errs := validation.IsQualifiedName(opts.Annotation); len(errs) > 0 {
 		return nil, fmt.Errorf("failed to create handlers: annotation key %q: %s: %w",
 			opts.Annotation, strings.Join(errs, "; "), ErrInvalidHandlers)
+	}
+	if n := len(opts.ProgressKey); n > 0 && n < MinProgressKeyBytes {
+		return nil, fmt.Errorf("failed to create handlers: ProgressKey has %d bytes, want at least %d: %w",
+			n, MinProgressKeyBytes, ErrInvalidHandlers)
+	}
+	if opts.ProgressKey != nil {
+		opts.ProgressKey = append([]byte(nil), opts.ProgressKey...)
 	}
 	if newObj == nil {
 		var zero T
@@ -360,19 +388,19 @@ func (h *handlersReconciler[T]) update(
 		hp.Done, hp.Failed, hp.Delayed, hp.Message = true, false, nil, ""
 		logger.V(1).Info("Handler succeeded")
 	case ranTerminal:
-		hp.Done, hp.Failed, hp.Delayed, hp.Message = true, true, nil, internal.TruncateMessage(err.Error())
+		hp.Done, hp.Failed, hp.Delayed, hp.Message = true, true, nil, h.opts.published(err)
 		logger.Error(err, "Handler failed for good: not retried for this generation")
-		h.event(obj, corev1.EventTypeWarning, ReasonHandlerFailed, "Handler %s failed for good: %s", id, err.Error())
+		h.event(obj, corev1.EventTypeWarning, ReasonHandlerFailed, "Handler %s failed for good: %s", id, hp.Message)
 	case ranFailed:
 		if hp.Retries < math.MaxInt { // saturates: a stored count may be any int
 			hp.Retries++
 		}
 		delay := h.backoff(hp.Retries)
 		until := h.opts.Clock.Now().Add(delay).UTC()
-		hp.Delayed, hp.Message = &until, internal.TruncateMessage(err.Error())
+		hp.Delayed, hp.Message = &until, h.opts.published(err)
 		logger.Error(err, "Handler failed: retrying after a backoff", "retries", hp.Retries, "retryAfter", delay)
 		h.event(obj, corev1.EventTypeWarning, ReasonHandlerError, "Handler %s failed, retry %d after %s: %s",
-			id, hp.Retries, delay, err.Error())
+			id, hp.Retries, delay, hp.Message)
 	}
 	return hp
 }
@@ -430,6 +458,18 @@ func (h *handlersReconciler[T]) read(ctx context.Context, obj T) Record {
 		h.event(obj, corev1.EventTypeWarning, ReasonProgressCorrupt,
 			"Annotation %s holds no valid progress, all handlers start afresh: %s", h.opts.Annotation, err.Error())
 		return fresh
+	}
+	// Checked before the generation: a forged Record of another generation is harmless,
+	// but the attempt shows.
+	if h.opts.ProgressKey != nil {
+		if err := verifySigned(raw, h.opts.ProgressKey, obj.GetUID()); err != nil {
+			log.FromContext(ctx).Error(err, "Progress annotation is not signed by this operator: all handlers start afresh",
+				"annotation", h.opts.Annotation, "generation", gen)
+			h.event(obj, corev1.EventTypeWarning, ReasonProgressForged,
+				"Annotation %s holds progress this operator did not sign, all handlers start afresh: %s",
+				h.opts.Annotation, err.Error())
+			return fresh
+		}
 	}
 	if p.Generation != gen {
 		log.FromContext(ctx).V(1).Info("New generation: all handlers run again",
@@ -541,6 +581,9 @@ func (h *handlersReconciler[T]) draining() bool {
 func (h *handlersReconciler[T]) patch(ctx context.Context, obj T, p Record, lock bool) (T, error) {
 	var zero T
 	val, err := p.Encode()
+	if h.opts.ProgressKey != nil {
+		val, err = encodeSigned(p, h.opts.ProgressKey, obj.GetUID())
+	}
 	if err != nil {
 		return zero, err
 	}

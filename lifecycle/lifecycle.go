@@ -28,8 +28,11 @@ type Progress struct {
 	// Delayed is the time before which a failed handler is not retried (the backoff).
 	Delayed *time.Time `json:"delayed,omitempty"`
 
-	// Message is the error of the last failed run, cut to 1 KiB on a UTF-8 boundary and
-	// then ending with "... (truncated)"; empty once the handler succeeded.
+	// Message is what is published of the error of the last failed run: by default its
+	// class only ("Forbidden (HTTP 403)", "*url.Error", "terminal error: ...", "panic",
+	// then " (details in the operator's log)"); with HandlersOptions.PublishErrors its text,
+	// cut to 1 KiB on a UTF-8 boundary and then ending with "... (truncated)". Empty once
+	// the handler succeeded.
 	Message string `json:"message,omitempty"`
 }
 

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+
+	"github.com/quiesce-dev/quiesce/internal"
 )
 
 // DefaultProgressAnnotation is the annotation in which Handlers keeps its Record when
@@ -14,7 +16,8 @@ const DefaultProgressAnnotation = "quiesce.dev/progress"
 // it, JSON-encoded, in one annotation of the object. Tests and tools read it with ParseRecord;
 // Handlers is its only writer.
 //
-// An example of the annotation's value:
+// With HandlersOptions.ProgressKey, the value also holds "mac", the Record's signature,
+// which ParseRecord ignores. An example of the annotation's value:
 //
 //	{"generation":3,"handlers":{"a":{"retries":0,"done":true,"started":"2025-01-02T03:04:05Z"},
 //	 "b":{"retries":2,"done":false,"started":"...","delayed":"...","message":"failed to dial: ..."}}}
@@ -55,7 +58,7 @@ func ParseRecord(s string) (Record, error) {
 	}
 	for id, h := range w.Handlers {
 		if h.Retries < 0 {
-			return Record{}, fmt.Errorf("failed to decode progress: handler %q has %d retries", id, h.Retries)
+			return Record{}, fmt.Errorf("failed to decode progress: handler %q has %d retries", internal.Cut(id), h.Retries)
 		}
 	}
 	return Record{Generation: *w.Generation, Handlers: w.Handlers}, nil

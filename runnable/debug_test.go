@@ -8,9 +8,14 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
+	"time"
 
+	testingclock "k8s.io/utils/clock/testing"
+
+	"github.com/quiesce-dev/quiesce/internal"
 	"github.com/quiesce-dev/quiesce/runnable"
 )
 
@@ -145,5 +150,184 @@ func TestServeHTTPCutsLongNames(t *testing.T) {
 	name := body.Calls[0].Name
 	if len(name) > 300 || !strings.HasPrefix(name, "line one\n") || !strings.HasSuffix(name, fmt.Sprintf("(%d bytes)", len(huge))) {
 		t.Fatalf("name = %.80q... (%d bytes), want it cut to 256 bytes and marked with its length", name, len(name))
+	}
+}
+
+func TestServeHTTPDefaultLimitAndAll(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := runnable.New(runnable.Options{CancelAfter: -1})
+		release := make(chan struct{})
+		hangAll(t, r, runnable.DebugLimit+5, release)
+		defer func() {
+			close(release)
+			if err := r.Executor().Drain(context.Background()); err != nil {
+				t.Error(err)
+			}
+		}()
+		_, body := serve(t, r, http.MethodGet, "/debug/quiesce")
+		if body.Count != runnable.DebugLimit+5 || len(body.Calls) != runnable.DebugLimit ||
+			body.Calls[0].Name != "ctrl/ns/00/hang" {
+			t.Fatalf("without ?limit: count %d, %d calls from %q; want count %d and the %d oldest",
+				body.Count, len(body.Calls), body.Calls[0].Name, runnable.DebugLimit+5, runnable.DebugLimit)
+		}
+		_, body = serve(t, r, http.MethodGet, "/debug/quiesce?limit=all")
+		if len(body.Calls) != runnable.DebugLimit+5 {
+			t.Fatalf("?limit=all: %d calls, want %d", len(body.Calls), runnable.DebugLimit+5)
+		}
+		if res, _ := serve(t, r, http.MethodGet, "/debug/quiesce?limit=ALL"); res.StatusCode != http.StatusBadRequest {
+			t.Fatalf("?limit=ALL: status %d, want 400", res.StatusCode)
+		}
+	})
+}
+
+func TestServeHTTPSharesOneCaptureASecond(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := runnable.New(runnable.Options{CancelAfter: -1})
+		release := make(chan struct{})
+		hangAll(t, r, 1, release)
+		defer func() {
+			close(release)
+			if err := r.Executor().Drain(context.Background()); err != nil {
+				t.Error(err)
+			}
+		}()
+		caps := internal.Captures.Load()
+		_, body := serve(t, r, http.MethodGet, "/debug/quiesce")
+		if len(body.Calls) != 1 || body.Calls[0].Where == "" {
+			t.Fatalf("first GET: %+v, want the call located", body.Calls)
+		}
+		// A call that begins after the capture is listed without a location for the rest
+		// of the second, rather than paid for with a capture of its own.
+		if err := r.Executor().Go(context.Background(), "late", func(context.Context) error { <-release; return nil }); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		for range 3 {
+			_, body = serve(t, r, http.MethodGet, "/debug/quiesce")
+			if len(body.Calls) != 2 || body.Calls[0].Where == "" || body.Calls[1].Name != "late" ||
+				body.Calls[1].Where != "" || body.Calls[1].Handler != "" {
+				t.Fatalf("GET within the second: %+v, want the first located and late listed without a location", body.Calls)
+			}
+		}
+		if n := internal.Captures.Load() - caps; n != 1 {
+			t.Fatalf("captures within the second: %d, want 1", n)
+		}
+		time.Sleep(time.Second) // the capture ages out
+		_, body = serve(t, r, http.MethodGet, "/debug/quiesce")
+		if len(body.Calls) != 2 || !strings.HasPrefix(body.Calls[1].Where, "runnable_test.") {
+			t.Fatalf("GET a second later: %+v, want late located", body.Calls)
+		}
+		if n := internal.Captures.Load() - caps; n != 2 {
+			t.Fatalf("captures after a second: %d, want 2", n)
+		}
+	})
+}
+
+// TestServeHTTPUnderStreamOfCalls asks every 250ms for 5s while calls begin all the time:
+// each GET lists a call newer than the last capture, yet there is at most one capture a
+// second.
+func TestServeHTTPUnderStreamOfCalls(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := runnable.New(runnable.Options{CancelAfter: -1})
+		ex := r.Executor()
+		stop := make(chan struct{})
+		var streamed sync.WaitGroup
+		streamed.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_ = ex.Go(context.Background(), "stream", func(context.Context) error {
+					time.Sleep(100 * time.Millisecond) // fake time: the call's work
+					return nil
+				})
+				time.Sleep(10 * time.Millisecond)
+			}
+		})
+		caps := internal.Captures.Load()
+		const gets = 20
+		for range gets {
+			time.Sleep(250 * time.Millisecond)
+			res, body := serve(t, r, http.MethodGet, "/debug/quiesce")
+			if res.StatusCode != http.StatusOK || body.Count == 0 {
+				t.Fatalf("GET: status %d, %+v; want 200 and the streamed calls", res.StatusCode, body)
+			}
+		}
+		if n := internal.Captures.Load() - caps; n > gets/4+1 {
+			t.Errorf("captures in %d GETs over 5s: %d, want at most one a second", gets, n)
+		}
+		close(stop)
+		streamed.Wait()
+		if err := ex.Drain(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// TestServeHTTPCostIsBoundedByWhatItShows: without ?limit, a GET that shares the second's
+// capture allocates as much with 2,000 calls pending as with 20.
+func TestServeHTTPCostIsBoundedByWhatItShows(t *testing.T) {
+	allocs := func(pending int) float64 {
+		var out float64
+		synctest.Test(t, func(t *testing.T) {
+			r := runnable.New(runnable.Options{CancelAfter: -1})
+			release := make(chan struct{})
+			for range pending {
+				if err := r.Executor().Go(context.Background(), "wait", func(context.Context) error { <-release; return nil }); err != nil {
+					t.Fatal(err)
+				}
+			}
+			synctest.Wait()
+			// A warm-up run and 9 more: within the burst, sharing the warm-up's capture.
+			out = testing.AllocsPerRun(runnable.DebugBurst-1, func() {
+				rec := httptest.NewRecorder()
+				r.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/debug/quiesce", nil))
+				if rec.Code != http.StatusOK {
+					t.Errorf("GET: status %d, want 200", rec.Code)
+				}
+			})
+			close(release)
+			if err := r.Executor().Drain(context.Background()); err != nil {
+				t.Error(err)
+			}
+		})
+		return out
+	}
+	few, many := allocs(runnable.DebugLimit), allocs(100*runnable.DebugLimit)
+	if many > few*1.2+10 {
+		t.Fatalf("allocations per GET: %.0f with %d pending, %.0f with %d; want them about equal",
+			few, runnable.DebugLimit, many, 100*runnable.DebugLimit)
+	}
+}
+
+func TestServeHTTPRateLimit(t *testing.T) {
+	clk := testingclock.NewFakeClock(time.Unix(1, 0))
+	r := runnable.New(runnable.Options{Clock: clk})
+	for i := range runnable.DebugBurst {
+		if res, _ := serve(t, r, http.MethodGet, "/debug/quiesce"); res.StatusCode != http.StatusOK {
+			t.Fatalf("GET %d of a burst: status %d, want 200", i, res.StatusCode)
+		}
+	}
+	res, _ := serve(t, r, http.MethodGet, "/debug/quiesce")
+	if res.StatusCode != http.StatusTooManyRequests || res.Header.Get("Retry-After") != "1" {
+		t.Fatalf("GET beyond the burst: status %d, Retry-After %q; want 429 and 1", res.StatusCode, res.Header.Get("Retry-After"))
+	}
+	clk.Step(time.Second)
+	ok := 0
+	for range 2 * runnable.DebugRate {
+		if res, _ := serve(t, r, http.MethodGet, "/debug/quiesce"); res.StatusCode == http.StatusOK {
+			ok++
+		}
+	}
+	if ok != runnable.DebugRate {
+		t.Fatalf("GETs answered a second later: %d, want %d", ok, runnable.DebugRate)
+	}
+	// The count alone costs nothing: never limited.
+	for range 3 * runnable.DebugBurst {
+		if res, _ := serve(t, r, http.MethodGet, "/debug/quiesce?limit=0"); res.StatusCode != http.StatusOK {
+			t.Fatalf("GET ?limit=0 beyond the rate: status %d, want 200", res.StatusCode)
+		}
 	}
 }

@@ -110,7 +110,8 @@ type Runnable struct {
 	eventsBudget time.Duration
 	lease        atomic.Pointer[leaseObserver] // connected by Add, when leader election is on
 
-	stop *stopState // see stop.go
+	stop  *stopState // see stop.go
+	debug debugView  // see debug.go
 
 	started      atomic.Bool
 	drainStarted atomic.Bool // the Runnable's drain began

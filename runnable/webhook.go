@@ -158,7 +158,7 @@ func (h *trackedHook) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		}
 		// As controller-runtime's admission webhooks do with RecoverPanic: log it (here
 		// named after the request, with its stack) and answer with an error.
-		r.log.Error(pe, "Webhook handler panicked", "name", pe.Name, "stack", string(pe.Stack))
+		r.log.Error(pe, "Webhook handler panicked", "name", internal.Cut(pe.Name), "stack", string(pe.Stack))
 		http.Error(w, "webhook handler panicked", http.StatusInternalServerError)
 	}
 }

@@ -79,7 +79,7 @@ func (t *trackedHandler) Handle(ctx context.Context, req admission.Request) admi
 		if pe.Value == http.ErrAbortHandler { //nolint:errorlint // the sentinel itself, as net/http compares it
 			panic(http.ErrAbortHandler)
 		}
-		r.log.Error(pe, "Webhook handler panicked", "name", pe.Name, "stack", string(pe.Stack))
+		r.log.Error(pe, "Webhook handler panicked", "name", internal.Cut(pe.Name), "stack", string(pe.Stack))
 		if t.wh.RecoverPanic != nil && !*t.wh.RecoverPanic {
 			panic(loggedPanic{pe}) // out of the Webhook, to trackedHook.recoverAdmission
 		}
@@ -125,7 +125,7 @@ func (h *trackedHook) recoverAdmission(w http.ResponseWriter, r *Runnable) {
 	}
 	if _, logged := v.(loggedPanic); !logged {
 		pe := &drain.PanicError{Name: h.call, Value: v, Stack: debug.Stack()}
-		r.log.Error(pe, "Webhook handler panicked", "name", pe.Name, "stack", string(pe.Stack))
+		r.log.Error(pe, "Webhook handler panicked", "name", internal.Cut(pe.Name), "stack", string(pe.Stack))
 	}
 	http.Error(w, "webhook handler panicked", http.StatusInternalServerError)
 }

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -88,6 +89,20 @@ type Options struct {
 	// Output receives a copy of each line the operator writes (stdout and stderr), e.g.
 	// GinkgoWriter or a testing.T's writer. nil: none; Result.Lines keeps them all anyway.
 	Output io.Writer
+
+	// PassEnv names further variables of the test's environment that the operator gets,
+	// e.g. []string{"MY_OPERATOR_REGION"}. The operator does not inherit the test's whole
+	// environment (in CI it holds secrets): it gets KUBECONFIG, the variables in
+	// DefaultPassEnv that are set, and those named here that are set.
+	PassEnv []string
+}
+
+// DefaultPassEnv are the variables of the test's environment that every operator Start
+// runs gets, when set: what a Go program and its runtime read (GOCOVERDIR, for coverage of
+// the operator), and the basics of a process's environment.
+var DefaultPassEnv = []string{
+	"PATH", "HOME", "USER", "TMPDIR", "LANG", "LC_ALL", "TZ",
+	"GODEBUG", "GOMAXPROCS", "GOMEMLIMIT", "GOGC", "GORACE", "GOTRACEBACK", "GOCOVERDIR",
 }
 
 func (o *Options) setDefaults() error {
@@ -338,7 +353,7 @@ func start(ctx context.Context, bin, tmp string, opts Options) (*Operator, error
 
 	cmd := exec.Command(bin, append(opts.Flags(e), opts.Args...)...)
 	cmd.Dir = opts.Dir
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfigPath) // the last value of a key wins
+	cmd.Env = operatorEnv(kubeconfigPath, opts.PassEnv)
 	cmd.SysProcAttr = sysProcAttr()
 	r, w, err := os.Pipe()
 	if err != nil {
@@ -365,6 +380,18 @@ func start(ctx context.Context, bin, tmp string, opts Options) (*Operator, error
 	go op.readLog(r)
 	go op.reap()
 	return op, nil
+}
+
+// operatorEnv returns the operator's environment: KUBECONFIG, then the variables of
+// DefaultPassEnv and pass that are set in this process's.
+func operatorEnv(kubeconfig string, pass []string) []string {
+	env := []string{"KUBECONFIG=" + kubeconfig}
+	for _, name := range append(slices.Clone(DefaultPassEnv), pass...) {
+		if v, ok := os.LookupEnv(name); ok && name != "KUBECONFIG" {
+			env = append(env, name+"="+v)
+		}
+	}
+	return env
 }
 
 // reap waits for the process, records when it exited, stops watching Start's context and

@@ -1,0 +1,209 @@
+package lifecycle_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/go-logr/logr/funcr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/quiesce-dev/quiesce/drain"
+	"github.com/quiesce-dev/quiesce/lifecycle"
+)
+
+// secret is what a client error may hold that must not be published.
+const secret = "sk-live-0123456789abcdef"
+
+// clientError is an error as a client library returns it: a URL with credentials, and a
+// response that echoes the bearer token.
+func clientError() error {
+	return fmt.Errorf("failed to call the backend: %w", &url.Error{
+		Op:  "Post",
+		URL: "https://admin:hunter2@backend.internal.example/v1/apply?token=" + secret,
+		Err: errors.New("401 Unauthorized: Authorization: Bearer " + secret),
+	})
+}
+
+// logged runs one reconcile of obj with a logger into lines and returns them.
+func (f *fixture) logged(name string) []string {
+	f.t.Helper()
+	var lines []string
+	logger := funcr.New(func(prefix, args string) { lines = append(lines, prefix+" "+args) }, funcr.Options{})
+	if _, err := f.r.Reconcile(log.IntoContext(context.Background(), logger), request(name)); err != nil {
+		f.t.Fatalf("Reconcile: %v", err)
+	}
+	return lines
+}
+
+func TestHandlersRedactErrorsByDefault(t *testing.T) {
+	forbidden := apierrors.NewForbidden(schema.GroupResource{Resource: "secrets"}, "db",
+		errors.New("token "+secret+" may not read secrets"))
+	for _, tc := range []struct {
+		name, class string
+		err         error
+	}{
+		{"client error", "*url.Error", clientError()},
+		{"API error", "Forbidden (HTTP 403)", fmt.Errorf("failed to get: %w", forbidden)},
+		{"terminal", "terminal error: *url.Error", reconcile.TerminalError(clientError())},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := lifecycle.Handler[*corev1.ConfigMap]{ID: "h", Fn: func(context.Context, *corev1.ConfigMap) error { return tc.err }}
+			f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{h}, lifecycle.HandlersOptions{}, configMap("obj"))
+			lines := f.logged("obj")
+
+			ann := f.object().Annotations[lifecycle.DefaultProgressAnnotation]
+			evs := f.events()
+			for _, leak := range []string{secret, "hunter2", "backend.internal.example"} {
+				if strings.Contains(ann, leak) {
+					t.Errorf("the annotation holds %q: %s", leak, ann)
+				}
+				for _, e := range evs {
+					if strings.Contains(e, leak) {
+						t.Errorf("an Event holds %q: %s", leak, e)
+					}
+				}
+			}
+			want := tc.class + " (details in the operator's log)"
+			if msg := f.record().Handlers["h"].Message; msg != want {
+				t.Errorf("message = %q, want %q", msg, want)
+			}
+			if len(evs) != 1 || !strings.HasSuffix(evs[0], ": "+want) {
+				t.Errorf("events = %q, want one ending %q", evs, want)
+			}
+			if !strings.Contains(strings.Join(lines, "\n"), secret) {
+				t.Errorf("the operator's log lacks the whole error:\n%s", strings.Join(lines, "\n"))
+			}
+		})
+	}
+}
+
+func TestHandlersPublishErrors(t *testing.T) {
+	h := lifecycle.Handler[*corev1.ConfigMap]{ID: "h", Fn: func(context.Context, *corev1.ConfigMap) error { return clientError() }}
+	f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{h}, lifecycle.HandlersOptions{PublishErrors: true}, configMap("obj"))
+	f.reconcile("obj")
+	if msg := f.record().Handlers["h"].Message; msg != clientError().Error() {
+		t.Fatalf("message = %q, want the error's text", msg)
+	}
+	if evs := f.events(); len(evs) != 1 || !strings.Contains(evs[0], secret) {
+		t.Fatalf("events = %q, want the error's text", evs)
+	}
+}
+
+// key is a ProgressKey for tests.
+var key = []byte("0123456789abcdef0123456789abcdef")
+
+// signedObj is configMap(name) with a UID, as the API server gives every object.
+func signedObj(name string, uid types.UID) *corev1.ConfigMap {
+	cm := configMap(name)
+	cm.UID = uid
+	return cm
+}
+
+// setProgress writes value into the progress annotation of the fixture's object, as a user
+// who may patch it does.
+func (f *fixture) setProgress(value string) {
+	f.t.Helper()
+	cm := f.object()
+	from := client.MergeFrom(cm.DeepCopy())
+	cm.Annotations[lifecycle.DefaultProgressAnnotation] = value
+	if err := f.c.Patch(context.Background(), cm, from); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func TestHandlersProgressKey(t *testing.T) {
+	opts := lifecycle.HandlersOptions{ProgressKey: key}
+	const done = `{"generation":1,"handlers":{"a":{"retries":0,"done":true}}}`
+	for _, tc := range []struct {
+		name   string
+		forge  func(f *fixture, signed string) string
+		forged bool // refused with ReasonProgressForged
+	}{
+		{"signed by the operator", func(_ *fixture, signed string) string { return signed }, false},
+		{"unsigned done", func(*fixture, string) string { return done }, true},
+		{"done with a made-up signature", func(*fixture, string) string {
+			return strings.TrimSuffix(done, "}") + `,"mac":"AAAA"}`
+		}, true},
+		{"signed, then edited", func(_ *fixture, signed string) string {
+			return strings.Replace(signed, `"retries":0`, `"retries":1`, 1)
+		}, true},
+		{"signed for another object", func(*fixture, string) string {
+			other := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{ok(&journal{}, "a")}, opts, signedObj("obj", "other-uid"))
+			other.reconcile("obj")
+			return other.object().Annotations[lifecycle.DefaultProgressAnnotation]
+		}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var j journal
+			f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a")}, opts, signedObj("obj", "uid-1"))
+			f.reconcile("obj")
+			signed := f.object().Annotations[lifecycle.DefaultProgressAnnotation]
+			if !strings.Contains(signed, `"mac":"`) || !f.record().Handlers["a"].Done || len(j.all()) != 1 {
+				t.Fatalf("after a first run: %s, runs %q; want a signed Record with a done", signed, j.all())
+			}
+			f.setProgress(tc.forge(f, signed))
+			lines := f.logged("obj")
+			evs := f.events()
+			runs := len(j.all())
+			if !tc.forged {
+				if runs != 1 || len(evs) != 0 {
+					t.Fatalf("runs %d, events %q; want a not run again and no Event", runs, evs)
+				}
+				return
+			}
+			if runs != 2 || !f.record().Handlers["a"].Done {
+				t.Fatalf("runs %d, record %+v; want a run again and done", runs, f.record())
+			}
+			if len(evs) != 1 || !strings.HasPrefix(evs[0], "Warning "+lifecycle.ReasonProgressForged+" ") {
+				t.Fatalf("events = %q, want one %s", evs, lifecycle.ReasonProgressForged)
+			}
+			if !strings.Contains(strings.Join(lines, "\n"), "Progress annotation is not signed by this operator") {
+				t.Fatalf("log lacks the refusal:\n%s", strings.Join(lines, "\n"))
+			}
+		})
+	}
+}
+
+func TestHandlersProgressKeyTooShort(t *testing.T) {
+	ex := drain.New(drain.Options{})
+	drained(t, ex)
+	_, err := lifecycle.Handlers(ex, fake.NewClientBuilder().Build(), "cm", nil,
+		[]lifecycle.Handler[*corev1.ConfigMap]{ok(&journal{}, "a")}, lifecycle.HandlersOptions{ProgressKey: key[:31]})
+	if !errors.Is(err, lifecycle.ErrInvalidHandlers) {
+		t.Fatalf("Handlers with a 31-byte key = %v, want ErrInvalidHandlers", err)
+	}
+}
+
+// TestHandlersCutMegabyteIDs: a handler id of a megabyte in the annotation (written by
+// anyone who may patch the object) reaches the error, the log line and the Event cut.
+func TestHandlersCutMegabyteIDs(t *testing.T) {
+	huge := strings.Repeat("x", 1<<20)
+	value := `{"generation":1,"handlers":{"` + huge + `":{"retries":-1}}}`
+	if _, err := lifecycle.ParseRecord(value); err == nil || len(err.Error()) > 400 {
+		t.Fatalf("ParseRecord error of %d bytes, want an error of at most 400", len(fmt.Sprint(err)))
+	}
+	var j journal
+	f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a")}, lifecycle.HandlersOptions{}, configMap("obj"))
+	f.setProgress(value)
+	lines := f.logged("obj")
+	evs := f.events()
+	if len(lines) == 0 || len(evs) != 1 || len(j.all()) != 1 {
+		t.Fatalf("%d log lines, events %.200q, runs %q; want the corrupt Record logged, reported and a run", len(lines), evs, j.all())
+	}
+	for _, s := range append(lines, evs...) {
+		if len(s) > 2048 {
+			t.Errorf("a log line or Event of %d bytes: %.200q...", len(s), s)
+		}
+	}
+}

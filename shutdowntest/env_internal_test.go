@@ -1,0 +1,28 @@
+package shutdowntest
+
+import (
+	"slices"
+	"testing"
+)
+
+func TestOperatorEnv(t *testing.T) {
+	t.Setenv("QUIESCE_TEST_SECRET", "s3cret")
+	t.Setenv("QUIESCE_TEST_WANTED", "yes")
+	t.Setenv("GODEBUG", "profstackdepth=256")
+	t.Setenv("KUBECONFIG", "/the/test's/own")
+	env := operatorEnv("/tmp/kc", []string{"QUIESCE_TEST_WANTED", "QUIESCE_TEST_UNSET", "KUBECONFIG"})
+	for _, want := range []string{"KUBECONFIG=/tmp/kc", "QUIESCE_TEST_WANTED=yes", "GODEBUG=profstackdepth=256"} {
+		if !slices.Contains(env, want) {
+			t.Errorf("env %q lacks %q", env, want)
+		}
+	}
+	for _, kv := range env {
+		switch kv {
+		case "QUIESCE_TEST_SECRET=s3cret", "KUBECONFIG=/the/test's/own":
+			t.Errorf("env %q holds %q, which is not allowed", env, kv)
+		}
+		if kv == "QUIESCE_TEST_UNSET=" {
+			t.Errorf("env %q holds an unset variable", env)
+		}
+	}
+}

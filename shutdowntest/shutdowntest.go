@@ -146,8 +146,9 @@ type Endpoints struct {
 // KubebuilderFlags are the flags of a kubebuilder (go/v4) scaffold's main.go for e:
 // --metrics-bind-address, --metrics-secure=false (the scaffold serves metrics over HTTPS
 // with authentication by default; the harness reads /debug/quiesce over plain HTTP, on
-// loopback) with --quiesce-debug-without-filter (runnable.Options.BindFlags), so that
-// quiesce serves it there, --health-probe-bind-address, and, when Env installs webhooks,
+// loopback) with --quiesce-debug-without-filter, so that quiesce serves it there (bound by
+// runnable.Options.BindFlags, as the adoption diff does; a main that binds no quiesce flags
+// needs Options.Flags), --health-probe-bind-address, and, when Env installs webhooks,
 // --webhook-cert-path and --webhook-port (the scaffold's flags for its webhook server).
 func KubebuilderFlags(e Endpoints) []string {
 	flags := []string{

@@ -15,6 +15,7 @@ func main() {
 	probe := flag.String("health-probe-bind-address", "", "")
 	flag.String("metrics-bind-address", "", "")
 	flag.Bool("metrics-secure", true, "")
+	flag.Bool("quiesce-debug-without-filter", false, "") // runnable.Options.BindFlags binds it
 	flag.Parse()
 	signal.Ignore(syscall.SIGTERM, os.Interrupt)
 	fmt.Printf("stubborn: pid %d ignores SIGTERM\n", os.Getpid())

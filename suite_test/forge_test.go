@@ -81,7 +81,7 @@ var _ = Describe("The progress of Handlers with a ProgressKey", func() {
 			return nil
 		}}
 		mgr := newManager(handlersCacheIn(ns))
-		q, err := runnable.Add(mgr, runnable.Options{GracePeriod: 20 * time.Second})
+		q, err := addQuiesce(mgr, runnable.Options{GracePeriod: 20 * time.Second})
 		Expect(err).NotTo(HaveOccurred())
 		r, err := lifecycle.Handlers(q.Executor(), mgr.GetClient(), "forge", nil, []lifecycle.Handler[*appsv1.StatefulSet]{h},
 			lifecycle.HandlersOptions{

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"runtime/debug"
 	"strconv"
@@ -27,6 +28,7 @@ import (
 const (
 	DefaultReadyTimeout = 60 * time.Second
 	DefaultStopTimeout  = 90 * time.Second
+	DefaultWaitTimeout  = 2 * time.Minute
 )
 
 // AbandonedMessage is the message of the line in which quiesce names the calls it abandoned
@@ -43,7 +45,7 @@ const (
 	readyPollInterval  = 100 * time.Millisecond
 	headLinesInErrors  = 5
 	lastLinesInErrors  = 20
-	maxLineBytes       = 4 << 20
+	maxLineBytes       = 1 << 20
 	operatorUserName   = "shutdowntest"
 	kubeconfigFileName = "kubeconfig"
 )
@@ -84,6 +86,9 @@ type Options struct {
 	// SIGTERM, then SIGKILL. 0: DefaultStopTimeout. Set it above the operator's own
 	// GracefulShutdownTimeout.
 	StopTimeout time.Duration
+	// WaitTimeout bounds each wait of WaitLines (and of the waits built on it) when its
+	// context has no earlier deadline. 0: DefaultWaitTimeout.
+	WaitTimeout time.Duration
 
 	// Output receives a copy of each line the operator writes (stdout and stderr), e.g.
 	// GinkgoWriter or a testing.T's writer. nil: none; Result.Lines keeps them all anyway.
@@ -105,6 +110,9 @@ func (o *Options) setDefaults() error {
 	}
 	if o.StopTimeout <= 0 {
 		o.StopTimeout = DefaultStopTimeout
+	}
+	if o.WaitTimeout <= 0 {
+		o.WaitTimeout = DefaultWaitTimeout
 	}
 	if o.Output == nil {
 		o.Output = io.Discard
@@ -207,12 +215,11 @@ func Build(ctx context.Context, opts Options) (string, error) {
 	if b.binary != "" {
 		return b.binary, nil
 	}
-	// The package's own name (e.g. "demo-operator", "cmd"), as ps shows it.
 	sub := filepath.Join(binDir, strconv.Itoa(b.index))
 	if err := os.MkdirAll(sub, 0o755); err != nil {
 		return "", fmt.Errorf("failed to create a directory for the binary: %w", err)
 	}
-	bin := filepath.Join(sub, filepath.Base(filepath.Clean(opts.Package)))
+	bin := filepath.Join(sub, binaryName(dir, opts.Package))
 	args := append(append([]string{"build", "-o", bin}, flags...), opts.Package)
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = dir
@@ -225,6 +232,20 @@ func Build(ctx context.Context, opts Options) (string, error) {
 	}
 	b.binary = bin
 	return bin, nil
+}
+
+// binaryName returns the name of the binary of pkg, built in dir: the package's own directory
+// name ("demo-operator", "cmd"; for ".", dir's name), as ps shows it. `go build -o` then
+// writes a file of that name, never into a directory.
+func binaryName(dir, pkg string) string {
+	name := path.Base(filepath.ToSlash(pkg))
+	if name == "." || name == ".." || name == "/" {
+		name = filepath.Base(filepath.Join(dir, pkg))
+	}
+	if name == "." || name == string(filepath.Separator) || strings.Contains(name, "...") {
+		return "operator"
+	}
+	return name
 }
 
 // buildFlags returns flags with -race first when this process runs with the race detector and
@@ -275,8 +296,13 @@ type Operator struct {
 	changed  chan struct{} // closed, and replaced, when a line is added (WaitLines)
 	signalAt time.Time     // the first SIGTERM of Stop
 	killed   bool          // Stop had to send a second SIGTERM or SIGKILL
+	reaped   bool          // the process group was killed and the pid may be reaped: kill no more
 	exitedAt time.Time
 }
+
+// addUser serializes Environment.AddUser: it signs certificates with the environment's CA,
+// which is not safe for concurrent use.
+var addUser sync.Mutex
 
 // Start builds the operator (Build) unless opts.Binary is set, runs it with opts.Flags and
 // opts.Args against opts.Env, and returns once GET /readyz on its probe address answers
@@ -313,7 +339,9 @@ func Start(ctx context.Context, opts Options) (*Operator, error) {
 }
 
 func start(ctx context.Context, bin, tmp string, opts Options) (*Operator, error) {
+	addUser.Lock()
 	user, err := opts.Env.AddUser(envtest.User{Name: operatorUserName, Groups: []string{"system:masters"}}, nil)
+	addUser.Unlock()
 	if err != nil {
 		return nil, fmt.Errorf("failed to add the operator's user: %w", err)
 	}
@@ -347,7 +375,7 @@ func start(ctx context.Context, bin, tmp string, opts Options) (*Operator, error
 	_ = w.Close() // the operator has its own copy of the write end
 	if err != nil {
 		_ = r.Close()
-		return nil, fmt.Errorf("failed to start %s: %w", bin, err)
+		return nil, startError(bin, err)
 	}
 	op := &Operator{
 		opts:      opts,
@@ -359,15 +387,36 @@ func start(ctx context.Context, bin, tmp string, opts Options) (*Operator, error
 		changed:   make(chan struct{}),
 	}
 	// The operator never outlives ctx.
-	op.stopCtx = context.AfterFunc(ctx, func() { _ = cmd.Process.Kill() })
+	op.stopCtx = context.AfterFunc(ctx, op.kill)
 	go op.readLog(r)
 	go op.reap()
 	return op, nil
 }
 
-// reap waits for the process, records when it exited, stops watching Start's context and
-// removes the temporary directory.
+// startError explains why bin could not be started.
+func startError(bin string, err error) error {
+	if fi, serr := os.Stat(bin); serr == nil && fi.IsDir() {
+		return fmt.Errorf("failed to start %s: it is a directory, not the operator's binary: "+
+			"set Options.Binary to the binary's file, or leave it empty and set Options.Package: %w", bin, err)
+	}
+	if errors.Is(err, os.ErrPermission) {
+		return fmt.Errorf("failed to start %s: it is not executable: check Options.Binary "+
+			"(a file built by go build, mode +x): %w", bin, err)
+	}
+	return fmt.Errorf("failed to start %s: %w", bin, err)
+}
+
+// reap waits for the process, kills what it left in its process group (as a container's
+// processes end with its main process), records when it exited, stops watching Start's
+// context and removes the temporary directory.
 func (o *Operator) reap() {
+	if ownGroup {
+		waitExited(o.cmd)
+		o.mu.Lock()
+		killGroup(o.cmd)
+		o.reaped = true
+		o.mu.Unlock()
+	}
 	_ = o.cmd.Wait() // the exit status is in cmd.ProcessState
 	o.mu.Lock()
 	o.exitedAt = time.Now()
@@ -395,17 +444,23 @@ func (o *Operator) readLog(r *os.File) {
 		case <-o.logDone:
 		}
 	}()
-	sc := newScanner(r)
-	for sc.Scan() {
-		line := sc.Text()
+	readLines(r, func(line string) {
 		_, _ = fmt.Fprintln(o.opts.Output, line) // nowhere to report a failed write to
 		o.mu.Lock()
 		o.lines = append(o.lines, line)
 		close(o.changed)
 		o.changed = make(chan struct{})
 		o.mu.Unlock()
+	})
+}
+
+// kill sends SIGKILL to the operator's process group unless it was reaped.
+func (o *Operator) kill() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !o.reaped {
+		killGroup(o.cmd)
 	}
-	_, _ = io.Copy(io.Discard, r) // after a line too long: never block the operator
 }
 
 // Endpoints returns the addresses of the operator's metrics and probe servers.
@@ -425,11 +480,19 @@ func (o *Operator) Lines() []string {
 }
 
 // WaitLines waits until n lines of the operator's log, from its start on, satisfy match
-// (called once per line, on the caller's goroutine), e.g. until it logged that it acquired
-// the lease, or that n reconciles work. It returns nil then; an error when the log ended
-// first (the operator exited: the error has its status and the count), or when ctx ends
-// (bound the wait with it). It waits on the log itself, without polling.
+// (called once per line, on the caller's goroutine), e.g. until it logged that n reconciles
+// work (for the lease, see WaitLeader). It returns nil then; an error when the log ended
+// first (the operator exited: the error has its status and the count), or when ctx ends, or
+// after Options.WaitTimeout (DefaultWaitTimeout) when ctx has no earlier deadline. It waits
+// on the log itself, without polling.
 func (o *Operator) WaitLines(ctx context.Context, n int, match func(line string) bool) error {
+	return o.waitLines(ctx, fmt.Sprintf("%d matching log lines", n), n, match)
+}
+
+// waitLines is WaitLines; what says what it waits for, in its errors.
+func (o *Operator) waitLines(ctx context.Context, what string, n int, match func(line string) bool) error {
+	ctx, cancel := context.WithTimeout(ctx, o.opts.WaitTimeout)
+	defer cancel()
 	seen, got := 0, 0
 	count := func() <-chan struct{} {
 		o.mu.Lock()
@@ -455,10 +518,14 @@ func (o *Operator) WaitLines(ctx context.Context, n int, match func(line string)
 			if count(); got >= n {
 				return nil
 			}
-			return fmt.Errorf("failed to wait for %d matching log lines: the operator exited (%s) after %d",
-				n, o.cmd.ProcessState, got)
+			return fmt.Errorf("failed to wait for %s: the operator exited (%s) after %d", what, o.cmd.ProcessState, got)
 		case <-ctx.Done():
-			return fmt.Errorf("failed to wait for %d matching log lines (got %d): %w", n, got, ctx.Err())
+			bound := ""
+			if dl, _ := ctx.Deadline(); errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				bound = fmt.Sprintf(" until %s", dl.Format(time.TimeOnly))
+			}
+			return fmt.Errorf("failed to wait for %s%s (got %d, Options.WaitTimeout %s): %w",
+				what, bound, got, o.opts.WaitTimeout, ctx.Err())
 		}
 	}
 }
@@ -520,12 +587,15 @@ func (o *Operator) waitReady(ctx context.Context) error {
 }
 
 // Stop sends the operator SIGTERM and waits for it to exit, up to StopTimeout; then it sends
-// a second SIGTERM, and SIGKILL if it still runs StopTimeout (at most 5s) later
-// (Result.Killed). It
-// returns once the process and its log are done, with what happened. When ctx ends first,
-// the operator is killed and Stop returns the Result and ctx's error. Stop on an operator
-// that exited already (it crashed) returns its Result and an error that says so. A second
-// Stop sends nothing and waits for the same exit.
+// a second SIGTERM, and SIGKILL to its process group if it still runs StopTimeout (at most 5s)
+// later (Result.Killed). SIGTERM goes to the operator alone, as the kubelet sends it to a
+// container's main process: what the operator started is its own to stop; whatever of it
+// remains in the operator's process group when the operator exits is killed then, as when a
+// container's main process exits. Stop returns once the process and its log are done, with
+// what happened. When ctx ends first, the operator is killed and Stop returns the Result and
+// ctx's error. Stop on an operator that exited already (it crashed) returns its Result and an
+// error that says so. A second Stop sends no second SIGTERM: it waits for the same exit, and
+// kills the operator when its own ctx ends first.
 func (o *Operator) Stop(ctx context.Context) (*Result, error) {
 	select {
 	case <-o.exited:
@@ -534,33 +604,28 @@ func (o *Operator) Stop(ctx context.Context) (*Result, error) {
 	default:
 	}
 	o.mu.Lock()
-	again := !o.signalAt.IsZero()
-	if !again {
+	first := o.signalAt.IsZero()
+	if first {
 		o.signalAt = time.Now()
 	}
 	o.mu.Unlock()
-	if again { // another Stop signalled: one SIGTERM, not two; wait for the same exit
-		select {
-		case <-o.exited:
-		case <-ctx.Done():
-			return nil, fmt.Errorf("failed to wait for the operator to exit: %w", ctx.Err())
+	var timeout <-chan time.Time // the first Stop's: a second one waits for the same exit
+	if first {
+		if err := o.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			o.Kill()
+			return o.result(), fmt.Errorf("failed to send SIGTERM to the operator: %w", err)
 		}
-		<-o.logDone
-		return o.result(), nil
-	}
-	if err := o.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		o.Kill()
-		return o.result(), fmt.Errorf("failed to send SIGTERM to the operator: %w", err)
+		t := time.NewTimer(o.opts.StopTimeout)
+		defer t.Stop()
+		timeout = t.C
 	}
 	var errCtx error
-	timeout := time.NewTimer(o.opts.StopTimeout)
-	defer timeout.Stop()
 	select {
 	case <-o.exited:
 	case <-ctx.Done():
-		errCtx = fmt.Errorf("failed to wait for the operator to exit: %w", ctx.Err())
+		errCtx = fmt.Errorf("failed to wait for the operator to exit after SIGTERM (killed it): %w", ctx.Err())
 		o.forceStop(false)
-	case <-timeout.C:
+	case <-timeout:
 		o.forceStop(true)
 	}
 	<-o.exited
@@ -569,7 +634,7 @@ func (o *Operator) Stop(ctx context.Context) (*Result, error) {
 }
 
 // forceStop marks the stop as forced and ends the process: a second SIGTERM first when
-// gently is set, then SIGKILL.
+// gently is set, then SIGKILL to its process group.
 func (o *Operator) forceStop(gently bool) {
 	o.mu.Lock()
 	o.killed = true
@@ -583,11 +648,11 @@ func (o *Operator) forceStop(gently bool) {
 		case <-t.C:
 		}
 	}
-	_ = o.cmd.Process.Kill() // fails only once it exited
+	o.kill()
 }
 
-// Signal sends sig to the operator, e.g. a second SIGTERM while Stop waits (controller-runtime
-// then exits at once with code 1). It fails once the operator exited.
+// Signal sends sig to the operator alone, e.g. a second SIGTERM while Stop waits
+// (controller-runtime then exits at once with code 1). It fails once the operator exited.
 func (o *Operator) Signal(sig os.Signal) error {
 	select {
 	case <-o.exited:
@@ -600,16 +665,13 @@ func (o *Operator) Signal(sig os.Signal) error {
 	return nil
 }
 
-// Kill ends the operator at once with SIGKILL unless it exited, and waits until the process
-// and its log are done. It never leaves a process: use it with DeferCleanup or t.Cleanup.
-// It is a no-op once the operator exited.
+// Kill ends the operator at once, with SIGKILL to its process group (the operator and every
+// process it started), unless it exited, and waits until the process and its log are done.
+// It never leaves a process: use it with DeferCleanup or t.Cleanup. It is a no-op once the
+// operator exited (what the operator left in its group was killed then).
 func (o *Operator) Kill() {
-	select {
-	case <-o.exited:
-	default:
-		_ = o.cmd.Process.Kill() // fails only once it exited
-		<-o.exited
-	}
+	o.kill()
+	<-o.exited
 	<-o.logDone
 }
 

@@ -8,6 +8,8 @@ import (
 	. "github.com/onsi/gomega"
 	"github.com/onsi/gomega/types"
 	admissionv1 "k8s.io/api/admissionregistration/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 )
 
@@ -195,4 +197,24 @@ func TestBinaryName(t *testing.T) {
 	g.Expect(binaryName("/src/op/cmd", "..")).To(Equal("op"))
 	g.Expect(binaryName("/src/op", "sigs.k8s.io/jobset/cmd/manager")).To(Equal("manager"))
 	g.Expect(binaryName("/", ".")).To(Equal("operator"))
+}
+
+func TestKubeconfigFromREST(t *testing.T) {
+	g := NewWithT(t)
+	cfg := &rest.Config{
+		Host: "https://127.0.0.1:6443", BearerToken: "token",
+		TLSClientConfig: rest.TLSClientConfig{CAData: []byte("ca"), CertData: []byte("cert"), KeyData: []byte("key")},
+		Impersonate:     rest.ImpersonationConfig{UserName: "someone", Groups: []string{"g"}},
+	}
+	data, err := kubeconfigFromREST(cfg)
+	g.Expect(err).NotTo(HaveOccurred())
+	back, err := clientcmd.RESTConfigFromKubeConfig(data)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(back.Host).To(Equal(cfg.Host))
+	g.Expect(back.BearerToken).To(Equal("token"))
+	g.Expect(back.TLSClientConfig.CAData).To(Equal([]byte("ca")))
+	g.Expect(back.TLSClientConfig.CertData).To(Equal([]byte("cert")))
+	g.Expect(back.TLSClientConfig.KeyData).To(Equal([]byte("key")))
+	g.Expect(back.Impersonate.UserName).To(Equal("someone"))
+	g.Expect(back.Impersonate.Groups).To(Equal([]string{"g"}))
 }

@@ -19,6 +19,9 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/quiesce-dev/quiesce/runnable"
@@ -51,7 +54,8 @@ const (
 )
 
 // Options say which operator to run and how. Zero values mean the defaults documented on
-// each field; Package and Env are required.
+// each field; Package (or Binary) is required, and exactly one of Env, Config and Kubeconfig,
+// the cluster the operator runs against.
 type Options struct {
 	// Package is the operator's main package as `go build` takes it, e.g. "./cmd". Required.
 	Package string
@@ -67,10 +71,19 @@ type Options struct {
 	Binary string
 
 	// Env is the suite's started envtest environment. Start adds a user of the group
-	// system:masters to it (Environment.AddUser) and gives the operator that user's
-	// kubeconfig, in the KUBECONFIG environment variable. When Env installs webhooks, Flags
-	// gets where their configurations send requests (Endpoints.Webhook). Required.
+	// system:masters to it (Environment.AddUser; concurrent Starts take turns) and gives the
+	// operator that user's kubeconfig, in the KUBECONFIG environment variable. When Env
+	// installs webhooks, Flags gets where their configurations send requests
+	// (Endpoints.Webhook).
 	Env *envtest.Environment
+	// Config is a cluster given as a client configuration (kind's, a real cluster's, or a
+	// suite's own control plane): Start writes it as the operator's kubeconfig, credentials
+	// included, into a file of its own (mode 0600, removed once the operator exited). What a
+	// kubeconfig cannot hold (Proxy, Dial, WrapTransport) is left out.
+	Config *rest.Config
+	// Kubeconfig is a cluster given as a kubeconfig file, e.g. kind's: the operator gets its
+	// path, as is, in KUBECONFIG (its current context is the one used).
+	Kubeconfig string
 
 	// Flags returns the flags that bind the operator's metrics and probe servers to the
 	// addresses the harness chose; Start calls it once, just before the process starts.
@@ -99,8 +112,15 @@ func (o *Options) setDefaults() error {
 	if o.Package == "" && o.Binary == "" {
 		return errors.New("invalid options: Package (or Binary) is required")
 	}
-	if o.Env == nil {
-		return errors.New("invalid options: Env is required")
+	clusters := 0
+	for _, set := range []bool{o.Env != nil, o.Config != nil, o.Kubeconfig != ""} {
+		if set {
+			clusters++
+		}
+	}
+	if clusters != 1 {
+		return fmt.Errorf("invalid options: set exactly one of Env, Config and Kubeconfig (the cluster the "+
+			"operator runs against), not %d", clusters)
 	}
 	if o.Flags == nil {
 		o.Flags = KubebuilderFlags
@@ -305,7 +325,7 @@ type Operator struct {
 var addUser sync.Mutex
 
 // Start builds the operator (Build) unless opts.Binary is set, runs it with opts.Flags and
-// opts.Args against opts.Env, and returns once GET /readyz on its probe address answers
+// opts.Args against opts's cluster (Env, Config or Kubeconfig), and returns once GET /readyz on its probe address answers
 // 200. It fails, killing the process, when the operator exits before it is ready (the error
 // has the exit status and the log's first and last lines), or is not ready within
 // ReadyTimeout (with the log's lines likewise), or when ctx ends. When ctx ends later, the operator is killed:
@@ -338,20 +358,71 @@ func Start(ctx context.Context, opts Options) (*Operator, error) {
 	return op, nil
 }
 
+// kubeconfig returns the path of the operator's kubeconfig for opts's cluster, written into
+// tmp unless opts.Kubeconfig gives one.
+func kubeconfig(tmp string, opts Options) (string, error) {
+	if opts.Kubeconfig != "" {
+		return opts.Kubeconfig, nil
+	}
+	var data []byte
+	var err error
+	if opts.Env != nil {
+		addUser.Lock()
+		user, uerr := opts.Env.AddUser(envtest.User{Name: operatorUserName, Groups: []string{"system:masters"}}, nil)
+		addUser.Unlock()
+		if uerr != nil {
+			return "", fmt.Errorf("failed to add the operator's user: %w", uerr)
+		}
+		data, err = user.KubeConfig()
+	} else {
+		data, err = kubeconfigFromREST(opts.Config)
+	}
+	if err != nil {
+		return "", fmt.Errorf("failed to make the operator's kubeconfig: %w", err)
+	}
+	path := filepath.Join(tmp, kubeconfigFileName)
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		return "", fmt.Errorf("failed to write the operator's kubeconfig: %w", err)
+	}
+	return path, nil
+}
+
+// kubeconfigFromREST returns cfg as a kubeconfig with one context, the current one.
+func kubeconfigFromREST(cfg *rest.Config) ([]byte, error) {
+	const name = "shutdowntest"
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters[name] = &clientcmdapi.Cluster{
+		Server:                   strings.TrimSuffix(cfg.Host, "/") + cfg.APIPath,
+		TLSServerName:            cfg.ServerName,
+		InsecureSkipTLSVerify:    cfg.Insecure,
+		CertificateAuthority:     cfg.CAFile,
+		CertificateAuthorityData: cfg.CAData,
+	}
+	kc.AuthInfos[name] = &clientcmdapi.AuthInfo{
+		ClientCertificate:     cfg.CertFile,
+		ClientCertificateData: cfg.CertData,
+		ClientKey:             cfg.KeyFile,
+		ClientKeyData:         cfg.KeyData,
+		Token:                 cfg.BearerToken,
+		TokenFile:             cfg.BearerTokenFile,
+		Impersonate:           cfg.Impersonate.UserName,
+		ImpersonateUID:        cfg.Impersonate.UID,
+		ImpersonateGroups:     cfg.Impersonate.Groups,
+		ImpersonateUserExtra:  cfg.Impersonate.Extra,
+		Username:              cfg.Username,
+		Password:              cfg.Password,
+		AuthProvider:          cfg.AuthProvider,
+		Exec:                  cfg.ExecProvider,
+	}
+	kc.Contexts[name] = &clientcmdapi.Context{Cluster: name, AuthInfo: name}
+	kc.CurrentContext = name
+	return clientcmd.Write(*kc)
+}
+
 func start(ctx context.Context, bin, tmp string, opts Options) (*Operator, error) {
-	addUser.Lock()
-	user, err := opts.Env.AddUser(envtest.User{Name: operatorUserName, Groups: []string{"system:masters"}}, nil)
-	addUser.Unlock()
+	kubeconfigPath, err := kubeconfig(tmp, opts)
 	if err != nil {
-		return nil, fmt.Errorf("failed to add the operator's user: %w", err)
-	}
-	kubeconfig, err := user.KubeConfig()
-	if err != nil {
-		return nil, fmt.Errorf("failed to make the operator's kubeconfig: %w", err)
-	}
-	kubeconfigPath := filepath.Join(tmp, kubeconfigFileName)
-	if err := os.WriteFile(kubeconfigPath, kubeconfig, 0o600); err != nil {
-		return nil, fmt.Errorf("failed to write the operator's kubeconfig: %w", err)
+		return nil, err
 	}
 	var e Endpoints
 	if e.Metrics, err = freeAddr(); err != nil {
@@ -360,7 +431,9 @@ func start(ctx context.Context, bin, tmp string, opts Options) (*Operator, error
 	if e.Probe, err = freeAddr(); err != nil {
 		return nil, err
 	}
-	webhookEndpoints(opts.Env, &e)
+	if opts.Env != nil {
+		webhookEndpoints(opts.Env, &e)
+	}
 
 	cmd := exec.Command(bin, append(opts.Flags(e), opts.Args...)...)
 	cmd.Dir = opts.Dir

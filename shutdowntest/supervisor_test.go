@@ -180,3 +180,6 @@ func TestStartFailsOnADirectory(t *testing.T) {
 	_, err = shutdowntest.Start(t.Context(), shutdowntest.Options{Binary: notExec, Env: env})
 	g.Expect(err).To(MatchError(ContainSubstring("it is not executable")))
 }
+
+// writeFile writes a private file.
+func writeFile(path string, data []byte) error { return os.WriteFile(path, data, 0o600) }

@@ -29,7 +29,7 @@ func TestKubeconfigCluster(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(op.Kill)
 	createConfigMaps(t.Context(), t, c, "kubeconfig", "job-1")
-	g.Eventually(op.Pending).WithContext(t.Context()).WithTimeout(time.Minute).
+	g.Eventually(op.PendingCount).WithContext(t.Context()).WithTimeout(time.Minute).
 		WithPolling(50 * time.Millisecond).Should(BeNumerically(">=", 1))
 	res, err := op.Stop(t.Context())
 	g.Expect(err).NotTo(HaveOccurred())

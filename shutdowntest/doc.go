@@ -12,7 +12,7 @@
 //	op, err := shutdowntest.Start(ctx, shutdowntest.Options{Package: "./cmd", Dir: root, Env: testEnv})
 //	DeferCleanup(op.Kill)
 //	// create objects, then wait until the operator works on them:
-//	Eventually(op.Pending).WithContext(ctx).WithTimeout(time.Minute).Should(BeNumerically(">=", 3))
+//	Eventually(op.PendingCount).WithContext(ctx).WithTimeout(time.Minute).Should(BeNumerically(">=", 3))
 //	res, err := op.Stop(ctx)
 //	Expect(res).To(shutdowntest.HaveExitedGracefully())
 //

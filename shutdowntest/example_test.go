@@ -29,7 +29,7 @@ func ExampleStart() {
 	t.Cleanup(op.Kill)
 
 	// ... create the objects whose reconciles must survive the stop, then:
-	g.Eventually(op.Pending).WithContext(t.Context()).WithTimeout(time.Minute).Should(BeNumerically(">=", 3))
+	g.Eventually(op.PendingCount).WithContext(t.Context()).WithTimeout(time.Minute).Should(BeNumerically(">=", 3))
 	res, err := op.Stop(t.Context())
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(res).To(shutdowntest.HaveExitedGracefully())

@@ -115,6 +115,9 @@ func TestKubebuilderFlags(t *testing.T) {
 		"--metrics-bind-address=127.0.0.1:1", "--metrics-secure=false", "--health-probe-bind-address=127.0.0.1:2",
 	}))
 
+	g.Expect(KubebuilderFlags(Endpoints{Metrics: "m", Probe: "p", MetricsSecure: true, LeaderElectionNamespace: "ns"})).
+		To(Equal([]string{"--metrics-bind-address=m", "--health-probe-bind-address=p", "--leader-elect"}))
+
 	env := &envtest.Environment{}
 	webhookEndpoints(env, &e) // no webhook installed
 	g.Expect(e.Webhook).To(BeEmpty())

@@ -2,6 +2,7 @@ package shutdowntest
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -24,6 +25,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	"github.com/quiesce-dev/quiesce/internal"
 	"github.com/quiesce-dev/quiesce/runnable"
 )
 
@@ -92,6 +94,38 @@ type Options struct {
 	// Args are further flags, after those of Flags, e.g. "--quiesce-grace-period=5s".
 	Args []string
 
+	// MetricsSecure says the operator's metrics server, and /debug/quiesce on it, serve HTTPS
+	// with authentication and authorization (kubebuilder's default: SecureServing with
+	// controller-runtime's filters.WithAuthenticationAndAuthorization). KubebuilderFlags then
+	// leaves --metrics-secure at its default, and PendingCount and PendingCalls send
+	// MetricsToken over HTTPS, without verifying the server's certificate (the operator's
+	// own, on a loopback address). false: plain HTTP, and KubebuilderFlags passes
+	// --metrics-secure=false.
+	MetricsSecure bool
+	// MetricsToken is the bearer token sent to a secure metrics server. "": the cluster
+	// credentials' own token (Config's, or the kubeconfig's) if they have one; otherwise
+	// (client certificates, as envtest's users and kind's admin have; the metrics server
+	// authenticates tokens only) the first request creates, in the cluster, the
+	// ServiceAccount "shutdowntest" in namespace "default", the ClusterRole
+	// "shutdowntest-metrics-reader" (GET on /metrics and /debug/quiesce) bound to it, and
+	// asks a token of it (TokenRequest, valid for an hour).
+	MetricsToken string
+
+	// LeaderElection runs the operator with leader election on (see WaitLeader):
+	// KubebuilderFlags passes --leader-elect, and the operator's environment has
+	// POD_NAMESPACE set to LeaderElectionNamespace. Outside a cluster controller-runtime
+	// needs the lease's namespace (Options.LeaderElectionNamespace; in a pod it reads its
+	// own): kubebuilder's scaffold gives none, so the operator's main passes
+	// os.Getenv("POD_NAMESPACE") (empty in a pod without that variable: the pod's own), or
+	// Flags passes the namespace to a flag of its own.
+	LeaderElection bool
+	// LeaderElectionNamespace is the namespace of the lease; it must exist. "": "default".
+	LeaderElectionNamespace string
+
+	// LogPrefix is written before each line copied to Output, e.g. "replica-1 | ", so that
+	// the logs of several operators can be told apart. Lines and Result.Lines have none.
+	LogPrefix string
+
 	// ReadyTimeout bounds Start's wait for /readyz to answer 200, from the process's start
 	// (the build before it is bounded by Start's context only). 0: DefaultReadyTimeout.
 	ReadyTimeout time.Duration
@@ -137,13 +171,23 @@ func (o *Options) setDefaults() error {
 	if o.Output == nil {
 		o.Output = io.Discard
 	}
+	if o.LeaderElection && o.LeaderElectionNamespace == "" {
+		o.LeaderElectionNamespace = "default"
+	}
 	return nil
 }
 
 // Endpoints are the addresses of the operator's servers.
 type Endpoints struct {
-	Metrics string // the metrics server, "127.0.0.1:port": /metrics and /debug/quiesce, plain HTTP
+	Metrics string // the metrics server, "127.0.0.1:port": /metrics and /debug/quiesce
 	Probe   string // the health probe server, "127.0.0.1:port": /healthz and /readyz
+
+	// MetricsSecure is Options.MetricsSecure: the metrics server serves HTTPS with
+	// authentication.
+	MetricsSecure bool
+	// LeaderElectionNamespace is the lease's namespace when Options.LeaderElection is set,
+	// "" otherwise.
+	LeaderElectionNamespace string
 
 	// Webhook is where the webhook configurations that Env installed send admission requests,
 	// "host:port" (Env.WebhookInstallOptions.LocalServingHost and LocalServingPort); "" when
@@ -157,15 +201,18 @@ type Endpoints struct {
 }
 
 // KubebuilderFlags are the flags of a kubebuilder (go/v4) scaffold's main.go for e:
-// --metrics-bind-address, --metrics-secure=false (the scaffold serves metrics over HTTPS
-// with authentication by default; the harness reads /debug/quiesce over plain HTTP),
-// --health-probe-bind-address, and, when Env installs webhooks, --webhook-cert-path and
-// --webhook-port (the scaffold's flags for its webhook server).
+// --metrics-bind-address, --metrics-secure=false unless Options.MetricsSecure (the scaffold
+// serves metrics over HTTPS with authentication by default), --health-probe-bind-address,
+// --leader-elect with Options.LeaderElection, and, when Env installs webhooks,
+// --webhook-cert-path and --webhook-port (the scaffold's flags for its webhook server).
 func KubebuilderFlags(e Endpoints) []string {
-	flags := []string{
-		"--metrics-bind-address=" + e.Metrics,
-		"--metrics-secure=false",
-		"--health-probe-bind-address=" + e.Probe,
+	flags := []string{"--metrics-bind-address=" + e.Metrics}
+	if !e.MetricsSecure {
+		flags = append(flags, "--metrics-secure=false")
+	}
+	flags = append(flags, "--health-probe-bind-address="+e.Probe)
+	if e.LeaderElectionNamespace != "" {
+		flags = append(flags, "--leader-elect")
 	}
 	if e.Webhook != "" {
 		_, port, _ := net.SplitHostPort(e.Webhook)
@@ -310,6 +357,10 @@ type Operator struct {
 	exited    chan struct{} // closed once the process was reaped
 	logDone   chan struct{} // closed once the log goroutine returned
 	stopCtx   func() bool   // stops watching Start's ctx
+	http      *http.Client  // for the metrics and probe servers
+
+	tokenMu sync.Mutex // held while the metrics token is made
+	token   string     // the bearer token for a secure metrics server, once made
 
 	mu       sync.Mutex
 	lines    []string
@@ -424,7 +475,7 @@ func start(ctx context.Context, bin, tmp string, opts Options) (*Operator, error
 	if err != nil {
 		return nil, err
 	}
-	var e Endpoints
+	e := Endpoints{MetricsSecure: opts.MetricsSecure, LeaderElectionNamespace: opts.LeaderElectionNamespace}
 	if e.Metrics, err = freeAddr(); err != nil {
 		return nil, err
 	}
@@ -438,6 +489,9 @@ func start(ctx context.Context, bin, tmp string, opts Options) (*Operator, error
 	cmd := exec.Command(bin, append(opts.Flags(e), opts.Args...)...)
 	cmd.Dir = opts.Dir
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfigPath) // the last value of a key wins
+	if opts.LeaderElection {
+		cmd.Env = append(cmd.Env, "POD_NAMESPACE="+opts.LeaderElectionNamespace)
+	}
 	cmd.SysProcAttr = sysProcAttr()
 	r, w, err := os.Pipe()
 	if err != nil {
@@ -458,6 +512,7 @@ func start(ctx context.Context, bin, tmp string, opts Options) (*Operator, error
 		exited:    make(chan struct{}),
 		logDone:   make(chan struct{}),
 		changed:   make(chan struct{}),
+		http:      httpClient(opts.MetricsSecure),
 	}
 	// The operator never outlives ctx.
 	op.stopCtx = context.AfterFunc(ctx, op.kill)
@@ -518,7 +573,7 @@ func (o *Operator) readLog(r *os.File) {
 		}
 	}()
 	readLines(r, func(line string) {
-		_, _ = fmt.Fprintln(o.opts.Output, line) // nowhere to report a failed write to
+		_, _ = fmt.Fprintln(o.opts.Output, o.opts.LogPrefix+line) // nowhere to report a failed write to
 		o.mu.Lock()
 		o.lines = append(o.lines, line)
 		close(o.changed)
@@ -562,6 +617,21 @@ func (o *Operator) WaitLines(ctx context.Context, n int, match func(line string)
 	return o.waitLines(ctx, fmt.Sprintf("%d matching log lines", n), n, match)
 }
 
+// LeaseAcquired is what client-go's leader election logs once it acquired the lease, in its
+// words since v0.37 (controller-runtime v0.25); before, "successfully acquired lease".
+// WaitLeader matches either case.
+const LeaseAcquired = "Successfully acquired lease"
+
+// WaitLeader waits until the operator logged that it acquired the leader-election lease
+// (LeaseAcquired, in any case: client-go's line differs in case across controller-runtime
+// v0.22 to v0.25), bounded as WaitLines is. Start returns once the operator is ready, which
+// a standby is too: wait with WaitLeader for the leader.
+func (o *Operator) WaitLeader(ctx context.Context) error {
+	want := strings.ToLower(LeaseAcquired)
+	return o.waitLines(ctx, "the leader-election lease (a line "+strconv.Quote(LeaseAcquired)+", in any case)", 1,
+		func(l string) bool { return strings.Contains(strings.ToLower(l), want) })
+}
+
 // waitLines is WaitLines; what says what it waits for, in its errors.
 func (o *Operator) waitLines(ctx context.Context, what string, n int, match func(line string) bool) error {
 	ctx, cancel := context.WithTimeout(ctx, o.opts.WaitTimeout)
@@ -603,27 +673,72 @@ func (o *Operator) waitLines(ctx context.Context, what string, n int, match func
 	}
 }
 
-// Pending returns how many calls quiesce tracks in the operator right now: the count of
-// GET /debug/quiesce on its metrics server (an error until the server listens). Wait for a
-// state with it, e.g. in Gomega (whose default timeout, 1s, is short for an operator's start):
+// PendingCount returns how many calls quiesce tracks in the operator right now: the count of
+// GET /debug/quiesce on its metrics server (an error until the server listens). It captures
+// no stacks, so it is cheap to poll. Wait for a state with it, e.g. in Gomega (whose default
+// timeout, 1s, is short for an operator's start):
 //
-//	Eventually(op.Pending).WithContext(ctx).WithTimeout(time.Minute).Should(BeNumerically(">=", 3))
-func (o *Operator) Pending(ctx context.Context) (int, error) {
+//	Eventually(op.PendingCount).WithContext(ctx).WithTimeout(time.Minute).Should(BeNumerically(">=", 3))
+func (o *Operator) PendingCount(ctx context.Context) (int, error) {
 	// limit=0: the count alone, without capturing the goroutines' stacks.
-	body, status, err := get(ctx, "http://"+o.endpoints.Metrics+runnable.DebugPath+"?limit=0")
+	count, _, err := o.debugState(ctx, "?limit=0")
+	return count, err
+}
+
+// PendingCall is one call quiesce tracks in the operator, as GET /debug/quiesce lists it.
+type PendingCall struct {
+	Name        string        // e.g. "memcached/default/a/register"
+	Age         time.Duration // how long it has run, as /debug/quiesce rounds it
+	Detached    bool          // its caller stopped waiting; only the executor tracks it
+	Daemon      bool          // a daemon (reconcilers.Daemons), never slow
+	ReconcileID string        // the reconcile it belongs to, if any
+	Where       string        // where its goroutine waits: "pkg.Func (file.go:123)"
+	Handler     string        // the line in the operator's own code where it waits
+}
+
+// PendingCalls returns the calls quiesce tracks in the operator right now, oldest first
+// (GET /debug/quiesce on its metrics server; each request captures the goroutines' stacks,
+// so poll PendingCount and read the calls once). E.g.:
+//
+//	calls, err := op.PendingCalls(ctx)
+//	Expect(calls).To(ContainElement(HaveField("Name", HaveSuffix("/register"))))
+func (o *Operator) PendingCalls(ctx context.Context) ([]PendingCall, error) {
+	_, entries, err := o.debugState(ctx, "")
 	if err != nil {
-		return 0, err
+		return nil, err
+	}
+	calls := make([]PendingCall, 0, len(entries))
+	for _, c := range entries {
+		age, _ := time.ParseDuration(c.Age) // "": 0
+		calls = append(calls, PendingCall{Name: c.Name, Age: age, Detached: c.Detached, Daemon: c.Daemon,
+			ReconcileID: c.ReconcileID, Where: c.Where, Handler: c.Handler})
+	}
+	return calls, nil
+}
+
+// debugState GETs /debug/quiesce with query on the metrics server and returns its count and
+// calls.
+func (o *Operator) debugState(ctx context.Context, query string) (int, []internal.Entry, error) {
+	url := o.metricsURL() + runnable.DebugPath + query
+	token, err := o.metricsToken(ctx)
+	if err != nil {
+		return 0, nil, err
+	}
+	body, status, err := get(ctx, o.http, url, token)
+	if err != nil {
+		return 0, nil, err
 	}
 	if status != http.StatusOK {
-		return 0, fmt.Errorf("failed to get %s: status %d: %s", runnable.DebugPath, status, strings.TrimSpace(string(body)))
+		return 0, nil, fmt.Errorf("failed to get %s: status %d: %s", url, status, strings.TrimSpace(string(body)))
 	}
 	var state struct {
-		Count *int `json:"count"`
+		Count *int             `json:"count"`
+		Calls []internal.Entry `json:"calls"`
 	}
 	if err := json.Unmarshal(body, &state); err != nil || state.Count == nil {
-		return 0, fmt.Errorf("failed to read the count of pending calls from %s: %q", runnable.DebugPath, body)
+		return 0, nil, fmt.Errorf("failed to read the pending calls from %s: %q", url, body)
 	}
-	return *state.Count, nil
+	return *state.Count, state.Calls, nil
 }
 
 // waitReady polls /readyz until it answers 200.
@@ -635,7 +750,7 @@ func (o *Operator) waitReady(ctx context.Context) error {
 	url := "http://" + o.endpoints.Probe + "/readyz"
 	var last string
 	for {
-		_, status, err := get(ctx, url)
+		_, status, err := get(ctx, o.http, url, "")
 		switch {
 		case err == nil && status == http.StatusOK:
 			return nil
@@ -764,15 +879,38 @@ func (o *Operator) result() *Result {
 	return res
 }
 
-// get GETs url, bounded by requestTimeout, and returns its body and status.
-func get(ctx context.Context, url string) ([]byte, int, error) {
+// httpClient returns the client of the operator's servers: without keep-alives (no
+// connection outlives a request), and, when secure is set, for HTTPS without verifying the
+// server's certificate (the operator's own, self-signed, on a loopback address).
+func httpClient(secure bool) *http.Client {
+	t := &http.Transport{DisableKeepAlives: true}
+	if secure {
+		t.TLSClientConfig = &tls.Config{InsecureSkipVerify: true} //nolint:gosec // the operator's own loopback server
+	}
+	return &http.Client{Transport: t}
+}
+
+// metricsURL returns the metrics server's URL, without a path.
+func (o *Operator) metricsURL() string {
+	if o.opts.MetricsSecure {
+		return "https://" + o.endpoints.Metrics
+	}
+	return "http://" + o.endpoints.Metrics
+}
+
+// get GETs url with c, bounded by requestTimeout, with token as bearer token unless it is
+// "", and returns its body and status.
+func get(ctx context.Context, c *http.Client, url, token string) ([]byte, int, error) {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, 0, fmt.Errorf("failed to create the request for %s: %w", url, err)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := c.Do(req)
 	if err != nil {
 		return nil, 0, fmt.Errorf("failed to get %s: %w", url, err)
 	}

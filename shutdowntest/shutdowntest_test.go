@@ -150,7 +150,7 @@ func TestGracefulStop(t *testing.T) {
 
 	createConfigMaps(ctx, t, c, "graceful", "job-1", "job-2", "job-3")
 	// Each ConfigMap: its reconcile and its snapshot call.
-	g.Eventually(op.Pending).WithContext(ctx).WithTimeout(time.Minute).WithPolling(50 * time.Millisecond).
+	g.Eventually(op.PendingCount).WithContext(ctx).WithTimeout(time.Minute).WithPolling(50 * time.Millisecond).
 		Should(BeNumerically(">=", 6))
 
 	// Two concurrent Stops send one SIGTERM (a second one would make the operator exit at once).
@@ -187,7 +187,7 @@ func TestHangingHandlerIsAbandoned(t *testing.T) {
 	t.Cleanup(op.Kill)
 
 	createConfigMaps(ctx, t, c, "hanging", "hang-1")
-	g.Eventually(op.Pending).WithContext(ctx).WithTimeout(time.Minute).WithPolling(50 * time.Millisecond).
+	g.Eventually(op.PendingCount).WithContext(ctx).WithTimeout(time.Minute).WithPolling(50 * time.Millisecond).
 		Should(BeNumerically(">=", 2))
 
 	res, err := op.Stop(ctx)

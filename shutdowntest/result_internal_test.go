@@ -221,3 +221,25 @@ func TestKubeconfigFromREST(t *testing.T) {
 	g.Expect(back.Impersonate.UserName).To(Equal("someone"))
 	g.Expect(back.Impersonate.Groups).To(Equal([]string{"g"}))
 }
+
+func TestFreeWebhookPort(t *testing.T) {
+	g := NewWithT(t)
+	env := &envtest.Environment{WebhookInstallOptions: envtest.WebhookInstallOptions{
+		LocalServingHost: "127.0.0.1", LocalServingPort: 9443, LocalServingCertDir: "/tmp/certs",
+		ValidatingWebhooks: []*admissionv1.ValidatingWebhookConfiguration{{}},
+	}}
+	e, err := endpoints(Options{Env: env})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(e.Webhook).To(Equal("127.0.0.1:9443"), "Env's port by default")
+
+	for range 3 {
+		e, err := endpoints(Options{Env: env, FreeWebhookPort: true})
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(e.Webhook).To(HavePrefix("127.0.0.1:"))
+		g.Expect(e.Webhook).NotTo(Equal("127.0.0.1:9443"))
+		g.Expect(e.WebhookCertDir).To(Equal("/tmp/certs"))
+	}
+	e, err = endpoints(Options{Env: &envtest.Environment{}, FreeWebhookPort: true})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(e.Webhook).To(BeEmpty(), "no webhook installed: none")
+}

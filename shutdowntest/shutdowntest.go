@@ -122,6 +122,14 @@ type Options struct {
 	// LeaderElectionNamespace is the namespace of the lease; it must exist. "": "default".
 	LeaderElectionNamespace string
 
+	// FreeWebhookPort gives the operator's webhook server a free port of its own on Env's
+	// webhook host (Endpoints.Webhook), with Env's serving certificate, instead of the one
+	// port that Env's webhook configurations send requests to: so that several operators
+	// with webhooks can run at once (a second one on Env's port fails with "bind: address
+	// already in use"). The API server's requests then reach none of them unless the spec
+	// forwards Env's port to one, as a Service does (examples/rollout's router).
+	FreeWebhookPort bool
+
 	// LogPrefix is written before each line copied to Output, e.g. "replica-1 | ", so that
 	// the logs of several operators can be told apart. Lines and Result.Lines have none.
 	LogPrefix string
@@ -194,6 +202,7 @@ type Endpoints struct {
 	// Env installs none. The operator's webhook server must listen there: KubebuilderFlags
 	// passes its port as --webhook-port; for a main with other flags, pass it in
 	// Options.Flags, or set LocalServingPort to the port it listens on before Env starts.
+	// With Options.FreeWebhookPort: a free port of the operator's own on that host.
 	Webhook string
 	// WebhookCertDir holds the serving certificate (tls.crt, tls.key) that Env's webhook
 	// configurations trust; "" when Env installs no webhook.
@@ -475,15 +484,9 @@ func start(ctx context.Context, bin, tmp string, opts Options) (*Operator, error
 	if err != nil {
 		return nil, err
 	}
-	e := Endpoints{MetricsSecure: opts.MetricsSecure, LeaderElectionNamespace: opts.LeaderElectionNamespace}
-	if e.Metrics, err = freeAddr(); err != nil {
+	e, err := endpoints(opts)
+	if err != nil {
 		return nil, err
-	}
-	if e.Probe, err = freeAddr(); err != nil {
-		return nil, err
-	}
-	if opts.Env != nil {
-		webhookEndpoints(opts.Env, &e)
 	}
 
 	cmd := exec.Command(bin, append(opts.Flags(e), opts.Args...)...)
@@ -519,6 +522,28 @@ func start(ctx context.Context, bin, tmp string, opts Options) (*Operator, error
 	go op.readLog(r)
 	go op.reap()
 	return op, nil
+}
+
+// endpoints chooses the operator's addresses.
+func endpoints(opts Options) (Endpoints, error) {
+	var err error
+	e := Endpoints{MetricsSecure: opts.MetricsSecure, LeaderElectionNamespace: opts.LeaderElectionNamespace}
+	if e.Metrics, err = freeAddr("127.0.0.1"); err != nil {
+		return Endpoints{}, err
+	}
+	if e.Probe, err = freeAddr("127.0.0.1"); err != nil {
+		return Endpoints{}, err
+	}
+	if opts.Env != nil {
+		webhookEndpoints(opts.Env, &e)
+	}
+	if opts.FreeWebhookPort && e.Webhook != "" {
+		host, _, _ := net.SplitHostPort(e.Webhook)
+		if e.Webhook, err = freeAddr(host); err != nil {
+			return Endpoints{}, err
+		}
+	}
+	return e, nil
 }
 
 // startError explains why bin could not be started.
@@ -922,10 +947,10 @@ func get(ctx context.Context, c *http.Client, url, token string) ([]byte, int, e
 	return body, resp.StatusCode, nil
 }
 
-// freeAddr returns a 127.0.0.1 address with a port free right now. Another process could
+// freeAddr returns an address of host with a port free right now. Another process could
 // take it before the operator binds it: the operator then fails to start, and Start says so.
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+func freeAddr(host string) (string, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		return "", fmt.Errorf("failed to find a free port: %w", err)
 	}

@@ -385,12 +385,12 @@ type Operator struct {
 var addUser sync.Mutex
 
 // Start builds the operator (Build) unless opts.Binary is set, runs it with opts.Flags and
-// opts.Args against opts's cluster (Env, Config or Kubeconfig), and returns once GET /readyz on its probe address answers
-// 200. It fails, killing the process, when the operator exits before it is ready (the error
-// has the exit status and the log's first and last lines), or is not ready within
-// ReadyTimeout (with the log's lines likewise), or when ctx ends. When ctx ends later, the operator is killed:
-// pass a context that lasts as long as the spec. Call Stop, or Kill (e.g. with
-// DeferCleanup), once done.
+// opts.Args against opts's cluster (Env, Config or Kubeconfig), and returns once GET /readyz
+// on its probe address answers 200. It fails, killing the process, when the operator exits
+// before it is ready (the error has the exit status and the log's first and last lines), or
+// is not ready within ReadyTimeout (with the log's lines likewise), or when ctx ends. When
+// ctx ends later, the operator is killed: pass a context that lasts as long as the spec.
+// Call Stop, or Kill (e.g. with DeferCleanup), once done. Start may be called concurrently.
 func Start(ctx context.Context, opts Options) (*Operator, error) {
 	if err := opts.setDefaults(); err != nil {
 		return nil, err
@@ -440,11 +440,11 @@ func kubeconfig(tmp string, opts Options) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("failed to make the operator's kubeconfig: %w", err)
 	}
-	path := filepath.Join(tmp, kubeconfigFileName)
-	if err := os.WriteFile(path, data, 0o600); err != nil {
+	file := filepath.Join(tmp, kubeconfigFileName)
+	if err := os.WriteFile(file, data, 0o600); err != nil {
 		return "", fmt.Errorf("failed to write the operator's kubeconfig: %w", err)
 	}
-	return path, nil
+	return file, nil
 }
 
 // kubeconfigFromREST returns cfg as a kubeconfig with one context, the current one.

@@ -85,6 +85,9 @@ func environment(t *testing.T) (*envtest.Environment, client.Client) {
 	return shared.env, shared.c
 }
 
+// stubborn is the main package of an operator that ignores SIGTERM.
+const stubborn = "./testdata/stubborn"
+
 // demoOptions run examples/demo-operator, which has no --metrics-secure flag: its metrics
 // server always serves plain HTTP.
 func demoOptions(env *envtest.Environment, args ...string) shutdowntest.Options {
@@ -255,7 +258,7 @@ func TestStopKillsAnOperatorThatIgnoresSIGTERM(t *testing.T) {
 	g := NewWithT(t)
 	const stopTimeout = 500 * time.Millisecond
 	op, err := shutdowntest.Start(t.Context(), shutdowntest.Options{
-		Package: "./testdata/stubborn", Env: env, StopTimeout: stopTimeout,
+		Package: stubborn, Env: env, StopTimeout: stopTimeout,
 	})
 	g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(op.Kill)
@@ -292,7 +295,7 @@ func TestContextEndKillsOperator(t *testing.T) {
 func TestWaitLines(t *testing.T) {
 	env, _ := environment(t)
 	g := NewWithT(t)
-	op, err := shutdowntest.Start(t.Context(), shutdowntest.Options{Package: "./testdata/stubborn", Env: env})
+	op, err := shutdowntest.Start(t.Context(), shutdowntest.Options{Package: stubborn, Env: env})
 	g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(op.Kill)
 	says := func(s string) func(string) bool { return func(l string) bool { return strings.Contains(l, s) } }

@@ -98,7 +98,7 @@ func TestLineOfAnyLength(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(res.Lines).To(HaveLen(4)) // the pids, the long line, ready, exits
 	g.Expect(res.Lines[1]).To(And(HavePrefix("xxxx"), HaveSuffix(" [... 4194304 bytes cut]")))
-	g.Expect(len(res.Lines[1])).To(Equal(1<<20 + len(" [... 4194304 bytes cut]")))
+	g.Expect(res.Lines[1]).To(HaveLen(1<<20 + len(" [... 4194304 bytes cut]")))
 	g.Expect(res.Lines[2:]).To(Equal([]string{"forker: ready", "forker: exits, its child still running"}))
 	g.Expect(res).To(shutdowntest.HaveExitedGracefully())
 }
@@ -132,7 +132,7 @@ func TestSecondStopKillsWhenItsContextEnds(t *testing.T) {
 	env, _ := environment(t)
 	g := NewWithT(t)
 	op, err := shutdowntest.Start(t.Context(), shutdowntest.Options{
-		Package: "./testdata/stubborn", Env: env, StopTimeout: time.Hour,
+		Package: stubborn, Env: env, StopTimeout: time.Hour,
 	})
 	g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(op.Kill)

@@ -1,6 +1,7 @@
 package shutdowntest_test
 
 import (
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -22,6 +23,10 @@ func TestKubeconfigCluster(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	path := filepath.Join(t.TempDir(), "kubeconfig")
 	g.Expect(writeFile(path, kc)).To(Succeed())
+	wd, err := os.Getwd()
+	g.Expect(err).NotTo(HaveOccurred())
+	path, err = filepath.Rel(wd, path) // relative to the test's directory; the operator runs in ".."
+	g.Expect(err).NotTo(HaveOccurred())
 
 	opts := demoOptions(nil, "--grace-period=5s", "--work=500ms")
 	opts.Kubeconfig = path

@@ -84,7 +84,7 @@ type Options struct {
 	// kubeconfig cannot hold (Proxy, Dial, WrapTransport) is left out.
 	Config *rest.Config
 	// Kubeconfig is a cluster given as a kubeconfig file, e.g. kind's: the operator gets its
-	// path, as is, in KUBECONFIG (its current context is the one used).
+	// path (made absolute) in KUBECONFIG; its current context is the one used.
 	Kubeconfig string
 
 	// Flags returns the flags that bind the operator's metrics and probe servers to the
@@ -422,7 +422,12 @@ func Start(ctx context.Context, opts Options) (*Operator, error) {
 // tmp unless opts.Kubeconfig gives one.
 func kubeconfig(tmp string, opts Options) (string, error) {
 	if opts.Kubeconfig != "" {
-		return opts.Kubeconfig, nil
+		// Absolute: the operator runs in opts.Dir.
+		file, err := filepath.Abs(opts.Kubeconfig)
+		if err != nil {
+			return "", fmt.Errorf("failed to resolve the kubeconfig %q: %w", opts.Kubeconfig, err)
+		}
+		return file, nil
 	}
 	var data []byte
 	var err error

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # check-go-get.sh proves that adding quiesce to an operator on the oldest supported release moves
-# none of its Kubernetes requirements. `make test` runs it.
+# none of its requirements (Kubernetes, test frameworks, the rest). `make test` runs it.
 #
 # It writes, in a temp dir, a module like a user's operator: it requires controller-runtime
 # ${CONTROLLER_RUNTIME_OLDEST} and k8s.io ${K8S_OLDEST}, imports controller-runtime, and is tidy.
 # Then it adds quiesce as a user would (go get, then go mod tidy once main.go imports it), with a
-# replace pointing at this checkout, and fails if the version of any k8s.io/ or sigs.k8s.io/
-# requirement changed. It prints how go.mod changed. (It does not build: go mod tidy has loaded
+# replace pointing at this checkout, and fails if the version of any requirement the operator
+# had (k8s.io/, sigs.k8s.io/, and those of its kubebuilder-like suite test: ginkgo, gomega, ...)
+# changed. It prints how go.mod changed. (It does not build: go mod tidy has loaded
 # every package, and make test builds quiesce at these same versions.)
 set -euo pipefail
 
@@ -33,9 +34,9 @@ run() { # a go command whose output is shown only when it fails
 		fail "$*"
 	}
 }
-# The k8s.io/ and sigs.k8s.io/ requirements of go.mod, one "path version" a line.
-k8s_requirements() {
-	go mod edit -print | sed -n 's#^[[:space:]]*\(\(sigs\.\)\{0,1\}k8s\.io/[^[:space:]]*\) \([^[:space:]]*\).*#\1 \3#p' | sort
+# The requirements of go.mod (a require block's lines), one "path version" a line.
+requirements() {
+	go mod edit -print | grep -v '=>' | sed -n 's#^[[:space:]]\{1,\}\([^[:space:]]*\) \(v[^[:space:]]*\).*#\1 \2#p' | sort
 }
 
 cat >go.mod <<EOF
@@ -68,8 +69,28 @@ func main() {
 	_ = &corev1.ConfigMap{}
 }
 EOF
+# A suite test as kubebuilder scaffolds it: Ginkgo and Gomega, at the versions the module graph
+# holds (controller-runtime's own requirements).
+cat >suite_test.go <<'EOF'
+package main
+
+import (
+	"testing"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+)
+
+func TestSuite(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "Suite")
+}
+
+var _ = BeforeSuite(func() { Expect((&envtest.Environment{}).Start()).Error().To(HaveOccurred()) })
+EOF
 run go mod tidy
-k8s_requirements >before.txt
+requirements >before.txt
 cp go.mod go.mod.before
 grep -q "^sigs.k8s.io/controller-runtime ${CONTROLLER_RUNTIME_OLDEST}\$" before.txt ||
 	fail "the operator module does not require controller-runtime ${CONTROLLER_RUNTIME_OLDEST}"
@@ -87,8 +108,13 @@ import (
 	_ "${module}/runnable"
 )
 EOF
+cat >shutdown_test.go <<EOF
+package main
+
+import _ "${module}/shutdowntest"
+EOF
 run go mod tidy
-k8s_requirements >after.txt
+requirements >after.txt
 
 log "what adding quiesce changed in the operator's go.mod:"
 diff -u go.mod.before go.mod | sed -n '3,$p' | grep '^[-+]' >&2 || true
@@ -98,4 +124,4 @@ if [[ -n "${moved}" ]]; then
 	echo "${moved}" >&2
 	fail "go.mod must require the oldest supported release of each (VERSIONING.md)"
 fi
-log "ok: no k8s.io/ or sigs.k8s.io/ requirement moved ($(wc -l <before.txt) checked)"
+log "ok: no requirement moved ($(wc -l <before.txt) checked: k8s.io, controller-runtime, ginkgo, gomega and the rest)"

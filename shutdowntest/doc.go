@@ -4,7 +4,7 @@
 //
 // It serves Ginkgo and plain testing alike: nothing in its API depends on Ginkgo (pass
 // GinkgoWriter, or nothing, as Options.Output), and the Gomega matchers (HaveExitedGracefully,
-// HaveAbandoned, HaveLogged) take a *Result.
+// HaveAbandoned, HaveLogged) take a Result or *Result, and fail on a nil one.
 //
 // A test builds the operator once per process (Build, cached; with -race when the test runs
 // with it), then, for each spec:
@@ -12,20 +12,26 @@
 //	op, err := shutdowntest.Start(ctx, shutdowntest.Options{Package: "./cmd", Dir: root, Env: testEnv})
 //	DeferCleanup(op.Kill)
 //	// create objects, then wait until the operator works on them:
-//	Eventually(op.Pending).WithContext(ctx).WithTimeout(time.Minute).Should(BeNumerically(">=", 3))
+//	Eventually(op.PendingCount).WithContext(ctx).WithTimeout(time.Minute).Should(BeNumerically(">=", 3))
 //	res, err := op.Stop(ctx)
 //	Expect(res).To(shutdowntest.HaveExitedGracefully())
 //
 // Start runs the binary with kubebuilder's flags for the metrics and probe servers on free
-// loopback ports (see Options.Flags) and a kubeconfig of its own for the suite's envtest
-// control plane, and returns once its /readyz answers 200. Pending reads quiesce's
-// /debug/quiesce on the metrics server; WaitLines waits for lines of the operator's log (e.g.
-// "successfully acquired lease", or n reconciles working). Stop sends SIGTERM and waits for
-// the exit.
+// loopback ports (see Options.Flags) against one cluster: the suite's envtest control plane
+// (Options.Env: a user of its own), or any cluster given as a rest.Config or a kubeconfig; it
+// returns once its /readyz answers 200. PendingCount and PendingCalls read quiesce's
+// /debug/quiesce on the metrics server, over plain HTTP or, with Options.MetricsSecure, over
+// HTTPS with a bearer token; WaitLines waits for lines of the operator's log (n reconciles
+// working), WaitLeader for the leader-election lease (Options.LeaderElection). Stop sends
+// SIGTERM and waits for the exit.
 //
 // Bounds: no process or goroutine of the harness outlives Stop or Kill, nor the context given
-// to Start (when it ends, the operator is killed). Stop waits at most Options.StopTimeout,
-// then sends a second SIGTERM (controller-runtime then exits at once), then SIGKILL.
+// to Start (when it ends, the operator is killed). The operator runs in a process group of its
+// own: SIGTERM goes to the operator alone, as the kubelet sends it; SIGKILL (Kill, a forced
+// stop) goes to the whole group, and what the operator leaves in its group when it exits is
+// killed then. Stop waits at most Options.StopTimeout, then sends a second SIGTERM
+// (controller-runtime then exits at once), then SIGKILL; WaitLines and WaitLeader at most
+// Options.WaitTimeout. A log line longer than 1 MiB is cut, and the lines after it are read.
 //
 // Concurrency: Build and Start may be called from several goroutines; an Operator's methods
 // are safe to call concurrently, and Kill may race with Stop.

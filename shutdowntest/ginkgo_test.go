@@ -35,7 +35,7 @@ var _ = Describe("shutdowntest", func() {
 		DeferCleanup(op.Kill)
 
 		createConfigMaps(ctx, GinkgoT(), ginkgoClient, "ginkgo", "job-1")
-		Eventually(op.Pending).WithContext(ctx).WithTimeout(time.Minute).WithPolling(50 * time.Millisecond).
+		Eventually(op.PendingCount).WithContext(ctx).WithTimeout(time.Minute).WithPolling(50 * time.Millisecond).
 			Should(BeNumerically(">=", 2))
 		res, err := op.Stop(ctx)
 		Expect(err).NotTo(HaveOccurred())

@@ -2,7 +2,10 @@ package shutdowntest
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"strings"
 	"time"
@@ -108,9 +111,32 @@ func decodeJSON(s string, v any) bool {
 	return json.NewDecoder(strings.NewReader(s)).Decode(v) == nil
 }
 
-// newScanner splits the operator's output into lines of up to maxLineBytes.
-func newScanner(r io.Reader) *bufio.Scanner {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 64<<10), maxLineBytes)
-	return sc
+// readLines calls add with each line of r, without its end ("\n" or "\r\n"), until r fails
+// or ends. A line longer than maxLineBytes is cut: its first maxLineBytes bytes, then
+// " [... N bytes cut]"; the lines after it are read as any other.
+func readLines(r io.Reader, add func(line string)) {
+	br := bufio.NewReaderSize(r, 64<<10)
+	var line []byte
+	cut := 0
+	for {
+		chunk, err := br.ReadSlice('\n')
+		end := err == nil
+		if end {
+			chunk = chunk[:len(chunk)-1]
+		}
+		n := min(len(chunk), maxLineBytes-len(line))
+		line = append(line, chunk[:n]...)
+		cut += len(chunk) - n
+		if end || (!errors.Is(err, bufio.ErrBufferFull) && (len(line) > 0 || cut > 0)) {
+			if cut > 0 {
+				add(fmt.Sprintf("%s [... %d bytes cut]", line, cut))
+			} else {
+				add(string(bytes.TrimSuffix(line, []byte("\r"))))
+			}
+			line, cut = line[:0], 0
+		}
+		if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
+			return // io.EOF, or the read deadline readLog set
+		}
+	}
 }

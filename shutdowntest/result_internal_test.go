@@ -6,7 +6,10 @@ import (
 	"testing"
 
 	. "github.com/onsi/gomega"
+	"github.com/onsi/gomega/types"
 	admissionv1 "k8s.io/api/admissionregistration/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 )
 
@@ -102,7 +105,7 @@ func TestMatchers(t *testing.T) {
 	g.Expect(msg).To(ContainSubstring("exited with code 1, abandoning 1 call(s): [demo/hanging/hang-1/legacy-export]"))
 	g.Expect(HaveExitedGracefully().FailureMessage(killed)).To(ContainSubstring("a second SIGTERM or SIGKILL"))
 	_, err := HaveExitedGracefully().Match("not a result")
-	g.Expect(err).To(MatchError(ContainSubstring("expect a *shutdowntest.Result, got string")))
+	g.Expect(err).To(MatchError(ContainSubstring("expect a shutdowntest.Result or *shutdowntest.Result, got string")))
 }
 
 func TestKubebuilderFlags(t *testing.T) {
@@ -112,6 +115,9 @@ func TestKubebuilderFlags(t *testing.T) {
 		"--metrics-bind-address=127.0.0.1:1", "--metrics-secure=false", "--quiesce-debug-without-filter",
 		"--health-probe-bind-address=127.0.0.1:2",
 	}))
+
+	g.Expect(KubebuilderFlags(Endpoints{Metrics: "m", Probe: "p", MetricsSecure: true, LeaderElectionNamespace: "ns"})).
+		To(Equal([]string{"--metrics-bind-address=m", "--health-probe-bind-address=p", "--leader-elect"}))
 
 	env := &envtest.Environment{}
 	webhookEndpoints(env, &e) // no webhook installed
@@ -136,4 +142,105 @@ func TestBuildFlags(t *testing.T) {
 	for _, said := range [][]string{{"-race"}, {"-race=false"}, {"--race=true"}, {"-tags=e2e", "-race=0"}} {
 		g.Expect(buildFlags(said)).To(Equal(said), "the caller said")
 	}
+}
+
+func TestReadLines(t *testing.T) {
+	for _, tc := range []struct {
+		name, in string
+		want     []string
+	}{
+		{"lines", "a\nb\n", []string{"a", "b"}},
+		{"no end at the end", "a\nb", []string{"a", "b"}},
+		{"crlf", "a\r\nb\r\n", []string{"a", "b"}},
+		{"empty lines", "\n\na\n", []string{"", "", "a"}},
+		{"at the limit", strings.Repeat("x", maxLineBytes) + "\nb\n", []string{strings.Repeat("x", maxLineBytes), "b"}},
+		{"one byte over", strings.Repeat("x", maxLineBytes+1) + "\nb\n",
+			[]string{strings.Repeat("x", maxLineBytes) + " [... 1 bytes cut]", "b"}},
+		{"5 MiB, then more", strings.Repeat("y", 5<<20) + "\nafter\nand after\n",
+			[]string{strings.Repeat("y", maxLineBytes) + " [... 4194304 bytes cut]", "after", "and after"}},
+		{"cut at the end", strings.Repeat("z", maxLineBytes+10),
+			[]string{strings.Repeat("z", maxLineBytes) + " [... 10 bytes cut]"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := NewWithT(t)
+			var got []string
+			readLines(strings.NewReader(tc.in), func(l string) { got = append(got, l) })
+			g.Expect(got).To(Equal(tc.want))
+		})
+	}
+}
+
+func TestMatchersTakeResultValuesAndFailOnNil(t *testing.T) {
+	g := NewWithT(t)
+	hung := Result{ExitCode: 1, Lines: []string{consoleLine}}
+	hung.Abandoned, hung.AbandonedCount = abandoned(hung.Lines)
+	g.Expect(hung).To(HaveAbandoned(ContainSubstring("legacy-export")))
+	g.Expect(hung).To(HaveLogged("Abandoned calls"))
+	g.Expect(hung).NotTo(HaveExitedGracefully())
+
+	// exit 0 with abandoned calls: a main that ignores the Runnable's Err.
+	ignored := hung
+	ignored.ExitCode = 0
+	g.Expect(ignored).NotTo(HaveExitedGracefully())
+	g.Expect(HaveExitedGracefully().FailureMessage(ignored)).To(ContainSubstring("exited with code 0, abandoning 1 call(s)"))
+
+	var nilResult *Result
+	for _, m := range []types.GomegaMatcher{HaveExitedGracefully(), HaveAbandoned("x"), HaveLogged("x")} {
+		_, err := m.Match(nilResult)
+		g.Expect(err).To(MatchError(ContainSubstring("got a nil *shutdowntest.Result (did Stop fail?")))
+		_, err = m.Match(3)
+		g.Expect(err).To(MatchError(ContainSubstring("got int")))
+	}
+}
+
+func TestBinaryName(t *testing.T) {
+	g := NewWithT(t)
+	g.Expect(binaryName("/src/jobset", ".")).To(Equal("jobset"))
+	g.Expect(binaryName("/src/jobset", "./")).To(Equal("jobset"))
+	g.Expect(binaryName("/src/op", "./cmd")).To(Equal("cmd"))
+	g.Expect(binaryName("/src/op/cmd", "..")).To(Equal("op"))
+	g.Expect(binaryName("/src/op", "sigs.k8s.io/jobset/cmd/manager")).To(Equal("manager"))
+	g.Expect(binaryName("/", ".")).To(Equal("operator"))
+}
+
+func TestKubeconfigFromREST(t *testing.T) {
+	g := NewWithT(t)
+	cfg := &rest.Config{
+		Host: "https://127.0.0.1:6443", BearerToken: "token",
+		TLSClientConfig: rest.TLSClientConfig{CAData: []byte("ca"), CertData: []byte("cert"), KeyData: []byte("key")},
+		Impersonate:     rest.ImpersonationConfig{UserName: "someone", Groups: []string{"g"}},
+	}
+	data, err := kubeconfigFromREST(cfg)
+	g.Expect(err).NotTo(HaveOccurred())
+	back, err := clientcmd.RESTConfigFromKubeConfig(data)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(back.Host).To(Equal(cfg.Host))
+	g.Expect(back.BearerToken).To(Equal("token"))
+	g.Expect(back.TLSClientConfig.CAData).To(Equal([]byte("ca")))
+	g.Expect(back.TLSClientConfig.CertData).To(Equal([]byte("cert")))
+	g.Expect(back.TLSClientConfig.KeyData).To(Equal([]byte("key")))
+	g.Expect(back.Impersonate.UserName).To(Equal("someone"))
+	g.Expect(back.Impersonate.Groups).To(Equal([]string{"g"}))
+}
+
+func TestFreeWebhookPort(t *testing.T) {
+	g := NewWithT(t)
+	env := &envtest.Environment{WebhookInstallOptions: envtest.WebhookInstallOptions{
+		LocalServingHost: "127.0.0.1", LocalServingPort: 9443, LocalServingCertDir: "/tmp/certs",
+		ValidatingWebhooks: []*admissionv1.ValidatingWebhookConfiguration{{}},
+	}}
+	e, err := endpoints(Options{Env: env})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(e.Webhook).To(Equal("127.0.0.1:9443"), "Env's port by default")
+
+	for range 3 {
+		e, err := endpoints(Options{Env: env, FreeWebhookPort: true})
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(e.Webhook).To(HavePrefix("127.0.0.1:"))
+		g.Expect(e.Webhook).NotTo(Equal("127.0.0.1:9443"))
+		g.Expect(e.WebhookCertDir).To(Equal("/tmp/certs"))
+	}
+	e, err = endpoints(Options{Env: &envtest.Environment{}, FreeWebhookPort: true})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(e.Webhook).To(BeEmpty(), "no webhook installed: none")
 }

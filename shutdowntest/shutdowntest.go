@@ -2,6 +2,7 @@ package shutdowntest
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"runtime/debug"
 	"slices"
@@ -19,8 +21,12 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	"github.com/quiesce-dev/quiesce/internal"
 	"github.com/quiesce-dev/quiesce/runnable"
 )
 
@@ -28,6 +34,7 @@ import (
 const (
 	DefaultReadyTimeout = 60 * time.Second
 	DefaultStopTimeout  = 90 * time.Second
+	DefaultWaitTimeout  = 2 * time.Minute
 )
 
 // AbandonedMessage is the message of the line in which quiesce names the calls it abandoned
@@ -44,13 +51,14 @@ const (
 	readyPollInterval  = 100 * time.Millisecond
 	headLinesInErrors  = 5
 	lastLinesInErrors  = 20
-	maxLineBytes       = 4 << 20
+	maxLineBytes       = 1 << 20
 	operatorUserName   = "shutdowntest"
 	kubeconfigFileName = "kubeconfig"
 )
 
 // Options say which operator to run and how. Zero values mean the defaults documented on
-// each field; Package and Env are required.
+// each field; Package (or Binary) is required, and exactly one of Env, Config and Kubeconfig,
+// the cluster the operator runs against.
 type Options struct {
 	// Package is the operator's main package as `go build` takes it, e.g. "./cmd". Required.
 	Package string
@@ -66,10 +74,19 @@ type Options struct {
 	Binary string
 
 	// Env is the suite's started envtest environment. Start adds a user of the group
-	// system:masters to it (Environment.AddUser) and gives the operator that user's
-	// kubeconfig, in the KUBECONFIG environment variable. When Env installs webhooks, Flags
-	// gets where their configurations send requests (Endpoints.Webhook). Required.
+	// system:masters to it (Environment.AddUser; concurrent Starts take turns) and gives the
+	// operator that user's kubeconfig, in the KUBECONFIG environment variable. When Env
+	// installs webhooks, Flags gets where their configurations send requests
+	// (Endpoints.Webhook).
 	Env *envtest.Environment
+	// Config is a cluster given as a client configuration (kind's, a real cluster's, or a
+	// suite's own control plane): Start writes it as the operator's kubeconfig, credentials
+	// included, into a file of its own (mode 0600, removed once the operator exited). What a
+	// kubeconfig cannot hold (Proxy, Dial, WrapTransport) is left out.
+	Config *rest.Config
+	// Kubeconfig is a cluster given as a kubeconfig file, e.g. kind's: the operator gets its
+	// path (made absolute) in KUBECONFIG; its current context is the one used.
+	Kubeconfig string
 
 	// Flags returns the flags that bind the operator's metrics and probe servers to the
 	// addresses the harness chose; Start calls it once, just before the process starts.
@@ -78,6 +95,46 @@ type Options struct {
 	// Args are further flags, after those of Flags, e.g. "--quiesce-grace-period=5s".
 	Args []string
 
+	// MetricsSecure says the operator's metrics server, and /debug/quiesce on it, serve HTTPS
+	// with authentication and authorization (kubebuilder's default: SecureServing with
+	// controller-runtime's filters.WithAuthenticationAndAuthorization). KubebuilderFlags then
+	// leaves --metrics-secure at its default, and PendingCount and PendingCalls send
+	// MetricsToken over HTTPS, without verifying the server's certificate (the operator's
+	// own, on a loopback address). false: plain HTTP, and KubebuilderFlags passes
+	// --metrics-secure=false.
+	MetricsSecure bool
+	// MetricsToken is the bearer token sent to a secure metrics server. "": the cluster
+	// credentials' own token (Config's, or the kubeconfig's) if they have one; otherwise
+	// (client certificates, as envtest's users and kind's admin have; the metrics server
+	// authenticates tokens only) the first request creates, in the cluster, the
+	// ServiceAccount "shutdowntest" in namespace "default", the ClusterRole
+	// "shutdowntest-metrics-reader" (GET on /metrics and /debug/quiesce) bound to it, and
+	// asks a token of it (TokenRequest, valid for an hour).
+	MetricsToken string
+
+	// LeaderElection runs the operator with leader election on (see WaitLeader):
+	// KubebuilderFlags passes --leader-elect, and the operator's environment has
+	// POD_NAMESPACE set to LeaderElectionNamespace. Outside a cluster controller-runtime
+	// needs the lease's namespace (Options.LeaderElectionNamespace; in a pod it reads its
+	// own): kubebuilder's scaffold gives none, so the operator's main passes
+	// os.Getenv("POD_NAMESPACE") (empty in a pod without that variable: the pod's own), or
+	// Flags passes the namespace to a flag of its own.
+	LeaderElection bool
+	// LeaderElectionNamespace is the namespace of the lease; it must exist. "": "default".
+	LeaderElectionNamespace string
+
+	// FreeWebhookPort gives the operator's webhook server a free port of its own on Env's
+	// webhook host (Endpoints.Webhook), with Env's serving certificate, instead of the one
+	// port that Env's webhook configurations send requests to: so that several operators
+	// with webhooks can run at once (a second one on Env's port fails with "bind: address
+	// already in use"). The API server's requests then reach none of them unless the spec
+	// forwards Env's port to one, as a Service does (examples/rollout's router).
+	FreeWebhookPort bool
+
+	// LogPrefix is written before each line copied to Output, e.g. "replica-1 | ", so that
+	// the logs of several operators can be told apart. Lines and Result.Lines have none.
+	LogPrefix string
+
 	// ReadyTimeout bounds Start's wait for /readyz to answer 200, from the process's start
 	// (the build before it is bounded by Start's context only). 0: DefaultReadyTimeout.
 	ReadyTimeout time.Duration
@@ -85,6 +142,9 @@ type Options struct {
 	// SIGTERM, then SIGKILL. 0: DefaultStopTimeout. Set it above the operator's own
 	// GracefulShutdownTimeout.
 	StopTimeout time.Duration
+	// WaitTimeout bounds each wait of WaitLines (and of the waits built on it) when its
+	// context has no earlier deadline. 0: DefaultWaitTimeout.
+	WaitTimeout time.Duration
 
 	// Output receives a copy of each line the operator writes (stdout and stderr), e.g.
 	// GinkgoWriter or a testing.T's writer. nil: none; Result.Lines keeps them all anyway.
@@ -109,8 +169,15 @@ func (o *Options) setDefaults() error {
 	if o.Package == "" && o.Binary == "" {
 		return errors.New("invalid options: Package (or Binary) is required")
 	}
-	if o.Env == nil {
-		return errors.New("invalid options: Env is required")
+	clusters := 0
+	for _, set := range []bool{o.Env != nil, o.Config != nil, o.Kubeconfig != ""} {
+		if set {
+			clusters++
+		}
+	}
+	if clusters != 1 {
+		return fmt.Errorf("invalid options: set exactly one of Env, Config and Kubeconfig (the cluster the "+
+			"operator runs against), not %d", clusters)
 	}
 	if o.Flags == nil {
 		o.Flags = KubebuilderFlags
@@ -121,22 +188,36 @@ func (o *Options) setDefaults() error {
 	if o.StopTimeout <= 0 {
 		o.StopTimeout = DefaultStopTimeout
 	}
+	if o.WaitTimeout <= 0 {
+		o.WaitTimeout = DefaultWaitTimeout
+	}
 	if o.Output == nil {
 		o.Output = io.Discard
+	}
+	if o.LeaderElection && o.LeaderElectionNamespace == "" {
+		o.LeaderElectionNamespace = "default"
 	}
 	return nil
 }
 
 // Endpoints are the addresses of the operator's servers.
 type Endpoints struct {
-	Metrics string // the metrics server, "127.0.0.1:port": /metrics and /debug/quiesce, plain HTTP
+	Metrics string // the metrics server, "127.0.0.1:port": /metrics and /debug/quiesce
 	Probe   string // the health probe server, "127.0.0.1:port": /healthz and /readyz
+
+	// MetricsSecure is Options.MetricsSecure: the metrics server serves HTTPS with
+	// authentication.
+	MetricsSecure bool
+	// LeaderElectionNamespace is the lease's namespace when Options.LeaderElection is set,
+	// "" otherwise.
+	LeaderElectionNamespace string
 
 	// Webhook is where the webhook configurations that Env installed send admission requests,
 	// "host:port" (Env.WebhookInstallOptions.LocalServingHost and LocalServingPort); "" when
 	// Env installs none. The operator's webhook server must listen there: KubebuilderFlags
 	// passes its port as --webhook-port; for a main with other flags, pass it in
 	// Options.Flags, or set LocalServingPort to the port it listens on before Env starts.
+	// With Options.FreeWebhookPort: a free port of the operator's own on that host.
 	Webhook string
 	// WebhookCertDir holds the serving certificate (tls.crt, tls.key) that Env's webhook
 	// configurations trust; "" when Env installs no webhook.
@@ -144,18 +225,21 @@ type Endpoints struct {
 }
 
 // KubebuilderFlags are the flags of a kubebuilder (go/v4) scaffold's main.go for e:
-// --metrics-bind-address, --metrics-secure=false (the scaffold serves metrics over HTTPS
-// with authentication by default; the harness reads /debug/quiesce over plain HTTP, on
-// loopback) with --quiesce-debug-without-filter, so that quiesce serves it there (bound by
-// runnable.Options.BindFlags, as the adoption diff does; a main that binds no quiesce flags
-// needs Options.Flags), --health-probe-bind-address, and, when Env installs webhooks,
+// --metrics-bind-address, --metrics-secure=false unless Options.MetricsSecure (the scaffold
+// serves metrics over HTTPS with authentication by default) with
+// --quiesce-debug-without-filter, so that quiesce serves /debug/quiesce on that plain-HTTP
+// loopback server (bound by runnable.Options.BindFlags, as the adoption diff does; a main
+// that binds no quiesce flags needs Options.Flags), --health-probe-bind-address,
+// --leader-elect with Options.LeaderElection, and, when Env installs webhooks,
 // --webhook-cert-path and --webhook-port (the scaffold's flags for its webhook server).
 func KubebuilderFlags(e Endpoints) []string {
-	flags := []string{
-		"--metrics-bind-address=" + e.Metrics,
-		"--metrics-secure=false",
-		"--quiesce-debug-without-filter",
-		"--health-probe-bind-address=" + e.Probe,
+	flags := []string{"--metrics-bind-address=" + e.Metrics}
+	if !e.MetricsSecure {
+		flags = append(flags, "--metrics-secure=false", "--quiesce-debug-without-filter")
+	}
+	flags = append(flags, "--health-probe-bind-address="+e.Probe)
+	if e.LeaderElectionNamespace != "" {
+		flags = append(flags, "--leader-elect")
 	}
 	if e.Webhook != "" {
 		_, port, _ := net.SplitHostPort(e.Webhook)
@@ -225,12 +309,11 @@ func Build(ctx context.Context, opts Options) (string, error) {
 	if b.binary != "" {
 		return b.binary, nil
 	}
-	// The package's own name (e.g. "demo-operator", "cmd"), as ps shows it.
 	sub := filepath.Join(binDir, strconv.Itoa(b.index))
 	if err := os.MkdirAll(sub, 0o755); err != nil {
 		return "", fmt.Errorf("failed to create a directory for the binary: %w", err)
 	}
-	bin := filepath.Join(sub, filepath.Base(filepath.Clean(opts.Package)))
+	bin := filepath.Join(sub, binaryName(dir, opts.Package))
 	args := append(append([]string{"build", "-o", bin}, flags...), opts.Package)
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = dir
@@ -243,6 +326,20 @@ func Build(ctx context.Context, opts Options) (string, error) {
 	}
 	b.binary = bin
 	return bin, nil
+}
+
+// binaryName returns the name of the binary of pkg, built in dir: the package's own directory
+// name ("demo-operator", "cmd"; for ".", dir's name), as ps shows it. `go build -o` then
+// writes a file of that name, never into a directory.
+func binaryName(dir, pkg string) string {
+	name := path.Base(filepath.ToSlash(pkg))
+	if name == "." || name == ".." || name == "/" {
+		name = filepath.Base(filepath.Join(dir, pkg))
+	}
+	if name == "." || name == string(filepath.Separator) || strings.Contains(name, "...") {
+		return "operator"
+	}
+	return name
 }
 
 // buildFlags returns flags with -race first when this process runs with the race detector and
@@ -287,22 +384,31 @@ type Operator struct {
 	exited    chan struct{} // closed once the process was reaped
 	logDone   chan struct{} // closed once the log goroutine returned
 	stopCtx   func() bool   // stops watching Start's ctx
+	http      *http.Client  // for the metrics and probe servers
+
+	tokenMu sync.Mutex // held while the metrics token is made
+	token   string     // the bearer token for a secure metrics server, once made
 
 	mu       sync.Mutex
 	lines    []string
 	changed  chan struct{} // closed, and replaced, when a line is added (WaitLines)
 	signalAt time.Time     // the first SIGTERM of Stop
 	killed   bool          // Stop had to send a second SIGTERM or SIGKILL
+	reaped   bool          // the process group was killed and the pid may be reaped: kill no more
 	exitedAt time.Time
 }
 
+// addUser serializes Environment.AddUser: it signs certificates with the environment's CA,
+// which is not safe for concurrent use.
+var addUser sync.Mutex
+
 // Start builds the operator (Build) unless opts.Binary is set, runs it with opts.Flags and
-// opts.Args against opts.Env, and returns once GET /readyz on its probe address answers
-// 200. It fails, killing the process, when the operator exits before it is ready (the error
-// has the exit status and the log's first and last lines), or is not ready within
-// ReadyTimeout (with the log's lines likewise), or when ctx ends. When ctx ends later, the operator is killed:
-// pass a context that lasts as long as the spec. Call Stop, or Kill (e.g. with
-// DeferCleanup), once done.
+// opts.Args against opts's cluster (Env, Config or Kubeconfig), and returns once GET /readyz
+// on its probe address answers 200. It fails, killing the process, when the operator exits
+// before it is ready (the error has the exit status and the log's first and last lines), or
+// is not ready within ReadyTimeout (with the log's lines likewise), or when ctx ends. When
+// ctx ends later, the operator is killed: pass a context that lasts as long as the spec.
+// Call Stop, or Kill (e.g. with DeferCleanup), once done. Start may be called concurrently.
 func Start(ctx context.Context, opts Options) (*Operator, error) {
 	if err := opts.setDefaults(); err != nil {
 		return nil, err
@@ -330,31 +436,88 @@ func Start(ctx context.Context, opts Options) (*Operator, error) {
 	return op, nil
 }
 
+// kubeconfig returns the path of the operator's kubeconfig for opts's cluster, written into
+// tmp unless opts.Kubeconfig gives one.
+func kubeconfig(tmp string, opts Options) (string, error) {
+	if opts.Kubeconfig != "" {
+		// Absolute: the operator runs in opts.Dir.
+		file, err := filepath.Abs(opts.Kubeconfig)
+		if err != nil {
+			return "", fmt.Errorf("failed to resolve the kubeconfig %q: %w", opts.Kubeconfig, err)
+		}
+		return file, nil
+	}
+	var data []byte
+	var err error
+	if opts.Env != nil {
+		addUser.Lock()
+		user, uerr := opts.Env.AddUser(envtest.User{Name: operatorUserName, Groups: []string{"system:masters"}}, nil)
+		addUser.Unlock()
+		if uerr != nil {
+			return "", fmt.Errorf("failed to add the operator's user: %w", uerr)
+		}
+		data, err = user.KubeConfig()
+	} else {
+		data, err = kubeconfigFromREST(opts.Config)
+	}
+	if err != nil {
+		return "", fmt.Errorf("failed to make the operator's kubeconfig: %w", err)
+	}
+	file := filepath.Join(tmp, kubeconfigFileName)
+	if err := os.WriteFile(file, data, 0o600); err != nil {
+		return "", fmt.Errorf("failed to write the operator's kubeconfig: %w", err)
+	}
+	return file, nil
+}
+
+// kubeconfigFromREST returns cfg as a kubeconfig with one context, the current one.
+func kubeconfigFromREST(cfg *rest.Config) ([]byte, error) {
+	const name = "shutdowntest"
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters[name] = &clientcmdapi.Cluster{
+		Server:                   strings.TrimSuffix(cfg.Host, "/") + cfg.APIPath,
+		TLSServerName:            cfg.ServerName,
+		InsecureSkipTLSVerify:    cfg.Insecure,
+		CertificateAuthority:     cfg.CAFile,
+		CertificateAuthorityData: cfg.CAData,
+	}
+	kc.AuthInfos[name] = &clientcmdapi.AuthInfo{
+		ClientCertificate:     cfg.CertFile,
+		ClientCertificateData: cfg.CertData,
+		ClientKey:             cfg.KeyFile,
+		ClientKeyData:         cfg.KeyData,
+		Token:                 cfg.BearerToken,
+		TokenFile:             cfg.BearerTokenFile,
+		Impersonate:           cfg.Impersonate.UserName,
+		ImpersonateUID:        cfg.Impersonate.UID,
+		ImpersonateGroups:     cfg.Impersonate.Groups,
+		ImpersonateUserExtra:  cfg.Impersonate.Extra,
+		Username:              cfg.Username,
+		Password:              cfg.Password,
+		AuthProvider:          cfg.AuthProvider,
+		Exec:                  cfg.ExecProvider,
+	}
+	kc.Contexts[name] = &clientcmdapi.Context{Cluster: name, AuthInfo: name}
+	kc.CurrentContext = name
+	return clientcmd.Write(*kc)
+}
+
 func start(ctx context.Context, bin, tmp string, opts Options) (*Operator, error) {
-	user, err := opts.Env.AddUser(envtest.User{Name: operatorUserName, Groups: []string{"system:masters"}}, nil)
+	kubeconfigPath, err := kubeconfig(tmp, opts)
 	if err != nil {
-		return nil, fmt.Errorf("failed to add the operator's user: %w", err)
-	}
-	kubeconfig, err := user.KubeConfig()
-	if err != nil {
-		return nil, fmt.Errorf("failed to make the operator's kubeconfig: %w", err)
-	}
-	kubeconfigPath := filepath.Join(tmp, kubeconfigFileName)
-	if err := os.WriteFile(kubeconfigPath, kubeconfig, 0o600); err != nil {
-		return nil, fmt.Errorf("failed to write the operator's kubeconfig: %w", err)
-	}
-	var e Endpoints
-	if e.Metrics, err = freeAddr(); err != nil {
 		return nil, err
 	}
-	if e.Probe, err = freeAddr(); err != nil {
+	e, err := endpoints(opts)
+	if err != nil {
 		return nil, err
 	}
-	webhookEndpoints(opts.Env, &e)
 
 	cmd := exec.Command(bin, append(opts.Flags(e), opts.Args...)...)
 	cmd.Dir = opts.Dir
 	cmd.Env = operatorEnv(kubeconfigPath, opts.PassEnv)
+	if opts.LeaderElection {
+		cmd.Env = append(cmd.Env, "POD_NAMESPACE="+opts.LeaderElectionNamespace)
+	}
 	cmd.SysProcAttr = sysProcAttr()
 	r, w, err := os.Pipe()
 	if err != nil {
@@ -365,7 +528,7 @@ func start(ctx context.Context, bin, tmp string, opts Options) (*Operator, error
 	_ = w.Close() // the operator has its own copy of the write end
 	if err != nil {
 		_ = r.Close()
-		return nil, fmt.Errorf("failed to start %s: %w", bin, err)
+		return nil, startError(bin, err)
 	}
 	op := &Operator{
 		opts:      opts,
@@ -375,9 +538,10 @@ func start(ctx context.Context, bin, tmp string, opts Options) (*Operator, error
 		exited:    make(chan struct{}),
 		logDone:   make(chan struct{}),
 		changed:   make(chan struct{}),
+		http:      httpClient(opts.MetricsSecure),
 	}
 	// The operator never outlives ctx.
-	op.stopCtx = context.AfterFunc(ctx, func() { _ = cmd.Process.Kill() })
+	op.stopCtx = context.AfterFunc(ctx, op.kill)
 	go op.readLog(r)
 	go op.reap()
 	return op, nil
@@ -395,9 +559,52 @@ func operatorEnv(kubeconfig string, pass []string) []string {
 	return env
 }
 
-// reap waits for the process, records when it exited, stops watching Start's context and
-// removes the temporary directory.
+// endpoints chooses the operator's addresses.
+func endpoints(opts Options) (Endpoints, error) {
+	var err error
+	e := Endpoints{MetricsSecure: opts.MetricsSecure, LeaderElectionNamespace: opts.LeaderElectionNamespace}
+	if e.Metrics, err = freeAddr("127.0.0.1"); err != nil {
+		return Endpoints{}, err
+	}
+	if e.Probe, err = freeAddr("127.0.0.1"); err != nil {
+		return Endpoints{}, err
+	}
+	if opts.Env != nil {
+		webhookEndpoints(opts.Env, &e)
+	}
+	if opts.FreeWebhookPort && e.Webhook != "" {
+		host, _, _ := net.SplitHostPort(e.Webhook)
+		if e.Webhook, err = freeAddr(host); err != nil {
+			return Endpoints{}, err
+		}
+	}
+	return e, nil
+}
+
+// startError explains why bin could not be started.
+func startError(bin string, err error) error {
+	if fi, serr := os.Stat(bin); serr == nil && fi.IsDir() {
+		return fmt.Errorf("failed to start %s: it is a directory, not the operator's binary: "+
+			"set Options.Binary to the binary's file, or leave it empty and set Options.Package: %w", bin, err)
+	}
+	if errors.Is(err, os.ErrPermission) {
+		return fmt.Errorf("failed to start %s: it is not executable: check Options.Binary "+
+			"(a file built by go build, mode +x): %w", bin, err)
+	}
+	return fmt.Errorf("failed to start %s: %w", bin, err)
+}
+
+// reap waits for the process, kills what it left in its process group (as a container's
+// processes end with its main process), records when it exited, stops watching Start's
+// context and removes the temporary directory.
 func (o *Operator) reap() {
+	if ownGroup {
+		waitExited(o.cmd)
+		o.mu.Lock()
+		killGroup(o.cmd)
+		o.reaped = true
+		o.mu.Unlock()
+	}
 	_ = o.cmd.Wait() // the exit status is in cmd.ProcessState
 	o.mu.Lock()
 	o.exitedAt = time.Now()
@@ -425,17 +632,23 @@ func (o *Operator) readLog(r *os.File) {
 		case <-o.logDone:
 		}
 	}()
-	sc := newScanner(r)
-	for sc.Scan() {
-		line := sc.Text()
-		_, _ = fmt.Fprintln(o.opts.Output, line) // nowhere to report a failed write to
+	readLines(r, func(line string) {
+		_, _ = fmt.Fprintln(o.opts.Output, o.opts.LogPrefix+line) // nowhere to report a failed write to
 		o.mu.Lock()
 		o.lines = append(o.lines, line)
 		close(o.changed)
 		o.changed = make(chan struct{})
 		o.mu.Unlock()
+	})
+}
+
+// kill sends SIGKILL to the operator's process group unless it was reaped.
+func (o *Operator) kill() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !o.reaped {
+		killGroup(o.cmd)
 	}
-	_, _ = io.Copy(io.Discard, r) // after a line too long: never block the operator
 }
 
 // Endpoints returns the addresses of the operator's metrics and probe servers.
@@ -455,11 +668,34 @@ func (o *Operator) Lines() []string {
 }
 
 // WaitLines waits until n lines of the operator's log, from its start on, satisfy match
-// (called once per line, on the caller's goroutine), e.g. until it logged that it acquired
-// the lease, or that n reconciles work. It returns nil then; an error when the log ended
-// first (the operator exited: the error has its status and the count), or when ctx ends
-// (bound the wait with it). It waits on the log itself, without polling.
+// (called once per line, on the caller's goroutine), e.g. until it logged that n reconciles
+// work (for the lease, see WaitLeader). It returns nil then; an error when the log ended
+// first (the operator exited: the error has its status and the count), or when ctx ends, or
+// after Options.WaitTimeout (DefaultWaitTimeout) when ctx has no earlier deadline. It waits
+// on the log itself, without polling.
 func (o *Operator) WaitLines(ctx context.Context, n int, match func(line string) bool) error {
+	return o.waitLines(ctx, fmt.Sprintf("%d matching log lines", n), n, match)
+}
+
+// LeaseAcquired is what client-go's leader election logs once it acquired the lease, in its
+// words since v0.37 (controller-runtime v0.25); before, "successfully acquired lease".
+// WaitLeader matches either case.
+const LeaseAcquired = "Successfully acquired lease"
+
+// WaitLeader waits until the operator logged that it acquired the leader-election lease
+// (LeaseAcquired, in any case: client-go's line differs in case across controller-runtime
+// v0.22 to v0.25), bounded as WaitLines is. Start returns once the operator is ready, which
+// a standby is too: wait with WaitLeader for the leader.
+func (o *Operator) WaitLeader(ctx context.Context) error {
+	want := strings.ToLower(LeaseAcquired)
+	return o.waitLines(ctx, "the leader-election lease (a line "+strconv.Quote(LeaseAcquired)+", in any case)", 1,
+		func(l string) bool { return strings.Contains(strings.ToLower(l), want) })
+}
+
+// waitLines is WaitLines; what says what it waits for, in its errors.
+func (o *Operator) waitLines(ctx context.Context, what string, n int, match func(line string) bool) error {
+	ctx, cancel := context.WithTimeout(ctx, o.opts.WaitTimeout)
+	defer cancel()
 	seen, got := 0, 0
 	count := func() <-chan struct{} {
 		o.mu.Lock()
@@ -485,35 +721,84 @@ func (o *Operator) WaitLines(ctx context.Context, n int, match func(line string)
 			if count(); got >= n {
 				return nil
 			}
-			return fmt.Errorf("failed to wait for %d matching log lines: the operator exited (%s) after %d",
-				n, o.cmd.ProcessState, got)
+			return fmt.Errorf("failed to wait for %s: the operator exited (%s) after %d", what, o.cmd.ProcessState, got)
 		case <-ctx.Done():
-			return fmt.Errorf("failed to wait for %d matching log lines (got %d): %w", n, got, ctx.Err())
+			bound := ""
+			if dl, _ := ctx.Deadline(); errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				bound = fmt.Sprintf(" until %s", dl.Format(time.TimeOnly))
+			}
+			return fmt.Errorf("failed to wait for %s%s (got %d, Options.WaitTimeout %s): %w",
+				what, bound, got, o.opts.WaitTimeout, ctx.Err())
 		}
 	}
 }
 
-// Pending returns how many calls quiesce tracks in the operator right now: the count of
-// GET /debug/quiesce on its metrics server (an error until the server listens). Wait for a
-// state with it, e.g. in Gomega (whose default timeout, 1s, is short for an operator's start):
+// PendingCount returns how many calls quiesce tracks in the operator right now: the count of
+// GET /debug/quiesce on its metrics server (an error until the server listens). It captures
+// no stacks, so it is cheap to poll. Wait for a state with it, e.g. in Gomega (whose default
+// timeout, 1s, is short for an operator's start):
 //
-//	Eventually(op.Pending).WithContext(ctx).WithTimeout(time.Minute).Should(BeNumerically(">=", 3))
-func (o *Operator) Pending(ctx context.Context) (int, error) {
+//	Eventually(op.PendingCount).WithContext(ctx).WithTimeout(time.Minute).Should(BeNumerically(">=", 3))
+func (o *Operator) PendingCount(ctx context.Context) (int, error) {
 	// limit=0: the count alone, without capturing the goroutines' stacks.
-	body, status, err := get(ctx, "http://"+o.endpoints.Metrics+runnable.DebugPath+"?limit=0")
+	count, _, err := o.debugState(ctx, "?limit=0")
+	return count, err
+}
+
+// PendingCall is one call quiesce tracks in the operator, as GET /debug/quiesce lists it.
+type PendingCall struct {
+	Name        string        // e.g. "memcached/default/a/register"
+	Age         time.Duration // how long it has run, as /debug/quiesce rounds it
+	Detached    bool          // its caller stopped waiting; only the executor tracks it
+	Daemon      bool          // a daemon (reconcilers.Daemons), never slow
+	ReconcileID string        // the reconcile it belongs to, if any
+	Where       string        // where its goroutine waits: "pkg.Func (file.go:123)"
+	Handler     string        // the line in the operator's own code where it waits
+}
+
+// PendingCalls returns the calls quiesce tracks in the operator right now, oldest first
+// (GET /debug/quiesce on its metrics server; each request captures the goroutines' stacks,
+// so poll PendingCount and read the calls once). E.g.:
+//
+//	calls, err := op.PendingCalls(ctx)
+//	Expect(calls).To(ContainElement(HaveField("Name", HaveSuffix("/register"))))
+func (o *Operator) PendingCalls(ctx context.Context) ([]PendingCall, error) {
+	_, entries, err := o.debugState(ctx, "")
 	if err != nil {
-		return 0, err
+		return nil, err
+	}
+	calls := make([]PendingCall, 0, len(entries))
+	for _, c := range entries {
+		age, _ := time.ParseDuration(c.Age) // "": 0
+		calls = append(calls, PendingCall{Name: c.Name, Age: age, Detached: c.Detached, Daemon: c.Daemon,
+			ReconcileID: c.ReconcileID, Where: c.Where, Handler: c.Handler})
+	}
+	return calls, nil
+}
+
+// debugState GETs /debug/quiesce with query on the metrics server and returns its count and
+// calls.
+func (o *Operator) debugState(ctx context.Context, query string) (int, []internal.Entry, error) {
+	url := o.metricsURL() + runnable.DebugPath + query
+	token, err := o.metricsToken(ctx)
+	if err != nil {
+		return 0, nil, err
+	}
+	body, status, err := get(ctx, o.http, url, token)
+	if err != nil {
+		return 0, nil, err
 	}
 	if status != http.StatusOK {
-		return 0, fmt.Errorf("failed to get %s: status %d: %s", runnable.DebugPath, status, strings.TrimSpace(string(body)))
+		return 0, nil, fmt.Errorf("failed to get %s: status %d: %s", url, status, strings.TrimSpace(string(body)))
 	}
 	var state struct {
-		Count *int `json:"count"`
+		Count *int             `json:"count"`
+		Calls []internal.Entry `json:"calls"`
 	}
 	if err := json.Unmarshal(body, &state); err != nil || state.Count == nil {
-		return 0, fmt.Errorf("failed to read the count of pending calls from %s: %q", runnable.DebugPath, body)
+		return 0, nil, fmt.Errorf("failed to read the pending calls from %s: %q", url, body)
 	}
-	return *state.Count, nil
+	return *state.Count, state.Calls, nil
 }
 
 // waitReady polls /readyz until it answers 200.
@@ -525,7 +810,7 @@ func (o *Operator) waitReady(ctx context.Context) error {
 	url := "http://" + o.endpoints.Probe + "/readyz"
 	var last string
 	for {
-		_, status, err := get(ctx, url)
+		_, status, err := get(ctx, o.http, url, "")
 		switch {
 		case err == nil && status == http.StatusOK:
 			return nil
@@ -550,12 +835,15 @@ func (o *Operator) waitReady(ctx context.Context) error {
 }
 
 // Stop sends the operator SIGTERM and waits for it to exit, up to StopTimeout; then it sends
-// a second SIGTERM, and SIGKILL if it still runs StopTimeout (at most 5s) later
-// (Result.Killed). It
-// returns once the process and its log are done, with what happened. When ctx ends first,
-// the operator is killed and Stop returns the Result and ctx's error. Stop on an operator
-// that exited already (it crashed) returns its Result and an error that says so. A second
-// Stop sends nothing and waits for the same exit.
+// a second SIGTERM, and SIGKILL to its process group if it still runs StopTimeout (at most 5s)
+// later (Result.Killed). SIGTERM goes to the operator alone, as the kubelet sends it to a
+// container's main process: what the operator started is its own to stop; whatever of it
+// remains in the operator's process group when the operator exits is killed then, as when a
+// container's main process exits. Stop returns once the process and its log are done, with
+// what happened. When ctx ends first, the operator is killed and Stop returns the Result and
+// ctx's error. Stop on an operator that exited already (it crashed) returns its Result and an
+// error that says so. A second Stop sends no second SIGTERM: it waits for the same exit, and
+// kills the operator when its own ctx ends first.
 func (o *Operator) Stop(ctx context.Context) (*Result, error) {
 	select {
 	case <-o.exited:
@@ -564,33 +852,28 @@ func (o *Operator) Stop(ctx context.Context) (*Result, error) {
 	default:
 	}
 	o.mu.Lock()
-	again := !o.signalAt.IsZero()
-	if !again {
+	first := o.signalAt.IsZero()
+	if first {
 		o.signalAt = time.Now()
 	}
 	o.mu.Unlock()
-	if again { // another Stop signalled: one SIGTERM, not two; wait for the same exit
-		select {
-		case <-o.exited:
-		case <-ctx.Done():
-			return nil, fmt.Errorf("failed to wait for the operator to exit: %w", ctx.Err())
+	var timeout <-chan time.Time // the first Stop's: a second one waits for the same exit
+	if first {
+		if err := o.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			o.Kill()
+			return o.result(), fmt.Errorf("failed to send SIGTERM to the operator: %w", err)
 		}
-		<-o.logDone
-		return o.result(), nil
-	}
-	if err := o.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		o.Kill()
-		return o.result(), fmt.Errorf("failed to send SIGTERM to the operator: %w", err)
+		t := time.NewTimer(o.opts.StopTimeout)
+		defer t.Stop()
+		timeout = t.C
 	}
 	var errCtx error
-	timeout := time.NewTimer(o.opts.StopTimeout)
-	defer timeout.Stop()
 	select {
 	case <-o.exited:
 	case <-ctx.Done():
-		errCtx = fmt.Errorf("failed to wait for the operator to exit: %w", ctx.Err())
+		errCtx = fmt.Errorf("failed to wait for the operator to exit after SIGTERM (killed it): %w", ctx.Err())
 		o.forceStop(false)
-	case <-timeout.C:
+	case <-timeout:
 		o.forceStop(true)
 	}
 	<-o.exited
@@ -599,7 +882,7 @@ func (o *Operator) Stop(ctx context.Context) (*Result, error) {
 }
 
 // forceStop marks the stop as forced and ends the process: a second SIGTERM first when
-// gently is set, then SIGKILL.
+// gently is set, then SIGKILL to its process group.
 func (o *Operator) forceStop(gently bool) {
 	o.mu.Lock()
 	o.killed = true
@@ -613,11 +896,11 @@ func (o *Operator) forceStop(gently bool) {
 		case <-t.C:
 		}
 	}
-	_ = o.cmd.Process.Kill() // fails only once it exited
+	o.kill()
 }
 
-// Signal sends sig to the operator, e.g. a second SIGTERM while Stop waits (controller-runtime
-// then exits at once with code 1). It fails once the operator exited.
+// Signal sends sig to the operator alone, e.g. a second SIGTERM while Stop waits
+// (controller-runtime then exits at once with code 1). It fails once the operator exited.
 func (o *Operator) Signal(sig os.Signal) error {
 	select {
 	case <-o.exited:
@@ -630,16 +913,13 @@ func (o *Operator) Signal(sig os.Signal) error {
 	return nil
 }
 
-// Kill ends the operator at once with SIGKILL unless it exited, and waits until the process
-// and its log are done. It never leaves a process: use it with DeferCleanup or t.Cleanup.
-// It is a no-op once the operator exited.
+// Kill ends the operator at once, with SIGKILL to its process group (the operator and every
+// process it started), unless it exited, and waits until the process and its log are done.
+// It never leaves a process: use it with DeferCleanup or t.Cleanup. It is a no-op once the
+// operator exited (what the operator left in its group was killed then).
 func (o *Operator) Kill() {
-	select {
-	case <-o.exited:
-	default:
-		_ = o.cmd.Process.Kill() // fails only once it exited
-		<-o.exited
-	}
+	o.kill()
+	<-o.exited
 	<-o.logDone
 }
 
@@ -659,15 +939,38 @@ func (o *Operator) result() *Result {
 	return res
 }
 
-// get GETs url, bounded by requestTimeout, and returns its body and status.
-func get(ctx context.Context, url string) ([]byte, int, error) {
+// httpClient returns the client of the operator's servers: without keep-alives (no
+// connection outlives a request), and, when secure is set, for HTTPS without verifying the
+// server's certificate (the operator's own, self-signed, on a loopback address).
+func httpClient(secure bool) *http.Client {
+	t := &http.Transport{DisableKeepAlives: true}
+	if secure {
+		t.TLSClientConfig = &tls.Config{InsecureSkipVerify: true} //nolint:gosec // the operator's own loopback server
+	}
+	return &http.Client{Transport: t}
+}
+
+// metricsURL returns the metrics server's URL, without a path.
+func (o *Operator) metricsURL() string {
+	if o.opts.MetricsSecure {
+		return "https://" + o.endpoints.Metrics
+	}
+	return "http://" + o.endpoints.Metrics
+}
+
+// get GETs url with c, bounded by requestTimeout, with token as bearer token unless it is
+// "", and returns its body and status.
+func get(ctx context.Context, c *http.Client, url, token string) ([]byte, int, error) {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, 0, fmt.Errorf("failed to create the request for %s: %w", url, err)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := c.Do(req)
 	if err != nil {
 		return nil, 0, fmt.Errorf("failed to get %s: %w", url, err)
 	}
@@ -679,10 +982,10 @@ func get(ctx context.Context, url string) ([]byte, int, error) {
 	return body, resp.StatusCode, nil
 }
 
-// freeAddr returns a 127.0.0.1 address with a port free right now. Another process could
+// freeAddr returns an address of host with a port free right now. Another process could
 // take it before the operator binds it: the operator then fails to start, and Start says so.
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+func freeAddr(host string) (string, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		return "", fmt.Errorf("failed to find a free port: %w", err)
 	}

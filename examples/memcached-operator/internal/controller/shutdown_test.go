@@ -45,7 +45,7 @@ var _ = Describe("Memcached operator shutdown", func() {
 
 		By("sending SIGTERM while a reconcile is in flight (register takes 2s)")
 		Expect(c.Create(ctx, newMemcached("busy"))).To(Succeed())
-		Eventually(op.Pending).WithContext(ctx).WithTimeout(time.Minute).WithPolling(20 * time.Millisecond).
+		Eventually(op.PendingCount).WithContext(ctx).WithTimeout(time.Minute).WithPolling(20 * time.Millisecond).
 			Should(BeNumerically(">=", 1))
 		var res *shutdowntest.Result
 		stopped := make(chan error, 1)

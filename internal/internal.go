@@ -104,6 +104,9 @@ type Core interface {
 	Run(ctx context.Context, o CallOptions, fn func(context.Context) error) error
 	// Call is drain.Executor.Call shaped by o.
 	Call(ctx context.Context, o CallOptions, fn func(context.Context) error) error
+	// RunHandler is Run with h.Handle as fn: a wrapped reconcile's request and result
+	// travel in h, so no closure is made per reconcile.
+	RunHandler(ctx context.Context, o CallOptions, h Handler) error
 	// Go is drain.Executor.Go shaped by o: it returns nil once fn is tracked, or the
 	// error of a refused call (errors.Is(err, drain.ErrDraining) once the drain began).
 	Go(ctx context.Context, o CallOptions, fn func(context.Context) error) error
@@ -124,6 +127,12 @@ type Core interface {
 	// Fence ends the context of every call still running at once, with cause, and returns
 	// how many it ended. runnable calls it when the lease is lost, once the drain began.
 	Fence(cause error) int
+}
+
+// Handler is a tracked call's function as a value that carries its own input and output
+// (see Core.RunHandler).
+type Handler interface {
+	Handle(ctx context.Context) error
 }
 
 // NotCreated is the panic of every method of a drain.Executor that drain.New did not

@@ -35,15 +35,14 @@ type call struct {
 	label  *label        // the executor's label id it holds, from link (see labels.go)
 	since  atomic.Uint64 // 0 until fn begins, sinceLeft once it returned (see labels.go)
 
-	ctxMu     sync.Mutex              // guards the fields below (see context.go)
-	std       context.Context         // the standard context behind Done and Cause, once asked for
-	cancelStd context.CancelCauseFunc // ends std (and releases its deadline)
-	cause     error                   // set by cancel while std is nil and the context had not ended
+	ctxMu sync.Mutex // guards the fields below (see context.go)
+	std   *stdCtx    // the standard context behind Done and Cause, once asked for
+	cause error      // set by cancel while std is nil and the context had not ended
 
 	done      chan struct{} // closed when fn returned and err is set, for Call; nil otherwise
 	state     atomic.Uint32 // callWaiting, callDetached or callFinished
-	err       error         // fn's result, written before done is closed
 	abandoned atomic.Bool   // counted in Stats.Abandoned already
+	err       error         // fn's result, written before done is closed
 }
 
 // Call hand-off states.

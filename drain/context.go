@@ -43,6 +43,12 @@ func (p *keyProbe) Value(key any) any {
 	return nil
 }
 
+// stdCtx is a call's standard context and its cancel func (which releases its deadline).
+type stdCtx struct {
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+}
+
 // Deadline is the caller's: a shielded call keeps it too.
 func (c *call) Deadline() (time.Time, bool) { return c.parent.Deadline() }
 
@@ -54,7 +60,7 @@ func (c *call) Err() error {
 	c.ctxMu.Lock()
 	defer c.ctxMu.Unlock()
 	if c.std != nil {
-		return c.std.Err()
+		return c.std.ctx.Err()
 	}
 	return c.errLocked()
 }
@@ -77,7 +83,7 @@ func (c *call) errLocked() error {
 func (c *call) cancel(cause error) {
 	c.ctxMu.Lock()
 	if c.std != nil {
-		cancel := c.cancelStd
+		cancel := c.std.cancel
 		c.ctxMu.Unlock()
 		cancel(cause)
 		return
@@ -94,12 +100,13 @@ func (c *call) stdCtx() context.Context {
 	c.ctxMu.Lock()
 	defer c.ctxMu.Unlock()
 	if c.std == nil {
-		c.std, c.cancelStd = c.newStd()
+		ctx, cancel := c.newStd()
+		c.std = &stdCtx{ctx: ctx, cancel: cancel}
 		if c.cause != nil {
-			c.cancelStd(c.cause)
+			cancel(c.cause)
 		}
 	}
-	return c.std
+	return c.std.ctx
 }
 
 // newStd makes the standard context equal to the call's: a child of the caller's ctx, or,

@@ -52,6 +52,10 @@ type CallOptions struct {
 	// is, or runs inside; "" for any other call. Reports show it.
 	ReconcileID string
 
+	// Tag is the caller's own mark of the call, passed to Observers (reconcilers sets the
+	// reconcile's request, and Call inherits it); nil for calls that have none.
+	Tag any
+
 	// Shield: if the executor is Owned, fn's context ignores ctx's cancellation (it keeps
 	// ctx's deadline and values) and ends when the drain cancels the call.
 	Shield bool
@@ -61,10 +65,6 @@ type CallOptions struct {
 	// caller's); Call raises the *drain.PanicError, which carries the value and fn's stack.
 	// Go ignores it.
 	Repanic bool
-
-	// Tag is the caller's own mark of the call, passed to Observers (reconcilers sets the
-	// reconcile's request, and Call inherits it); nil for calls that have none.
-	Tag any
 
 	// Daemon: the call is meant to run until the drain stops it (a per-object daemon).
 	// It is listed with drain.Pending.Daemon set, never counted or logged as slow, and its

@@ -139,6 +139,9 @@ var (
 	cancelParent step = func(s *subject) { s.cancelParent(errParent) }
 	sleep2s      step = func(*subject) { time.Sleep(2 * time.Second) }
 	askDone      step = func(s *subject) { _ = s.ctx.Done() }
+	// The first end wins, even when nothing looked in between.
+	cancelParentThenFence step = func(s *subject) { s.cancelParent(errParent); s.cancelCall(errFence) }
+	sleepThenFence        step = func(s *subject) { time.Sleep(2 * time.Second); s.cancelCall(errFence) }
 )
 
 func TestCallContextConformance(t *testing.T) {
@@ -158,6 +161,8 @@ func TestCallContextConformance(t *testing.T) {
 		{name: "deadline passes, children before", timeout: time.Second, inFn: []step{addBefore, sleep2s, addAfter, fence}},
 		{name: "deadline passes before anything asked", timeout: time.Second, inFn: []step{sleep2s, addAfter}},
 		{name: "deadline, fenced first", timeout: time.Second, inFn: []step{addBefore, fence, sleep2s, addAfter}},
+		{name: "caller cancelled, then fenced, nothing asked between", inFn: []step{cancelParentThenFence, addAfter}},
+		{name: "deadline passes, then fenced, nothing asked between", timeout: time.Second, inFn: []step{sleepThenFence, addAfter}},
 		{name: "deadline, caller cancelled first", timeout: time.Minute, inFn: []step{addBefore, cancelParent, addAfter}},
 	}
 	for _, shield := range []bool{false, true} {

@@ -99,14 +99,15 @@ func (s *subject) addChildren(when string) {
 // observe describes everything the context and its children tell.
 func (s *subject) observe() []string {
 	synctest.Wait() // AfterFunc's goroutines, timers
-	out := []string{describe(s.start, "ctx", s.ctx, nil)}
+	out := make([]string, 0, 1+len(s.children))
+	out = append(out, describe(s.ctx, s.start, "ctx", nil))
 	for _, c := range s.children {
-		out = append(out, describe(s.start, c.kind, c.ctx, c.fired))
+		out = append(out, describe(c.ctx, s.start, c.kind, c.fired))
 	}
 	return out
 }
 
-func describe(start time.Time, what string, ctx context.Context, fired *atomic.Bool) string {
+func describe(ctx context.Context, start time.Time, what string, fired *atomic.Bool) string {
 	err := ctx.Err() // first: before Done or Cause could make a standard context
 	d, hasD := ctx.Deadline()
 	var deadline string

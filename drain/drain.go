@@ -415,6 +415,9 @@ func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn intern
 	}
 	c := newCall(ctx, e, o, fn)
 	c.slot = slot
+	// Stamped before the lock, so that reading the clock does not lengthen the executor's
+	// lock held by every call; link keeps the list ordered by the stamps.
+	c.start = e.clock.Now()
 	e.mu.Lock()
 	if e.isDraining {
 		e.mu.Unlock()
@@ -424,7 +427,6 @@ func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn intern
 		c.cancel(errFinished)
 		return nil, e.refuse(o)
 	}
-	c.start = e.clock.Now()
 	e.link(c)
 	e.mu.Unlock()
 	return c, nil
@@ -435,6 +437,11 @@ func (e *Executor) link(c *call) {
 	e.started.Add(1)
 	e.inFlight++
 	e.takeLabel(c)
+	if e.newest != nil && c.start.Before(e.newest.start) {
+		// Stamped before a call that took the lock first: listed after it, it takes its
+		// time, so that the list stays oldest first by Started, exactly.
+		c.start = e.newest.start
+	}
 	c.prev = e.newest
 	if e.newest != nil {
 		e.newest.next = c

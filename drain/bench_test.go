@@ -421,6 +421,41 @@ func BenchmarkCallInterleaved(b *testing.B) {
 	b.ReportMetric(ratio, "call/baseline")
 }
 
+// BenchmarkGoInterleaved runs Go and errgroup.Group.Go (BenchmarkGoErrgroup's baseline)
+// alternately, in blocks, each block waiting for its own calls (Drain is once per executor:
+// each of Go's blocks has an executor of its own, made before its timer starts). It reports
+// the median over the blocks of each one's ns/op and of their ratio (go/errgroup: the
+// budget of issue 31 is 3).
+func BenchmarkGoInterleaved(b *testing.B) {
+	ctx := context.Background()
+	const block = 200
+	executors := make([]*drain.Executor, 0, b.N/block+1)
+	for range b.N/block + 1 {
+		executors = append(executors, drain.New(drain.Options{}))
+	}
+	_, _, ratio := benchpair.Interleaved(b, block, "go", func(n int) {
+		ex := executors[0]
+		executors = executors[1:]
+		for range n {
+			if err := ex.Go(ctx, "nop", nop); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if err := ex.Drain(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+	}, "errgroup", func(n int) {
+		var g errgroup.Group
+		for range n {
+			g.Go(func() error { return nop(ctx) })
+		}
+		if err := g.Wait(); err != nil {
+			b.Fatal(err)
+		}
+	})
+	b.ReportMetric(ratio, "go/errgroup")
+}
+
 // BenchmarkReportInterleaved runs a drain report of 10,000 pending calls 150 frames deep
 // (a fresh capture each time, as BenchmarkReport) and its floor (the goroutine profile
 // written in its protobuf form, as BenchmarkReportFloor's "pprof"), alternately, and

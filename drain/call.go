@@ -5,28 +5,26 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/quiesce-dev/quiesce/internal"
 )
 
-// call is one admitted call. It is also fn's context: the standard library's context made
-// for the call (see newCall), plus the answers of Value for the call itself, for the
-// goroutine's pprof labels, and, for a shielded call, for the caller's values.
+// call is one admitted call. It is also fn's context, a context.Context of its own (see
+// context.go): no standard-library context is made for a call unless something asks for
+// its Done channel, its cause, or a child with a cancellation of its own.
 type call struct {
-	context.Context                         // fn's context, before the answers of Value
-	cancel          context.CancelCauseFunc // ends fn's context (and releases its deadline)
-
 	e      *Executor
 	parent context.Context // the caller's ctx
 	opts   internal.CallOptions
-	fn     func(context.Context) error
+	fn     internal.Handler // fn.Handle is the call's function
 	start  time.Time
 
 	onCaller bool // Run: fn runs on the caller's goroutine
 	slot     bool // holds a MaxConcurrent slot, given back by finish
-	shielded bool // Context derives from context.Background: Value asks parent after it
+	shielded bool // the context ignores parent's cancellation, not its deadline nor values
 	labelled bool // parent carries pprof labels, which Run restores (see labels.go)
 
 	prev, next *call // the executor's list, guarded by Executor.mu
@@ -37,10 +35,14 @@ type call struct {
 	label  *label        // the executor's label id it holds, from link (see labels.go)
 	since  atomic.Uint64 // 0 until fn begins, sinceLeft once it returned (see labels.go)
 
+	ctxMu sync.Mutex // guards the fields below (see context.go)
+	std   *stdCtx    // the standard context behind Done and Cause, once asked for
+	cause error      // set by cancel while std is nil and the context had not ended
+
 	done      chan struct{} // closed when fn returned and err is set, for Call; nil otherwise
 	state     atomic.Uint32 // callWaiting, callDetached or callFinished
-	err       error         // fn's result, written before done is closed
 	abandoned atomic.Bool   // counted in Stats.Abandoned already
+	err       error         // fn's result, written before done is closed
 }
 
 // Call hand-off states.
@@ -62,47 +64,23 @@ var (
 	errCancelledByDrain = errors.New("cancelled by the drain")
 )
 
-// newCall makes c's context. A shielded call (CallOptions.Shield on an owned executor)
-// keeps its caller's values (see Value) and deadline but not its cancellation: its context
-// derives from context.Background, with the caller's deadline if it has one.
-func newCall(ctx context.Context, e *Executor, o *internal.CallOptions, fn func(context.Context) error) *call {
-	c := &call{e: e, parent: ctx, opts: *o, fn: fn}
-	if !o.Shield || !e.settings.Owned {
-		c.Context, c.cancel = context.WithCancelCause(ctx)
-		return c
-	}
-	c.shielded = true
-	d, ok := ctx.Deadline()
-	if !ok {
-		c.Context, c.cancel = context.WithCancelCause(context.Background())
-		return c
-	}
-	deadline, stop := context.WithDeadline(context.Background(), d)
-	var cancel context.CancelCauseFunc
-	c.Context, cancel = context.WithCancelCause(deadline)
-	c.cancel = func(cause error) { cancel(cause); stop() }
-	return c
+// newCall makes the record of a call. Its context (see context.go) is made when something
+// asks for it, not here. A shielded call (CallOptions.Shield on an owned executor) keeps its
+// caller's values and deadline but not its cancellation.
+func newCall(ctx context.Context, e *Executor, o *internal.CallOptions, fn internal.Handler) *call {
+	return &call{e: e, parent: ctx, opts: *o, fn: fn, shielded: o.Shield && e.settings.Owned}
 }
 
-// Value answers for the call itself (internal.CallKey, see FromContext), for pprof's
-// labels (so that pprof.Do inside fn, and a Run nested in fn, keep them), and otherwise
-// as the caller's ctx.
-func (c *call) Value(key any) any {
-	if _, ok := key.(internal.CallKey); ok {
-		return c
-	}
-	if c.labels != nil {
-		// c.labels derives from context.Background: it answers for pprof's key alone.
-		if v := c.labels.Value(key); v != nil {
-			return v
-		}
-	}
-	v := c.Context.Value(key)
-	if v == nil && c.shielded {
-		// The context's own chain ends at context.Background: the caller's values.
-		return c.parent.Value(key)
-	}
-	return v
+// funcHandler is a func given to Call, Go or Run as an internal.Handler (a func value is
+// one pointer: it goes in the interface without an allocation).
+type funcHandler func(context.Context) error
+
+func (f funcHandler) Handle(ctx context.Context) error { return f(ctx) }
+
+// noFunc reports whether fn is nil, or a nil func.
+func noFunc(fn internal.Handler) bool {
+	f, isFunc := fn.(funcHandler)
+	return fn == nil || isFunc && f == nil
 }
 
 // name returns the call's name, put together now (see internal.CallOptions.FullName).
@@ -167,7 +145,7 @@ func (c *call) exec() {
 				panic(v)
 			}
 		}()
-		err = c.fn(c)
+		err = c.fn.Handle(c)
 		returned = true
 	}()
 	if settled {

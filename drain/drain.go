@@ -262,15 +262,19 @@ func init() {
 func (c *core) Settings() *internal.Settings { return &c.settings }
 
 func (c *core) Run(ctx context.Context, o internal.CallOptions, fn func(context.Context) error) error {
-	return (*Executor)(c).run(ctx, &o, fn)
+	return (*Executor)(c).run(ctx, &o, funcHandler(fn))
+}
+
+func (c *core) RunHandler(ctx context.Context, o internal.CallOptions, h internal.Handler) error {
+	return (*Executor)(c).run(ctx, &o, h)
 }
 
 func (c *core) Call(ctx context.Context, o internal.CallOptions, fn func(context.Context) error) error {
-	return (*Executor)(c).call(ctx, &o, fn)
+	return (*Executor)(c).call(ctx, &o, funcHandler(fn))
 }
 
 func (c *core) Go(ctx context.Context, o internal.CallOptions, fn func(context.Context) error) error {
-	return (*Executor)(c).goCall(ctx, &o, fn)
+	return (*Executor)(c).goCall(ctx, &o, funcHandler(fn))
 }
 
 func (c *core) Now() time.Time { return c.clock.Now() }
@@ -305,10 +309,10 @@ func (c *core) Fence(cause error) int {
 // returns ctx.Err() and the drain beginning refuses the call.
 func (e *Executor) Call(ctx context.Context, name string, fn func(context.Context) error) error {
 	e.mustBeCreated()
-	return e.call(ctx, &internal.CallOptions{Name: name}, fn)
+	return e.call(ctx, &internal.CallOptions{Name: name}, funcHandler(fn))
 }
 
-func (e *Executor) call(ctx context.Context, o *internal.CallOptions, fn func(context.Context) error) error {
+func (e *Executor) call(ctx context.Context, o *internal.CallOptions, fn internal.Handler) error {
 	c, err := e.admit(ctx, o, fn)
 	if err != nil {
 		return err
@@ -350,10 +354,10 @@ func repanic(err error) {
 // in fn is logged (message "Call panicked") and counted.
 func (e *Executor) Go(ctx context.Context, name string, fn func(context.Context) error) error {
 	e.mustBeCreated()
-	return e.goCall(ctx, &internal.CallOptions{Name: name}, fn)
+	return e.goCall(ctx, &internal.CallOptions{Name: name}, funcHandler(fn))
 }
 
-func (e *Executor) goCall(ctx context.Context, o *internal.CallOptions, fn func(context.Context) error) error {
+func (e *Executor) goCall(ctx context.Context, o *internal.CallOptions, fn internal.Handler) error {
 	c, err := e.admit(ctx, o, fn)
 	if err != nil {
 		return err
@@ -376,10 +380,10 @@ func (e *Executor) goCall(ctx context.Context, o *internal.CallOptions, fn func(
 // would calling fn directly.
 func (e *Executor) Run(ctx context.Context, name string, fn func(context.Context) error) error {
 	e.mustBeCreated()
-	return e.run(ctx, &internal.CallOptions{Name: name}, fn)
+	return e.run(ctx, &internal.CallOptions{Name: name}, funcHandler(fn))
 }
 
-func (e *Executor) run(ctx context.Context, o *internal.CallOptions, fn func(context.Context) error) error {
+func (e *Executor) run(ctx context.Context, o *internal.CallOptions, fn internal.Handler) error {
 	c, err := e.admit(ctx, o, fn)
 	if err != nil {
 		return err
@@ -391,13 +395,13 @@ func (e *Executor) run(ctx context.Context, o *internal.CallOptions, fn func(con
 
 // admit checks the input, waits for a MaxConcurrent slot, and lists the call unless the
 // executor drains.
-func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn func(context.Context) error) (*call, error) {
+func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn internal.Handler) (*call, error) {
 	switch {
 	case ctx == nil:
 		return nil, fmt.Errorf("failed to run call %q: nil context: %w", internal.Cut(o.FullName()), ErrInvalidCall)
 	case o.Name == "" && o.Object == "":
 		return nil, fmt.Errorf("failed to run call: empty name: %w", ErrInvalidCall)
-	case fn == nil:
+	case noFunc(fn):
 		return nil, fmt.Errorf("failed to run call %q: nil func: %w", internal.Cut(o.FullName()), ErrInvalidCall)
 	}
 	if err := ctx.Err(); err != nil {
@@ -411,6 +415,9 @@ func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn func(c
 	}
 	c := newCall(ctx, e, o, fn)
 	c.slot = slot
+	// Stamped before the lock, so that reading the clock does not lengthen the executor's
+	// lock held by every call; link keeps the list ordered by the stamps.
+	c.start = e.clock.Now()
 	e.mu.Lock()
 	if e.isDraining {
 		e.mu.Unlock()
@@ -420,7 +427,6 @@ func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn func(c
 		c.cancel(errFinished)
 		return nil, e.refuse(o)
 	}
-	c.start = e.clock.Now()
 	e.link(c)
 	e.mu.Unlock()
 	return c, nil
@@ -431,6 +437,11 @@ func (e *Executor) link(c *call) {
 	e.started.Add(1)
 	e.inFlight++
 	e.takeLabel(c)
+	if e.newest != nil && c.start.Before(e.newest.start) {
+		// Stamped before a call that took the lock first: listed after it, it takes its
+		// time, so that the list stays oldest first by Started, exactly.
+		c.start = e.newest.start
+	}
 	c.prev = e.newest
 	if e.newest != nil {
 		e.newest.next = c

@@ -18,10 +18,10 @@ import (
 func TestLocateCallNotStarted(t *testing.T) {
 	e := New(Options{})
 	ran := make(chan struct{})
-	c, err := e.admit(context.Background(), &internal.CallOptions{Name: "admitted"}, func(context.Context) error {
+	c, err := e.admit(context.Background(), &internal.CallOptions{Name: "admitted"}, funcHandler(func(context.Context) error {
 		close(ran)
 		return nil
-	})
+	}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -52,6 +52,10 @@ type CallOptions struct {
 	// is, or runs inside; "" for any other call. Reports show it.
 	ReconcileID string
 
+	// Tag is the caller's own mark of the call, passed to Observers (reconcilers sets the
+	// reconcile's request, and Call inherits it); nil for calls that have none.
+	Tag any
+
 	// Shield: if the executor is Owned, fn's context ignores ctx's cancellation (it keeps
 	// ctx's deadline and values) and ends when the drain cancels the call.
 	Shield bool
@@ -61,10 +65,6 @@ type CallOptions struct {
 	// caller's); Call raises the *drain.PanicError, which carries the value and fn's stack.
 	// Go ignores it.
 	Repanic bool
-
-	// Tag is the caller's own mark of the call, passed to Observers (reconcilers sets the
-	// reconcile's request, and Call inherits it); nil for calls that have none.
-	Tag any
 
 	// Daemon: the call is meant to run until the drain stops it (a per-object daemon).
 	// It is listed with drain.Pending.Daemon set, never counted or logged as slow, and its
@@ -104,6 +104,9 @@ type Core interface {
 	Run(ctx context.Context, o CallOptions, fn func(context.Context) error) error
 	// Call is drain.Executor.Call shaped by o.
 	Call(ctx context.Context, o CallOptions, fn func(context.Context) error) error
+	// RunHandler is Run with h.Handle as fn: a wrapped reconcile's request and result
+	// travel in h, so no closure is made per reconcile.
+	RunHandler(ctx context.Context, o CallOptions, h Handler) error
 	// Go is drain.Executor.Go shaped by o: it returns nil once fn is tracked, or the
 	// error of a refused call (errors.Is(err, drain.ErrDraining) once the drain began).
 	Go(ctx context.Context, o CallOptions, fn func(context.Context) error) error
@@ -124,6 +127,12 @@ type Core interface {
 	// Fence ends the context of every call still running at once, with cause, and returns
 	// how many it ended. runnable calls it when the lease is lost, once the drain began.
 	Fence(cause error) int
+}
+
+// Handler is a tracked call's function as a value that carries its own input and output
+// (see Core.RunHandler).
+type Handler interface {
+	Handle(ctx context.Context) error
 }
 
 // NotCreated is the panic of every method of a drain.Executor that drain.New did not

@@ -112,18 +112,15 @@ func (w *wrapped[R]) Reconcile(ctx context.Context, req R) (reconcile.Result, er
 		return w.requeue(ctx), nil
 	}
 	// Run, not Call: controller-runtime's worker waits for its reconcile anyway, so the
-	// reconcile runs on that goroutine, tracked, with no hand-off.
-	// One variable for what fn hands back, so that the closure costs one allocation.
-	var out struct {
-		res reconcile.Result
-		ran bool
-	}
+	// reconcile runs on that goroutine, tracked, with no hand-off. The request and the
+	// result travel in rc, the call's handler: no closure per reconcile.
 	var tag any
 	if w.opts.events != nil {
 		tag = w.opts.events.tag(any(req))
 	}
+	rc := &reconcileCall[R]{r: w.r, req: req}
 	name, namespace, object := w.name(req)
-	err := w.ex.Run(ctx, internal.CallOptions{
+	err := w.ex.RunHandler(ctx, internal.CallOptions{
 		Name:        name,
 		Namespace:   namespace,
 		Object:      object,
@@ -132,19 +129,30 @@ func (w *wrapped[R]) Reconcile(ctx context.Context, req R) (reconcile.Result, er
 		Tag:         tag,
 		Shield:      true,
 		Repanic:     true,
-	}, func(ctx context.Context) error {
-		out.ran = true
-		var err error
-		out.res, err = w.r.Reconcile(ctx, req)
-		return err
-	})
+	}, rc)
 	// Refused by the drain (or a handler Call it made was), or cancelled by
 	// controller-runtime's stop while it waited for a MaxConcurrent slot: requeued.
-	if errors.Is(err, drain.ErrDraining) || !out.ran && errors.Is(err, context.Canceled) {
+	if errors.Is(err, drain.ErrDraining) || !rc.ran && errors.Is(err, context.Canceled) {
 		w.hold(ctx)
 		return w.requeue(ctx), nil
 	}
-	return out.res, err
+	return rc.res, err
+}
+
+// reconcileCall is one wrapped reconcile as the executor runs it: its request in, its
+// result out.
+type reconcileCall[R comparable] struct {
+	r   reconcile.TypedReconciler[R]
+	req R
+	res reconcile.Result
+	ran bool
+}
+
+func (c *reconcileCall[R]) Handle(ctx context.Context) error {
+	c.ran = true
+	var err error
+	c.res, err = c.r.Reconcile(ctx, c.req)
+	return err
 }
 
 // hold waits, with a request the drain refused, until the drain of the Runnable that owns

@@ -1,0 +1,14 @@
+package drain
+
+import (
+	"testing"
+	"unsafe"
+)
+
+// TestCallRecordSize keeps a call's record, the one allocation of a wrapped reconcile's
+// tracking, within the 288-byte size class of the allocator.
+func TestCallRecordSize(t *testing.T) {
+	if n := unsafe.Sizeof(call{}); n > 288 {
+		t.Errorf("a call record is %d bytes, want at most 288", n)
+	}
+}

@@ -62,6 +62,7 @@ func newExecutor(t *testing.T) (ex *drain.Executor, clk *clocktesting.FakeClock,
 // closed, and waits until it runs. It returns how a report shows where the call blocks.
 func hang(t *testing.T, ex *drain.Executor, name string, release <-chan struct{}) string {
 	t.Helper()
+	parked := parkedHangs()
 	started := make(chan string)
 	err := ex.Go(context.Background(), name, func(context.Context) error {
 		started <- lineBelow()
@@ -71,7 +72,28 @@ func hang(t *testing.T, ex *drain.Executor, name string, release <-chan struct{}
 	if err != nil {
 		t.Fatalf("Go(%q) = %v", name, err)
 	}
-	return <-started
+	where := <-started
+	// The call is located where its goroutine is parked: wait until it left the send above
+	// and blocks on release, so that a report cannot catch it a line early.
+	for deadline := time.Now().Add(10 * time.Second); parkedHangs() == parked; runtime.Gosched() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the call %q never blocked on release", name)
+		}
+	}
+	return where
+}
+
+// parkedHangs counts the goroutines of hang's calls blocked on a channel receive: on release.
+func parkedHangs() int {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	n := 0
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "[chan receive") && strings.Contains(g, "draintest_test.hang.func1(") {
+			n++
+		}
+	}
+	return n
 }
 
 // lineBelow returns how a report shows the line below its caller.

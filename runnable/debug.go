@@ -13,14 +13,14 @@ import (
 	"github.com/quiesce-dev/quiesce/internal"
 )
 
-// DebugLimit is how many calls ServeHTTP lists without ?limit: the oldest ones.
-const DebugLimit = internal.MaxListed
+// defaultDebugLimit is how many calls ServeHTTP lists without ?limit: the oldest ones.
+const defaultDebugLimit = internal.MaxListed
 
-// DebugRate and DebugBurst bound the requests ServeHTTP answers: DebugBurst at once, then
-// DebugRate a second; the others are answered 429 Too Many Requests with Retry-After: 1.
+// debugRate and debugBurst bound the requests ServeHTTP answers: debugBurst at once, then
+// debugRate a second; the others are answered 429 Too Many Requests with Retry-After: 1.
 const (
-	DebugRate  = 5
-	DebugBurst = 10
+	debugRate  = 5
+	debugBurst = 10
 )
 
 // debugView is the state of ServeHTTP: its rate limiter, made at the first request.
@@ -41,7 +41,7 @@ type debugState struct {
 //	{"draining": false, "count": 2, "calls": [{"name": "memcached/ns/a", "age": "3s",
 //	  "detached": false, "where": "...", "handler": "..."}, ...]}
 //
-// count is the number of pending calls; calls lists the oldest DebugLimit (20) of them,
+// count is the number of pending calls; calls lists the oldest 20 of them,
 // oldest first, or the oldest N with the query ?limit=N (N >= 0; beyond any int: all), or
 // all of them with ?limit=all; anything else gives 400. Names and locations longer than
 // 256 bytes are cut, and say so.
@@ -54,7 +54,7 @@ type debugState struct {
 //     every request (and every other asker) for a second. Calls that began after it are
 //     listed with an empty "where" and "handler" instead of paying for a capture of their
 //     own: at most one capture a second, however many requests come.
-//   - Beyond DebugBurst requests at once and DebugRate a second, the answer is 429 Too
+//   - Beyond 10 requests at once and 5 a second, the answer is 429 Too
 //     Many Requests with Retry-After: 1, before anything is listed. ?limit=0, the count
 //     alone, lists nothing and captures nothing: it is not limited, so that a harness
 //     (shutdowntest.Operator.Pending) may poll it.
@@ -74,11 +74,11 @@ func (r *Runnable) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	r.debug.once.Do(func() {
-		r.debug.limiter = flowcontrol.NewTokenBucketPassiveRateLimiterWithClock(DebugRate, DebugBurst, r.clock)
+		r.debug.limiter = flowcontrol.NewTokenBucketPassiveRateLimiterWithClock(debugRate, debugBurst, r.clock)
 	})
 	if limit != 0 && !r.debug.limiter.TryAccept() {
 		w.Header().Set("Retry-After", "1")
-		http.Error(w, "too many requests: at most "+strconv.Itoa(DebugRate)+" a second", http.StatusTooManyRequests)
+		http.Error(w, "too many requests: at most "+strconv.Itoa(debugRate)+" a second", http.StatusTooManyRequests)
 		return
 	}
 	state := debugState{Draining: r.draining()}
@@ -92,7 +92,7 @@ func (r *Runnable) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 func debugLimit(req *http.Request) (int, bool) {
 	q := req.URL.Query()
 	if !q.Has("limit") {
-		return DebugLimit, true
+		return defaultDebugLimit, true
 	}
 	s := q.Get("limit")
 	if s == "all" {

@@ -157,7 +157,7 @@ func TestServeHTTPDefaultLimitAndAll(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := runnable.New(runnable.Options{CancelAfter: -1})
 		release := make(chan struct{})
-		hangAll(t, r, runnable.DebugLimit+5, release)
+		hangAll(t, r, runnable.DebugLimitForTest+5, release)
 		defer func() {
 			close(release)
 			if err := r.Executor().Drain(context.Background()); err != nil {
@@ -165,14 +165,14 @@ func TestServeHTTPDefaultLimitAndAll(t *testing.T) {
 			}
 		}()
 		_, body := serve(t, r, http.MethodGet, "/debug/quiesce")
-		if body.Count != runnable.DebugLimit+5 || len(body.Calls) != runnable.DebugLimit ||
+		if body.Count != runnable.DebugLimitForTest+5 || len(body.Calls) != runnable.DebugLimitForTest ||
 			body.Calls[0].Name != "ctrl/ns/00/hang" {
 			t.Fatalf("without ?limit: count %d, %d calls from %q; want count %d and the %d oldest",
-				body.Count, len(body.Calls), body.Calls[0].Name, runnable.DebugLimit+5, runnable.DebugLimit)
+				body.Count, len(body.Calls), body.Calls[0].Name, runnable.DebugLimitForTest+5, runnable.DebugLimitForTest)
 		}
 		_, body = serve(t, r, http.MethodGet, "/debug/quiesce?limit=all")
-		if len(body.Calls) != runnable.DebugLimit+5 {
-			t.Fatalf("?limit=all: %d calls, want %d", len(body.Calls), runnable.DebugLimit+5)
+		if len(body.Calls) != runnable.DebugLimitForTest+5 {
+			t.Fatalf("?limit=all: %d calls, want %d", len(body.Calls), runnable.DebugLimitForTest+5)
 		}
 		if res, _ := serve(t, r, http.MethodGet, "/debug/quiesce?limit=ALL"); res.StatusCode != http.StatusBadRequest {
 			t.Fatalf("?limit=ALL: status %d, want 400", res.StatusCode)
@@ -281,7 +281,7 @@ func TestServeHTTPCostIsBoundedByWhatItShows(t *testing.T) {
 			}
 			synctest.Wait()
 			// A warm-up run and 9 more: within the burst, sharing the warm-up's capture.
-			out = testing.AllocsPerRun(runnable.DebugBurst-1, func() {
+			out = testing.AllocsPerRun(runnable.DebugBurstForTest-1, func() {
 				rec := httptest.NewRecorder()
 				r.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/debug/quiesce", nil))
 				if rec.Code != http.StatusOK {
@@ -295,17 +295,17 @@ func TestServeHTTPCostIsBoundedByWhatItShows(t *testing.T) {
 		})
 		return out
 	}
-	few, many := allocs(runnable.DebugLimit), allocs(100*runnable.DebugLimit)
+	few, many := allocs(runnable.DebugLimitForTest), allocs(100*runnable.DebugLimitForTest)
 	if many > few*1.2+10 {
 		t.Fatalf("allocations per GET: %.0f with %d pending, %.0f with %d; want them about equal",
-			few, runnable.DebugLimit, many, 100*runnable.DebugLimit)
+			few, runnable.DebugLimitForTest, many, 100*runnable.DebugLimitForTest)
 	}
 }
 
 func TestServeHTTPRateLimit(t *testing.T) {
 	clk := testingclock.NewFakeClock(time.Unix(1, 0))
 	r := runnable.New(runnable.Options{Clock: clk})
-	for i := range runnable.DebugBurst {
+	for i := range runnable.DebugBurstForTest {
 		if res, _ := serve(t, r, http.MethodGet, "/debug/quiesce"); res.StatusCode != http.StatusOK {
 			t.Fatalf("GET %d of a burst: status %d, want 200", i, res.StatusCode)
 		}
@@ -316,16 +316,16 @@ func TestServeHTTPRateLimit(t *testing.T) {
 	}
 	clk.Step(time.Second)
 	ok := 0
-	for range 2 * runnable.DebugRate {
+	for range 2 * runnable.DebugRateForTest {
 		if res, _ := serve(t, r, http.MethodGet, "/debug/quiesce"); res.StatusCode == http.StatusOK {
 			ok++
 		}
 	}
-	if ok != runnable.DebugRate {
-		t.Fatalf("GETs answered a second later: %d, want %d", ok, runnable.DebugRate)
+	if ok != runnable.DebugRateForTest {
+		t.Fatalf("GETs answered a second later: %d, want %d", ok, runnable.DebugRateForTest)
 	}
 	// The count alone costs nothing: never limited.
-	for range 3 * runnable.DebugBurst {
+	for range 3 * runnable.DebugBurstForTest {
 		if res, _ := serve(t, r, http.MethodGet, "/debug/quiesce?limit=0"); res.StatusCode != http.StatusOK {
 			t.Fatalf("GET ?limit=0 beyond the rate: status %d, want 200", res.StatusCode)
 		}

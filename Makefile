@@ -67,7 +67,7 @@ bench-all: ## Every benchmark, with its in-file baseline.
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./...
 
 .PHONY: lint
-lint: ## go.mod tidy, gofmt, go vet, golangci-lint (.golangci.yml), then actionlint (workflows).
+lint: ## go.mod tidy, gofmt, go vet, golangci-lint (.golangci.yml), actionlint (workflows), then every relative link of the docs.
 	$(GO) mod tidy -diff
 	cd hack/tools && $(GO) mod tidy -diff
 	@out="$$(gofmt -l .)"; if [[ -n "$$out" ]]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -76,6 +76,7 @@ lint: ## go.mod tidy, gofmt, go vet, golangci-lint (.golangci.yml), then actionl
 	cd hack/tools/apidiff && $(GO) mod tidy -diff
 	cd hack/tools/actionlint && $(GO) mod tidy -diff
 	$(ACTIONLINT)
+	$(GO) run ./hack/linkcheck README.md CONTRIBUTING.md CHANGELOG.md VERSIONING.md examples/README.md $$(find docs -name '*.md')
 
 .PHONY: lint-fix
 lint-fix: ## go mod tidy, and the fixes golangci-lint can make itself (gofmt, goimports, ...).

@@ -313,7 +313,7 @@ func TestStandbyDrainsItsWebhookCalls(t *testing.T) {
 		if !strings.Contains(err.Error(), "after the grace period of 4s, after the 1s shutdown delay") {
 			t.Errorf("Err = %q, want it to say what the grace period counts from", err)
 		}
-		if l := rp.logs.line(abandonedMsg); !strings.Contains(l, `"name"="webhook/mutate"`) || !strings.Contains(l, `"sinceStop"="5s"`) {
+		if l := rp.logs.line(AbandonedMessage); !strings.Contains(l, `"name"="webhook/mutate"`) || !strings.Contains(l, `"sinceStop"="5s"`) {
 			t.Errorf("abandoned line %q lacks the call or sinceStop", l)
 		}
 		release <- struct{}{}

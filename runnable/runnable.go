@@ -493,8 +493,10 @@ func (r *Runnable) drain() error {
 	return err
 }
 
-// abandonedMsg is the message of the line that lists the abandoned calls.
-const abandonedMsg = "Abandoned calls still running after the grace period"
+// AbandonedMessage is the message of the error line in which the Runnable names the calls it
+// abandoned at the end of the grace period: alert on it, or find it in a test's output
+// (shutdowntest reads it).
+const AbandonedMessage = "Abandoned calls still running after the grace period"
 
 // abandon logs the calls of pe, bounded like the executor's reports, and returns the error
 // for Start. The list appears once in the log, on this line, in the reports' format; the
@@ -510,7 +512,7 @@ func (r *Runnable) abandon(log logr.Logger, pe *drain.PendingError) error {
 	if more := len(pe.Pending) - len(calls); more > 0 {
 		kv = append(kv, "more", more)
 	}
-	log.Error(pe.Err, abandonedMsg, kv...)
+	log.Error(pe.Err, AbandonedMessage, kv...)
 	return &abandonedError{pending: pe, grace: r.grace, delay: r.stop.delay}
 }
 

@@ -9,6 +9,8 @@ import (
 	"io"
 	"strings"
 	"time"
+
+	"github.com/quiesce-dev/quiesce/runnable"
 )
 
 // Result is what happened when Stop stopped the operator.
@@ -22,7 +24,7 @@ type Result struct {
 	Killed bool
 	// Lines is the operator's whole log, stdout and stderr, one string per line.
 	Lines []string
-	// Abandoned are the names of the calls in quiesce's AbandonedMessage line: the calls
+	// Abandoned are the names of the calls in quiesce's runnable.AbandonedMessage line: the calls
 	// still running at the end of the grace period, oldest first (quiesce lists up to 20 by
 	// name; AbandonedCount counts them all). Empty when nothing was abandoned.
 	Abandoned []string
@@ -30,7 +32,7 @@ type Result struct {
 	AbandonedCount int
 	// Timeline is quiesce's stop, step by step: its lines that carry sinceStop ("Stop
 	// began", "Shutdown delay over", "Draining executor", each report "Waiting for pending
-	// calls", "All calls returned" or AbandonedMessage, "Webhook server stopped"), in order.
+	// calls", "All calls returned" or runnable.AbandonedMessage, "Webhook server stopped"), in order.
 	// Lines quiesce logs at V(1) (a stop that waits for nothing) are here only when the
 	// operator logs V(1).
 	Timeline []Step
@@ -68,7 +70,7 @@ func timeline(lines []string) []Step {
 	return steps
 }
 
-// abandoned finds quiesce's AbandonedMessage line in lines and returns the names in its
+// abandoned finds quiesce's runnable.AbandonedMessage line in lines and returns the names in its
 // "calls" field and its "abandoned" count. controller-runtime's zap logger writes a line
 // either as one JSON object (production mode) or, in development mode (kubebuilder's
 // default), as console text whose key/values are a JSON object after the message; both are
@@ -76,7 +78,7 @@ func timeline(lines []string) []Step {
 func abandoned(lines []string) ([]string, int) {
 	for i := len(lines) - 1; i >= 0; i-- {
 		line := lines[i]
-		at := strings.Index(line, AbandonedMessage)
+		at := strings.Index(line, runnable.AbandonedMessage)
 		if at < 0 {
 			continue
 		}
@@ -87,7 +89,7 @@ func abandoned(lines []string) ([]string, int) {
 			} `json:"calls"`
 		}
 		if !decodeJSON(line, &fields) {
-			rest := line[at+len(AbandonedMessage):]
+			rest := line[at+len(runnable.AbandonedMessage):]
 			j := strings.Index(rest, "{")
 			if j < 0 || !decodeJSON(rest[j:], &fields) {
 				continue

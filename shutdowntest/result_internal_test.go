@@ -11,6 +11,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/quiesce-dev/quiesce/runnable"
 )
 
 // A line of examples/demo-operator's log (zap's development mode: console text, then the
@@ -39,7 +41,7 @@ func TestAbandoned(t *testing.T) {
 			[]string{"demo/hanging/hang-1/legacy-export"}, 1},
 		{"json", []string{`{"msg":"Starting"}`, jsonLine}, []string{"a/ns/x/export", "a/ns/y"}, 22},
 		{"none", []string{"INFO\tAll calls returned"}, nil, 0},
-		{"no JSON after the message", []string{"ERROR\t" + AbandonedMessage + " (cut)"}, nil, 0},
+		{"no JSON after the message", []string{"ERROR\t" + runnable.AbandonedMessage + " (cut)"}, nil, 0},
 		{"the last line counts", []string{jsonLine, consoleLine}, []string{"demo/hanging/hang-1/legacy-export"}, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -37,10 +37,6 @@ const (
 	DefaultWaitTimeout  = 2 * time.Minute
 )
 
-// AbandonedMessage is the message of the line in which quiesce names the calls it abandoned
-// at the end of the grace period.
-const AbandonedMessage = "Abandoned calls still running after the grace period"
-
 // How long the harness waits for things that take no time (the log's end after the exit, the
 // exit after a second SIGTERM at most, one HTTP request), how often it polls /readyz, and how
 // much of the log an error shows.

@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/quiesce-dev/quiesce/runnable"
 	"github.com/quiesce-dev/quiesce/shutdowntest"
 )
 
@@ -169,7 +170,7 @@ func TestGracefulStop(t *testing.T) {
 	g.Expect(<-again).To(shutdowntest.HaveExitedGracefully())
 	g.Expect(res.Abandoned).To(BeEmpty())
 	g.Expect(res).To(shutdowntest.HaveLogged("All calls returned"))
-	g.Expect(res).NotTo(shutdowntest.HaveLogged(shutdowntest.AbandonedMessage))
+	g.Expect(res).NotTo(shutdowntest.HaveLogged(runnable.AbandonedMessage))
 	steps := make([]string, 0, len(res.Timeline))
 	for _, s := range res.Timeline {
 		steps = append(steps, s.Message)

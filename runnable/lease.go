@@ -72,9 +72,9 @@ func ObserveLease(cfg *rest.Config, opts *manager.Options) error {
 		if lcfg == nil {
 			return errors.New("failed to observe the lease: nil rest.Config (pass the one given to ctrl.NewManager)")
 		}
-		var events recorder.Provider = &l.events
+		events := &l.events
 		if opts.LeaderElectionConfig != nil {
-			events = noEvents{}
+			events = &lockEvents{} // never connected: its Events are dropped
 		}
 		inner, err := leaderelection.NewResourceLock(lcfg, events, leaderelection.Options{
 			LeaderElection:             true,
@@ -255,18 +255,10 @@ type lockEvents struct {
 
 func (p *lockEvents) GetEventRecorderFor(string) record.EventRecorder { return (*lockRecorder)(p) }
 
-// noEvents drops the lock's Events.
-type noEvents struct{ recorder.Provider }
-
-func (noEvents) GetEventRecorderFor(string) record.EventRecorder { return (*lockRecorder)(nil) }
-
 // lockRecorder forwards to the recorder Add connected, if any.
 type lockRecorder lockEvents
 
 func (r *lockRecorder) get() record.EventRecorder {
-	if r == nil {
-		return nil
-	}
 	if p := r.to.Load(); p != nil {
 		return *p
 	}

@@ -28,14 +28,14 @@ envtest: ## Print the directory holding kube-apiserver and etcd (building them i
 	@$(ENVTEST)
 
 .PHONY: test
-test: ## Unit tests, the envtest suite, then the adoption check (README diff, example's tests), with -race.
+test: ## Unit tests, the envtest suite, then the adoption check (docs/adoption.md diff, README quickstart, example's tests), with -race.
 	assets="$$($(ENVTEST))"; \
 	KUBEBUILDER_ASSETS="$$assets" $(GO) test -race -timeout 30m ./...; \
 	KUBEBUILDER_ASSETS="$$assets" GO=$(GO) hack/check-adoption.sh
 	hack/check-go-get.sh
 
 .PHONY: check-adoption
-check-adoption: ## README's adoption diff applied to kubebuilder's scaffold equals examples/memcached-operator; its tests.
+check-adoption: ## docs/adoption.md diff applied to kubebuilder's scaffold equals examples/memcached-operator; its tests.
 	hack/check-adoption.sh
 
 .PHONY: test-latest
@@ -59,7 +59,7 @@ demo-rollout: ## Roll two replicas of an operator with a webhook, with quiesce a
 	KUBEBUILDER_ASSETS="$$assets" $(GO) run ./examples/rollout $(DEMO_ARGS)
 
 .PHONY: bench
-bench: ## The per-call budgets: pairs interleaved with their baselines, medians, met or not (README "Performance").
+bench: ## The per-call budgets: pairs interleaved with their baselines, medians, met or not (docs/performance.md).
 	GO=$(GO) hack/bench.sh
 
 .PHONY: bench-all

@@ -672,7 +672,7 @@ func (e *Executor) Pending() []Pending {
 // Locate is Pending with Where and Handler filled, from a capture of every goroutine's
 // stack. One capture serves every report, Locate, and PendingError that asks while it is
 // taken or in the second after; its cost grows with the goroutines of the process (see
-// the README, "Performance"). It returns the oldest limit calls (all if limit < 0) and how
+// docs/performance.md). It returns the oldest limit calls (all if limit < 0) and how
 // many are pending.
 func (e *Executor) Locate(limit int) (calls []Pending, total int) {
 	e.mustBeCreated()

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# check-adoption.sh: checks that README.md's adoption diff is the whole of
-# examples/memcached-operator, then runs that operator's own tests.
+# check-adoption.sh: checks that docs/adoption.md's diff is the whole of
+# examples/memcached-operator, that every line of README.md's quickstart is in it, then runs
+# that operator's own tests.
 #
+# 0. Checks that each code line of README.md's quickstart (the ```go block after
+#    "## Quickstart") is in the example's file named by the `// path` comment above it.
 # 1. Scaffolds the Memcached operator with kubebuilder (fetched through the Go module proxy)
-#    in a temporary directory, as README.md says: `kubebuilder init`, `create api`,
+#    in a temporary directory, as docs/adoption.md says: `kubebuilder init`, `create api`,
 #    `create webhook`, then controller-gen for `make manifests generate`.
-# 2. Applies every ```diff block of README.md to it, and fails unless the result equals
+# 2. Applies every ```diff block of docs/adoption.md to it, and fails unless the result equals
 #    examples/memcached-operator, file for file (go.mod and go.sum aside: `go get` changes
 #    them, not the diff; and the scaffold's files the example leaves out, listed below).
 # 3. Runs the example's tests (kubebuilder's suite, with quiesce) under -race, with the
@@ -14,20 +17,21 @@
 # Usage: hack/check-adoption.sh              all three steps (make test runs this)
 #        hack/check-adoption.sh --no-test    steps 1 and 2
 #        hack/check-adoption.sh --print-diff the diff from the scaffold to the example, to paste
-#                                            into README.md after changing the example
+#                                            into docs/adoption.md after changing the example
 #        hack/check-adoption.sh --build-tools only build kubebuilder and controller-gen (cached)
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 example="$root/examples/memcached-operator"
 readme="$root/README.md"
+adoption="$root/docs/adoption.md"
 GO="${GO:-go}"
 KUBEBUILDER="sigs.k8s.io/kubebuilder/v4@v4.16.0"
 CONTROLLER_GEN="sigs.k8s.io/controller-tools/cmd/controller-gen@v0.23.0"
 # What kubebuilder writes for a repository of its own (CI, IDE, agent notes), left out of the
 # example; bin/ holds what the example's Makefile downloads.
 skip='^(\.github/|\.devcontainer/|AGENTS\.md$|bin/|go\.mod$|go\.sum$)'
-# The files README.md's diff changes or adds, in the README's order (for --print-diff).
+# The files docs/adoption.md's diff changes or adds, in its order (for --print-diff).
 adopted=(
 	cmd/main.go
 	internal/controller/memcached_controller.go
@@ -53,6 +57,29 @@ all | --no-test | --print-diff) ;;
 	exit 2
 	;;
 esac
+
+if [[ "$mode" != --print-diff ]]; then
+	echo "==> checking README.md's quickstart against examples/memcached-operator"
+	file="" bad=0
+	while IFS= read -r line; do
+		t="$(sed -e 's/^[[:space:]]*//' -e 's/[[:space:]]*$//' <<<"$line")"
+		[[ -z "$t" ]] && continue
+		if [[ "$t" == //* ]]; then # a comment; "// path" names the file of the lines below
+			p="${t#// }" && p="${p%% *}"
+			[[ -f "$example/$p" ]] && file="$example/$p"
+			continue
+		fi
+		if [[ -z "$file" ]] || ! grep -qF -- "$t" "$file"; then
+			echo "FAIL: README.md's quickstart line is not in ${file#"$root/"}: $t" >&2
+			bad=1
+		fi
+	done < <(awk '/^## Quickstart/ {q = 1} q && /^```go$/ {on = 1; next} on && /^```$/ {exit} on' "$readme")
+	if [[ -z "$file" ]]; then
+		echo "FAIL: README.md has no quickstart (a \`\`\`go block after \"## Quickstart\", naming its files)" >&2
+		bad=1
+	fi
+	((bad)) && exit 1
+fi
 
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
@@ -95,16 +122,16 @@ if [[ "$mode" == --print-diff ]]; then
 	exit 0
 fi
 
-echo "==> applying README.md's adoption diff"
-awk '/^```diff$/ {on = 1; next} /^```$/ {on = 0} on' "$readme" >"$tmp/adoption.diff"
+echo "==> applying docs/adoption.md's diff"
+awk '/^```diff$/ {on = 1; next} /^```$/ {on = 0} on' "$adoption" >"$tmp/adoption.diff"
 if [[ ! -s "$tmp/adoption.diff" ]]; then
-	echo "FAIL: README.md has no \`\`\`diff block" >&2
+	echo "FAIL: docs/adoption.md has no \`\`\`diff block" >&2
 	exit 1
 fi
 # A repository of its own, so that git apply takes the paths as relative to the scaffold.
 git -C "$scaffold" init -q
 if ! git -C "$scaffold" apply --whitespace=error-all "$tmp/adoption.diff"; then
-	echo "FAIL: README.md's adoption diff does not apply to kubebuilder's scaffold" >&2
+	echo "FAIL: docs/adoption.md's diff does not apply to kubebuilder's scaffold" >&2
 	exit 1
 fi
 rm -rf "$scaffold/.git"
@@ -114,25 +141,25 @@ list() { (cd "$1" && find . -type f | sed 's|^\./||' | grep -Ev "$skip" | LC_ALL
 (cd "$example" && git ls-files -co --exclude-standard . | grep -Ev "$skip" | LC_ALL=C sort) >"$tmp/example.files"
 list "$scaffold" >"$tmp/scaffold.files"
 drift=0
-if ! diff -u --label "scaffold + README.md's diff" --label examples/memcached-operator \
+if ! diff -u --label "scaffold + docs/adoption.md's diff" --label examples/memcached-operator \
 	"$tmp/scaffold.files" "$tmp/example.files"; then
 	echo "FAIL: the files differ (above: - only in the scaffold, + only in the example)" >&2
 	drift=1
 fi
 while read -r f; do
 	[[ -f "$scaffold/$f" ]] || continue
-	if ! diff -u --label "scaffold + README.md's diff: $f" --label "examples/memcached-operator/$f" \
+	if ! diff -u --label "scaffold + docs/adoption.md's diff: $f" --label "examples/memcached-operator/$f" \
 		"$scaffold/$f" "$example/$f"; then
 		drift=1
 	fi
 done <"$tmp/example.files"
 if ((drift)); then
-	echo "FAIL: README.md's adoption diff and examples/memcached-operator drifted apart." >&2
-	echo "      After changing the example, print the diff to paste into README.md with:" >&2
+	echo "FAIL: docs/adoption.md's diff and examples/memcached-operator drifted apart." >&2
+	echo "      After changing the example, print the diff to paste into docs/adoption.md with:" >&2
 	echo "      hack/check-adoption.sh --print-diff" >&2
 	exit 1
 fi
-echo "    OK: kubebuilder's scaffold with README.md's diff is examples/memcached-operator"
+echo "    OK: kubebuilder's scaffold with docs/adoption.md's diff is examples/memcached-operator"
 
 [[ "$mode" == --no-test ]] && exit 0
 

@@ -61,7 +61,7 @@ type Options struct {
 	// (with and without leader election), probes and metrics keep serving; a
 	// WebhookServer answers with "Connection: close" so that the API server's keep-alive
 	// connections move to another replica. Then the manager stops, and the drain proceeds
-	// within GracePeriod. Set it to a few readiness probe periods (see the README,
+	// within GracePeriod. Set it to a few readiness probe periods (see docs/operating.md,
 	// "Rolling updates"); terminationGracePeriodSeconds must cover ShutdownDelay +
 	// GracefulShutdownTimeout. Negative: Add fails. With no delay, ReadyzCheck never fails:
 	// a single replica stays in its Service until its webhooks stop, as without quiesce.

@@ -491,7 +491,7 @@ func stealLease(ctx context.Context, ns string) {
 // context ended.
 func (r replicaRun) cutAfter() time.Duration { return r.work.at.Sub(r.begin) }
 
-// summary is the cell's line for the README table.
+// summary is the cell's line for the table of docs/design.md.
 func (r replicaRun) summary(quiesce bool) string {
 	s := fmt.Sprintf("%s, stop %.2fs, mgr.Start %s", r.work, r.stopTook.Seconds(), errText(r.start.err))
 	if r.late {

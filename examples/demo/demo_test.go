@@ -179,24 +179,27 @@ func testSecondSIGTERM(t *testing.T, lines sourceLines) {
 	}
 }
 
-// TestREADMEMatchesSource keeps examples/README.md's captured run honest: every
-// controller.go line it shows is still one of the lines the reports name.
+// TestREADMEMatchesSource keeps the captured runs honest (examples/README.md, the
+// module's README.md and docs/operating.md): every controller.go line they show is still
+// one of the lines the reports name.
 func TestREADMEMatchesSource(t *testing.T) {
-	b, err := os.ReadFile("../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
 	valid := map[string]bool{}
 	for _, marker := range []string{"blocks here", "the snapshot works here", "reconcilers.Call(ctx", handlerMarker} {
 		valid["controller.go:"+strconv.Itoa(sourceLine(t, marker))] = true
 	}
-	found := regexp.MustCompile(`controller\.go:\d+`).FindAllString(string(b), -1)
-	if len(found) == 0 {
-		t.Fatal("README.md shows no controller.go line")
-	}
-	for _, f := range found {
-		if !valid[f] {
-			t.Errorf("README.md shows %s, which is none of the lines the demo's reports name (%v): capture `make demo` again", f, valid)
+	for _, doc := range []string{"../README.md", "../../README.md", "../../docs/operating.md"} {
+		b, err := os.ReadFile(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := regexp.MustCompile(`\bcontroller\.go:\d+`).FindAllString(string(b), -1)
+		if len(found) == 0 {
+			t.Errorf("%s shows no controller.go line", doc)
+		}
+		for _, f := range found {
+			if !valid[f] {
+				t.Errorf("%s shows %s, which is none of the lines the demo's reports name (%v): capture `make demo` again", doc, f, valid)
+			}
 		}
 	}
 }

@@ -18,7 +18,7 @@ import (
 	"github.com/quiesce-dev/quiesce/shutdowntest"
 )
 
-// The stop's line budget (issue 24): with the README's manifest (ShutdownDelay 5s, a
+// The stop's line budget (issue 24): with docs/operating.md's manifest (ShutdownDelay 5s, a
 // readiness probe every 2 seconds) and nothing hanging, one replica's whole stop logs at most
 // this many lines, quiesce's and controller-runtime's together.
 const (
@@ -28,12 +28,12 @@ const (
 )
 
 // TestStopLogsLittle: one replica of the operator with a shutdown delay and nothing in
-// flight, its /readyz probed as a kubelet probes it with the README's settings. Its stop,
+// flight, its /readyz probed as a kubelet probes it with the settings of docs/operating.md. Its stop,
 // from SIGTERM to its exit, logs a fixed number of lines and, per failed probe,
 // controller-runtime's "healthz check failed": one line at the default verbosity, two at
 // V(1) (kubebuilder's scaffold logs at debug level: zap's Development mode), the second one
 // with the check's name and quiesce's reason. The test runs a shorter delay than the
-// README's, to be fast, and counts the lines of the failed probes that the README's delay
+// docs' delay, to be fast, and counts the lines of the failed probes that docs/operating.md's delay
 // would make: the total stays within maxStopLines.
 func TestStopLogsLittle(t *testing.T) {
 	for _, tc := range []struct {
@@ -98,11 +98,11 @@ func testStopLogsLittle(t *testing.T, ns string, perProbe int, args ...string) {
 	if perProbe > 1 && reasons == 0 {
 		t.Errorf("no V(1) \"healthz check failed\" line gives quiesce's reason")
 	}
-	// With the README's delay: the same lines but for the probes', and those of as many
+	// With docs/operating.md's delay: the same lines but for the probes', and those of as many
 	// failed probes as fit in the delay.
 	probes := int((readmeDelay + readmeProbePeriod - 1) / readmeProbePeriod)
 	if n := len(stop) - healthz + perProbe*probes; n > maxStopLines {
-		t.Errorf("the stop logs %d lines, %d of them for failed probes; with the README's %s delay, %d failed probes "+
+		t.Errorf("the stop logs %d lines, %d of them for failed probes; with the docs' %s delay, %d failed probes "+
 			"would make it %d lines, want at most %d", len(stop), healthz, readmeDelay, probes, n, maxStopLines)
 	}
 }
@@ -133,7 +133,7 @@ func startStopLogReplica(
 		Flags: func(e shutdowntest.Endpoints) []string {
 			return []string{"--id=stoplog", "--webhook-host=" + host, "--webhook-port=" + port,
 				"--cert-dir=" + e.WebhookCertDir, "--health-probe-bind-address=" + e.Probe,
-				"--metrics-bind-address=" + e.Metrics} // as the README's manifest: its stop logs a line too
+				"--metrics-bind-address=" + e.Metrics} // as docs/operating.md's manifest: its stop logs a line too
 		},
 		Args: append([]string{"--namespace=" + ns, "--shutdown-delay=" + delay.String(), "--grace-period=5s"},
 			args...),

@@ -42,6 +42,9 @@ func ExampleHandlers() {
 		lifecycle.HandlersOptions{
 			Lifecycle: lifecycle.OneByOne,
 			Clock:     clocktesting.NewFakePassiveClock(time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)),
+			// Everyone who may patch these ConfigMaps may also decide which handlers run: the
+			// Record is not signed. Otherwise set ProgressKey (ExampleHandlersOptions_progressKey).
+			UnsignedProgress: true,
 		})
 	if err != nil {
 		fmt.Println(err)

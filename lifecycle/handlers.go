@@ -69,8 +69,9 @@ type Handler[T client.Object] struct {
 	Fn func(ctx context.Context, obj T) error
 }
 
-// HandlersOptions configure Handlers. The zero value is valid: every zero field means the
-// documented default.
+// HandlersOptions configure Handlers. Every zero field means the documented default, but
+// one of ProgressKey and UnsignedProgress must be set: who may write the progress is the
+// operator's choice to make, not a default.
 type HandlersOptions struct {
 	// Lifecycle picks, on each reconcile, the handlers to run among those still to run.
 	// nil: ASAP.
@@ -117,10 +118,20 @@ type HandlersOptions struct {
 	// but does not hold the key can make handlers run again, never skip one (see the
 	// package documentation, "Who can write the progress"). Keep the key in a Secret that
 	// only the operator reads, at least MinProgressKeyBytes (32) random bytes. Setting it,
-	// or changing it, makes every Record written before refused once: each object's
-	// handlers run once more. nil: Records are not signed, and anyone who may patch the
-	// object can mark a handler done.
+	// or changing it, makes every Record written before refused once (with a
+	// ReasonProgressForged Event): each object's handlers run once more, then the Record is
+	// signed with the new key. Every replica that runs these handlers needs the same key
+	// (see the package documentation, "Keeping the key"). nil: set UnsignedProgress
+	// instead; Handlers requires one of the two.
 	ProgressKey []byte
+
+	// UnsignedProgress makes Handlers write Records without a signature and trust the
+	// annotation as it reads it: anyone who may patch the object can then mark a handler
+	// done, so that it never runs for a generation, or make handlers run again. Set it,
+	// instead of ProgressKey, only if everyone who may patch these objects may also decide
+	// which handlers run. false, the default: ProgressKey is required. Handlers returns an
+	// error unless exactly one of ProgressKey and UnsignedProgress is set.
+	UnsignedProgress bool
 
 	// PublishErrors puts a failed handler's error text (its first KiB) in the Record's
 	// Progress.Message and in the Events' notes, which anyone who may read the object or
@@ -129,6 +140,24 @@ type HandlersOptions struct {
 	// is in the operator's log alone. Client errors often hold URLs, response bodies or
 	// tokens: set it only if the object's readers may read those.
 	PublishErrors bool
+}
+
+// checkProgressKey returns an error unless exactly one of ProgressKey and UnsignedProgress
+// is set, and ProgressKey, if set, is long enough.
+func (o *HandlersOptions) checkProgressKey() error {
+	switch n := len(o.ProgressKey); {
+	case o.ProgressKey == nil && !o.UnsignedProgress:
+		return fmt.Errorf("failed to create handlers: no ProgressKey: set HandlersOptions.ProgressKey to at "+
+			"least %d random bytes that only the operator holds, or UnsignedProgress to true if everyone "+
+			"who may patch the objects may also decide which handlers run: %w", MinProgressKeyBytes, ErrInvalidHandlers)
+	case o.ProgressKey != nil && o.UnsignedProgress:
+		return fmt.Errorf("failed to create handlers: both ProgressKey and UnsignedProgress are set: "+
+			"set one of them: %w", ErrInvalidHandlers)
+	case o.ProgressKey != nil && n < MinProgressKeyBytes:
+		return fmt.Errorf("failed to create handlers: ProgressKey has %d bytes, want at least %d: %w",
+			n, MinProgressKeyBytes, ErrInvalidHandlers)
+	}
+	return nil
 }
 
 func (o *HandlersOptions) setDefaults() {
@@ -168,7 +197,9 @@ func (o *HandlersOptions) setDefaults() {
 //
 // Handlers returns an error wrapping ErrInvalidHandlers for a nil ex or c, an empty
 // controller, no handlers, a handler with an empty or duplicate ID or a nil Fn, an invalid
-// annotation key, or a nil newObj with a T that is not a pointer to a struct.
+// annotation key, neither or both of opts.ProgressKey and opts.UnsignedProgress, a
+// ProgressKey shorter than MinProgressKeyBytes, or a nil newObj with a T that is not a
+// pointer to a struct.
 func Handlers[T client.Object](
 	ex *drain.Executor, c client.Client, controller string, newObj func() T, handlers []Handler[T], opts HandlersOptions,
 ) (reconcile.Reconciler, error) {
@@ -202,9 +233,8 @@ func Handlers[T client.Object](
 		return nil, fmt.Errorf("failed to create handlers: annotation key %q: %s: %w",
 			opts.Annotation, strings.Join(errs, "; "), ErrInvalidHandlers)
 	}
-	if n := len(opts.ProgressKey); n > 0 && n < MinProgressKeyBytes {
-		return nil, fmt.Errorf("failed to create handlers: ProgressKey has %d bytes, want at least %d: %w",
-			n, MinProgressKeyBytes, ErrInvalidHandlers)
+	if err := opts.checkProgressKey(); err != nil {
+		return nil, err
 	}
 	if opts.ProgressKey != nil {
 		opts.ProgressKey = append([]byte(nil), opts.ProgressKey...)

@@ -110,8 +110,8 @@ type fixture struct {
 	r     reconcile.Reconciler
 }
 
-// newFixture makes a reconciler of hs on a fake client holding objs, with a fake clock and
-// a recorder, and opts' other fields as given.
+// newFixture makes a reconciler of hs on a fake client holding objs, with a fake clock, a
+// recorder, UnsignedProgress unless opts has a ProgressKey, and opts' other fields as given.
 func newFixture(t *testing.T, hs []lifecycle.Handler[*corev1.ConfigMap], opts lifecycle.HandlersOptions, objs ...client.Object) *fixture {
 	t.Helper()
 	return newFixtureWith(t, fake.NewClientBuilder().WithObjects(objs...).Build(), hs, opts)
@@ -127,6 +127,7 @@ func newFixtureWith(t *testing.T, c client.Client, hs []lifecycle.Handler[*corev
 	if opts.Clock == nil {
 		opts.Clock = f.clock
 	}
+	opts.UnsignedProgress = opts.ProgressKey == nil
 	r, err := lifecycle.Handlers(f.ex, f.c, "cm", nil, hs, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -198,6 +199,13 @@ func TestHandlersRejectsBadInput(t *testing.T) {
 		{"duplicate id", ex, c, "cm", []H{{"a", fn}, {"a", fn}}, lifecycle.HandlersOptions{}, `duplicate handler id "a"`},
 		{"nil fn", ex, c, "cm", []H{{"a", nil}}, lifecycle.HandlersOptions{}, `handler "a" has a nil Fn`},
 		{"bad annotation", ex, c, "cm", []H{{"a", fn}}, lifecycle.HandlersOptions{Annotation: "not a key!"}, "annotation key"},
+		{"neither key nor unsigned", ex, c, "cm", []H{{"a", fn}}, lifecycle.HandlersOptions{},
+			"no ProgressKey: set HandlersOptions.ProgressKey to at least 32 random bytes that only the operator holds, " +
+				"or UnsignedProgress to true if everyone who may patch the objects may also decide which handlers run"},
+		{"both key and unsigned", ex, c, "cm", []H{{"a", fn}},
+			lifecycle.HandlersOptions{ProgressKey: key, UnsignedProgress: true}, "both ProgressKey and UnsignedProgress are set"},
+		{"empty key", ex, c, "cm", []H{{"a", fn}}, lifecycle.HandlersOptions{ProgressKey: []byte{}}, "ProgressKey has 0 bytes, want at least 32"},
+		{"short key", ex, c, "cm", []H{{"a", fn}}, lifecycle.HandlersOptions{ProgressKey: key[:31]}, "ProgressKey has 31 bytes, want at least 32"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, err := lifecycle.Handlers(tc.ex, tc.c, tc.ctrl, nil, tc.hs, tc.opts)
@@ -207,11 +215,11 @@ func TestHandlersRejectsBadInput(t *testing.T) {
 		})
 	}
 	// T not a pointer to a struct needs newObj.
-	_, err := lifecycle.Handlers(ex, c, "cm", nil, []lifecycle.Handler[client.Object]{{ID: "a", Fn: func(context.Context, client.Object) error { return nil }}}, lifecycle.HandlersOptions{})
+	_, err := lifecycle.Handlers(ex, c, "cm", nil, []lifecycle.Handler[client.Object]{{ID: "a", Fn: func(context.Context, client.Object) error { return nil }}}, lifecycle.HandlersOptions{UnsignedProgress: true})
 	if !errors.Is(err, lifecycle.ErrInvalidHandlers) || !strings.Contains(err.Error(), "newObj") {
 		t.Fatalf("Handlers[client.Object] without newObj = %v, want ErrInvalidHandlers", err)
 	}
-	_, err = lifecycle.Handlers(ex, c, "cm", func() client.Object { return &corev1.ConfigMap{} }, []lifecycle.Handler[client.Object]{{ID: "a", Fn: func(context.Context, client.Object) error { return nil }}}, lifecycle.HandlersOptions{})
+	_, err = lifecycle.Handlers(ex, c, "cm", func() client.Object { return &corev1.ConfigMap{} }, []lifecycle.Handler[client.Object]{{ID: "a", Fn: func(context.Context, client.Object) error { return nil }}}, lifecycle.HandlersOptions{ProgressKey: key})
 	if err != nil {
 		t.Fatalf("Handlers[client.Object] with newObj = %v", err)
 	}
@@ -611,7 +619,7 @@ func TestHandlersInterruptedByTheDrain(t *testing.T) {
 	f.ex = drain.New(drain.Options{CancelAfter: 0})
 	internal.Of(f.ex).Settings().Owned = true // as a runnable.Runnable does
 	r, err := lifecycle.Handlers(f.ex, c, "cm", nil, []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a"), slow, ok(&j, "c")},
-		lifecycle.HandlersOptions{Lifecycle: lifecycle.AllAtOnce, Recorder: f.rec, Clock: f.clock})
+		lifecycle.HandlersOptions{Lifecycle: lifecycle.AllAtOnce, Recorder: f.rec, Clock: f.clock, UnsignedProgress: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -765,7 +773,7 @@ func TestHandlersNewObjReturningNilIsTerminal(t *testing.T) {
 	drained(t, ex)
 	r, err := lifecycle.Handlers(ex, fake.NewClientBuilder().Build(), "cm", func() *corev1.ConfigMap { return nil },
 		[]lifecycle.Handler[*corev1.ConfigMap]{{ID: "a", Fn: func(context.Context, *corev1.ConfigMap) error { return nil }}},
-		lifecycle.HandlersOptions{})
+		lifecycle.HandlersOptions{UnsignedProgress: true})
 	if err != nil {
 		t.Fatal(err)
 	}

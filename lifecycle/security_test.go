@@ -14,11 +14,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
-	"github.com/quiesce-dev/quiesce/drain"
 	"github.com/quiesce-dev/quiesce/lifecycle"
 )
 
@@ -175,13 +173,58 @@ func TestHandlersProgressKey(t *testing.T) {
 	}
 }
 
-func TestHandlersProgressKeyTooShort(t *testing.T) {
-	ex := drain.New(drain.Options{})
-	drained(t, ex)
-	_, err := lifecycle.Handlers(ex, fake.NewClientBuilder().Build(), "cm", nil,
-		[]lifecycle.Handler[*corev1.ConfigMap]{ok(&journal{}, "a")}, lifecycle.HandlersOptions{ProgressKey: key[:31]})
-	if !errors.Is(err, lifecycle.ErrInvalidHandlers) {
-		t.Fatalf("Handlers with a 31-byte key = %v, want ErrInvalidHandlers", err)
+// TestHandlersProgressKeyChanged: Records written with no key, or signed with a key since
+// replaced (rotated), are refused once by a reconciler with the new key: logged, reported,
+// every handler runs once more, and the Record is then signed with the new key, which
+// later cycles accept. Records signed with the old key are not accepted any more.
+func TestHandlersProgressKeyChanged(t *testing.T) {
+	newKey := []byte("fedcba9876543210fedcba9876543210")
+	for _, tc := range []struct {
+		name   string
+		before lifecycle.HandlersOptions // the operator's options that wrote the Record
+		why    string                    // in the refusal's Event
+	}{
+		{"unsigned, then a key", lifecycle.HandlersOptions{UnsignedProgress: true}, "no signature"},
+		{"one key, then another", lifecycle.HandlersOptions{ProgressKey: key}, "signature does not match"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var j journal
+			hs := []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a")}
+			old := newFixture(t, hs, tc.before, signedObj("obj", "uid-1"))
+			old.reconcile("obj")
+			written := old.object().Annotations[lifecycle.DefaultProgressAnnotation]
+
+			// The operator restarted with newKey, on the same objects.
+			f := newFixtureWith(t, old.c, hs, lifecycle.HandlersOptions{ProgressKey: newKey})
+			lines := f.logged("obj")
+			evs := f.events()
+			if len(j.all()) != 2 || !f.record().Handlers["a"].Done {
+				t.Fatalf("runs %q, record %+v; want a run once more and done", j.all(), f.record())
+			}
+			if len(evs) != 1 || !strings.HasPrefix(evs[0], "Warning "+lifecycle.ReasonProgressForged+" ") ||
+				!strings.Contains(evs[0], tc.why) {
+				t.Fatalf("events = %q, want one %s saying %q", evs, lifecycle.ReasonProgressForged, tc.why)
+			}
+			if !strings.Contains(strings.Join(lines, "\n"), "Progress annotation is not signed by this operator") {
+				t.Fatalf("log lacks the refusal:\n%s", strings.Join(lines, "\n"))
+			}
+			resigned := f.object().Annotations[lifecycle.DefaultProgressAnnotation]
+			if resigned == written || !strings.Contains(resigned, `"mac":"`) {
+				t.Fatalf("Record after the new key's run: %s; want one signed anew (was %s)", resigned, written)
+			}
+
+			f.reconcile("obj")
+			if evs := f.events(); len(j.all()) != 2 || len(evs) != 0 {
+				t.Fatalf("runs %q, events %q; want the new key's Record accepted: no run, no Event", j.all(), evs)
+			}
+
+			// A Record of the old key, put back by someone, is refused like any forgery.
+			f.setProgress(written)
+			f.reconcile("obj")
+			if evs := f.events(); len(j.all()) != 3 || len(evs) != 1 || !strings.Contains(evs[0], lifecycle.ReasonProgressForged) {
+				t.Fatalf("runs %q, events %q; want the old Record refused and a run", j.all(), evs)
+			}
+		})
 	}
 }
 

@@ -68,8 +68,8 @@ func editorOf(ctx context.Context, ns, user string) client.Client {
 	return c
 }
 
-var _ = Describe("The progress of Handlers with a ProgressKey", func() {
-	It("should refuse, and report, progress forged by a user who may edit the object", func(ctx SpecContext) {
+var _ = Describe("The progress of Handlers, written by a user who may edit the object", func() {
+	It("should refuse, and report, progress forged without the ProgressKey", func(ctx SpecContext) {
 		cur := goleak.IgnoreCurrent()
 		ns := newNamespace(ctx)
 		key := types.NamespacedName{Namespace: ns, Name: "web"}
@@ -166,6 +166,64 @@ var _ = Describe("The progress of Handlers with a ProgressKey", func() {
 		Eventually(runs.get).Should(Equal(map[string]int{"1": 1, "2": 3}))
 		doneFor(2)
 		Consistently(runs.get, 2*time.Second).Should(Equal(map[string]int{"1": 1, "2": 3}), "never more than asked")
+
+		stop()
+		Eventually(done, time.Minute).Should(Receive(BeNil()))
+		expectNoLeaks(cur)
+	})
+
+	It("should not set up without a ProgressKey, unless UnsignedProgress says the annotation is trusted", func(ctx SpecContext) {
+		cur := goleak.IgnoreCurrent()
+		ns := newNamespace(ctx)
+		key := types.NamespacedName{Namespace: ns, Name: "trusted"}
+		mallory := editorOf(ctx, ns, "mallory")
+		var runs handlerRuns // by handler and generation
+		run := func(id string) lifecycle.Handler[*appsv1.StatefulSet] {
+			return lifecycle.Handler[*appsv1.StatefulSet]{ID: id, Fn: func(_ context.Context, d *appsv1.StatefulSet) error {
+				runs.add(id + "/" + strconv.FormatInt(d.Generation, 10))
+				return nil
+			}}
+		}
+		// w, whose progress nobody forges, shows that the controller reconciled a generation.
+		hs := []lifecycle.Handler[*appsv1.StatefulSet]{run("h"), run("w")}
+		mgr := newManager(handlersCacheIn(ns))
+		q, err := addQuiesce(mgr, runnable.Options{GracePeriod: 20 * time.Second})
+		Expect(err).NotTo(HaveOccurred())
+
+		By("refusing options that choose neither")
+		_, err = lifecycle.Handlers(q.Executor(), mgr.GetClient(), "trusted", nil, hs,
+			lifecycle.HandlersOptions{})
+		Expect(err).To(MatchError(lifecycle.ErrInvalidHandlers))
+		Expect(err).To(MatchError(And(ContainSubstring("set HandlersOptions.ProgressKey"), ContainSubstring("or UnsignedProgress to true"))))
+
+		By("trusting the annotation with UnsignedProgress: a forged done for the next generation skips h")
+		r, err := lifecycle.Handlers(q.Executor(), mgr.GetClient(), "trusted", nil, hs,
+			lifecycle.HandlersOptions{UnsignedProgress: true})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(ctrl.NewControllerManagedBy(mgr).For(&appsv1.StatefulSet{}).Named("trusted").Complete(r)).To(Succeed())
+		stop, done := startManager(mgr)
+		Expect(k8sClient.Create(ctx, statefulSet(ns, key.Name))).To(Succeed())
+		Eventually(runs.get).Should(Equal(map[string]int{"h/1": 1, "w/1": 1}))
+		Eventually(func(g Gomega) {
+			var d appsv1.StatefulSet
+			g.Expect(k8sClient.Get(ctx, key, &d)).To(Succeed())
+			p, err := lifecycle.ParseRecord(d.Annotations[lifecycle.DefaultProgressAnnotation])
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(p.Handlers["h"].Done && p.Handlers["w"].Done).To(BeTrue())
+		}).Should(Succeed())
+		Eventually(func() error {
+			var d appsv1.StatefulSet
+			if err := mallory.Get(ctx, key, &d); err != nil {
+				return err
+			}
+			d.Spec.Replicas = ptr.To[int32](2)
+			d.Annotations[lifecycle.DefaultProgressAnnotation] = `{"generation":2,"handlers":{"h":{"retries":0,"done":true}}}`
+			return mallory.Update(ctx, &d)
+		}).Should(Succeed())
+		// The controller reconciles generation 2: w runs, h, marked done by mallory, does not.
+		Eventually(runs.get).Should(Equal(map[string]int{"h/1": 1, "w/1": 1, "w/2": 1}))
+		Consistently(runs.get, time.Second).Should(Equal(map[string]int{"h/1": 1, "w/1": 1, "w/2": 1}),
+			"what UnsignedProgress documents: whoever may patch the object decides which handlers run")
 
 		stop()
 		Eventually(done, time.Minute).Should(Receive(BeNil()))

@@ -68,6 +68,10 @@ func progressOf(ctx context.Context, key types.NamespacedName) (lifecycle.Record
 	return lifecycle.ParseRecord(cm.Annotations[lifecycle.DefaultProgressAnnotation])
 }
 
+// progressKey is the suite operators' HandlersOptions.ProgressKey: one key for every manager
+// of a spec, as every replica of an operator shares one.
+var progressKey = []byte("the suite operators' progress key, 32 bytes or more")
+
 // startHandlers makes a manager caching only ns, with a runnable.Runnable configured by
 // default options, and a controller named name of the handlers hs on ConfigMaps; it starts the manager.
 func startHandlers(ns, name string, hs []lifecycle.Handler[*corev1.ConfigMap], opts lifecycle.HandlersOptions) (q *runnable.Runnable, stop context.CancelFunc, done <-chan error) {
@@ -114,7 +118,7 @@ var _ = Describe("The Handlers reconciler", func() {
 			return nil
 		}}
 		hs := []lifecycle.Handler[*corev1.ConfigMap]{record("a"), b, record("c")}
-		opts := lifecycle.HandlersOptions{Lifecycle: lifecycle.OneByOne}
+		opts := lifecycle.HandlersOptions{Lifecycle: lifecycle.OneByOne, ProgressKey: progressKey}
 
 		By("running the handlers until b runs, on a first manager")
 		// CancelAfter 0: the drain cancels b's context at once.
@@ -134,7 +138,7 @@ var _ = Describe("The Handlers reconciler", func() {
 		Expect(p.Handlers["b"].Retries).To(BeZero(), "an interruption is not a failure")
 		Expect(p.Handlers).NotTo(HaveKey("c"))
 
-		By("starting a new manager")
+		By("starting a new manager, with the same ProgressKey: it accepts the first one's Record")
 		_, stop, done = startHandlers(ns, "handlers-resume", hs, opts)
 		Eventually(func(g Gomega) {
 			p, err := progressOf(ctx, key)
@@ -175,7 +179,7 @@ var _ = Describe("The Handlers reconciler", func() {
 			return nil
 		}}
 		_, stop, done := startHandlers(ns, "handlers-retry", []lifecycle.Handler[*corev1.ConfigMap]{flaky},
-			lifecycle.HandlersOptions{Backoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond})
+			lifecycle.HandlersOptions{Backoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, ProgressKey: progressKey})
 		Expect(k8sClient.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: key.Name}})).To(Succeed())
 
 		Eventually(func(g Gomega) {
@@ -230,7 +234,7 @@ var _ = Describe("The Handlers reconciler", func() {
 			return nil
 		}}
 		_, stop, done := startHandlers(ns, "handlers-terminal", []lifecycle.Handler[*corev1.ConfigMap]{fatal, after},
-			lifecycle.HandlersOptions{Lifecycle: lifecycle.OneByOne, PublishErrors: true})
+			lifecycle.HandlersOptions{Lifecycle: lifecycle.OneByOne, PublishErrors: true, ProgressKey: progressKey})
 		Expect(k8sClient.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: key.Name}})).To(Succeed())
 
 		Eventually(func(g Gomega) {
@@ -290,7 +294,7 @@ var _ = Describe("The Handlers reconciler", func() {
 			}})
 		}
 		var mgr manager.Manager
-		mgr, q = newHandlers(ns, "handlers-inline", hs, lifecycle.HandlersOptions{Lifecycle: inline})
+		mgr, q = newHandlers(ns, "handlers-inline", hs, lifecycle.HandlersOptions{Lifecycle: inline, UnsignedProgress: true})
 		settings := internal.Of(q.Executor()).Settings()
 		metered := settings.AfterCall
 		settings.AfterCall = func(controller string, took time.Duration, err error) {

@@ -9,7 +9,8 @@
 //     metadata.generation is dropped: every handler runs again for a new generation. One
 //     that cannot be decoded is logged, reported by a Warning Event (ReasonProgressCorrupt)
 //     and dropped too, as is one the operator did not sign when HandlersOptions.ProgressKey
-//     is set (ReasonProgressForged; see "Who can write the progress").
+//     is set (ReasonProgressForged; see "Who can write the progress", and "Keeping the key"
+//     for a key shared by every replica).
 //  3. The handlers to run are those not done, in registration order, less those waiting out
 //     a retry backoff (if all wait, the object is requeued when the first delay ends). A
 //     Func, the lifecycle, picks among them.
@@ -50,11 +51,15 @@
 // # Who can write the progress
 //
 // The Record is an annotation: anyone who may update or patch the object writes it, with no
-// status permission. Without HandlersOptions.ProgressKey, Handlers trusts what it reads: such
-// a user can mark a handler done for the object's current (or next: in the same update as a
-// spec change) generation, so that it never runs, or write a corrupt value so that every
-// handler runs again. Leave ProgressKey unset only if everyone who may patch the objects may
-// also decide which handlers run.
+// status permission. Handlers therefore makes the operator choose, and fails at setup with
+// an error wrapping ErrInvalidHandlers unless exactly one of these is set:
+//
+//   - HandlersOptions.ProgressKey: Records are signed, and forged ones refused (below);
+//   - HandlersOptions.UnsignedProgress: Handlers trusts what it reads. A user who may patch
+//     the object can mark a handler done for its current (or next: in the same update as a
+//     spec change) generation, so that it never runs, or write a corrupt value so that every
+//     handler runs again. Choose it only if everyone who may patch these objects may also
+//     decide which handlers run.
 //
 // With ProgressKey set, Handlers signs every Record it writes (HMAC-SHA256 of the object's
 // UID, the generation and the handlers, with a key only the operator holds) and refuses any
@@ -72,6 +77,25 @@
 //     edited, nor one copied from another object (or an object of the same name deleted
 //     since), nor one of another generation, is accepted;
 //   - change retry counts or delays, for the same reason.
+//
+// # Keeping the key
+//
+// Every replica of the operator that runs the handlers must hold the same key: a Record one
+// signed is refused by another with a different key. Keep it in a Secret that only the
+// operator's ServiceAccount may read, mounted as a file into the manager's pod, and read it
+// at start (os.ReadFile: the bytes of the file are the key, a trailing newline included,
+// the same for every replica). Create it with 32 random bytes or more:
+//
+//	kubectl -n <namespace> create secret generic quiesce-progress-key \
+//	  --from-file=progress-key=<(head -c 32 /dev/urandom)
+//
+// Rotating the key: replace the Secret's value, then restart the operator's pods (the key
+// is read at start). Records signed with the old key are then refused like forged ones: on
+// the next reconcile of each object, a ProgressForged Warning Event is recorded, every
+// handler runs once more for the current generation (so Handlers must be idempotent), and
+// the Record is signed with the new key. Turning the key on, from UnsignedProgress, does
+// the same to the unsigned Records. Turning it off keeps the signed Records' progress:
+// UnsignedProgress ignores the signature.
 //
 // # What Handlers publishes
 //

@@ -228,6 +228,20 @@ func TestHandlersProgressKeyChanged(t *testing.T) {
 	}
 }
 
+// TestHandlersProgressKeyTurnedOff: a reconciler with UnsignedProgress keeps the progress of
+// Records signed before (it ignores the signature): nothing runs again.
+func TestHandlersProgressKeyTurnedOff(t *testing.T) {
+	var j journal
+	hs := []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a")}
+	signed := newFixture(t, hs, lifecycle.HandlersOptions{ProgressKey: key}, signedObj("obj", "uid-1"))
+	signed.reconcile("obj")
+	f := newFixtureWith(t, signed.c, hs, lifecycle.HandlersOptions{UnsignedProgress: true})
+	f.reconcile("obj")
+	if evs := f.events(); len(j.all()) != 1 || len(evs) != 0 || !f.record().Handlers["a"].Done {
+		t.Fatalf("runs %q, events %q, record %+v; want a run once, by the first reconciler", j.all(), evs, f.record())
+	}
+}
+
 // TestHandlersCutMegabyteIDs: a handler id of a megabyte in the annotation (written by
 // anyone who may patch the object) reaches the error, the log line and the Event cut.
 func TestHandlersCutMegabyteIDs(t *testing.T) {

@@ -68,6 +68,22 @@ func editorOf(ctx context.Context, ns, user string) client.Client {
 	return c
 }
 
+// expectWarnings waits for Warning Events of reason on the object key, n of them in all.
+func expectWarnings(ctx context.Context, key types.NamespacedName, reason string, n int) {
+	GinkgoHelper()
+	Eventually(func(g Gomega) {
+		var evs eventsv1.EventList
+		g.Expect(k8sClient.List(ctx, &evs, client.InNamespace(key.Namespace))).To(Succeed())
+		count := 0
+		for _, e := range evs.Items {
+			if e.Reason == reason && e.Type == corev1.EventTypeWarning && e.Regarding.Name == key.Name {
+				count += max(1, int(e.DeprecatedCount), int(ptr.Deref(e.Series, eventsv1.EventSeries{}).Count))
+			}
+		}
+		g.Expect(count).To(BeNumerically(">=", n))
+	}).Should(Succeed())
+}
+
 var _ = Describe("The progress of Handlers, written by a user who may edit the object", func() {
 	It("should refuse, and report, progress forged without the ProgressKey", func(ctx SpecContext) {
 		cur := goleak.IgnoreCurrent()
@@ -122,21 +138,7 @@ var _ = Describe("The progress of Handlers, written by a user who may edit the o
 				return mallory.Update(ctx, &d)
 			}).Should(Succeed())
 		}
-		// warned waits for a Warning Event of reason on the StatefulSet, n of them in all.
-		warned := func(reason string, n int) {
-			GinkgoHelper()
-			Eventually(func(g Gomega) {
-				var evs eventsv1.EventList
-				g.Expect(k8sClient.List(ctx, &evs, client.InNamespace(ns))).To(Succeed())
-				count := 0
-				for _, e := range evs.Items {
-					if e.Reason == reason && e.Type == corev1.EventTypeWarning && e.Regarding.Name == key.Name {
-						count += max(1, int(e.DeprecatedCount), int(ptr.Deref(e.Series, eventsv1.EventSeries{}).Count))
-					}
-				}
-				g.Expect(count).To(BeNumerically(">=", n))
-			}).Should(Succeed())
-		}
+		warned := func(reason string, n int) { GinkgoHelper(); expectWarnings(ctx, key, reason, n) }
 
 		By("running h once for generation 1")
 		Expect(k8sClient.Create(ctx, statefulSet(ns, key.Name))).To(Succeed())
@@ -166,6 +168,60 @@ var _ = Describe("The progress of Handlers, written by a user who may edit the o
 		Eventually(runs.get).Should(Equal(map[string]int{"1": 1, "2": 3}))
 		doneFor(2)
 		Consistently(runs.get, 2*time.Second).Should(Equal(map[string]int{"1": 1, "2": 3}), "never more than asked")
+
+		stop()
+		Eventually(done, time.Minute).Should(Receive(BeNil()))
+		expectNoLeaks(cur)
+	})
+
+	It("should refuse, once, the progress signed with a key since rotated, and run the handlers again", func(ctx SpecContext) {
+		cur := goleak.IgnoreCurrent()
+		ns := newNamespace(ctx)
+		key := types.NamespacedName{Namespace: ns, Name: "rotated"}
+		var runs handlerRuns // by generation
+		h := lifecycle.Handler[*appsv1.StatefulSet]{ID: "h", Fn: func(_ context.Context, d *appsv1.StatefulSet) error {
+			runs.add(strconv.FormatInt(d.Generation, 10))
+			return nil
+		}}
+		// start runs h in a manager whose Handlers sign with progressKey.
+		start := func(progressKey string) (context.CancelFunc, <-chan error) {
+			GinkgoHelper()
+			mgr := newManager(handlersCacheIn(ns))
+			q, err := addQuiesce(mgr, runnable.Options{GracePeriod: 20 * time.Second})
+			Expect(err).NotTo(HaveOccurred())
+			r, err := lifecycle.Handlers(q.Executor(), mgr.GetClient(), "rotated", nil, []lifecycle.Handler[*appsv1.StatefulSet]{h},
+				lifecycle.HandlersOptions{ProgressKey: []byte(progressKey), Recorder: broadcaster.NewRecorder(scheme.Scheme, "rotated")})
+			Expect(err).NotTo(HaveOccurred())
+			Expect(ctrl.NewControllerManagedBy(mgr).For(&appsv1.StatefulSet{}).Named("rotated").Complete(r)).To(Succeed())
+			return startManager(mgr)
+		}
+		// signed returns the progress annotation, and fails g unless it marks h done, signed.
+		signed := func(g Gomega) string {
+			var d appsv1.StatefulSet
+			g.Expect(k8sClient.Get(ctx, key, &d)).To(Succeed())
+			raw := d.Annotations[lifecycle.DefaultProgressAnnotation]
+			p, err := lifecycle.ParseRecord(raw)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(p.Handlers["h"].Done).To(BeTrue())
+			g.Expect(raw).To(ContainSubstring(`"mac":"`))
+			return raw
+		}
+
+		By("running h with the first key")
+		stop, done := start("the first progress key, 32 bytes or more")
+		Expect(k8sClient.Create(ctx, statefulSet(ns, key.Name))).To(Succeed())
+		var first string
+		Eventually(func(g Gomega) { first = signed(g) }).Should(Succeed())
+		Expect(runs.get()).To(Equal(map[string]int{"1": 1}))
+		stop()
+		Eventually(done, time.Minute).Should(Receive(BeNil()))
+
+		By("restarting with the second key: the first key's Record is refused, reported, h runs once more")
+		stop, done = start("the second progress key, 32 bytes or more")
+		expectWarnings(ctx, key, lifecycle.ReasonProgressForged, 1)
+		Eventually(runs.get).Should(Equal(map[string]int{"1": 2}))
+		Eventually(func(g Gomega) { g.Expect(signed(g)).NotTo(Equal(first)) }).Should(Succeed(), "signed anew with the second key")
+		Consistently(runs.get, time.Second).Should(Equal(map[string]int{"1": 2}), "once, not at every reconcile")
 
 		stop()
 		Eventually(done, time.Minute).Should(Receive(BeNil()))

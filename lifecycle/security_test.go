@@ -33,12 +33,13 @@ func clientError() error {
 	})
 }
 
-// logged runs one reconcile of obj with a logger into lines and returns them.
-func (f *fixture) logged(name string) []string {
+// logged runs one reconcile of the object at objKey with a logger into lines and returns
+// them.
+func (f *fixture) logged() []string {
 	f.t.Helper()
 	var lines []string
 	logger := funcr.New(func(prefix, args string) { lines = append(lines, prefix+" "+args) }, funcr.Options{})
-	if _, err := f.r.Reconcile(log.IntoContext(context.Background(), logger), request(name)); err != nil {
+	if _, err := f.r.Reconcile(log.IntoContext(context.Background(), logger), request(objKey.Name)); err != nil {
 		f.t.Fatalf("Reconcile: %v", err)
 	}
 	return lines
@@ -58,7 +59,7 @@ func TestHandlersRedactErrorsByDefault(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := lifecycle.Handler[*corev1.ConfigMap]{ID: "h", Fn: func(context.Context, *corev1.ConfigMap) error { return tc.err }}
 			f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{h}, lifecycle.HandlersOptions{}, configMap("obj"))
-			lines := f.logged("obj")
+			lines := f.logged()
 
 			ann := f.object().Annotations[lifecycle.DefaultProgressAnnotation]
 			evs := f.events()
@@ -101,9 +102,9 @@ func TestHandlersPublishErrors(t *testing.T) {
 // key is a ProgressKey for tests.
 var key = []byte("0123456789abcdef0123456789abcdef")
 
-// signedObj is configMap(name) with a UID, as the API server gives every object.
-func signedObj(name string, uid types.UID) *corev1.ConfigMap {
-	cm := configMap(name)
+// signedObj is configMap("obj") with a UID, as the API server gives every object.
+func signedObj(uid types.UID) *corev1.ConfigMap {
+	cm := configMap(objKey.Name)
 	cm.UID = uid
 	return cm
 }
@@ -137,21 +138,21 @@ func TestHandlersProgressKey(t *testing.T) {
 			return strings.Replace(signed, `"retries":0`, `"retries":1`, 1)
 		}, true},
 		{"signed for another object", func(*fixture, string) string {
-			other := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{ok(&journal{}, "a")}, opts, signedObj("obj", "other-uid"))
+			other := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{ok(&journal{}, "a")}, opts, signedObj("other-uid"))
 			other.reconcile("obj")
 			return other.object().Annotations[lifecycle.DefaultProgressAnnotation]
 		}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var j journal
-			f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a")}, opts, signedObj("obj", "uid-1"))
+			f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a")}, opts, signedObj("uid-1"))
 			f.reconcile("obj")
 			signed := f.object().Annotations[lifecycle.DefaultProgressAnnotation]
 			if !strings.Contains(signed, `"mac":"`) || !f.record().Handlers["a"].Done || len(j.all()) != 1 {
 				t.Fatalf("after a first run: %s, runs %q; want a signed Record with a done", signed, j.all())
 			}
 			f.setProgress(tc.forge(f, signed))
-			lines := f.logged("obj")
+			lines := f.logged()
 			evs := f.events()
 			runs := len(j.all())
 			if !tc.forged {
@@ -190,13 +191,13 @@ func TestHandlersProgressKeyChanged(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var j journal
 			hs := []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a")}
-			old := newFixture(t, hs, tc.before, signedObj("obj", "uid-1"))
+			old := newFixture(t, hs, tc.before, signedObj("uid-1"))
 			old.reconcile("obj")
 			written := old.object().Annotations[lifecycle.DefaultProgressAnnotation]
 
 			// The operator restarted with newKey, on the same objects.
 			f := newFixtureWith(t, old.c, hs, lifecycle.HandlersOptions{ProgressKey: newKey})
-			lines := f.logged("obj")
+			lines := f.logged()
 			evs := f.events()
 			if len(j.all()) != 2 || !f.record().Handlers["a"].Done {
 				t.Fatalf("runs %q, record %+v; want a run once more and done", j.all(), f.record())
@@ -233,7 +234,7 @@ func TestHandlersProgressKeyChanged(t *testing.T) {
 func TestHandlersProgressKeyTurnedOff(t *testing.T) {
 	var j journal
 	hs := []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a")}
-	signed := newFixture(t, hs, lifecycle.HandlersOptions{ProgressKey: key}, signedObj("obj", "uid-1"))
+	signed := newFixture(t, hs, lifecycle.HandlersOptions{ProgressKey: key}, signedObj("uid-1"))
 	signed.reconcile("obj")
 	f := newFixtureWith(t, signed.c, hs, lifecycle.HandlersOptions{UnsignedProgress: true})
 	f.reconcile("obj")
@@ -253,7 +254,7 @@ func TestHandlersCutMegabyteIDs(t *testing.T) {
 	var j journal
 	f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a")}, lifecycle.HandlersOptions{}, configMap("obj"))
 	f.setProgress(value)
-	lines := f.logged("obj")
+	lines := f.logged()
 	evs := f.events()
 	if len(lines) == 0 || len(evs) != 1 || len(j.all()) != 1 {
 		t.Fatalf("%d log lines, events %.200q, runs %q; want the corrupt Record logged, reported and a run", len(lines), evs, j.all())

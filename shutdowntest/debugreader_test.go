@@ -28,8 +28,13 @@ import (
 	"github.com/quiesce-dev/quiesce/shutdowntest"
 )
 
-// memcached is the example operator, a kubebuilder scaffold with secure metrics.
-const memcached = "../examples/memcached-operator"
+// The example operator, a kubebuilder scaffold with secure metrics: its module, its main
+// package, and the namespace of its manifests.
+const (
+	memcached          = "../examples/memcached-operator"
+	memcachedMain      = "./cmd"
+	memcachedNamespace = "memcached-system"
+)
 
 // applyFile creates every object of a YAML file, as `kubectl apply -f` does on a cluster
 // that has none of them.
@@ -122,20 +127,20 @@ func TestDebugViewReaderRecipe(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 
 	// kubectl create namespace memcached-system; kubectl apply -f docs/rbac/quiesce-debug-reader.yaml
-	g.Expect(c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "memcached-system"}})).To(Succeed())
+	g.Expect(c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: memcachedNamespace}})).To(Succeed())
 	applyFile(ctx, t, c, "../docs/rbac/quiesce-debug-reader.yaml")
 	// The scraper: a ServiceAccount bound to kubebuilder's metrics-reader, as Prometheus's is.
 	applyFile(ctx, t, c, filepath.Join(memcached, "config", "rbac", "metrics_reader_role.yaml"))
-	g.Expect(c.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "memcached-system", Name: "scraper"}})).
+	g.Expect(c.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: memcachedNamespace, Name: "scraper"}})).
 		To(Succeed())
 	g.Expect(c.Create(ctx, &rbacv1.ClusterRoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Name: "scraper-metrics-reader"},
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "metrics-reader"},
-		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: "memcached-system", Name: "scraper"}},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: memcachedNamespace, Name: "scraper"}},
 	})).To(Succeed())
 
 	op, err := shutdowntest.Start(ctx, shutdowntest.Options{
-		Package: "./cmd", Dir: memcached, Env: env, MetricsSecure: true, Output: t.Output(),
+		Package: memcachedMain, Dir: memcached, Env: env, MetricsSecure: true, Output: t.Output(),
 	})
 	g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(op.Kill)
@@ -146,10 +151,10 @@ func TestDebugViewReaderRecipe(t *testing.T) {
 	// as a member of oncall.
 	alice, err := env.AddUser(envtest.User{Name: "alice", Groups: []string{"oncall"}}, cfg)
 	g.Expect(err).NotTo(HaveOccurred())
-	reader := tokenOf(ctx, t, alice, "memcached-system", "quiesce-debug-reader")
+	reader := tokenOf(ctx, t, alice, memcachedNamespace, "quiesce-debug-reader")
 	admin, err := env.AddUser(envtest.User{Name: "admin", Groups: []string{"system:masters"}}, cfg)
 	g.Expect(err).NotTo(HaveOccurred())
-	scraper := tokenOf(ctx, t, admin, "memcached-system", "scraper")
+	scraper := tokenOf(ctx, t, admin, memcachedNamespace, "scraper")
 
 	// curl -sk -H "Authorization: Bearer ${token}" "https://localhost:8443/debug/quiesce?limit=all",
 	// once the metrics server listens (it starts after /readyz answers).

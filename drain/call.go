@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -26,6 +27,7 @@ type call struct {
 	slot     bool // holds a MaxConcurrent slot, given back by finish
 	shielded bool // the context ignores parent's cancellation, not its deadline nor values
 	labelled bool // parent carries pprof labels, which Run restores (see labels.go)
+	panicked bool // fn panicked: err is its *PanicError; written before done is closed
 
 	prev, next *call // the executor's list, guarded by Executor.mu
 
@@ -142,6 +144,9 @@ func (c *call) exec() {
 			if c.opts.Repanic && c.onCaller {
 				// Run: raised from this deferred call, the panic keeps fn's frames below
 				// it, so whoever recovers it next sees the stack where fn panicked.
+				if outer, ok := c.parent.Value(internal.CallKey{}).(*call); ok {
+					outer.e.markRaised(outer, pe)
+				}
 				panic(v)
 			}
 		}()
@@ -163,7 +168,8 @@ func (c *call) exec() {
 }
 
 func (c *call) panicError(v any) *PanicError {
-	if pe, ok := v.(*PanicError); ok && pe.raised {
+	c.panicked = true
+	if pe := c.e.takeRaised(c); pe != nil && samePanic(pe.Value, v) {
 		// A nested call's panic that its caller raised again (internal.CallOptions.Repanic):
 		// counted once, where fn panicked, and told with that fn's stack.
 		return pe
@@ -172,12 +178,55 @@ func (c *call) panicError(v any) *PanicError {
 	return &PanicError{Name: c.name(), Value: v, Stack: debug.Stack()}
 }
 
+// markRaised notes that pe, the panic of a call nested in outer, is raised again with its
+// value on outer's goroutine (see repanic).
+func (e *Executor) markRaised(outer *call, pe *PanicError) {
+	e.raisedMu.Lock()
+	defer e.raisedMu.Unlock()
+	if e.raised == nil {
+		e.raised = map[*call]*PanicError{}
+	}
+	e.raised[outer] = pe
+	e.raisedN.Store(int32(len(e.raised)))
+}
+
+// takeRaised returns and forgets the panic markRaised noted for c, if any. It costs an
+// atomic load unless a panic was raised again.
+func (e *Executor) takeRaised(c *call) *PanicError {
+	if e.raisedN.Load() == 0 {
+		return nil
+	}
+	e.raisedMu.Lock()
+	defer e.raisedMu.Unlock()
+	pe := e.raised[c]
+	delete(e.raised, c)
+	e.raisedN.Store(int32(len(e.raised)))
+	return pe
+}
+
+// samePanic reports whether a panic value is the one raised again: equal, or of the same
+// type when the values cannot be compared (a slice, a map).
+func samePanic(raised, v any) bool {
+	if raised == nil || v == nil {
+		return raised == nil && v == nil
+	}
+	rv := reflect.ValueOf(raised)
+	if rv.Type() != reflect.TypeOf(v) {
+		return false
+	}
+	if !rv.Comparable() {
+		return true
+	}
+	return raised == v
+}
+
 // finish settles c with fn's result err: restores its goroutine's labels, counts it, ends
 // fn's context, logs a panic nobody will see, unlists it (giving its label back) and hands
 // err to whoever waits.
 func (c *call) finish(err error) {
 	e := c.e
 	c.leave()
+	e.takeRaised(c) // a nested panic raised again that fn recovered: forgotten
 	if c.slot {
 		<-e.slots
 	}

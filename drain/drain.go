@@ -105,8 +105,6 @@ type PanicError struct {
 	Name  string
 	Value any
 	Stack []byte
-
-	raised bool // raised again on the caller's goroutine (internal.CallOptions.Repanic)
 }
 
 func (e *PanicError) Error() string {
@@ -213,6 +211,13 @@ type Executor struct {
 	unknown   atomic.Uint32 // reasons for an unknown location already logged (bits)
 
 	started, finished, refused, panicked, abandoned atomic.Uint64
+
+	// raised holds the panics of nested calls raised again with their value on the
+	// goroutine of an outer call (see repanic), until that call settles; raisedN counts
+	// them, so that a call checks it with one atomic load.
+	raisedMu sync.Mutex
+	raised   map[*call]*PanicError
+	raisedN  atomic.Int32
 }
 
 // New returns an Executor configured by opts; zero fields of opts take their defaults.
@@ -331,21 +336,22 @@ func (e *Executor) call(ctx context.Context, o *internal.CallOptions, fn interna
 			<-c.done // fn returned meanwhile; take its result instead
 		}
 	}
-	if o.Repanic && c.err != nil {
-		repanic(c.err)
+	if o.Repanic && c.panicked {
+		repanic(ctx, c.err.(*PanicError)) //nolint:errcheck,forcetypeassert // panicked: err is its *PanicError
 	}
 	return c.err
 }
 
-// repanic raises err again on the caller's goroutine if it is a panic of fn: settled and
-// counted, the caller's goroutine panics as it would calling fn itself, with fn's value and
-// stack in the *PanicError.
-func repanic(err error) {
-	var pe *PanicError
-	if errors.As(err, &pe) {
-		pe.raised = true
-		panic(pe)
+// repanic raises fn's panic again on the caller's goroutine, settled and counted, with the
+// value fn panicked with, as if the caller had called fn itself: whoever recovers it
+// (controller-runtime's RecoverPanic) sees that value, as without quiesce. If the caller
+// is itself a tracked call, it is told, so that the panic, reaching it, is counted once
+// and keeps fn's stack in its *PanicError.
+func repanic(ctx context.Context, pe *PanicError) {
+	if outer, ok := ctx.Value(internal.CallKey{}).(*call); ok {
+		outer.e.markRaised(outer, pe)
 	}
+	panic(pe.Value)
 }
 
 // Go is Call without waiting: it returns nil once fn is tracked, or the error that Call

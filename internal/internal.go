@@ -60,10 +60,9 @@ type CallOptions struct {
 	// ctx's deadline and values) and ends when the drain cancels the call.
 	Shield bool
 
-	// Repanic: a panic in fn is raised again on the caller's goroutine once the executor
-	// settled and counted the call. Run raises the original value (its stack is the
-	// caller's); Call raises the *drain.PanicError, which carries the value and fn's stack.
-	// Go ignores it.
+	// Repanic: a panic in fn is raised again on the caller's goroutine, with the value fn
+	// panicked with, once the executor settled and counted the call (Run raises it from fn's
+	// own frames; Call from the caller's). Go ignores it.
 	Repanic bool
 
 	// Daemon: the call is meant to run until the drain stops it (a per-object daemon).
@@ -208,6 +207,18 @@ func Cut(s string) string {
 		n--
 	}
 	return s[:n] + "...(" + strconv.Itoa(len(s)) + " bytes)"
+}
+
+// Nested returns the options of a call named name nested in c: named "<c's name>/<name>",
+// of c's controller, reconcile and tag (reconcilers.Call and lifecycle's handlers).
+func Nested(c Call, name string) CallOptions {
+	outer := c.Options()
+	return CallOptions{
+		Name:        outer.FullName() + "/" + name,
+		Controller:  outer.Controller,
+		ReconcileID: outer.ReconcileID,
+		Tag:         outer.Tag,
+	}
 }
 
 // startsRune reports whether b can begin a UTF-8 sequence (it is no continuation byte).

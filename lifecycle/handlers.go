@@ -661,17 +661,13 @@ func (h *handlersReconciler[T]) event(obj T, typ, reason, note string, args ...a
 	h.opts.Recorder.Eventf(obj, nil, typ, reason, "Reconcile", "%s", internal.TruncateMessage(fmt.Sprintf(note, args...)))
 }
 
-// callHandler runs fn as reconcilers.Call does, and returns a panic in fn as its
-// *drain.PanicError: a handler's panic is a failure to retry, not a crash of the reconcile.
-func callHandler(ctx context.Context, id string, fn func(context.Context) error) (err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			pe, ok := v.(*drain.PanicError)
-			if !ok {
-				panic(v)
-			}
-			err = pe
-		}
-	}()
-	return reconcilers.Call(ctx, id, fn)
+// callHandler runs fn as reconcilers.Call does, nested in the wrapped reconcile's call, but
+// returns a panic in fn as its *drain.PanicError (with fn's stack) instead of raising it: a
+// handler's panic is a failure to retry, not a crash of the reconcile.
+func callHandler(ctx context.Context, id string, fn func(context.Context) error) error {
+	c, ok := internal.CallOf(ctx)
+	if !ok { // not reached: Handlers wraps its reconciler
+		return reconcilers.Call(ctx, id, fn)
+	}
+	return c.Core().Call(ctx, internal.Nested(c, id), fn)
 }

@@ -291,7 +291,8 @@ func lineBelow() string {
 
 // TestCallPanicReachesControllerRuntime: a panic in a handler Call, while the reconcile
 // waits for it, is raised on the reconcile's goroutine once the call settled: controller-
-// runtime recovers and counts it as a panic of the reconciler, and the executor logs none.
+// runtime recovers the value the handler panicked with and counts it as a panic of the
+// reconciler; the executor counts it once and logs none.
 func TestCallPanicReachesControllerRuntime(t *testing.T) {
 	const name = "call-panicking-controller"
 	var logged capture
@@ -328,10 +329,10 @@ func TestCallPanicReachesControllerRuntime(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	var pe *drain.PanicError
-	if len(handled) != 1 || !errors.As(handled[0].(error), &pe) || pe.Name != name+"/ns/a/export" || pe.Value != "handler broke" ||
-		!strings.Contains(string(pe.Stack), "reconcilers_test.panicInReconcile") {
-		t.Errorf("controller-runtime's panic handlers saw %#v, want the *drain.PanicError with fn's value and stack", handled)
+	// The value the handler panicked with, as controller-runtime's own recover raises it
+	// again: not a *drain.PanicError.
+	if len(handled) != 1 || handled[0] != "handler broke" {
+		t.Errorf("controller-runtime's panic handlers saw %#v, want the value the handler panicked with", handled)
 	}
 	if atPanic.Panicked != 1 || atPanic.Finished != 2 {
 		t.Errorf("Stats when controller-runtime recovered = %+v, want both calls settled and counted", atPanic)

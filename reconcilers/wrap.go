@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime/debug"
 	"sync"
 	"time"
 
@@ -212,9 +211,11 @@ func namer[R comparable](controller string) func(R) (name, namespace, object str
 // a reconciler left unwrapped is seen. An empty name or a nil fn is an error wrapping
 // drain.ErrInvalidCall.
 //
-// A panic in fn while Call waits is raised again on the caller's goroutine as a
-// *drain.PanicError carrying fn's value and stack, so that it reaches controller-runtime as
-// it would without quiesce. A panic after Call stopped waiting is logged by the executor.
+// A panic in fn while Call waits is raised again on the caller's goroutine with the value
+// fn panicked with, once the executor counted the call, so that it reaches
+// controller-runtime (RecoverPanic, its panic handlers and metric) as it would without
+// quiesce, as controller-runtime's own recover raises it again. A panic after Call stopped
+// waiting is logged by the executor, with fn's stack.
 func Call(ctx context.Context, name string, fn func(context.Context) error) error {
 	if name == "" {
 		return fmt.Errorf("failed to run call: empty name: %w", drain.ErrInvalidCall)
@@ -226,32 +227,17 @@ func Call(ctx context.Context, name string, fn func(context.Context) error) erro
 				"call", internal.Cut(name),
 				"howToTrack", "wrap the reconciler with reconcilers.Wrap in SetupWithManager")
 		})
-		return direct(ctx, name, fn)
+		if fn == nil {
+			return fmt.Errorf("failed to run call %q: nil func: %w", internal.Cut(name), drain.ErrInvalidCall)
+		}
+		return fn(ctx)
 	}
-	outer := c.Options()
-	return c.Core().Call(ctx, internal.CallOptions{
-		Name:        outer.Name + "/" + name,
-		Controller:  outer.Controller,
-		ReconcileID: outer.ReconcileID,
-		Tag:         outer.Tag,
-		Repanic:     true,
-	}, fn)
+	o := internal.Nested(c, name)
+	o.Repanic = true
+	return c.Core().Call(ctx, o, fn)
 }
 
 // untracked logs, once per process, that a Call ran outside a tracked call: usually a
 // reconciler that SetupWithManager forgot to wrap.
 var untracked sync.Once
 
-// direct runs fn on the caller's goroutine, with the executor's check of bad input, and
-// raises a panic in fn as a *drain.PanicError, as Call does inside a tracked call.
-func direct(ctx context.Context, name string, fn func(context.Context) error) error {
-	if fn == nil {
-		return fmt.Errorf("failed to run call %q: nil func: %w", name, drain.ErrInvalidCall)
-	}
-	defer func() {
-		if v := recover(); v != nil {
-			panic(&drain.PanicError{Name: name, Value: v, Stack: debug.Stack()})
-		}
-	}()
-	return fn(ctx)
-}

@@ -240,4 +240,3 @@ func Call(ctx context.Context, name string, fn func(context.Context) error) erro
 // untracked logs, once per process, that a Call ran outside a tracked call: usually a
 // reconciler that SetupWithManager forgot to wrap.
 var untracked sync.Once
-

@@ -22,8 +22,10 @@ import (
 	"github.com/quiesce-dev/quiesce/internal"
 )
 
-// DefaultStopTimeout is how long Stop waits for a daemon to return by default.
-const DefaultStopTimeout = 5 * time.Second
+// DefaultDaemonStopTimeout is how long Daemons.Stop waits for a daemon to return by default
+// (DaemonsOptions.StopTimeout): a daemon's stop, not a process's (shutdowntest's
+// DefaultStopTimeout).
+const DefaultDaemonStopTimeout = 5 * time.Second
 
 // DaemonsOptions configure NewDaemons. The zero value is valid: every zero field means the
 // documented default.
@@ -40,7 +42,8 @@ type DaemonsOptions struct {
 	// Backoff; above 100 years: 100 years.
 	MaxBackoff time.Duration
 
-	// StopTimeout is how long Stop waits for a signalled daemon to return. 0: DefaultStopTimeout.
+	// StopTimeout is how long Stop waits for a signalled daemon to return. 0:
+	// DefaultDaemonStopTimeout.
 	// Negative: Stop only signals, and reports whether the daemon had already returned.
 	StopTimeout time.Duration
 
@@ -63,7 +66,7 @@ func (o *DaemonsOptions) setDefaults() {
 	o.Backoff = min(o.Backoff, internal.BackoffCeiling)
 	o.MaxBackoff = min(max(o.MaxBackoff, o.Backoff), internal.BackoffCeiling)
 	if o.StopTimeout == 0 {
-		o.StopTimeout = DefaultStopTimeout
+		o.StopTimeout = DefaultDaemonStopTimeout
 	}
 	if o.Logger.GetSink() == nil {
 		o.Logger = log.Log

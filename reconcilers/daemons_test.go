@@ -299,7 +299,7 @@ func TestDaemonsStopTimeout(t *testing.T) {
 		want        time.Duration
 	}{
 		{"set", 2 * time.Second, 2 * time.Second},
-		{"zero means the default", 0, reconcilers.DefaultStopTimeout},
+		{"zero means the default", 0, reconcilers.DefaultDaemonStopTimeout},
 		{"negative only signals", -1, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -57,7 +57,7 @@ type debugState struct {
 //   - Beyond 10 requests at once and 5 a second, the answer is 429 Too
 //     Many Requests with Retry-After: 1, before anything is listed. ?limit=0, the count
 //     alone, lists nothing and captures nothing: it is not limited, so that a harness
-//     (shutdowntest.Operator.Pending) may poll it.
+//     (shutdowntest.Operator.PendingCount) may poll it.
 //
 // Add serves it at DebugPath on the manager's metrics server, behind the server's
 // FilterProvider (authentication and authorization when SecureServing is set); see

@@ -30,7 +30,8 @@ import (
 	"github.com/quiesce-dev/quiesce/runnable"
 )
 
-// Defaults of Options.
+// Defaults of Options. DefaultStopTimeout bounds the stop of the operator's process
+// (Options.StopTimeout), not a daemon's (reconcilers.DefaultDaemonStopTimeout).
 const (
 	DefaultReadyTimeout = 60 * time.Second
 	DefaultStopTimeout  = 90 * time.Second

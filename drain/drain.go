@@ -43,7 +43,12 @@ type Options struct {
 	ReportEvery time.Duration
 
 	// CancelAfter is how long after Drain began the contexts of calls still running are
-	// cancelled. 0: at once; >0: after that long; <0: never.
+	// cancelled, so that in-flight work can finish first. 0 (the default, as in
+	// runnable.Options): 4/5 of the time the drain is given, here the time left until the
+	// deadline of the first Drain's ctx (at once when it has none: nothing bounds the
+	// drain, and a call waiting for its context would hold it forever); > 0: after that
+	// long; CancelAtOnce: as Drain begins, as controller-runtime alone does; negative:
+	// never.
 	CancelAfter time.Duration
 
 	// SlowAfter: while the executor is not draining, calls running longer than this are
@@ -64,6 +69,11 @@ type Options struct {
 	// times. nil: clock.RealClock{}.
 	Clock clock.WithTickerAndDelayedExecution
 }
+
+// CancelAtOnce as Options.CancelAfter (drain's and runnable's) cancels the contexts of the
+// calls still running as the drain begins, on any Clock: controller-runtime's own behaviour.
+// It is the least positive duration, so a flag (--quiesce-cancel-after=1ns) can say it too.
+const CancelAtOnce = time.Nanosecond
 
 // ErrDraining is returned (wrapped) by Call, Go and Run once the executor drains.
 var ErrDraining = errors.New("executor is draining")
@@ -556,7 +566,7 @@ func (e *Executor) Drain(ctx context.Context) error {
 		e.armReport(e.opts.ReportEvery) // a Drain waits again after one gave up
 	}
 	e.mu.Unlock()
-	e.drainOnce.Do(e.beginDrain)
+	e.drainOnce.Do(func() { e.beginDrain(e.cancelAfter(ctx)) })
 	defer e.stopWaiting()
 	select {
 	case <-e.done:
@@ -598,8 +608,22 @@ func (e *Executor) stopWaiting() {
 	}
 }
 
-// beginDrain is the drain's first step, run once, by a Drain counted in e.waiters.
-func (e *Executor) beginDrain() {
+// cancelAfter returns when a drain that Drain(ctx) begins cancels the calls (see
+// Options.CancelAfter): CancelAtOnce, a longer delay, or a negative one for never.
+func (e *Executor) cancelAfter(ctx context.Context) time.Duration {
+	if e.opts.CancelAfter != 0 {
+		return e.opts.CancelAfter
+	}
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return CancelAtOnce
+	}
+	return max(time.Until(dl)/5*4, CancelAtOnce)
+}
+
+// beginDrain is the drain's first step, run once, by a Drain counted in e.waiters. It
+// cancels the calls cancelAfter after it began (see Executor.cancelAfter).
+func (e *Executor) beginDrain(cancelAfter time.Duration) {
 	// Refuse new calls and tell the world, under the lock: a refused caller (which checks
 	// isDraining under it) always finds Draining() closed, and the timers exist once
 	// Draining() is closed (a test stepping a fake clock right after cannot miss them). A
@@ -610,11 +634,11 @@ func (e *Executor) beginDrain() {
 	stopTimer(e.slowTimer)
 	if !idle {
 		e.armReport(e.opts.ReportAfter)
-		if e.opts.CancelAfter > 0 {
+		if cancelAfter > CancelAtOnce {
 			// On a goroutine of its own, as the reports: a fake clock calls the func with its
 			// lock held, and cancelCalls takes e.mu, which a report holds while it stops its
 			// timer (a lock-order inversion with k8s.io/utils' newer fake clock).
-			e.cancelTmr = e.clock.AfterFunc(e.opts.CancelAfter, func() { go e.cancelCalls(false) })
+			e.cancelTmr = e.clock.AfterFunc(cancelAfter, func() { go e.cancelCalls(false) })
 		}
 	}
 	close(e.draining)
@@ -623,7 +647,7 @@ func (e *Executor) beginDrain() {
 		close(e.done)
 		return
 	}
-	e.cancelCalls(e.opts.CancelAfter != 0)
+	e.cancelCalls(cancelAfter != CancelAtOnce)
 }
 
 // armReport arms the next report in d. The caller holds e.mu.

@@ -212,9 +212,10 @@ func TestFnContext(t *testing.T) {
 	})
 }
 
-// cancelledAt starts a call that records when its context ends, drains, and returns
-// how long after the drain began the context ended (or -1 if not within 1h).
-func cancelledAt(t *testing.T, cancelAfter time.Duration) time.Duration {
+// cancelledAt starts a call that records when its context ends, drains (with a ctx whose
+// deadline is drainFor away, none if 0), and returns how long after the drain began the
+// context ended (or -1 if not within 1h).
+func cancelledAt(t *testing.T, cancelAfter, drainFor time.Duration) time.Duration {
 	var took time.Duration
 	synctest.Test(t, func(t *testing.T) {
 		ex := drain.New(drain.Options{CancelAfter: cancelAfter})
@@ -233,7 +234,13 @@ func cancelledAt(t *testing.T, cancelAfter time.Duration) time.Duration {
 		}
 		<-started
 		begin := time.Now()
-		if err := ex.Drain(context.Background()); err != nil {
+		ctx := context.Background()
+		if drainFor > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, drainFor)
+			defer cancel()
+		}
+		if err := ex.Drain(ctx); err != nil {
 			t.Fatal(err)
 		}
 		select {
@@ -246,16 +253,25 @@ func cancelledAt(t *testing.T, cancelAfter time.Duration) time.Duration {
 	return took
 }
 
+// TestCancelAfter: the zero CancelAfter means what it means in runnable.Options, 4/5 of the
+// time the drain is given (here Drain's deadline; at once without one); CancelAtOnce
+// cancels as the drain begins whatever the deadline.
 func TestCancelAfter(t *testing.T) {
 	for _, tc := range []struct {
-		cancelAfter, want time.Duration
+		cancelAfter, drainFor, want time.Duration
 	}{
-		{0, 0},
-		{5 * time.Second, 5 * time.Second},
-		{-1, -1},
+		{0, 0, 0},
+		{0, 10 * time.Second, 8 * time.Second},
+		{0, 25 * time.Second, 20 * time.Second}, // as runnable's default GracePeriod
+		{drain.CancelAtOnce, 0, 0},
+		{drain.CancelAtOnce, 10 * time.Second, 0},
+		{5 * time.Second, 0, 5 * time.Second},
+		{5 * time.Second, 10 * time.Second, 5 * time.Second},
+		{-1, 0, -1},
 	} {
-		if got := cancelledAt(t, tc.cancelAfter); got != tc.want {
-			t.Errorf("CancelAfter %v: context ended after %v, want %v", tc.cancelAfter, got, tc.want)
+		if got := cancelledAt(t, tc.cancelAfter, tc.drainFor); got != tc.want {
+			t.Errorf("CancelAfter %v, Drain's deadline in %v: context ended after %v, want %v",
+				tc.cancelAfter, tc.drainFor, got, tc.want)
 		}
 	}
 }

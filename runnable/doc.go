@@ -24,7 +24,8 @@
 // All methods are safe for concurrent use; none blocks but Start. A Runnable starts once.
 //
 // Through a Runnable, in-flight reconciles get to finish: the drain cancels their contexts
-// at 4/5 of GracePeriod, not at once (Options.CancelAfter).
+// at 4/5 of GracePeriod, not at once (Options.CancelAfter; its zero value means the same in
+// drain.Options: 4/5 of the time the drain is given).
 //
 // For rolling updates, Options.ShutdownDelay and StopContext delay the manager's stop
 // itself: at SIGTERM readiness fails on every replica, and the whole manager keeps serving

@@ -14,7 +14,7 @@ import "flag"
 //
 //	--quiesce-shutdown-delay  ShutdownDelay (0)
 //	--quiesce-grace-period    GracePeriod (0: 25s)
-//	--quiesce-cancel-after    CancelAfter (0: 4/5 of the grace period)
+//	--quiesce-cancel-after    CancelAfter (0: 4/5 of the grace period; 1ns: at once)
 //	--quiesce-debug-without-filter  DebugWithoutFilter (false)
 //
 // A Deployment passes its production values as container args, e.g.
@@ -29,7 +29,7 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.CancelAfter, "quiesce-cancel-after", o.CancelAfter,
 		"When, from the manager's stop (the end of the shutdown delay), the contexts of calls still running "+
 			"are cancelled. "+
-			"0: 4/5 of the grace period; negative: never.")
+			"0: 4/5 of the grace period; 1ns: at once, as controller-runtime alone; negative: never.")
 	fs.BoolVar(&o.DebugWithoutFilter, "quiesce-debug-without-filter", o.DebugWithoutFilter,
 		"Serve /debug/quiesce (object names, code lines) on a metrics server without authentication "+
 			"(--metrics-secure=false). Off by default: it is served only behind the metrics server's filter.")

@@ -525,7 +525,7 @@ func TestDefaultCancelAfter(t *testing.T) {
 	}{
 		{Options{GracePeriod: 10 * time.Second}, 8 * time.Second},
 		{Options{}, 20 * time.Second},
-		{Options{GracePeriod: 10 * time.Second, CancelAfter: time.Nanosecond}, time.Nanosecond}, // controller-runtime's "at once"
+		{Options{GracePeriod: 10 * time.Second, CancelAfter: drain.CancelAtOnce}, 0}, // controller-runtime's "at once"
 		{Options{GracePeriod: 10 * time.Second, CancelAfter: 3 * time.Second}, 3 * time.Second},
 	} {
 		synctest.Test(t, func(t *testing.T) {

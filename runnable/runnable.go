@@ -40,9 +40,10 @@ type Options struct {
 	// CancelAfter is how long, once the drain began, the contexts of the calls still
 	// running live: in-flight reconciles get to finish, and calls that ignore their context
 	// still leave time, before GracePeriod ends, for the last report and the line naming
-	// what is abandoned. 0: 4/5 of GracePeriod (20s of the default 25s); > 0: below
-	// GracePeriod (Add checks it); negative: never cancelled. controller-runtime alone
-	// cancels at once; time.Nanosecond does the same here.
+	// what is abandoned. 0 (the default, as in drain.Options): 4/5 of the time the drain is
+	// given, GracePeriod (20s of the default 25s); > 0: below GracePeriod (Add checks it);
+	// drain.CancelAtOnce: as the drain begins, as controller-runtime alone does; negative:
+	// never cancelled.
 	CancelAfter time.Duration
 
 	// GracePeriod bounds the drain: how long, once the manager's stop began, quiesce waits

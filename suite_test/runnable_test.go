@@ -196,7 +196,7 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 			Logger: logs.logger(), ReportAfter: 500 * time.Millisecond, ReportEvery: time.Second,
 			GracePeriod: 3 * time.Second,
 			// At once: the reconcile returns and only the executor waits for the call (detached).
-			CancelAfter: time.Nanosecond,
+			CancelAfter: drain.CancelAtOnce,
 		})
 		Expect(err).NotTo(HaveOccurred())
 

@@ -20,7 +20,9 @@ import (
 // documented default.
 type Options struct {
 	// Logger receives the reports of pending and slow calls, and the panics of calls
-	// started with Go. The zero value discards everything. A Logger that panics or blocks
+	// started with Go. The zero value discards everything: drain knows nothing of
+	// controller-runtime, whose logger is the zero value's in every other quiesce Options
+	// (runnable gives the executors it makes its own). A Logger that panics or blocks
 	// never crashes the process nor delays the drain: reports are logged on a goroutine
 	// of their own, one at a time.
 	Logger logr.Logger

@@ -49,7 +49,9 @@ type DaemonsOptions struct {
 
 	// Logger receives the daemons' restarts and the stops that timed out; each line carries
 	// the keys controller, namespace, name and daemon. A daemon's fn finds it in its context
-	// (log.FromContext). The zero value: controller-runtime's log.Log.
+	// (log.FromContext). The zero value, as in every quiesce Options but drain's:
+	// controller-runtime's logger (log.Log, which ctrl.SetLogger sets). logr.Discard() is
+	// the zero value too: to discard, pass logr.New(log.NullLogSink{}).
 	Logger logr.Logger
 
 	// Clock times the restart backoffs and StopTimeout. nil: clock.RealClock{}.

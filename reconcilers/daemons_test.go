@@ -292,6 +292,28 @@ func blocking(starts *atomic.Int32, release <-chan struct{}) func(context.Contex
 	}
 }
 
+// The zero Logger is controller-runtime's (log.Log), as in runnable.Options: a daemon's fn
+// logs there, with the daemon's keys.
+func TestDaemonsZeroLoggerIsControllerRuntimes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ex := drain.New(drain.Options{})
+		drainedWithin(t, ex)
+		d := reconcilers.NewDaemons(ex, "zero-logger", reconcilers.DaemonsOptions{})
+		if err := d.Ensure(context.Background(), daemonObject("a", "uid-a"), "heartbeat", func(ctx context.Context) error {
+			log.FromContext(ctx).Info("Daemon beat")
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		lines := messagesOf(&crLog, "Daemon beat")
+		if len(lines) != 1 || !strings.Contains(lines[0], `"controller"="zero-logger"`) ||
+			!strings.Contains(lines[0], `"daemon"="heartbeat"`) {
+			t.Errorf("controller-runtime's logger has %q, want the daemon's line with its keys", lines)
+		}
+	})
+}
+
 func TestDaemonsStopTimeout(t *testing.T) {
 	for _, tc := range []struct {
 		name        string

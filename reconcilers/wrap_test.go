@@ -28,9 +28,14 @@ import (
 // queue down from a goroutine of its own once the controller's ctx ends, and the loop sees
 // it only at its next tick (every 500ms), after the benchmark returned.
 func TestMain(m *testing.M) {
+	// controller-runtime's logger, the zero DaemonsOptions.Logger's: every line.
+	log.SetLogger(crLog.logger(0))
 	goleak.VerifyTestMain(m,
 		goleak.IgnoreTopFunction("k8s.io/client-go/util/workqueue.(*Typed[...]).updateUnfinishedWorkLoop"))
 }
+
+// crLog holds the lines logged to controller-runtime's logger (log.Log).
+var crLog capture
 
 func request(ns, name string) reconcile.Request {
 	return reconcile.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: name}}

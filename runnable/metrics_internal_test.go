@@ -13,6 +13,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -81,7 +82,7 @@ func TestStoppedRunnablesAreFoldedAndReleased(t *testing.T) {
 	// Half of the Runnables stop as usual; the others find their executor drained
 	// already, and refuse a call first.
 	run := func(i int) {
-		r, err := Add(stubManager{}, Options{ManagerOptions: &manager.Options{}})
+		r, err := Add(stubManager{}, Options{ManagerOptions: &manager.Options{}, Logger: logr.New(log.NullLogSink{})})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/quiesce-dev/quiesce/drain"
@@ -21,8 +22,10 @@ import (
 // documented default. New does not check Options; Add does, and returns an error naming
 // the value to change.
 type Options struct {
-	// Logger receives the drain's reports and the stop's timeline. The zero value: Add uses
-	// the manager's logger named "quiesce"; New discards the log.
+	// Logger receives the drain's reports and the stop's timeline. The zero value, as in
+	// every quiesce Options but drain's: controller-runtime's logger (Add: the manager's,
+	// mgr.GetLogger(); New: log.Log, which ctrl.SetLogger sets), named "quiesce".
+	// logr.Discard() is the zero value too: to discard, pass logr.New(log.NullLogSink{}).
 	Logger logr.Logger
 
 	// MaxConcurrent bounds the reconciles (and the calls nested in them) running at once;
@@ -145,6 +148,9 @@ func New(opts Options) *Runnable { return newRunnable(withDefaults(opts), false)
 
 // withDefaults fills in the documented defaults of opts.
 func withDefaults(opts Options) Options {
+	if opts.Logger.GetSink() == nil {
+		opts.Logger = log.Log.WithName("quiesce")
+	}
 	if opts.GracePeriod <= 0 {
 		opts.GracePeriod = DefaultGracePeriod
 	}
@@ -502,12 +508,8 @@ const AbandonedMessage = "Abandoned calls still running after the grace period"
 // abandon logs the calls of pe, bounded like the executor's reports, and returns the error
 // for Start. The list appears once in the log, on this line, in the reports' format; the
 // error only counts the calls (controller-runtime and main log it again), and the complete
-// list stays in the *drain.PendingError it wraps, for code. With no logger, Start returns pe
-// itself, whose text lists them.
+// list stays in the *drain.PendingError it wraps, for code.
 func (r *Runnable) abandon(log logr.Logger, pe *drain.PendingError) error {
-	if r.log.GetSink() == nil {
-		return pe
-	}
 	calls, _ := r.core().Entries(internal.MaxListed)
 	kv := append(r.sinceStop(), "abandoned", len(pe.Pending), "calls", calls)
 	if more := len(pe.Pending) - len(calls); more > 0 {

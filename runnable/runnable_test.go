@@ -13,6 +13,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 	"go.uber.org/goleak"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/quiesce-dev/quiesce/drain"
@@ -24,7 +25,18 @@ import (
 // stopBegan is the message of the stop's first line.
 const stopBegan = "Stop began"
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	// controller-runtime's logger, the zero Options.Logger's: every line, with its name.
+	logf.SetLogger(funcr.New(func(prefix, args string) {
+		crLog.mu.Lock()
+		defer crLog.mu.Unlock()
+		crLog.lines = append(crLog.lines, prefix+" "+args)
+	}, funcr.Options{}))
+	goleak.VerifyTestMain(m)
+}
+
+// crLog holds the lines logged to controller-runtime's logger (log.Log).
+var crLog capture
 
 // capture records each log line as funcr renders it.
 type capture struct {
@@ -287,8 +299,9 @@ func TestAbandonedCallsAreListedOnceAndBounded(t *testing.T) {
 	})
 }
 
-// Without a logger there is no abandoned line: the error itself lists the calls.
-func TestAbandonedCallsWithoutLoggerAreInTheError(t *testing.T) {
+// The zero Logger is controller-runtime's (log.Log), named "quiesce": the abandoned line
+// goes there, and the error counts the calls and wraps the *drain.PendingError.
+func TestZeroLoggerIsControllerRuntimes(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := runnable.New(runnable.Options{CancelAfter: -1, GracePeriod: time.Second})
 		ctx, stop := context.WithCancel(context.Background())
@@ -298,8 +311,20 @@ func TestAbandonedCallsWithoutLoggerAreInTheError(t *testing.T) {
 		hangAll(t, r, 1, release)
 		stop()
 		err := <-result
-		if _, ok := err.(*drain.PendingError); !ok || !strings.Contains(err.Error(), "ctrl/ns/00/hang") {
-			t.Fatalf("Start = %#v, want the *drain.PendingError naming the call", err)
+		var pe *drain.PendingError
+		if !errors.As(err, &pe) || len(pe.Pending) != 1 {
+			t.Fatalf("Start = %#v, want an error wrapping the *drain.PendingError of the call", err)
+		}
+		found := false
+		for _, l := range crLog.all() {
+			if strings.HasPrefix(l, "quiesce ") && strings.Contains(l, runnable.AbandonedMessage) &&
+				strings.Contains(l, "ctrl/ns/00/hang") {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("no abandoned line naming the call on controller-runtime's logger named quiesce; it has:\n%s",
+				strings.Join(crLog.all(), "\n"))
 		}
 		close(release)
 		if err := r.Executor().Drain(context.Background()); err != nil {

@@ -246,8 +246,11 @@ func New(opts Options) *Executor {
 	if opts.MaxConcurrent < 0 {
 		opts.MaxConcurrent = 0
 	}
-	if opts.Clock == nil {
+	if internal.IsNil(opts.Clock) {
 		opts.Clock = clock.RealClock{}
+	}
+	if internal.NoLogger(opts.Logger) {
+		opts.Logger = logr.Logger{}
 	}
 	e := &Executor{
 		opts:     opts,

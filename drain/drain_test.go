@@ -8,6 +8,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/go-logr/logr"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/quiesce-dev/quiesce/drain"
@@ -400,3 +401,39 @@ func TestPanics(t *testing.T) {
 		t.Errorf("Stats = %+v", s)
 	}
 }
+
+// A typed-nil Clock or logger sink is nil (quiesce's rule for plug-ins): the real clock,
+// and no log, instead of a nil dereference at the first call or report.
+func TestTypedNilPlugins(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ex := drain.New(drain.Options{Clock: (*clocktesting.FakeClock)(nil), Logger: logr.New((*nilSink)(nil)),
+			CancelAfter: -1})
+		release := make(chan struct{})
+		if err := ex.Go(context.Background(), "waits", func(context.Context) error {
+			<-release
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // reports at 1s and 6s
+		defer cancel()
+		if err := ex.Drain(ctx); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Drain = %v, want DeadlineExceeded", err)
+		}
+		close(release)
+		if err := ex.Drain(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// nilSink is a logr.LogSink whose methods, but Init, need a non-nil receiver, as most do: a
+// typed nil of it as a Logger's sink fails at the first line logged.
+type nilSink struct{ lines int }
+
+func (*nilSink) Init(logr.RuntimeInfo)            {}
+func (s *nilSink) Enabled(int) bool               { return s.lines >= 0 }
+func (s *nilSink) Info(int, string, ...any)       { s.lines++ }
+func (s *nilSink) Error(error, string, ...any)    { s.lines++ }
+func (s *nilSink) WithValues(...any) logr.LogSink { return s }
+func (s *nilSink) WithName(string) logr.LogSink   { return s }

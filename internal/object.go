@@ -2,6 +2,8 @@ package internal
 
 import (
 	"reflect"
+
+	"github.com/go-logr/logr"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -42,16 +44,25 @@ func TruncateMessage(s string) string {
 	return s[:cut] + truncatedSuffix
 }
 
-// IsNil reports whether v is nil or a nil pointer, map, interface or slice: a typed nil
-// object passed as a client.Object.
+// IsNil reports whether v is nil or a nil pointer, map, interface, slice, func or channel:
+// a typed nil passed as an interface (a *events.FakeRecorder(nil) as a Recorder, a
+// *clocktesting.FakeClock(nil) as a Clock, a client.Object).
+//
+// It is quiesce's one rule for plug-ins (every Options' recorders, clocks, loggers' sinks,
+// readers, objects, clients, servers, locks): a typed nil is nil, so it means what an unset
+// one means, a default or an error at setup, never a nil dereference at run time.
 func IsNil(v any) bool {
 	if v == nil {
 		return true
 	}
 	rv := reflect.ValueOf(v)
 	switch rv.Kind() {
-	case reflect.Pointer, reflect.Map, reflect.Interface, reflect.Slice:
+	case reflect.Pointer, reflect.Map, reflect.Interface, reflect.Slice, reflect.Func, reflect.Chan:
 		return rv.IsNil()
 	}
 	return false
 }
+
+// NoLogger reports whether l logs nowhere: the zero Logger (logr.Discard() is the same), or
+// one whose sink is a typed nil, which IsNil treats as unset.
+func NoLogger(l logr.Logger) bool { return IsNil(l.GetSink()) }

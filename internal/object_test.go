@@ -1,6 +1,8 @@
 package internal_test
 
 import (
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
 	"strings"
 	"testing"
 	"time"
@@ -53,9 +55,32 @@ func TestIsNil(t *testing.T) {
 		want bool
 	}{
 		{nil, true}, {p, true}, {m, true}, {&strings.Builder{}, false}, {0, false}, {"", false},
+		{(func())(nil), true}, {func() {}, false}, {(chan int)(nil), true}, {make(chan int), false},
 	} {
 		if got := internal.IsNil(tc.v); got != tc.want {
 			t.Errorf("IsNil(%#v) = %t, want %t", tc.v, got, tc.want)
 		}
 	}
 }
+
+func TestNoLogger(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		l    logr.Logger
+		want bool
+	}{
+		{"zero", logr.Logger{}, true},
+		{"Discard", logr.Discard(), true},
+		{"typed-nil sink", logr.New((*initOnly)(nil)), true},
+		{"funcr", funcr.New(func(string, string) {}, funcr.Options{}), false},
+	} {
+		if got := internal.NoLogger(tc.l); got != tc.want {
+			t.Errorf("NoLogger(%s) = %t, want %t", tc.name, got, tc.want)
+		}
+	}
+}
+
+// initOnly is a logr.LogSink whose other methods need a non-nil receiver.
+type initOnly struct{ logr.LogSink }
+
+func (*initOnly) Init(logr.RuntimeInfo) {}

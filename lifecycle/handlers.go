@@ -178,8 +178,11 @@ func (o *HandlersOptions) setDefaults() {
 	if o.NextCycle <= 0 {
 		o.NextCycle = DefaultNextCycle
 	}
-	if o.Clock == nil {
+	if internal.IsNil(o.Clock) {
 		o.Clock = clock.RealClock{}
+	}
+	if internal.IsNil(o.Recorder) {
+		o.Recorder = nil // a typed nil: no Events, as documented for nil
 	}
 }
 
@@ -206,7 +209,7 @@ func Handlers[T client.Object](
 	if ex == nil {
 		return nil, fmt.Errorf("failed to create handlers: nil executor: %w", ErrInvalidHandlers)
 	}
-	if c == nil {
+	if internal.IsNil(c) {
 		return nil, fmt.Errorf("failed to create handlers: nil client: %w", ErrInvalidHandlers)
 	}
 	if controller == "" {

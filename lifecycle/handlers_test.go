@@ -858,3 +858,40 @@ func TestHandlersTruncateOnARuneBoundary(t *testing.T) {
 		})
 	}
 }
+
+// TestHandlersTypedNilPlugins: a typed-nil Recorder or Clock is treated as nil (no Events,
+// the real clock), as every quiesce Options treats its plug-ins: a failing handler is
+// recorded, not a panic of the reconcile. A typed-nil client is refused at setup.
+func TestHandlersTypedNilPlugins(t *testing.T) {
+	failing := lifecycle.Handler[*corev1.ConfigMap]{ID: "flaky", Fn: func(context.Context, *corev1.ConfigMap) error {
+		return errors.New("try again")
+	}}
+	c := fake.NewClientBuilder().WithObjects(configMap("obj")).Build()
+	ex := drain.New(drain.Options{})
+	drained(t, ex)
+	r, err := lifecycle.Handlers(ex, c, "cm", nil, []lifecycle.Handler[*corev1.ConfigMap]{failing},
+		lifecycle.HandlersOptions{Recorder: (*events.FakeRecorder)(nil), Clock: (*clocktesting.FakePassiveClock)(nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Reconcile(context.Background(), request("obj")); err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	var cm corev1.ConfigMap
+	if err := c.Get(context.Background(), objKey, &cm); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := lifecycle.ParseRecord(cm.Annotations[lifecycle.DefaultProgressAnnotation])
+	if p := rec.Handlers["flaky"]; err != nil || p.Retries != 1 || p.Done {
+		t.Fatalf("record = %+v, %v; want the failure recorded, to retry", rec, err)
+	}
+
+	var nilClient client.Client = (*typedNilClient)(nil)
+	if _, err := lifecycle.Handlers(ex, nilClient, "cm", nil, []lifecycle.Handler[*corev1.ConfigMap]{failing},
+		lifecycle.HandlersOptions{}); !errors.Is(err, lifecycle.ErrInvalidHandlers) || !strings.Contains(err.Error(), "nil client") {
+		t.Errorf("Handlers(typed-nil client) = %v, want the nil client refused", err)
+	}
+}
+
+// typedNilClient is a client.Client whose nil pointer a caller may pass by mistake.
+type typedNilClient struct{ client.Client }

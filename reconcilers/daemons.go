@@ -70,10 +70,10 @@ func (o *DaemonsOptions) setDefaults() {
 	if o.StopTimeout == 0 {
 		o.StopTimeout = DefaultDaemonStopTimeout
 	}
-	if o.Logger.GetSink() == nil {
+	if internal.NoLogger(o.Logger) {
 		o.Logger = log.Log
 	}
-	if o.Clock == nil {
+	if internal.IsNil(o.Clock) {
 		o.Clock = clock.RealClock{}
 	}
 }

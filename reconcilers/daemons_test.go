@@ -3,6 +3,7 @@ package reconcilers_test
 import (
 	"context"
 	"errors"
+	"github.com/go-logr/logr"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -310,6 +312,37 @@ func TestDaemonsZeroLoggerIsControllerRuntimes(t *testing.T) {
 		if len(lines) != 1 || !strings.Contains(lines[0], `"controller"="zero-logger"`) ||
 			!strings.Contains(lines[0], `"daemon"="heartbeat"`) {
 			t.Errorf("controller-runtime's logger has %q, want the daemon's line with its keys", lines)
+		}
+	})
+}
+
+// A typed-nil Clock or logger sink is nil (quiesce's rule for plug-ins): the real clock and
+// controller-runtime's logger, not a nil dereference when a daemon fails.
+func TestDaemonsTypedNilPlugins(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ex := drain.New(drain.Options{})
+		drainedWithin(t, ex)
+		d := reconcilers.NewDaemons(ex, "typed-nil", reconcilers.DaemonsOptions{
+			Clock: (*clocktesting.FakeClock)(nil), Logger: logr.New((*nilSink)(nil)),
+		})
+		var starts atomic.Int32
+		if err := d.Ensure(context.Background(), daemonObject("a", "uid-a"), "flaky", func(ctx context.Context) error {
+			if starts.Add(1) == 1 {
+				return errors.New("first attempt fails")
+			}
+			<-ctx.Done()
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Minute) // past the restart's backoff, on the bubble's clock
+		synctest.Wait()
+		if n := starts.Load(); n != 2 {
+			t.Errorf("the daemon started %d times, want 2: restarted on the real clock", n)
+		}
+		if lines := messagesOf(&crLog, "Daemon failed, restarting after a backoff"); len(lines) == 0 ||
+			!strings.Contains(lines[len(lines)-1], `"controller"="typed-nil"`) {
+			t.Errorf("the restart is not on controller-runtime's logger: %q", lines)
 		}
 	})
 }
@@ -645,3 +678,14 @@ func TestDaemonsAreListedAsDaemonsAndNeverSlow(t *testing.T) {
 		}
 	})
 }
+
+// nilSink is a logr.LogSink whose methods, but Init, need a non-nil receiver, as most do: a
+// typed nil of it as a Logger's sink fails at the first line logged.
+type nilSink struct{ lines int }
+
+func (*nilSink) Init(logr.RuntimeInfo)            {}
+func (s *nilSink) Enabled(int) bool               { return s.lines >= 0 }
+func (s *nilSink) Info(int, string, ...any)       { s.lines++ }
+func (s *nilSink) Error(error, string, ...any)    { s.lines++ }
+func (s *nilSink) WithValues(...any) logr.LogSink { return s }
+func (s *nilSink) WithName(string) logr.LogSink   { return s }

@@ -68,9 +68,9 @@ type WrapOptions struct {
 // drain is over (or its context ends) before it is requeued: once per stop. Wrap panics on a
 // nil ex or r, or a misconfigured WrapOptions.Recorder.
 func Wrap(ex *drain.Executor, controller string, r reconcile.Reconciler, opts WrapOptions) reconcile.Reconciler {
-	if ex == nil || r == nil {
+	if ex == nil || internal.IsNil(r) {
 		panic(fmt.Sprintf("reconcilers.Wrap(%q): nil executor or reconciler (executor nil: %t, reconciler nil: %t)",
-			controller, ex == nil, r == nil))
+			controller, ex == nil, internal.IsNil(r)))
 	}
 	return WrapTyped(ex, controller, r, opts)
 }
@@ -81,9 +81,9 @@ func Wrap(ex *drain.Executor, controller string, r reconcile.Reconciler, opts Wr
 func WrapTyped[R comparable](
 	ex *drain.Executor, controller string, r reconcile.TypedReconciler[R], opts WrapOptions,
 ) reconcile.TypedReconciler[R] {
-	if ex == nil || r == nil {
+	if ex == nil || internal.IsNil(r) {
 		panic(fmt.Sprintf("reconcilers.WrapTyped(%q): nil executor or reconciler (executor nil: %t, reconciler nil: %t)",
-			controller, ex == nil, r == nil))
+			controller, ex == nil, internal.IsNil(r)))
 	}
 	o := options{requeueAfter: opts.RequeueAfter}
 	if o.requeueAfter <= 0 {

@@ -237,6 +237,14 @@ func TestWrapWithNilExecutorOrReconcilerPanicsAtSetup(t *testing.T) {
 		"WrapTyped nil reconciler": func() {
 			reconcilers.WrapTyped[reconcile.Request](drain.New(drain.Options{}), "cm", nil, reconcilers.WrapOptions{})
 		},
+		// A typed nil is nil (quiesce's rule for plug-ins): refused at setup, not at the
+		// first reconcile.
+		"Wrap typed-nil reconciler": func() {
+			reconcilers.Wrap(drain.New(drain.Options{}), "cm", (*nilReconciler)(nil), reconcilers.WrapOptions{})
+		},
+		"Wrap nil reconcile.Func": func() {
+			reconcilers.Wrap(drain.New(drain.Options{}), "cm", reconcile.Func(nil), reconcilers.WrapOptions{})
+		},
 	} {
 		v := func() (v any) {
 			defer func() { v = recover() }()
@@ -248,6 +256,9 @@ func TestWrapWithNilExecutorOrReconcilerPanicsAtSetup(t *testing.T) {
 		}
 	}
 }
+
+// nilReconciler is a reconciler whose nil pointer a caller may pass by mistake.
+type nilReconciler struct{ reconcile.Reconciler }
 
 // capture is a logr sink that records each line as "msg k=v ...".
 type capture struct {

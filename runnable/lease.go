@@ -16,6 +16,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/leaderelection"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
+
+	"github.com/quiesce-dev/quiesce/internal"
 )
 
 // defaultRenewDeadline is controller-runtime's default RenewDeadline.
@@ -64,7 +66,8 @@ func ObserveLease(cfg *rest.Config, opts *manager.Options) error {
 		deadline = *opts.RenewDeadline
 	}
 	l := &leaseObserver{inner: opts.LeaderElectionResourceLockInterface, renewDeadline: deadline}
-	if l.inner == nil {
+	if internal.IsNil(l.inner) { // unset, or a typed nil: controller-runtime's own lock
+		l.inner = nil
 		lcfg := cfg
 		if opts.LeaderElectionConfig != nil {
 			lcfg = opts.LeaderElectionConfig

@@ -339,6 +339,16 @@ func TestObserveLease(t *testing.T) {
 		t.Fatalf("ObserveLease built %+v, want controller-runtime's lease lock for ns/x.example.com", built.LeaderElectionResourceLockInterface)
 	}
 
+	// A typed-nil lock is nil (quiesce's rule for plug-ins): controller-runtime's own lock.
+	typedNil := manager.Options{LeaderElection: true, LeaderElectionID: "x.example.com", LeaderElectionNamespace: "ns",
+		LeaderElectionResourceLockInterface: (*fakeLock)(nil)}
+	if err := ObserveLease(cfg, &typedNil); err != nil {
+		t.Fatal(err)
+	}
+	if l, ok = typedNil.LeaderElectionResourceLockInterface.(*leaseObserver); !ok || !strings.Contains(l.Describe(), "ns/x.example.com") {
+		t.Fatalf("ObserveLease of a typed-nil lock built %+v, want controller-runtime's lease lock", typedNil.LeaderElectionResourceLockInterface)
+	}
+
 	noID := manager.Options{LeaderElection: true, LeaderElectionNamespace: "ns"}
 	if err := ObserveLease(cfg, &noID); err == nil || !strings.Contains(err.Error(), "failed to observe the lease: LeaderElectionID must be configured") {
 		t.Errorf("ObserveLease without LeaderElectionID = %v, want controller-runtime's error", err)

@@ -467,12 +467,16 @@ func TestWebhookServerNotConnected(t *testing.T) {
 	if err := ws.Start(context.Background()); !errors.Is(err, errNotConnected) || !strings.Contains(err.Error(), "ManagerOptions") {
 		t.Fatalf("Start = %v, want the not-connected error naming ManagerOptions", err)
 	}
-	defer func() {
-		if v := recover(); v == nil || !strings.Contains(fmt.Sprint(v), "nil inner server") {
-			t.Errorf("WebhookServer(nil) panicked with %v", v)
-		}
-	}()
-	WebhookServer(nil)
+	for name, inner := range map[string]webhook.Server{"nil": nil, "typed nil": (*fakeServer)(nil)} {
+		func() {
+			defer func() {
+				if v := recover(); v == nil || !strings.Contains(fmt.Sprint(v), "nil inner server") {
+					t.Errorf("WebhookServer(%s) panicked with %v", name, v)
+				}
+			}()
+			WebhookServer(inner)
+		}()
+	}
 }
 
 // A stop with no delay and no webhook server, and nothing pending, logs nothing.

@@ -148,7 +148,7 @@ func New(opts Options) *Runnable { return newRunnable(withDefaults(opts), false)
 
 // withDefaults fills in the documented defaults of opts.
 func withDefaults(opts Options) Options {
-	if opts.Logger.GetSink() == nil {
+	if internal.NoLogger(opts.Logger) {
 		opts.Logger = log.Log.WithName("quiesce")
 	}
 	if opts.GracePeriod <= 0 {
@@ -162,7 +162,7 @@ func withDefaults(opts Options) Options {
 
 func newRunnable(opts Options, metered bool) *Runnable {
 	var clk clock.WithTickerAndDelayedExecution = clock.RealClock{}
-	if opts.Clock != nil {
+	if !internal.IsNil(opts.Clock) {
 		clk = opts.Clock
 	}
 	ex := drain.New(drain.Options{
@@ -232,12 +232,12 @@ func Add(mgr manager.Manager, opts Options) (*Runnable, error) {
 		return nil, fmt.Errorf("failed to add quiesce runnable: %w", err)
 	}
 	mo := opts.ManagerOptions
-	ws, _ := mo.WebhookServer.(*webhookServer)
+	ws, _ := mo.WebhookServer.(*webhookServer) // a typed nil is nil: see WebhookServer
 	var lease *leaseObserver
 	if mo.LeaderElection {
 		lease = mo.LeaderElectionResourceLockInterface.(*leaseObserver) // validate checked it
 	}
-	if opts.Logger.GetSink() == nil {
+	if internal.NoLogger(opts.Logger) {
 		opts.Logger = mgr.GetLogger().WithName("quiesce")
 	}
 	if err := register(); err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 	"go.uber.org/goleak"
+	clocktesting "k8s.io/utils/clock/testing"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -332,6 +333,40 @@ func TestZeroLoggerIsControllerRuntimes(t *testing.T) {
 		}
 	})
 }
+
+// A typed-nil Clock or logger sink is nil (quiesce's rule for plug-ins): the real clock and
+// controller-runtime's logger, not a nil dereference in the stop.
+func TestTypedNilPlugins(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := runnable.New(runnable.Options{CancelAfter: -1, GracePeriod: time.Second,
+			Clock: (*clocktesting.FakeClock)(nil), Logger: logr.New((*nilSink)(nil))})
+		ctx, stop := context.WithCancel(context.Background())
+		result := make(chan error, 1)
+		go func() { result <- r.Start(ctx) }()
+		release := make(chan struct{})
+		hangAll(t, r, 1, release)
+		stop()
+		var pe *drain.PendingError
+		if err := <-result; !errors.As(err, &pe) || len(pe.Pending) != 1 {
+			t.Errorf("Start = %v, want the abandoned call", err)
+		}
+		close(release)
+		if err := r.Executor().Drain(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// nilSink is a logr.LogSink whose methods, but Init, need a non-nil receiver, as most do: a
+// typed nil of it as a Logger's sink fails at the first line logged.
+type nilSink struct{ lines int }
+
+func (*nilSink) Init(logr.RuntimeInfo)            {}
+func (s *nilSink) Enabled(int) bool               { return s.lines >= 0 }
+func (s *nilSink) Info(int, string, ...any)       { s.lines++ }
+func (s *nilSink) Error(error, string, ...any)    { s.lines++ }
+func (s *nilSink) WithValues(...any) logr.LogSink { return s }
+func (s *nilSink) WithName(string) logr.LogSink   { return s }
 
 func TestShieldedFromCreation(t *testing.T) {
 	// The executor of a Runnable is shielded from its creation (controller-runtime's

@@ -50,7 +50,7 @@ import (
 // not connect fails to start ("not connected"), so that the manager does not start.
 // WebhookServer panics if inner is nil.
 func WebhookServer(inner webhook.Server) webhook.Server {
-	if inner == nil {
+	if internal.IsNil(inner) {
 		panic("runnable.WebhookServer: nil inner server (pass webhook.NewServer(...))")
 	}
 	return &webhookServer{inner: inner}

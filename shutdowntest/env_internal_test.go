@@ -1,6 +1,8 @@
 package shutdowntest
 
 import (
+	"bytes"
+	"io"
 	"slices"
 	"testing"
 )
@@ -24,5 +26,17 @@ func TestOperatorEnv(t *testing.T) {
 		if kv == "QUIESCE_TEST_UNSET=" {
 			t.Errorf("env %q holds an unset variable", env)
 		}
+	}
+}
+
+// A typed-nil Output is nil (quiesce's rule for plug-ins): the log goes nowhere, instead of
+// a nil dereference at the operator's first line.
+func TestTypedNilOutputIsNone(t *testing.T) {
+	o := Options{Binary: "/bin/true", Kubeconfig: "/kc", Output: (*bytes.Buffer)(nil)}
+	if err := o.setDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	if o.Output != io.Discard {
+		t.Errorf("Output = %#v, want io.Discard", o.Output)
 	}
 }

@@ -188,7 +188,7 @@ func (o *Options) setDefaults() error {
 	if o.WaitTimeout <= 0 {
 		o.WaitTimeout = DefaultWaitTimeout
 	}
-	if o.Output == nil {
+	if internal.IsNil(o.Output) {
 		o.Output = io.Discard
 	}
 	if o.LeaderElection && o.LeaderElectionNamespace == "" {

@@ -221,6 +221,21 @@ func Nested(c Call, name string) CallOptions {
 	}
 }
 
+// CutError returns err with its text cut as Cut cuts a name, for an error whose text
+// quotes what others supply (encoding/json's and time's errors quote the values they
+// refuse): errors.Is and errors.As still see err. A short err is returned as it is.
+func CutError(err error) error {
+	if err == nil || len(err.Error()) <= MaxNameBytes {
+		return err
+	}
+	return cutError{err}
+}
+
+type cutError struct{ err error }
+
+func (e cutError) Error() string { return Cut(e.err.Error()) }
+func (e cutError) Unwrap() error { return e.err }
+
 // startsRune reports whether b can begin a UTF-8 sequence (it is no continuation byte).
 func startsRune(b byte) bool { return b&0xC0 != 0x80 }
 

@@ -1,6 +1,9 @@
 package internal_test
 
 import (
+	"errors"
+	"fmt"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -45,5 +48,23 @@ func TestCut(t *testing.T) {
 	got := internal.Cut(s)
 	if !utf8.ValidString(got) || !strings.HasPrefix(got, strings.Repeat("a", internal.MaxNameBytes-1)+"...(") {
 		t.Errorf("Cut split a rune: %q", got)
+	}
+}
+
+func TestCutError(t *testing.T) {
+	short := errors.New("short")
+	if got := internal.CutError(short); got != short { //nolint:errorlint // the same error, not a wrapper
+		t.Errorf("CutError(short) = %#v, want it as it is", got)
+	}
+	if internal.CutError(nil) != nil {
+		t.Error("CutError(nil) != nil")
+	}
+	long := fmt.Errorf("bad value %q: %w", strings.Repeat("v", 10_000), io.ErrUnexpectedEOF)
+	got := internal.CutError(long)
+	if n := len(got.Error()); n > internal.MaxNameBytes+32 || !strings.HasSuffix(got.Error(), "bytes)") {
+		t.Errorf("CutError(10 KB) = %d bytes: %.300q, want it cut to %d and marked", n, got, internal.MaxNameBytes)
+	}
+	if !errors.Is(got, io.ErrUnexpectedEOF) || !errors.Is(got, long) {
+		t.Errorf("CutError(long) does not wrap it")
 	}
 }

@@ -51,7 +51,7 @@ func ParseRecord(s string) (Record, error) {
 		Handlers   map[string]Progress `json:"handlers"`
 	}
 	if err := json.Unmarshal([]byte(s), &w); err != nil {
-		return Record{}, fmt.Errorf("failed to decode progress: %w", err)
+		return Record{}, fmt.Errorf("failed to decode progress: %w", internal.CutError(err))
 	}
 	if w.Generation == nil {
 		return Record{}, errors.New("failed to decode progress: no generation")

@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr/funcr"
 	corev1 "k8s.io/api/core/v1"
@@ -243,25 +244,41 @@ func TestHandlersProgressKeyTurnedOff(t *testing.T) {
 	}
 }
 
-// TestHandlersCutMegabyteIDs: a handler id of a megabyte in the annotation (written by
-// anyone who may patch the object) reaches the error, the log line and the Event cut.
-func TestHandlersCutMegabyteIDs(t *testing.T) {
-	huge := strings.Repeat("x", 1<<20)
-	value := `{"generation":1,"handlers":{"` + huge + `":{"retries":-1}}}`
-	if _, err := lifecycle.ParseRecord(value); err == nil || len(err.Error()) > 400 {
-		t.Fatalf("ParseRecord error of %d bytes, want an error of at most 400", len(fmt.Sprint(err)))
-	}
-	var j journal
-	f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a")}, lifecycle.HandlersOptions{}, configMap("obj"))
-	f.setProgress(value)
-	lines := f.logged()
-	evs := f.events()
-	if len(lines) == 0 || len(evs) != 1 || len(j.all()) != 1 {
-		t.Fatalf("%d log lines, events %.200q, runs %q; want the corrupt Record logged, reported and a run", len(lines), evs, j.all())
-	}
-	for _, s := range append(lines, evs...) {
-		if len(s) > 2048 {
-			t.Errorf("a log line or Event of %d bytes: %.200q...", len(s), s)
-		}
+// TestHandlersCutHugeValues: 64 KiB in the annotation (written by anyone who may patch
+// the object), as a handler id or as a value that fails to decode (a time, quoted whole by
+// the time package's error), reaches the error, the log line and the Event cut; the error
+// still wraps the decoder's.
+func TestHandlersCutHugeValues(t *testing.T) {
+	huge := strings.Repeat("x", 1<<16) // 64 KiB: the annotation's own limit is 256 KiB
+	for name, value := range map[string]string{
+		"a handler id":         `{"generation":1,"handlers":{"` + huge + `":{"retries":-1}}}`,
+		"a start time":         `{"generation":1,"handlers":{"a":{"started":"` + huge + `"}}}`,
+		"a delay":              `{"generation":1,"handlers":{"a":{"delayed":"` + huge + `"}}}`,
+		"a generation":         `{"generation":"` + huge + `"}`,
+		"a syntax error after": `{"generation":1,"` + huge + `":[}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := lifecycle.ParseRecord(value)
+			if err == nil || len(err.Error()) > 400 {
+				t.Fatalf("ParseRecord error of %d bytes, want an error of at most 400", len(fmt.Sprint(err)))
+			}
+			var pe *time.ParseError
+			if strings.Contains(name, "time") && !errors.As(err, &pe) {
+				t.Errorf("ParseRecord error %q does not wrap the *time.ParseError", err)
+			}
+			var j journal
+			f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a")}, lifecycle.HandlersOptions{}, configMap("obj"))
+			f.setProgress(value)
+			lines := f.logged()
+			evs := f.events()
+			if len(lines) == 0 || len(evs) != 1 || len(j.all()) != 1 {
+				t.Fatalf("%d log lines, events %.200q, runs %q; want the corrupt Record logged, reported and a run", len(lines), evs, j.all())
+			}
+			for _, s := range append(lines, evs...) {
+				if len(s) > 2048 {
+					t.Errorf("a log line or Event of %d bytes: %.200q...", len(s), s)
+				}
+			}
+		})
 	}
 }

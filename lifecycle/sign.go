@@ -10,6 +10,8 @@ import (
 	"strconv"
 
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/quiesce-dev/quiesce/internal"
 )
 
 // MinProgressKeyBytes is the shortest HandlersOptions.ProgressKey that Handlers accepts.
@@ -58,7 +60,7 @@ func verifySigned(raw string, key []byte, uid types.UID) error {
 		MAC        string          `json:"mac"`
 	}
 	if err := json.Unmarshal([]byte(raw), &w); err != nil {
-		return fmt.Errorf("failed to verify progress: %w", err)
+		return fmt.Errorf("failed to verify progress: %w", internal.CutError(err))
 	}
 	if w.MAC == "" {
 		return errUnsigned

@@ -217,16 +217,17 @@ func (d *Daemons) Ensure(ctx context.Context, obj client.Object, name string, fn
 	case name == "":
 		return fmt.Errorf("failed to ensure daemon: empty name: %w", drain.ErrInvalidCall)
 	case fn == nil:
-		return fmt.Errorf("failed to ensure daemon %q: nil func: %w", name, drain.ErrInvalidCall)
+		return fmt.Errorf("failed to ensure daemon %q: nil func: %w", internal.Cut(name), drain.ErrInvalidCall)
 	case internal.IsNil(obj):
-		return fmt.Errorf("failed to ensure daemon %q: nil object: %w", name, drain.ErrInvalidCall)
+		return fmt.Errorf("failed to ensure daemon %q: nil object: %w", internal.Cut(name), drain.ErrInvalidCall)
 	case obj.GetUID() == "":
 		return fmt.Errorf("failed to ensure daemon %q of %s/%s: the object has no UID "+
-			"(pass the object read from the API server): %w", name, obj.GetNamespace(), obj.GetName(), drain.ErrInvalidCall)
+			"(pass the object read from the API server): %w", internal.Cut(name), internal.Cut(obj.GetNamespace()),
+			internal.Cut(obj.GetName()), drain.ErrInvalidCall)
 	}
 	select {
 	case <-d.ex.Draining():
-		return fmt.Errorf("failed to ensure daemon %q: %w", name, drain.ErrDraining)
+		return fmt.Errorf("failed to ensure daemon %q: %w", internal.Cut(name), drain.ErrDraining)
 	default:
 	}
 	k := daemonKey{namespace: obj.GetNamespace(), name: obj.GetName(), daemon: name}
@@ -244,7 +245,7 @@ func (d *Daemons) Ensure(ctx context.Context, obj client.Object, name string, fn
 	}
 	if err := ctx.Err(); err != nil {
 		d.mu.Unlock()
-		return fmt.Errorf("failed to ensure daemon %q: %w", name, err)
+		return fmt.Errorf("failed to ensure daemon %q: %w", internal.Cut(name), err)
 	}
 	delete(d.finished, k)
 	// The old daemon, if any, belongs to a deleted object or to a stop: the new one waits
@@ -285,7 +286,7 @@ func (d *Daemons) Ensure(ctx context.Context, obj client.Object, name string, fn
 		d.running--
 		d.mu.Unlock()
 		close(dm.done)
-		return fmt.Errorf("failed to start daemon %q: %w", full, err)
+		return fmt.Errorf("failed to start daemon %q: %w", internal.Cut(full), err)
 	}
 	return nil
 }

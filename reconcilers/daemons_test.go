@@ -624,6 +624,7 @@ func TestDaemonsBadInput(t *testing.T) {
 	d := reconcilers.NewDaemons(ex, "cm", reconcilers.DaemonsOptions{})
 	ctx := context.Background()
 	fn := func(context.Context) error { return nil }
+	huge := strings.Repeat("n", 10_000)
 	for name, err := range map[string]error{
 		"empty name":   d.Ensure(ctx, daemonObject("a", "uid"), "", fn),
 		"nil fn":       d.Ensure(ctx, daemonObject("a", "uid"), "d", nil),
@@ -631,9 +632,16 @@ func TestDaemonsBadInput(t *testing.T) {
 		"typed nil":    d.Ensure(ctx, (*corev1.ConfigMap)(nil), "d", fn),
 		"no UID":       d.Ensure(ctx, daemonObject("a", ""), "d", fn),
 		"stop no name": func() error { _, err := d.Stop(ctx, client.ObjectKey{Name: "a"}, ""); return err }(),
+		// Names of 10,000 bytes: the error is bounded like the names in it (cut at 256 bytes).
+		"huge name, nil fn": d.Ensure(ctx, daemonObject("a", "uid"), huge, nil),
+		"huge names, no UID": d.Ensure(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: huge, Name: huge}},
+			huge, fn),
 	} {
 		if !errors.Is(err, drain.ErrInvalidCall) {
 			t.Errorf("%s: err = %v, want ErrInvalidCall", name, err)
+		}
+		if n := len(err.Error()); n > 1024 {
+			t.Errorf("%s: an error of %d bytes, want at most 1 KiB", name, n)
 		}
 	}
 	if len(ex.Pending()) != 0 || d.Stats().Running != 0 {

@@ -36,8 +36,18 @@
 //   - Locate blocks while it captures the goroutine profile.
 //   - Pending, Draining, Stats and FromContext never block.
 //
-// An Executor comes from New: every method of one that New did not create (a zero
-// Executor) panics at once, saying so. All methods of an Executor are safe for concurrent
+// Setup misuse, one rule in every quiesce package: a function that can report an error (an
+// error result, a test's TestingT, a Gomega matcher's error) reports every misuse of its
+// arguments and options that way, naming what to change; a function that cannot (a
+// constructor used inline, as reconcilers.Wrap in SetupWithManager) panics on misuse, at
+// the call, with a message naming the function and what to change: a programming error,
+// found at setup, as regexp.MustCompile finds one. Nothing found at setup is left for run
+// time. A typed nil (a nil *events.FakeRecorder as a Recorder, a nil *FakeClock as a Clock,
+// a Logger whose sink is a nil pointer) is nil: it means what leaving it unset means.
+//
+// Here: New accepts every Options (each value has a meaning). An Executor comes from New:
+// Call, Go, Run and Drain of one that New did not create (a zero Executor) return an error
+// wrapping ErrInvalidCall, saying so; its other methods panic. All methods of an Executor are safe for concurrent
 // use, including concurrent Drains, which all wait and see the same outcome. A panic in fn
 // never crashes the process, and neither does a Logger that panics.
 package drain

@@ -81,7 +81,7 @@ const CancelAtOnce = time.Nanosecond
 var ErrDraining = errors.New("executor is draining")
 
 // ErrInvalidCall is returned (wrapped) by Call, Go and Run for a nil ctx, an empty name or
-// a nil fn.
+// a nil fn, and by Call, Go, Run and Drain of an Executor that New did not create.
 var ErrInvalidCall = errors.New("invalid call")
 
 // Unknown is what Where and Handler say when a call's location cannot be determined; the
@@ -328,7 +328,9 @@ func (c *core) Fence(cause error) int {
 // With MaxConcurrent > 0, Call first waits for a free slot; while it waits, ctx ending
 // returns ctx.Err() and the drain beginning refuses the call.
 func (e *Executor) Call(ctx context.Context, name string, fn func(context.Context) error) error {
-	e.mustBeCreated()
+	if err := e.created(); err != nil {
+		return err
+	}
 	return e.call(ctx, &internal.CallOptions{Name: name}, funcHandler(fn))
 }
 
@@ -374,7 +376,9 @@ func repanic(ctx context.Context, pe *PanicError) {
 // Call. Nobody waits for fn's result: Pending reports the call as detached, and a panic
 // in fn is logged (message "Call panicked") and counted.
 func (e *Executor) Go(ctx context.Context, name string, fn func(context.Context) error) error {
-	e.mustBeCreated()
+	if err := e.created(); err != nil {
+		return err
+	}
 	return e.goCall(ctx, &internal.CallOptions{Name: name}, funcHandler(fn))
 }
 
@@ -400,7 +404,9 @@ func (e *Executor) goCall(ctx context.Context, o *internal.CallOptions, fn inter
 // If fn calls runtime.Goexit, the call is settled and the caller's goroutine exits, as it
 // would calling fn directly.
 func (e *Executor) Run(ctx context.Context, name string, fn func(context.Context) error) error {
-	e.mustBeCreated()
+	if err := e.created(); err != nil {
+		return err
+	}
 	return e.run(ctx, &internal.CallOptions{Name: name}, funcHandler(fn))
 }
 
@@ -561,7 +567,9 @@ func (e *Executor) refuse(o *internal.CallOptions) error {
 // Calls still running when a Drain gives up keep running and stay tracked; a later Drain
 // waits for them again.
 func (e *Executor) Drain(ctx context.Context) error {
-	e.mustBeCreated()
+	if err := e.created(); err != nil {
+		return err
+	}
 	if ctx == nil {
 		ctx = context.Background()
 	}

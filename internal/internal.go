@@ -134,8 +134,9 @@ type Handler interface {
 	Handle(ctx context.Context) error
 }
 
-// NotCreated is the panic of every method of a drain.Executor that drain.New did not
-// create (a zero or nil one), and of Of given one.
+// NotCreated is the panic of the methods without an error result of a drain.Executor that
+// drain.New did not create (a zero or nil one), and of Of given one; the text of the error
+// of the others.
 const NotCreated = "drain: Executor not created by drain.New (use drain.New(drain.Options{}))"
 
 // CoreOf returns the Core of ex, a *drain.Executor, or nil if drain.New did not create it.

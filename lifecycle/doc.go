@@ -107,6 +107,18 @@
 // supply (handler ids in a Record, object names) is cut to 256 bytes before it reaches an
 // error, a log line or an Event. docs/security.md lists everything quiesce publishes.
 //
+// Setup misuse, one rule in every quiesce package: a function that can report an error (an
+// error result, a test's TestingT, a Gomega matcher's error) reports every misuse of its
+// arguments and options that way, naming what to change; a function that cannot (a
+// constructor used inline, as reconcilers.Wrap in SetupWithManager) panics on misuse, at
+// the call, with a message naming the function and what to change: a programming error,
+// found at setup, as regexp.MustCompile finds one. Nothing found at setup is left for run
+// time. A typed nil (a nil *events.FakeRecorder as a Recorder, a nil *FakeClock as a Clock,
+// a Logger whose sink is a nil pointer) is nil: it means what leaving it unset means.
+//
+// Here: Handlers returns every misuse as an error wrapping ErrInvalidHandlers, never a
+// panic; a Func that picks a handler not pending fails the reconcile with a terminal error.
+//
 // The Funcs never block and are safe for concurrent use (the random ones draw from
 // math/rand/v2's goroutine-safe source). A reconciler of Handlers blocks while its
 // handlers run, and is safe for concurrent use by a controller's workers.

@@ -108,6 +108,8 @@ type HandlersOptions struct {
 	Clock clock.PassiveClock
 
 	// Wrap is the Options of the reconcilers.Wrap that Handlers applies to its reconciler.
+	// With Wrap.Recorder set, Wrap.Reader defaults to Handlers' client and Wrap.Object to an
+	// object of newObj.
 	Wrap reconcilers.WrapOptions
 
 	// ProgressKey, if set, signs each Record that Handlers writes: an HMAC-SHA256 with this
@@ -198,16 +200,17 @@ func (o *HandlersOptions) setDefaults() {
 // failed reads and patches are, and a Func that picks a handler not pending is a terminal
 // error.
 //
-// Handlers returns an error wrapping ErrInvalidHandlers for a nil ex or c, an empty
-// controller, no handlers, a handler with an empty or duplicate ID or a nil Fn, an invalid
-// annotation key, neither or both of opts.ProgressKey and opts.UnsignedProgress, a
-// ProgressKey shorter than MinProgressKeyBytes, or a nil newObj with a T that is not a
-// pointer to a struct.
+// Handlers returns an error wrapping ErrInvalidHandlers for a nil ex (or one drain.New did
+// not create) or c, an empty controller, no handlers, a handler with an empty or duplicate ID
+// or a nil Fn, an invalid annotation key, neither or both of opts.ProgressKey and
+// opts.UnsignedProgress, a ProgressKey shorter than MinProgressKeyBytes, or a nil newObj with
+// a T that is not a pointer to a struct; it never panics on misuse (see the package
+// documentation, "Setup misuse").
 func Handlers[T client.Object](
 	ex *drain.Executor, c client.Client, controller string, newObj func() T, handlers []Handler[T], opts HandlersOptions,
 ) (reconcile.Reconciler, error) {
-	if ex == nil {
-		return nil, fmt.Errorf("failed to create handlers: nil executor: %w", ErrInvalidHandlers)
+	if ex == nil || internal.CoreOf(ex) == nil {
+		return nil, fmt.Errorf("failed to create handlers: nil executor, or not created by drain.New: %w", ErrInvalidHandlers)
 	}
 	if internal.IsNil(c) {
 		return nil, fmt.Errorf("failed to create handlers: nil client: %w", ErrInvalidHandlers)
@@ -250,6 +253,17 @@ func Handlers[T client.Object](
 				t, ErrInvalidHandlers)
 		}
 		newObj = func() T { return reflect.New(t.Elem()).Interface().(T) }
+	}
+	if !internal.IsNil(opts.Wrap.Recorder) { // the Reader and Object its Events need: c's and T's
+		if internal.IsNil(opts.Wrap.Reader) {
+			opts.Wrap.Reader = c
+		}
+		if internal.IsNil(opts.Wrap.Object) {
+			opts.Wrap.Object = newObj()
+			if internal.IsNil(opts.Wrap.Object) {
+				return nil, fmt.Errorf("failed to create handlers: newObj returned nil: %w", ErrInvalidHandlers)
+			}
+		}
 	}
 	r := &handlersReconciler[T]{
 		c:        c,

@@ -206,6 +206,8 @@ func TestHandlersRejectsBadInput(t *testing.T) {
 			lifecycle.HandlersOptions{ProgressKey: key, UnsignedProgress: true}, "both ProgressKey and UnsignedProgress are set"},
 		{"empty key", ex, c, "cm", []H{{"a", fn}}, lifecycle.HandlersOptions{ProgressKey: []byte{}}, "ProgressKey has 0 bytes, want at least 32"},
 		{"short key", ex, c, "cm", []H{{"a", fn}}, lifecycle.HandlersOptions{ProgressKey: key[:31]}, "ProgressKey has 31 bytes, want at least 32"},
+		{"executor not of drain.New", &drain.Executor{}, c, "cm", []H{{"a", fn}}, lifecycle.HandlersOptions{UnsignedProgress: true},
+			"not created by drain.New"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, err := lifecycle.Handlers(tc.ex, tc.c, tc.ctrl, nil, tc.hs, tc.opts)
@@ -213,6 +215,12 @@ func TestHandlersRejectsBadInput(t *testing.T) {
 				t.Fatalf("Handlers = %v, %v; want an ErrInvalidHandlers mentioning %q", r, err, tc.want)
 			}
 		})
+	}
+	// Setup misuse is an error, never a panic: a Wrap.Recorder without Wrap.Reader and
+	// Wrap.Object (which Wrap alone panics on) gets Handlers' client and an object of newObj.
+	if _, err := lifecycle.Handlers(ex, c, "cm", nil, []H{{"a", fn}},
+		lifecycle.HandlersOptions{UnsignedProgress: true, Wrap: reconcilers.WrapOptions{Recorder: events.NewFakeRecorder(1)}}); err != nil {
+		t.Errorf("Handlers with a Wrap.Recorder alone = %v, want its Reader and Object filled in", err)
 	}
 	// T not a pointer to a struct needs newObj.
 	_, err := lifecycle.Handlers(ex, c, "cm", nil, []lifecycle.Handler[client.Object]{{ID: "a", Fn: func(context.Context, client.Object) error { return nil }}}, lifecycle.HandlersOptions{UnsignedProgress: true})
@@ -870,7 +878,7 @@ func TestHandlersTypedNilPlugins(t *testing.T) {
 	ex := drain.New(drain.Options{})
 	drained(t, ex)
 	r, err := lifecycle.Handlers(ex, c, "cm", nil, []lifecycle.Handler[*corev1.ConfigMap]{failing},
-		lifecycle.HandlersOptions{Recorder: (*events.FakeRecorder)(nil), Clock: (*clocktesting.FakePassiveClock)(nil)})
+		lifecycle.HandlersOptions{UnsignedProgress: true, Recorder: (*events.FakeRecorder)(nil), Clock: (*clocktesting.FakePassiveClock)(nil)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,20 @@
 // Several named handlers per object, their progress kept on it (kopf's handler model), are
 // package lifecycle's Handlers, built on Wrap and Call.
 //
+// Setup misuse, one rule in every quiesce package: a function that can report an error (an
+// error result, a test's TestingT, a Gomega matcher's error) reports every misuse of its
+// arguments and options that way, naming what to change; a function that cannot (a
+// constructor used inline, as reconcilers.Wrap in SetupWithManager) panics on misuse, at
+// the call, with a message naming the function and what to change: a programming error,
+// found at setup, as regexp.MustCompile finds one. Nothing found at setup is left for run
+// time. A typed nil (a nil *events.FakeRecorder as a Recorder, a nil *FakeClock as a Clock,
+// a Logger whose sink is a nil pointer) is nil: it means what leaving it unset means.
+//
+// Here: Wrap, WrapTyped and NewDaemons panic on a nil or foreign executor, a nil reconciler,
+// an empty controller name, or a Recorder without Reader and Object; Call, Daemons.Ensure and
+// Daemons.Stop return errors wrapping drain.ErrInvalidCall for an empty name, a nil fn or
+// object, an object without UID.
+//
 // Call blocks while its handler runs, and Daemons.Stop up to its StopTimeout; nothing else
 // blocks. The reconcilers returned, Call and Daemons are safe for concurrent use.
 package reconcilers

@@ -65,12 +65,17 @@ type WrapOptions struct {
 // V(1) log line: new ones, those whose context was cancelled before they began or while
 // they waited for a MaxConcurrent slot, and those that return an error wrapping
 // drain.ErrDraining. When a runnable.Runnable drives ex, a refused request is held until its
-// drain is over (or its context ends) before it is requeued: once per stop. Wrap panics on a
-// nil ex or r, or a misconfigured WrapOptions.Recorder.
+// drain is over (or its context ends) before it is requeued: once per stop.
+//
+// Wrap panics on a nil ex or r, an ex that drain.New did not create, an empty controller, or
+// a misconfigured WrapOptions.Recorder (see the package documentation, "Setup misuse").
 func Wrap(ex *drain.Executor, controller string, r reconcile.Reconciler, opts WrapOptions) reconcile.Reconciler {
 	if ex == nil || internal.IsNil(r) {
 		panic(fmt.Sprintf("reconcilers.Wrap(%q): nil executor or reconciler (executor nil: %t, reconciler nil: %t)",
 			controller, ex == nil, internal.IsNil(r)))
+	}
+	if controller == "" {
+		panic("reconcilers.Wrap: empty controller name (pass the controller's name, as given to the builder's Named)")
 	}
 	return WrapTyped(ex, controller, r, opts)
 }
@@ -84,6 +89,9 @@ func WrapTyped[R comparable](
 	if ex == nil || internal.IsNil(r) {
 		panic(fmt.Sprintf("reconcilers.WrapTyped(%q): nil executor or reconciler (executor nil: %t, reconciler nil: %t)",
 			controller, ex == nil, internal.IsNil(r)))
+	}
+	if controller == "" {
+		panic("reconcilers.WrapTyped: empty controller name (pass the controller's name, as given to the builder's Named)")
 	}
 	o := options{requeueAfter: opts.RequeueAfter}
 	if o.requeueAfter <= 0 {

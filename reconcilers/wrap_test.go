@@ -257,6 +257,27 @@ func TestWrapWithNilExecutorOrReconcilerPanicsAtSetup(t *testing.T) {
 	}
 }
 
+func TestWrapWithAnEmptyControllerPanicsAtSetup(t *testing.T) {
+	ok := reconcile.Func(func(context.Context, reconcile.Request) (reconcile.Result, error) {
+		return reconcile.Result{}, nil
+	})
+	for name, wrap := range map[string]func(){
+		"Wrap": func() { reconcilers.Wrap(drain.New(drain.Options{}), "", ok, reconcilers.WrapOptions{}) },
+		"WrapTyped": func() {
+			reconcilers.WrapTyped[reconcile.Request](drain.New(drain.Options{}), "", ok, reconcilers.WrapOptions{})
+		},
+	} {
+		v := func() (v any) {
+			defer func() { v = recover() }()
+			wrap()
+			return nil
+		}()
+		if msg, _ := v.(string); !strings.HasPrefix(msg, "reconcilers."+name+": empty controller name") {
+			t.Errorf("%s: panicked with %#v, want a message naming the empty controller", name, v)
+		}
+	}
+}
+
 // nilReconciler is a reconciler whose nil pointer a caller may pass by mistake.
 type nilReconciler struct{ reconcile.Reconciler }
 

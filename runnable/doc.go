@@ -35,10 +35,21 @@
 // line with its offset from the stop, "sinceStop": "Stop began", "Shutdown delay over",
 // "Draining executor", "All calls returned" (or the abandoned line), "Webhook server stopped".
 //
-// Setup misuse is an error, never a panic: Add checks its Options (no ManagerOptions, leader
-// election without ObserveLease, negative ShutdownDelay, CancelAfter not below GracePeriod,
-// GracePeriod not below the manager's GracefulShutdownTimeout, a second Add on one manager)
-// and returns an error naming the value to change; a failed Add leaves the manager as it was.
+// Setup misuse, one rule in every quiesce package: a function that can report an error (an
+// error result, a test's TestingT, a Gomega matcher's error) reports every misuse of its
+// arguments and options that way, naming what to change; a function that cannot (a
+// constructor used inline, as reconcilers.Wrap in SetupWithManager) panics on misuse, at
+// the call, with a message naming the function and what to change: a programming error,
+// found at setup, as regexp.MustCompile finds one. Nothing found at setup is left for run
+// time. A typed nil (a nil *events.FakeRecorder as a Recorder, a nil *FakeClock as a Clock,
+// a Logger whose sink is a nil pointer) is nil: it means what leaving it unset means.
+//
+// Here: Add checks its Options (no ManagerOptions, leader election without ObserveLease,
+// negative ShutdownDelay, CancelAfter not below GracePeriod, GracePeriod not below the
+// manager's GracefulShutdownTimeout, a second Add on one manager) and returns an error naming
+// the value to change; a failed Add leaves the manager as it was. ObserveLease returns its
+// errors too. New panics on a negative ShutdownDelay or a CancelAfter not below GracePeriod,
+// and WebhookServer on a nil inner server.
 //
 // Add also registers:
 //   - a readyz check, "quiesce", failing from SIGTERM on when there is a ShutdownDelay;

@@ -19,8 +19,9 @@ import (
 )
 
 // Options configure a Runnable. The zero value is valid: every zero field means the
-// documented default. New does not check Options; Add does, and returns an error naming
-// the value to change.
+// documented default. Add checks Options and returns an error naming the value to change;
+// New panics on the same misuse of the fields it reads (see the package documentation,
+// "Setup misuse").
 type Options struct {
 	// Logger receives the drain's reports and the stop's timeline. The zero value, as in
 	// every quiesce Options but drain's: controller-runtime's logger (Add: the manager's,
@@ -144,7 +145,15 @@ var (
 // tests and programs without a manager. Given to mgr.Add, it stops as Add's does (first,
 // on every replica), but with leader election on nothing fences its calls when the lease
 // is lost: in a manager use Add.
-func New(opts Options) *Runnable { return newRunnable(withDefaults(opts), false) }
+//
+// New panics on a negative ShutdownDelay or a CancelAfter not below GracePeriod, which Add
+// returns as errors (see the package documentation, "Setup misuse").
+func New(opts Options) *Runnable {
+	if err := checkDurations(opts); err != nil {
+		panic("runnable.New: " + err.Error())
+	}
+	return newRunnable(withDefaults(opts), false)
+}
 
 // withDefaults fills in the documented defaults of opts.
 func withDefaults(opts Options) Options {
@@ -336,6 +345,23 @@ func eventsBudget(grace time.Duration, mo *manager.Options) time.Duration {
 // defaultGracefulShutdownTimeout is controller-runtime's default GracefulShutdownTimeout.
 const defaultGracefulShutdownTimeout = 30 * time.Second
 
+// checkDurations checks the durations of opts, which New and Add are given, before their
+// defaults are filled in, and says which value to change.
+func checkDurations(opts Options) error {
+	grace := opts.GracePeriod
+	if grace <= 0 {
+		grace = DefaultGracePeriod
+	}
+	if opts.ShutdownDelay < 0 {
+		return fmt.Errorf("ShutdownDelay is %v: set it to 0 (no delay) or more", opts.ShutdownDelay)
+	}
+	if opts.CancelAfter > 0 && opts.CancelAfter >= grace {
+		return fmt.Errorf("CancelAfter (%v) must be below GracePeriod (%v): lower CancelAfter, or raise GracePeriod",
+			opts.CancelAfter, grace)
+	}
+	return nil
+}
+
 // validate checks the options Add is given, before their defaults are filled in, and says
 // which value to change.
 func validate(opts Options) error {
@@ -348,16 +374,12 @@ func validate(opts Options) error {
 		return errors.New("leader election is on, but quiesce does not observe the lease: " +
 			"call runnable.ObserveLease(cfg, &mgrOpts) before ctrl.NewManager(cfg, mgrOpts)")
 	}
+	if err := checkDurations(opts); err != nil {
+		return err
+	}
 	grace := opts.GracePeriod
 	if grace <= 0 {
 		grace = DefaultGracePeriod
-	}
-	if opts.ShutdownDelay < 0 {
-		return fmt.Errorf("ShutdownDelay is %v: set it to 0 (no delay) or more", opts.ShutdownDelay)
-	}
-	if opts.CancelAfter > 0 && opts.CancelAfter >= grace {
-		return fmt.Errorf("CancelAfter (%v) must be below GracePeriod (%v): lower CancelAfter, or raise GracePeriod",
-			opts.CancelAfter, grace)
 	}
 	timeout, source := defaultGracefulShutdownTimeout, "controller-runtime's default, as ManagerOptions set none"
 	if mo.GracefulShutdownTimeout != nil {

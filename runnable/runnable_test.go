@@ -368,6 +368,26 @@ func (s *nilSink) Error(error, string, ...any)    { s.lines++ }
 func (s *nilSink) WithValues(...any) logr.LogSink { return s }
 func (s *nilSink) WithName(string) logr.LogSink   { return s }
 
+// Setup misuse: New panics on the Options that Add refuses with an error, naming the value.
+func TestNewPanicsOnMisuse(t *testing.T) {
+	for _, tc := range []struct {
+		opts runnable.Options
+		want string
+	}{
+		{runnable.Options{ShutdownDelay: -time.Second}, "runnable.New: ShutdownDelay is -1s"},
+		{runnable.Options{CancelAfter: 30 * time.Second}, "runnable.New: CancelAfter (30s) must be below GracePeriod (25s)"},
+	} {
+		v := func() (v any) {
+			defer func() { v = recover() }()
+			runnable.New(tc.opts)
+			return nil
+		}()
+		if msg, _ := v.(string); !strings.HasPrefix(msg, tc.want) {
+			t.Errorf("New(%+v) panicked with %#v, want %q", tc.opts, v, tc.want)
+		}
+	}
+}
+
 func TestShieldedFromCreation(t *testing.T) {
 	// The executor of a Runnable is shielded from its creation (controller-runtime's
 	// cancellation does not end a wrapped reconcile: the drain does); one of drain.New is not.

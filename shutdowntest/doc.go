@@ -33,6 +33,18 @@
 // (controller-runtime then exits at once), then SIGKILL; WaitLines and WaitLeader at most
 // Options.WaitTimeout. A log line longer than 1 MiB is cut, and the lines after it are read.
 //
+// Setup misuse, one rule in every quiesce package: a function that can report an error (an
+// error result, a test's TestingT, a Gomega matcher's error) reports every misuse of its
+// arguments and options that way, naming what to change; a function that cannot (a
+// constructor used inline, as reconcilers.Wrap in SetupWithManager) panics on misuse, at
+// the call, with a message naming the function and what to change: a programming error,
+// found at setup, as regexp.MustCompile finds one. Nothing found at setup is left for run
+// time. A typed nil (a nil *events.FakeRecorder as a Recorder, a nil *FakeClock as a Clock,
+// a Logger whose sink is a nil pointer) is nil: it means what leaving it unset means.
+//
+// Here: Build and Start return every misuse of Options as an error naming the field; the
+// matchers fail, never panic, on what they cannot match (a nil *Result).
+//
 // Concurrency: Build and Start may be called from several goroutines; an Operator's methods
 // are safe to call concurrently, and Kill may race with Stop.
 package shutdowntest

@@ -226,7 +226,7 @@ func samePanic(raised, v any) bool {
 func (c *call) finish(err error) {
 	e := c.e
 	c.leave()
-	e.takeRaised(c) // a nested panic raised again that fn recovered: forgotten
+	_ = e.takeRaised(c) // a nested panic raised again that fn recovered: forgotten
 	if c.slot {
 		<-e.slots
 	}

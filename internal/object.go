@@ -2,11 +2,11 @@ package internal
 
 import (
 	"reflect"
-
-	"github.com/go-logr/logr"
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/go-logr/logr"
 )
 
 // BackoffCeiling bounds the retry delays of reconcilers.Daemons and lifecycle.Handlers. A

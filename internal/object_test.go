@@ -1,12 +1,13 @@
 package internal_test
 
 import (
-	"github.com/go-logr/logr"
-	"github.com/go-logr/logr/funcr"
 	"strings"
 	"testing"
 	"time"
 	"unicode/utf8"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
 
 	"github.com/quiesce-dev/quiesce/internal"
 )

@@ -11,7 +11,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"k8s.io/utils/clock"
-	"sigs.k8s.io/controller-runtime/pkg/log"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/quiesce-dev/quiesce/drain"
@@ -158,7 +158,7 @@ func New(opts Options) *Runnable {
 // withDefaults fills in the documented defaults of opts.
 func withDefaults(opts Options) Options {
 	if internal.NoLogger(opts.Logger) {
-		opts.Logger = log.Log.WithName("quiesce")
+		opts.Logger = logf.Log.WithName("quiesce")
 	}
 	if opts.GracePeriod <= 0 {
 		opts.GracePeriod = DefaultGracePeriod

@@ -8,10 +8,10 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/go-logr/logr"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/quiesce-dev/quiesce/drain"
+	"github.com/quiesce-dev/quiesce/internal/nilsink"
 )
 
 type ctxKey struct{}
@@ -406,7 +406,7 @@ func TestPanics(t *testing.T) {
 // and no log, instead of a nil dereference at the first call or report.
 func TestTypedNilPlugins(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		ex := drain.New(drain.Options{Clock: (*clocktesting.FakeClock)(nil), Logger: logr.New((*nilSink)(nil)),
+		ex := drain.New(drain.Options{Clock: (*clocktesting.FakeClock)(nil), Logger: nilsink.Logger(),
 			CancelAfter: -1})
 		release := make(chan struct{})
 		if err := ex.Go(context.Background(), "waits", func(context.Context) error {
@@ -426,14 +426,3 @@ func TestTypedNilPlugins(t *testing.T) {
 		}
 	})
 }
-
-// nilSink is a logr.LogSink whose methods, but Init, need a non-nil receiver, as most do: a
-// typed nil of it as a Logger's sink fails at the first line logged.
-type nilSink struct{ lines int }
-
-func (*nilSink) Init(logr.RuntimeInfo)            {}
-func (s *nilSink) Enabled(int) bool               { return s.lines >= 0 }
-func (s *nilSink) Info(int, string, ...any)       { s.lines++ }
-func (s *nilSink) Error(error, string, ...any)    { s.lines++ }
-func (s *nilSink) WithValues(...any) logr.LogSink { return s }
-func (s *nilSink) WithName(string) logr.LogSink   { return s }

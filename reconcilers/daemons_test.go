@@ -10,7 +10,6 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -20,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/quiesce-dev/quiesce/drain"
+	"github.com/quiesce-dev/quiesce/internal/nilsink"
 	"github.com/quiesce-dev/quiesce/reconcilers"
 )
 
@@ -323,7 +323,7 @@ func TestDaemonsTypedNilPlugins(t *testing.T) {
 		ex := drain.New(drain.Options{})
 		drainedWithin(t, ex)
 		d := reconcilers.NewDaemons(ex, "typed-nil", reconcilers.DaemonsOptions{
-			Clock: (*clocktesting.FakeClock)(nil), Logger: logr.New((*nilSink)(nil)),
+			Clock: (*clocktesting.FakeClock)(nil), Logger: nilsink.Logger(),
 		})
 		var starts atomic.Int32
 		if err := d.Ensure(context.Background(), daemonObject("a", "uid-a"), "flaky", func(ctx context.Context) error {
@@ -686,14 +686,3 @@ func TestDaemonsAreListedAsDaemonsAndNeverSlow(t *testing.T) {
 		}
 	})
 }
-
-// nilSink is a logr.LogSink whose methods, but Init, need a non-nil receiver, as most do: a
-// typed nil of it as a Logger's sink fails at the first line logged.
-type nilSink struct{ lines int }
-
-func (*nilSink) Init(logr.RuntimeInfo)            {}
-func (s *nilSink) Enabled(int) bool               { return s.lines >= 0 }
-func (s *nilSink) Info(int, string, ...any)       { s.lines++ }
-func (s *nilSink) Error(error, string, ...any)    { s.lines++ }
-func (s *nilSink) WithValues(...any) logr.LogSink { return s }
-func (s *nilSink) WithName(string) logr.LogSink   { return s }

@@ -117,6 +117,8 @@ type PanicError struct {
 	Name  string
 	Value any
 	Stack []byte
+
+	logged bool // the executor logged it (repanic); read after the call's done
 }
 
 func (e *PanicError) Error() string {
@@ -354,17 +356,23 @@ func (e *Executor) call(ctx context.Context, o *internal.CallOptions, fn interna
 		}
 	}
 	if o.Repanic && c.panicked {
-		repanic(ctx, c.err.(*PanicError)) //nolint:errcheck,forcetypeassert // panicked: err is its *PanicError
+		repanic(ctx, c.e, c.err.(*PanicError)) //nolint:errcheck,forcetypeassert // panicked: err is its *PanicError
 	}
 	return c.err
 }
 
 // repanic raises fn's panic again on the caller's goroutine, settled and counted, with the
 // value fn panicked with, as if the caller had called fn itself: whoever recovers it
-// (controller-runtime's RecoverPanic) sees that value, as without quiesce. If the caller
-// is itself a tracked call, it is told, so that the panic, reaching it, is counted once
-// and keeps fn's stack in its *PanicError.
-func repanic(ctx context.Context, pe *PanicError) {
+// (controller-runtime's RecoverPanic) sees that value, as without quiesce. fn ran on a
+// goroutine of its own, so the stack of the panic raised here shows the caller, not where
+// fn panicked: e logs fn's stack first ("Call panicked"), once however deep the calls nest.
+// If the caller is itself a tracked call, it is told, so that the panic, reaching it, is
+// counted once and keeps fn's stack in its *PanicError.
+func repanic(ctx context.Context, e *Executor, pe *PanicError) {
+	if !pe.logged {
+		pe.logged = true
+		e.logPanic(pe)
+	}
 	if outer, ok := ctx.Value(internal.CallKey{}).(*call); ok {
 		outer.e.markRaised(outer, pe)
 	}

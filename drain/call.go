@@ -20,7 +20,6 @@ type call struct {
 	e      *Executor
 	parent context.Context // the caller's ctx
 	opts   internal.CallOptions
-	fn     internal.Handler // fn.Handle is the call's function
 	start  time.Time
 
 	onCaller bool // Run: fn runs on the caller's goroutine
@@ -28,6 +27,7 @@ type call struct {
 	shielded bool // the context ignores parent's cancellation, not its deadline nor values
 	labelled bool // parent carries pprof labels, which Run restores (see labels.go)
 	panicked bool // fn panicked: err is its *PanicError; written before done is closed
+	returned bool // fn returned before its context ended otherwise; guarded by ctxMu
 
 	prev, next *call // the executor's list, guarded by Executor.mu
 
@@ -37,9 +37,8 @@ type call struct {
 	label  *label        // the executor's label id it holds, from link (see labels.go)
 	since  atomic.Uint64 // 0 until fn begins, sinceLeft once it returned (see labels.go)
 
-	ctxMu sync.Mutex // guards the fields below (see context.go)
+	ctxMu sync.Mutex // guards std and returned (see context.go)
 	std   *stdCtx    // the standard context behind Done and Cause, once asked for
-	cause error      // set by cancel while std is nil and the context had not ended
 
 	done      chan struct{} // closed when fn returned and err is set, for Call; nil otherwise
 	state     atomic.Uint32 // callWaiting, callDetached or callFinished
@@ -68,9 +67,10 @@ var (
 
 // newCall makes the record of a call. Its context (see context.go) is made when something
 // asks for it, not here. A shielded call (CallOptions.Shield on an owned executor) keeps its
-// caller's values and deadline but not its cancellation.
-func newCall(ctx context.Context, e *Executor, o *internal.CallOptions, fn internal.Handler) *call {
-	return &call{e: e, parent: ctx, opts: *o, fn: fn, shielded: o.Shield && e.settings.Owned}
+// caller's values and deadline but not its cancellation. The record does not keep fn: exec
+// is given it, so that nothing holds a wrapped reconcile's handler once Run returned.
+func newCall(ctx context.Context, e *Executor, o *internal.CallOptions) *call {
+	return &call{e: e, parent: ctx, opts: *o, shielded: o.Shield && e.settings.Owned}
 }
 
 // funcHandler is a func given to Call, Go or Run as an internal.Handler (a func value is
@@ -115,11 +115,11 @@ func (c *call) outer() *call {
 	return a
 }
 
-// exec runs fn with the call's label and settles the call however fn ends: it returns, it
+// exec runs fn, the call's function, with the call's label and settles the call however fn ends: it returns, it
 // panics, or it calls runtime.Goexit. It tells a recovered nil panic (GODEBUG=panicnil=1)
 // from a Goexit by whether the inner function returned, as golang.org/x/sync/singleflight
 // does. Whichever way fn ends, finish restores the goroutine's labels.
-func (c *call) exec() {
+func (c *call) exec(fn internal.Handler) {
 	c.enter()
 	settled := false
 	defer func() {
@@ -150,7 +150,7 @@ func (c *call) exec() {
 				panic(v)
 			}
 		}()
-		err = c.fn.Handle(c)
+		err = fn.Handle(c)
 		returned = true
 	}()
 	if settled {

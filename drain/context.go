@@ -17,9 +17,10 @@ import (
 // to the context package as its own cancelCtx (Value of the package's cancelCtxKey), with
 // the same Done channel: children register with it as with any standard parent, with no
 // goroutine each, and context.Cause finds the cause there. Until it is made, Err is worked
-// out exactly as that context would report it: the call's own cancellation, else the
-// caller's (a call that is not shielded), else its deadline (a shielded one); the first of
-// them wins, as in the standard library.
+// out exactly as that context would report it: fn's return, else the caller's cancellation
+// (a call that is not shielded), else its deadline (a shielded one); the first of them wins,
+// as in the standard library. Any other end (the drain's cancellation, a fence) is rare: it
+// makes the standard context and cancels it, which then answers for everything.
 
 // cancelCtxKey is the context package's unexported key by which a context derived from a
 // standard cancelCtx returns it (context.Cause and propagateCancel ask for it). It is
@@ -68,7 +69,7 @@ func (c *call) Err() error {
 // errLocked is Err while no standard context was made. The caller holds c.ctxMu.
 func (c *call) errLocked() error {
 	switch {
-	case c.cause != nil:
+	case c.returned:
 		return context.Canceled
 	case !c.shielded:
 		return c.parent.Err()
@@ -79,34 +80,42 @@ func (c *call) errLocked() error {
 	return nil
 }
 
-// cancel ends the call's context with cause, unless it ended already.
+// cancel ends the call's context with cause, unless it ended already. fn's return
+// (errFinished) with no standard context made is recorded in the call; any other cause
+// makes the standard context first.
 func (c *call) cancel(cause error) {
 	c.ctxMu.Lock()
-	if c.std != nil {
-		cancel := c.std.cancel
+	if c.std == nil && cause == errFinished {
+		if c.errLocked() == nil {
+			c.returned = true
+		}
 		c.ctxMu.Unlock()
-		cancel(cause)
 		return
 	}
-	if c.errLocked() == nil {
-		c.cause = cause
-	}
+	cancel := c.stdLocked().cancel
 	c.ctxMu.Unlock()
+	cancel(cause)
 }
 
-// stdCtx returns the call's standard context, made now if it was not: as the call's
-// context used to be made, then ended as the call's had ended already, if it had.
+// stdCtx returns the call's standard context, made now if it was not.
 func (c *call) stdCtx() context.Context {
 	c.ctxMu.Lock()
 	defer c.ctxMu.Unlock()
+	return c.stdLocked().ctx
+}
+
+// stdLocked returns the call's standard context, made now if it was not: as the call's
+// context used to be made, then ended as the call's had ended already, if fn returned.
+// The caller holds c.ctxMu.
+func (c *call) stdLocked() *stdCtx {
 	if c.std == nil {
 		ctx, cancel := c.newStd()
 		c.std = &stdCtx{ctx: ctx, cancel: cancel}
-		if c.cause != nil {
-			cancel(c.cause)
+		if c.returned {
+			cancel(errFinished)
 		}
 	}
-	return c.std.ctx
+	return c.std
 }
 
 // newStd makes the standard context equal to the call's: a child of the caller's ctx, or,

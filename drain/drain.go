@@ -342,7 +342,7 @@ func (e *Executor) call(ctx context.Context, o *internal.CallOptions, fn interna
 		return err
 	}
 	c.done = make(chan struct{})
-	go c.exec()
+	go c.exec(fn)
 	if ctxDone := ctx.Done(); ctxDone == nil { // ctx never ends: wait for fn alone
 		<-c.done
 	} else {
@@ -396,7 +396,7 @@ func (e *Executor) goCall(ctx context.Context, o *internal.CallOptions, fn inter
 		return err
 	}
 	c.state.Store(callDetached)
-	go c.exec()
+	go c.exec(fn)
 	return nil
 }
 
@@ -424,7 +424,7 @@ func (e *Executor) run(ctx context.Context, o *internal.CallOptions, fn internal
 		return err
 	}
 	c.onCaller = true
-	c.exec()
+	c.exec(fn)
 	return c.err
 }
 
@@ -448,7 +448,7 @@ func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn intern
 			return nil, err
 		}
 	}
-	c := newCall(ctx, e, o, fn)
+	c := newCall(ctx, e, o)
 	c.slot = slot
 	// Stamped before the lock, so that reading the clock does not lengthen the executor's
 	// lock held by every call; link keeps the list ordered by the stamps.

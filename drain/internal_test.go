@@ -18,10 +18,11 @@ import (
 func TestLocateCallNotStarted(t *testing.T) {
 	e := New(Options{})
 	ran := make(chan struct{})
-	c, err := e.admit(context.Background(), &internal.CallOptions{Name: "admitted"}, funcHandler(func(context.Context) error {
+	fn := funcHandler(func(context.Context) error {
 		close(ran)
 		return nil
-	}))
+	})
+	c, err := e.admit(context.Background(), &internal.CallOptions{Name: "admitted"}, fn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,7 +31,7 @@ func TestLocateCallNotStarted(t *testing.T) {
 	if len(calls) != 1 || calls[0].Name != "admitted" || calls[0].Where != NotStarted || calls[0].Handler != NotStarted {
 		t.Errorf("locate = %+v, want the call not started", calls)
 	}
-	go c.exec()
+	go c.exec(fn)
 	<-ran
 	if err := e.Drain(context.Background()); err != nil {
 		t.Fatal(err)

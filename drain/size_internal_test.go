@@ -6,9 +6,9 @@ import (
 )
 
 // TestCallRecordSize keeps a call's record, the one allocation of a wrapped reconcile's
-// tracking, within the 288-byte size class of the allocator.
+// tracking, within the 256-byte size class of the allocator.
 func TestCallRecordSize(t *testing.T) {
-	if n := unsafe.Sizeof(call{}); n > 288 {
-		t.Errorf("a call record is %d bytes, want at most 288", n)
+	if n := unsafe.Sizeof(call{}); n > 256 {
+		t.Errorf("a call record is %d bytes, want at most 256", n)
 	}
 }

@@ -22,12 +22,12 @@ type call struct {
 	opts   internal.CallOptions
 	start  time.Time
 
-	onCaller bool // Run: fn runs on the caller's goroutine
-	slot     bool // holds a MaxConcurrent slot, given back by finish
-	shielded bool // the context ignores parent's cancellation, not its deadline nor values
-	labelled bool // parent carries pprof labels, which Run restores (see labels.go)
-	panicked bool // fn panicked: err is its *PanicError; written before done is closed
-	returned bool // fn returned before its context ended otherwise; guarded by ctxMu
+	onCaller bool   // Run: fn runs on the caller's goroutine
+	slot     bool   // holds a MaxConcurrent slot, given back by finish
+	shielded bool   // the context ignores parent's cancellation, not its deadline nor values
+	labelled bool   // parent carries pprof labels, which Run restores (see labels.go)
+	panicked bool   // fn panicked: err is its *PanicError; written before done is closed
+	ended    ending // how the context ended while std is nil; guarded by ctxMu
 
 	prev, next *call // the executor's list, guarded by Executor.mu
 
@@ -37,7 +37,7 @@ type call struct {
 	label  *label        // the executor's label id it holds, from link (see labels.go)
 	since  atomic.Uint64 // 0 until fn begins, sinceLeft once it returned (see labels.go)
 
-	ctxMu sync.Mutex // guards std and returned (see context.go)
+	ctxMu sync.Mutex // guards std and ended (see context.go)
 	std   *stdCtx    // the standard context behind Done and Cause, once asked for
 
 	done      chan struct{} // closed when fn returned and err is set, for Call; nil otherwise

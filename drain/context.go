@@ -17,10 +17,11 @@ import (
 // to the context package as its own cancelCtx (Value of the package's cancelCtxKey), with
 // the same Done channel: children register with it as with any standard parent, with no
 // goroutine each, and context.Cause finds the cause there. Until it is made, Err is worked
-// out exactly as that context would report it: fn's return, else the caller's cancellation
-// (a call that is not shielded), else its deadline (a shielded one); the first of them wins,
-// as in the standard library. Any other end (the drain's cancellation, a fence) is rare: it
-// makes the standard context and cancels it, which then answers for everything.
+// out exactly as that context would report it: the call's own end (fn's return, the
+// drain's cancellation), else the caller's cancellation (a call that is not shielded), else
+// its deadline (a shielded one); the first of them wins, as in the standard library. A
+// fence's cause, any error, is rare: it makes the standard context and cancels it, which
+// then answers for everything.
 
 // cancelCtxKey is the context package's unexported key by which a context derived from a
 // standard cancelCtx returns it (context.Cause and propagateCancel ask for it). It is
@@ -42,6 +43,35 @@ func (p *keyProbe) Value(key any) any {
 		p.key = key
 	}
 	return nil
+}
+
+// ending is how a call's own context ended while no standard context was made: one of
+// the two causes it can end with without one (endedNot while it has not).
+type ending uint8
+
+const (
+	endedNot      ending = iota
+	endedReturned        // errFinished
+	endedDrained         // errCancelledByDrain
+)
+
+// endingOf returns the ending of cause, endedNot for a cause that needs the standard context.
+func endingOf(cause error) ending {
+	switch cause {
+	case errFinished:
+		return endedReturned
+	case errCancelledByDrain:
+		return endedDrained
+	}
+	return endedNot
+}
+
+// cause returns the cause of the ending.
+func (k ending) cause() error {
+	if k == endedDrained {
+		return errCancelledByDrain
+	}
+	return errFinished
 }
 
 // stdCtx is a call's standard context and its cancel func (which releases its deadline).
@@ -69,7 +99,7 @@ func (c *call) Err() error {
 // errLocked is Err while no standard context was made. The caller holds c.ctxMu.
 func (c *call) errLocked() error {
 	switch {
-	case c.returned:
+	case c.ended != endedNot:
 		return context.Canceled
 	case !c.shielded:
 		return c.parent.Err()
@@ -80,14 +110,14 @@ func (c *call) errLocked() error {
 	return nil
 }
 
-// cancel ends the call's context with cause, unless it ended already. fn's return
-// (errFinished) with no standard context made is recorded in the call; any other cause
-// makes the standard context first.
+// cancel ends the call's context with cause, unless it ended already. fn's return and the
+// drain's cancellation, with no standard context made, are recorded in the call; any other
+// cause makes the standard context first.
 func (c *call) cancel(cause error) {
 	c.ctxMu.Lock()
-	if c.std == nil && cause == errFinished {
+	if k := endingOf(cause); c.std == nil && k != endedNot {
 		if c.errLocked() == nil {
-			c.returned = true
+			c.ended = k
 		}
 		c.ctxMu.Unlock()
 		return
@@ -105,14 +135,14 @@ func (c *call) stdCtx() context.Context {
 }
 
 // stdLocked returns the call's standard context, made now if it was not: as the call's
-// context used to be made, then ended as the call's had ended already, if fn returned.
-// The caller holds c.ctxMu.
+// context used to be made, then ended as the call's had ended already, if it had. The
+// caller holds c.ctxMu.
 func (c *call) stdLocked() *stdCtx {
 	if c.std == nil {
 		ctx, cancel := c.newStd()
 		c.std = &stdCtx{ctx: ctx, cancel: cancel}
-		if c.returned {
-			cancel(errFinished)
+		if c.ended != endedNot {
+			cancel(c.ended.cause())
 		}
 	}
 	return c.std

@@ -26,6 +26,17 @@ import (
 // cancelCtxKey is the context package's unexported key by which a context derived from a
 // standard cancelCtx returns it (context.Cause and propagateCancel ask for it). It is
 // learned once: context.Cause asks a context whose Err is not nil for that key.
+//
+// Why a probe: context.Cause reads a cause only from the *cancelCtx that Value returns for
+// this key, so a hand-written context can report one only by answering the key with its
+// standard context, and must tell the key from others to make that context lazily. The
+// alternative without the probe, making the standard context for any key of the key's
+// type (*int) and answering when it answers with itself, is as fast for the usual keys
+// but makes a standard context (and, shielded with a deadline, a timer) for every call
+// whose context is asked for a user's *int key. If the context package ever stops asking
+// for it as the probe expects, cancelCtxKey stays nil: context.Cause of a call then
+// returns its Err (never a panic), which TestCancelCtxKeyIsTheContextPackages and the
+// conformance test report.
 var cancelCtxKey = func() any {
 	var p keyProbe
 	_ = context.Cause(&p)

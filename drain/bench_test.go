@@ -456,6 +456,41 @@ func BenchmarkGoInterleaved(b *testing.B) {
 	b.ReportMetric(ratio, "go/errgroup")
 }
 
+// BenchmarkGoSteadyInterleaved is BenchmarkGoInterleaved with one executor for every block,
+// as an operator has one for its process: its label ids, made once per call pending at once
+// (see labels.go), are reused from block to block, where each of BenchmarkGoInterleaved's
+// fresh executors makes them anew. A block waits for its calls by a WaitGroup that fn counts
+// down, as errgroup.Group waits for its own. It reports the same metrics, for comparison
+// (the budget is BenchmarkGoInterleaved's).
+func BenchmarkGoSteadyInterleaved(b *testing.B) {
+	ctx := context.Background()
+	ex := drain.New(drain.Options{})
+	b.Cleanup(func() { _ = ex.Drain(context.Background()) })
+	var wg sync.WaitGroup
+	fn := func(context.Context) error {
+		wg.Done()
+		return nil
+	}
+	_, _, ratio := benchpair.Interleaved(b, 200, "go", func(n int) {
+		wg.Add(n)
+		for range n {
+			if err := ex.Go(ctx, "nop", fn); err != nil {
+				b.Fatal(err)
+			}
+		}
+		wg.Wait()
+	}, "errgroup", func(n int) {
+		var g errgroup.Group
+		for range n {
+			g.Go(func() error { return nop(ctx) })
+		}
+		if err := g.Wait(); err != nil {
+			b.Fatal(err)
+		}
+	})
+	b.ReportMetric(ratio, "go/errgroup")
+}
+
 // BenchmarkReportInterleaved runs a drain report of 10,000 pending calls 150 frames deep
 // (a fresh capture each time, as BenchmarkReport) and its floor (the goroutine profile
 // written in its protobuf form, as BenchmarkReportFloor's "pprof"), alternately, and

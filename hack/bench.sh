@@ -20,6 +20,7 @@ run() { # package, benchmark pattern, benchtime
 }
 run ./drain/ '^BenchmarkCallInterleaved$' 200000x
 run ./drain/ '^BenchmarkGoInterleaved$' 200000x
+run ./drain/ '^BenchmarkGoSteadyInterleaved$' 200000x
 run ./drain/ '^BenchmarkReportInterleaved$' 3x
 run ./reconcilers/ '^BenchmarkReconcileDirectInterleaved$' 500000x
 run ./reconcilers/ '^BenchmarkReconcileLoopInterleaved$' 100000x
@@ -46,6 +47,8 @@ END {
 	row("Call / (go + WaitGroup + channel)", "<= 1.8", sprintf("%.2f", call), call <= 1.8)
 	gor = median("BenchmarkGoInterleaved" SUBSEP "go/errgroup")
 	row("Go / errgroup.Group.Go", "<= 3", sprintf("%.2f", gor), gor <= 3)
+	gos = median("BenchmarkGoSteadyInterleaved" SUBSEP "go/errgroup")
+	row("the same on one long-lived executor (label ids reused)", "reported", sprintf("%.2f", gos), 1)
 	ns = median("BenchmarkReconcileDirectInterleaved" SUBSEP "over-ns/op")
 	row("wrapped Reconcile called directly, over the bare call: ns", "<= 1000", sprintf("%.0f", ns), ns <= 1000)
 	al = median("BenchmarkReconcileDirectInterleaved" SUBSEP "over-allocs/op")

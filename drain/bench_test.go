@@ -467,9 +467,9 @@ func BenchmarkGoSteadyInterleaved(b *testing.B) {
 	ex := drain.New(drain.Options{})
 	b.Cleanup(func() { _ = ex.Drain(context.Background()) })
 	var wg sync.WaitGroup
-	fn := func(context.Context) error {
-		wg.Done()
-		return nil
+	fn := func(ctx context.Context) error {
+		defer wg.Done()
+		return nop(ctx)
 	}
 	_, _, ratio := benchpair.Interleaved(b, 200, "go", func(n int) {
 		wg.Add(n)

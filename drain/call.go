@@ -115,10 +115,11 @@ func (c *call) outer() *call {
 	return a
 }
 
-// exec runs fn, the call's function, with the call's label and settles the call however fn ends: it returns, it
-// panics, or it calls runtime.Goexit. It tells a recovered nil panic (GODEBUG=panicnil=1)
-// from a Goexit by whether the inner function returned, as golang.org/x/sync/singleflight
-// does. Whichever way fn ends, finish restores the goroutine's labels.
+// exec runs fn, the call's function, with the call's label and settles the call however fn
+// ends: it returns, it panics, or it calls runtime.Goexit. It tells a recovered nil panic
+// (GODEBUG=panicnil=1) from a Goexit by whether the inner function returned, as
+// golang.org/x/sync/singleflight does. Whichever way fn ends, finish restores the
+// goroutine's labels.
 func (c *call) exec(fn internal.Handler) {
 	c.enter()
 	settled := false

@@ -125,8 +125,14 @@ type Options struct {
 	// port that Env's webhook configurations send requests to: so that several operators
 	// with webhooks can run at once (a second one on Env's port fails with "bind: address
 	// already in use"). The API server's requests then reach none of them unless the spec
-	// forwards Env's port to one, as a Service does (examples/rollout's router).
+	// forwards Env's port to one, as a Service does (Service).
 	FreeWebhookPort bool
+	// Service puts the operator behind a Service of several replicas (NewService): its
+	// webhook server gets a free port of its own on the Service's host and the Service's
+	// serving certificate (Endpoints.Webhook and WebhookCertDir, whatever Env installs), and
+	// once Start returns, the Service forwards new admission connections to it while it is
+	// ready, until Stop's SIGTERM (and ServiceOptions.TerminatingDelay) or its exit. nil: none.
+	Service *Service
 
 	// LogPrefix is written before each line copied to Output, e.g. "replica-1 | ", so that
 	// the logs of several operators can be told apart. Lines and Result.Lines have none.
@@ -214,7 +220,8 @@ type Endpoints struct {
 	// Env installs none. The operator's webhook server must listen there: KubebuilderFlags
 	// passes its port as --webhook-port; for a main with other flags, pass it in
 	// Options.Flags, or set LocalServingPort to the port it listens on before Env starts.
-	// With Options.FreeWebhookPort: a free port of the operator's own on that host.
+	// With Options.FreeWebhookPort: a free port of the operator's own on that host; with
+	// Options.Service, on the Service's host.
 	Webhook string
 	// WebhookCertDir holds the serving certificate (tls.crt, tls.key) that Env's webhook
 	// configurations trust; "" when Env installs no webhook.
@@ -430,6 +437,9 @@ func Start(ctx context.Context, opts Options) (*Operator, error) {
 		op.Kill()
 		return nil, err
 	}
+	if opts.Service != nil {
+		opts.Service.add(op)
+	}
 	return op, nil
 }
 
@@ -575,6 +585,12 @@ func endpoints(opts Options) (Endpoints, error) {
 			return Endpoints{}, err
 		}
 	}
+	if opts.Service != nil {
+		if e.Webhook, err = freeAddr(opts.Service.host); err != nil {
+			return Endpoints{}, err
+		}
+		e.WebhookCertDir = opts.Service.certDir
+	}
 	return e, nil
 }
 
@@ -684,9 +700,18 @@ const LeaseAcquired = "Successfully acquired lease"
 // v0.22 to v0.25), bounded as WaitLines is. Start returns once the operator is ready, which
 // a standby is too: wait with WaitLeader for the leader.
 func (o *Operator) WaitLeader(ctx context.Context) error {
-	want := strings.ToLower(LeaseAcquired)
 	return o.waitLines(ctx, "the leader-election lease (a line "+strconv.Quote(LeaseAcquired)+", in any case)", 1,
-		func(l string) bool { return strings.Contains(strings.ToLower(l), want) })
+		leaseAcquired)
+}
+
+// IsLeader reports whether the operator logged, so far, that it acquired the lease, as
+// WaitLeader waits for: e.g. which of several replicas took over once the leader stopped.
+func (o *Operator) IsLeader() bool {
+	return slices.ContainsFunc(o.Lines(), leaseAcquired)
+}
+
+func leaseAcquired(line string) bool {
+	return strings.Contains(strings.ToLower(line), strings.ToLower(LeaseAcquired))
 }
 
 // waitLines is WaitLines; what says what it waits for, in its errors.
@@ -859,6 +884,9 @@ func (o *Operator) Stop(ctx context.Context) (*Result, error) {
 		if err := o.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 			o.Kill()
 			return o.result(), fmt.Errorf("failed to send SIGTERM to the operator: %w", err)
+		}
+		if o.opts.Service != nil {
+			o.opts.Service.terminating(o) // as the pod's deletion reaches the endpoints
 		}
 		t := time.NewTimer(o.opts.StopTimeout)
 		defer t.Stop()

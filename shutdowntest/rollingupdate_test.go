@@ -112,11 +112,11 @@ func TestRollingUpdate(t *testing.T) {
 // createContinuously creates a labelled ConfigMap in ns every interval, each one an
 // admission request, until the function it returns is called; that one returns how many it
 // created and the errors.
-func createContinuously(ctx context.Context, c client.Client, ns string, interval time.Duration) func() (int, []error) {
+func createContinuously(ctx context.Context, c client.Client, ns string, interval time.Duration) func() (int, []string) {
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var mu sync.Mutex
-	var errs []error
+	var errs []string
 	n := 0
 	wg.Go(func() {
 		t := time.NewTicker(interval)
@@ -134,13 +134,13 @@ func createContinuously(ctx context.Context, c client.Client, ns string, interva
 				}})
 				if err != nil {
 					mu.Lock()
-					errs = append(errs, err)
+					errs = append(errs, err.Error())
 					mu.Unlock()
 				}
 			})
 		}
 	})
-	return func() (int, []error) {
+	return func() (int, []string) {
 		close(stop)
 		wg.Wait()
 		return n, errs
@@ -160,4 +160,13 @@ func reconciled(ctx context.Context, g Gomega, c client.Client, ns string) (int,
 		}
 	}
 	return n, by
+}
+
+// A Service needs the webhooks' address and certificate: the error says where they come from.
+func TestServiceNeedsInstalledWebhooks(t *testing.T) {
+	g := NewWithT(t)
+	for _, w := range []*envtest.WebhookInstallOptions{nil, {}} {
+		_, err := shutdowntest.NewService(w, shutdowntest.ServiceOptions{})
+		g.Expect(err).To(MatchError(ContainSubstring("start the Environment that installs the webhooks first")))
+	}
 }

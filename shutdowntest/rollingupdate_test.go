@@ -2,10 +2,10 @@ package shutdowntest_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
-	"sync"
-	"testing"
+		"testing"
 	"time"
 
 	. "github.com/onsi/gomega"
@@ -76,7 +76,11 @@ func TestRollingUpdate(t *testing.T) {
 	leader := replica("old-leader")
 	g.Expect(leader.WaitLeader(ctx)).To(Succeed())
 	standby := replica("old-standby")
-	creates := createContinuously(ctx, c, ns, 20*time.Millisecond)
+	creates := shutdowntest.Every(ctx, 20*time.Millisecond, func(ctx context.Context, i int) error {
+		return c.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
+			Name: fmt.Sprintf("cm-%04d", i), Namespace: ns, Labels: map[string]string{rolloutLabel: "rolling"},
+		}})
+	})
 
 	fresh := replica("new")
 	res, err := leader.Stop(ctx)
@@ -92,7 +96,7 @@ func TestRollingUpdate(t *testing.T) {
 		WithPolling(100*time.Millisecond).Should(BeNumerically(">", 0), "the new leader reconciles")
 
 	total, errs := creates()
-	g.Expect(errs).To(BeEmpty(), "no admission request failed")
+	g.Expect(errors.Join(errs...)).NotTo(HaveOccurred(), "no admission request failed")
 	g.Expect(total).To(BeNumerically(">=", 100), "admission requests throughout")
 	accepted, failed := svc.Connections()
 	g.Expect(failed).To(BeZero(), "of %d connections to the Service", accepted)
@@ -107,44 +111,6 @@ func TestRollingUpdate(t *testing.T) {
 	}
 	g.Expect(last).To(Equal(map[*shutdowntest.Operator]bool{leader: false, standby: false, fresh: false}),
 		"each replica joined the Service, and left it")
-}
-
-// createContinuously creates a labelled ConfigMap in ns every interval, each one an
-// admission request, until the function it returns is called; that one returns how many it
-// created and the errors.
-func createContinuously(ctx context.Context, c client.Client, ns string, interval time.Duration) func() (int, []string) {
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var errs []string
-	n := 0
-	wg.Go(func() {
-		t := time.NewTicker(interval)
-		defer t.Stop()
-		for i := 0; ; i++ {
-			select {
-			case <-t.C:
-			case <-stop:
-				return
-			}
-			n++
-			wg.Go(func() {
-				err := c.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
-					Name: fmt.Sprintf("cm-%04d", i), Namespace: ns, Labels: map[string]string{rolloutLabel: "rolling"},
-				}})
-				if err != nil {
-					mu.Lock()
-					errs = append(errs, err.Error())
-					mu.Unlock()
-				}
-			})
-		}
-	})
-	return func() (int, []string) {
-		close(stop)
-		wg.Wait()
-		return n, errs
-	}
 }
 
 // reconciled returns how many labelled ConfigMaps in ns were reconciled, and by which replica.

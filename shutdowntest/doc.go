@@ -23,7 +23,9 @@
 // /debug/quiesce on the metrics server, over plain HTTP or, with Options.MetricsSecure, over
 // HTTPS with a bearer token; WaitLines waits for lines of the operator's log (n reconciles
 // working), WaitLeader for the leader-election lease (Options.LeaderElection). Stop sends
-// SIGTERM and waits for the exit.
+// SIGTERM and waits for the exit. For several replicas with webhooks, NewService stands for
+// the Kubernetes Service in front of them (Options.Service), and Every sends requests
+// throughout a rolling update.
 //
 // Bounds: no process or goroutine of the harness outlives Stop or Kill, nor the context given
 // to Start (when it ends, the operator is killed). The operator runs in a process group of its

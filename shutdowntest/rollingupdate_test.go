@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
-		"testing"
+	"testing"
 	"time"
 
 	. "github.com/onsi/gomega"
@@ -86,13 +86,13 @@ func TestRollingUpdate(t *testing.T) {
 	res, err := leader.Stop(ctx)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(res).To(shutdowntest.HaveExitedGracefully())
-	g.Eventually(func() bool { return standby.IsLeader() || fresh.IsLeader() }).WithTimeout(10 * time.Second).
+	g.Eventually(func() bool { return standby.IsLeader() || fresh.IsLeader() }).WithTimeout(10*time.Second).
 		WithPolling(50*time.Millisecond).Should(BeTrue(), "the handover")
 	res, err = standby.Stop(ctx)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(res).To(shutdowntest.HaveExitedGracefully())
 	g.Expect(fresh.WaitLeader(ctx)).To(Succeed())
-	g.Eventually(func() int { _, by := reconciled(ctx, g, c, ns); return by["new"] }).WithTimeout(10 * time.Second).
+	g.Eventually(func() int { _, by := reconciled(ctx, g, c, ns); return by["new"] }).WithTimeout(10*time.Second).
 		WithPolling(100*time.Millisecond).Should(BeNumerically(">", 0), "the new leader reconciles")
 
 	total, errs := creates()
@@ -100,7 +100,7 @@ func TestRollingUpdate(t *testing.T) {
 	g.Expect(total).To(BeNumerically(">=", 100), "admission requests throughout")
 	accepted, failed := svc.Connections()
 	g.Expect(failed).To(BeZero(), "of %d connections to the Service", accepted)
-	g.Eventually(func() int { n, _ := reconciled(ctx, g, c, ns); return n }).WithTimeout(10 * time.Second).
+	g.Eventually(func() int { n, _ := reconciled(ctx, g, c, ns); return n }).WithTimeout(10*time.Second).
 		WithPolling(100*time.Millisecond).Should(Equal(total), "every ConfigMap reconciled")
 	res, err = fresh.Stop(ctx)
 	g.Expect(err).NotTo(HaveOccurred())

@@ -1,6 +1,7 @@
 package shutdowntest_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -63,4 +64,34 @@ func ExampleOperator_WaitLeader() {
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(res).To(shutdowntest.HaveExitedGracefully())
 	g.Expect(standby.WaitLeader(t.Context())).To(Succeed())
+}
+
+// A rolling update behind a Service, with admission requests throughout: a new replica, then
+// the old leader's stop; no request may fail, and a replica still running takes the lease.
+func ExampleNewService() {
+	t := &testing.T{} // the test's *testing.T
+	g := NewWithT(t)
+	svc, err := shutdowntest.NewService(&testEnv.WebhookInstallOptions, shutdowntest.ServiceOptions{})
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(func() { g.Expect(svc.Close()).To(Succeed()) })
+	replica := func(name string) *shutdowntest.Operator {
+		op, err := shutdowntest.Start(t.Context(), shutdowntest.Options{Package: "./cmd", Dir: "../..",
+			Env: testEnv, Service: svc, LeaderElection: true, LogPrefix: name + " | ", Output: t.Output(),
+			Args: []string{"--quiesce-shutdown-delay=2s"}})
+		g.Expect(err).NotTo(HaveOccurred())
+		t.Cleanup(op.Kill)
+		return op
+	}
+	old := replica("old")
+	g.Expect(old.WaitLeader(t.Context())).To(Succeed())
+	standby := replica("standby")
+	stop := shutdowntest.Every(t.Context(), 20*time.Millisecond, func(ctx context.Context, i int) error {
+		return nil // e.g. create an object that your webhooks admit, named after i
+	})
+	fresh := replica("new")
+	g.Expect(old.Stop(t.Context())).To(shutdowntest.HaveExitedGracefully())
+	g.Eventually(func() bool { return standby.IsLeader() || fresh.IsLeader() }, time.Minute).Should(BeTrue())
+	calls, errs := stop()
+	g.Expect(errs).To(BeEmpty())
+	t.Logf("%d requests, none failed", calls)
 }

@@ -50,10 +50,13 @@ type ServiceEvent struct {
 // each new connection, TLS untouched, to the next ready operator (round robin); an
 // established connection stays with its operator until either side closes it, as conntrack
 // keeps it. An operator started with Options.Service joins once Start returns (its /readyz
-// passed) and leaves at its FailureThreshold-th failing probe in a row, TerminatingDelay
-// after Stop's SIGTERM, or when it exits, whichever comes first. A connection that finds no
-// ready operator, or whose operator refuses it, is closed at once (Connections counts it as
-// failed), as a Service without endpoints, or a DNAT to a closed port, fails it.
+// passed) and leaves at its FailureThreshold-th failing probe in a row (an operator that
+// exited fails them) or TerminatingDelay after Stop's SIGTERM, whichever comes first. As
+// kube-proxy does, while no operator is ready the Service sends new connections to the
+// terminating ones whose probe still passes (a single replica that drains keeps serving its
+// webhooks). A connection that finds none, or whose operator refuses it, is closed at once
+// (Connections counts it as failed), as a Service without endpoints, or a DNAT to a closed
+// port, fails it.
 type Service struct {
 	ln      net.Listener
 	host    string // where the operators' webhook servers listen
@@ -71,13 +74,15 @@ type Service struct {
 	events           []ServiceEvent
 }
 
-// endpoint is one operator behind the Service.
+// endpoint is one operator behind the Service, as an EndpointSlice has it: ready is serving
+// and not terminating.
 type endpoint struct {
 	op          *Operator
 	addr        string
-	ready       bool
+	serving     bool // its readiness probe passes
+	terminating bool // its stop began
+	ready       bool // the last state an event recorded
 	failed      int  // failing probes in a row
-	terminating bool // its stop began: out, for good
 }
 
 // NewService starts a Service on the address that w's webhook configurations send requests
@@ -152,17 +157,18 @@ func (s *Service) add(op *Operator) {
 		return // closed
 	}
 	s.endpoints = append(s.endpoints, e)
-	s.setReady(e, true)
+	s.set(e, func() { e.serving = true })
 	s.wg.Go(func() { s.probe(e) }) // under s.mu: never after Close's Wait began
 }
 
-// setReady records e's readiness, and an event when it changes. Call it with s.mu held.
-func (s *Service) setReady(e *endpoint, ready bool) {
-	if e.ready == ready {
-		return
+// set changes e with change, and records an event when that changes whether it is ready.
+// Call it with s.mu held.
+func (s *Service) set(e *endpoint, change func()) {
+	change()
+	if ready := e.serving && !e.terminating; ready != e.ready {
+		e.ready = ready
+		s.events = append(s.events, ServiceEvent{At: time.Now(), Operator: e.op, Ready: ready})
 	}
-	e.ready = ready
-	s.events = append(s.events, ServiceEvent{At: time.Now(), Operator: e.op, Ready: ready})
 }
 
 // terminating takes op out TerminatingDelay from now, for good.
@@ -177,21 +183,21 @@ func (s *Service) terminating(op *Operator) {
 		defer t.Stop()
 		select {
 		case <-t.C:
-		case <-op.exited: // probe takes it out
 		case <-s.ctx.Done():
 		}
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		for _, e := range s.endpoints {
 			if e.op == op {
-				e.terminating = true
-				s.setReady(e, false)
+				s.set(e, func() { e.terminating = true })
 			}
 		}
 	})
 }
 
-// probe probes e's /readyz every ProbePeriod until its operator exits or the Service closes.
+// probe probes e's /readyz every ProbePeriod until the probes took out its operator, which
+// exited, or the Service closes. An exit takes an operator out as a failing probe does, not
+// at once: a Service does not see a process exit.
 func (s *Service) probe(e *endpoint) {
 	t := time.NewTicker(s.opts.ProbePeriod)
 	defer t.Stop()
@@ -199,43 +205,50 @@ func (s *Service) probe(e *endpoint) {
 	for {
 		select {
 		case <-t.C:
-		case <-e.op.exited:
-			s.mu.Lock()
-			s.setReady(e, false)
-			s.mu.Unlock()
-			return
 		case <-s.ctx.Done():
 			return
+		}
+		select {
+		case <-e.op.exited:
+			s.mu.Lock()
+			out := !e.serving
+			s.mu.Unlock()
+			if out {
+				return
+			}
+		default:
 		}
 		ctx, cancel := context.WithTimeout(s.ctx, s.opts.ProbePeriod)
 		_, status, err := get(ctx, e.op.http, url, "")
 		cancel()
 		ok := err == nil && status == http.StatusOK
 		s.mu.Lock()
-		switch {
-		case e.terminating:
-		case ok:
-			e.failed = 0
-			s.setReady(e, true)
-		default:
-			e.failed++
-			if e.failed >= s.opts.FailureThreshold {
-				s.setReady(e, false)
+		s.set(e, func() {
+			if ok {
+				e.failed, e.serving = 0, true
+			} else if e.failed++; e.failed >= s.opts.FailureThreshold {
+				e.serving = false
 			}
-		}
+		})
 		s.mu.Unlock()
 	}
 }
 
-// pick returns the address of the next ready operator, or "".
+// pick returns the address of the next ready operator; with none, of the next terminating
+// one still serving, as kube-proxy falls back to them; or "".
 func (s *Service) pick() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for range s.endpoints {
-		e := s.endpoints[s.next%len(s.endpoints)]
-		s.next++
-		if e.ready {
-			return e.addr
+	for _, ok := range []func(*endpoint) bool{
+		func(e *endpoint) bool { return e.ready },
+		func(e *endpoint) bool { return e.serving },
+	} {
+		for range s.endpoints {
+			e := s.endpoints[s.next%len(s.endpoints)]
+			s.next++
+			if ok(e) {
+				return e.addr
+			}
 		}
 	}
 	return ""

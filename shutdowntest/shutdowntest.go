@@ -131,7 +131,7 @@ type Options struct {
 	// webhook server gets a free port of its own on the Service's host and the Service's
 	// serving certificate (Endpoints.Webhook and WebhookCertDir, whatever Env installs), and
 	// once Start returns, the Service forwards new admission connections to it while it is
-	// ready, until Stop's SIGTERM (and ServiceOptions.TerminatingDelay) or its exit. nil: none.
+	// ready (see Service). nil: none.
 	Service *Service
 
 	// LogPrefix is written before each line copied to Output, e.g. "replica-1 | ", so that

@@ -15,7 +15,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/quiesce-dev/quiesce/examples/internal/runner"
 	"github.com/quiesce-dev/quiesce/shutdowntest"
 )
 
@@ -43,22 +42,20 @@ func (s *stage) args(ns string, delay, work time.Duration) []string {
 	}
 }
 
-// setUp creates namespace ns and starts the router where the webhook configuration points.
-// Close the router.
-func (s *stage) setUp(ctx context.Context, ns string) (*router, *poolLog, error) {
+// setUp creates namespace ns and starts the Service where the webhook configuration points.
+// Close the Service.
+func (s *stage) setUp(ctx context.Context, ns string) (*shutdowntest.Service, error) {
 	if err := s.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
-		return nil, nil, fmt.Errorf("failed to create namespace %s: %w", ns, err)
+		return nil, fmt.Errorf("failed to create namespace %s: %w", ns, err)
 	}
-	pool := &poolLog{changed: make(chan struct{}, 1)}
-	w := &s.env.WebhookInstallOptions
-	rt, err := newRouter(net.JoinHostPort(w.LocalServingHost, strconv.Itoa(w.LocalServingPort)), pool.record)
+	svc, err := shutdowntest.NewService(&s.env.WebhookInstallOptions, shutdowntest.ServiceOptions{})
 	if err != nil {
-		return nil, nil, fmt.Errorf("failed to start the router: %w", err)
+		return nil, fmt.Errorf("failed to start the Service: %w", err)
 	}
-	return rt, pool, nil
+	return svc, nil
 }
 
-// replica is one operator process, run by shutdowntest, and where its webhook server listens.
+// replica is one operator process, run by shutdowntest behind the Service.
 type replica struct {
 	*shutdowntest.Operator
 	name        string
@@ -66,18 +63,11 @@ type replica struct {
 }
 
 // startReplica starts a replica of the operator named name with args (its --shutdown-delay
-// delay), once its /readyz passes adds it to rt, and returns once it is in the router's pool,
-// after it acquired the lease when lead is set. Kill it.
+// delay) behind svc, and returns once it is ready, in the Service, and, when lead is set,
+// once it acquired the lease. Kill it.
 func (s *stage) startReplica(
-	ctx context.Context, rt *router, pool *poolLog, name string, args []string, delay time.Duration, lead bool,
+	ctx context.Context, svc *shutdowntest.Service, name string, args []string, delay time.Duration, lead bool,
 ) (*replica, error) {
-	// The router's address is the webhook configuration's: each replica's webhook server
-	// listens on a port of its own, behind it.
-	webhookAddr, err := runner.FreeAddr()
-	if err != nil {
-		return nil, err
-	}
-	host, port, _ := net.SplitHostPort(webhookAddr)
 	var out io.Writer
 	if s.cfg.ShowLogs {
 		out = s.cfg.Out
@@ -85,45 +75,60 @@ func (s *stage) startReplica(
 	s.say("%s run: starting replica %s: operator %s (and its --id, webhook and probe addresses)",
 		s.mode(), name, strings.Join(args, " "))
 	op, err := shutdowntest.Start(ctx, shutdowntest.Options{
-		Binary: s.bin,
-		Env:    s.env,
+		Binary:  s.bin,
+		Env:     s.env,
+		Service: svc, // a webhook port of its own, behind the Service
 		Flags: func(e shutdowntest.Endpoints) []string {
+			host, port, _ := net.SplitHostPort(e.Webhook)
 			return []string{"--id=" + name, "--webhook-host=" + host, "--webhook-port=" + port,
 				"--cert-dir=" + e.WebhookCertDir, "--health-probe-bind-address=" + e.Probe}
 		},
 		Args:         args,
 		ReadyTimeout: startTimeout,
 		StopTimeout:  delay + s.cfg.Grace + exitMargin,
+		WaitTimeout:  startTimeout,
 		Output:       out,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	rp := &replica{Operator: op, name: name, stopTimeout: delay + s.cfg.Grace + exitMargin}
-	rt.add(name, webhookAddr, "http://"+op.Endpoints().Probe+"/readyz")
 	if lead {
-		if err := rp.waitFor(ctx, leaseAcquired, 1); err != nil {
+		if err := rp.WaitLeader(ctx); err != nil {
 			rp.Kill()
-			return nil, err
+			return nil, fmt.Errorf("%s: %w", name, err)
 		}
-	}
-	if err := pool.waitIn(ctx, name); err != nil {
-		rp.Kill()
-		return nil, err
 	}
 	return rp, nil
 }
 
-// waitFor waits until n lines of its log contain substr, in any case, for startTimeout at most.
+// waitFor waits until n lines of its log contain substr, for startTimeout at most.
 func (rp *replica) waitFor(ctx context.Context, substr string, n int) error {
-	ctx, cancel := context.WithTimeout(ctx, startTimeout)
-	defer cancel()
-	substr = strings.ToLower(substr)
-	err := rp.WaitLines(ctx, n, func(l string) bool { return strings.Contains(strings.ToLower(l), substr) })
+	err := rp.WaitLines(ctx, n, func(l string) bool { return strings.Contains(l, substr) })
 	if err != nil {
 		return fmt.Errorf("%s: waiting for %q: %w", rp.name, substr, err)
 	}
 	return nil
+}
+
+// poolEvents returns svc's joins and leaves of replicas between from and to.
+func poolEvents(svc *shutdowntest.Service, from, to time.Time, replicas ...*replica) []poolEvent {
+	var es []poolEvent
+	for _, e := range svc.Events() {
+		for _, r := range replicas {
+			if r.Operator == e.Operator && !e.At.Before(from) && !e.At.After(to) {
+				es = append(es, poolEvent{At: e.At, Replica: r.name, In: e.Ready})
+			}
+		}
+	}
+	return es
+}
+
+// poolEvent is a replica joining or leaving the Service.
+type poolEvent struct {
+	At      time.Time
+	Replica string
+	In      bool
 }
 
 // stop sends the replica SIGTERM and waits for its exit; it returns what happened and when

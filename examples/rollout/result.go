@@ -7,6 +7,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/quiesce-dev/quiesce/shutdowntest"
 )
 
 // result is what one run measured.
@@ -81,7 +83,7 @@ func (res *result) measure(a, b []map[string]any, pool []poolEvent) {
 	}
 	var firstB time.Time
 	for _, e := range b {
-		if msg, _ := e["msg"].(string); strings.Contains(strings.ToLower(msg), leaseAcquired) {
+		if msg, _ := e["msg"].(string); strings.Contains(strings.ToLower(msg), strings.ToLower(shutdowntest.LeaseAcquired)) {
 			add(entryTime(e), "%s-b: %q", res.Mode, msg)
 		}
 		r, ok := parseReconcile(e)

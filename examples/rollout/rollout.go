@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
-	admissionv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -26,10 +26,7 @@ const (
 	operatorPackage = "./examples/rollout/operator"
 	labelKey        = "quiesce.dev/rollout"
 	doneAnnotation  = "quiesce.dev/reconciled-by"
-	validatePath    = "validate-v1-configmap" // envtest prefixes "/"
-	// client-go's leader election says so, "Successfully ..." from v0.37; match it lower-cased.
-	leaseAcquired  = "successfully acquired lease"
-	reconcileEnded = "Reconcile ended"
+	reconcileEnded  = "Reconcile ended"
 )
 
 // config is the scenario. Zero fields take defaults (see setDefaults).
@@ -107,13 +104,13 @@ func run(ctx context.Context, cfg config) (res *report, err error) {
 			"or export KUBEBUILDER_ASSETS=$(hack/setup-envtest.sh)")
 	}
 	// Build the operator while the control plane starts.
+	root, err := runner.ModuleRoot(ctx)
+	if err != nil {
+		return nil, err
+	}
 	bin := cfg.Operator
 	built := make(chan error, 1)
 	if bin == "" {
-		root, err := runner.ModuleRoot(ctx)
-		if err != nil {
-			return nil, err
-		}
 		say("building the operator: go build %s (in %s)", operatorPackage, root)
 		go func() {
 			var err error
@@ -135,8 +132,8 @@ func run(ctx context.Context, cfg config) (res *report, err error) {
 	env := cfg.Env
 	if env == nil {
 		say("starting the control plane, with a validating webhook on ConfigMaps (failurePolicy: Fail) " +
-			"that points at the router")
-		env = newEnvironment()
+			"that points at the Service")
+		env = newEnvironment(root)
 		if _, err := env.Start(); err != nil {
 			return nil, fmt.Errorf("failed to start the control plane: %w", err)
 		}
@@ -179,40 +176,19 @@ func run(ctx context.Context, cfg config) (res *report, err error) {
 	return res, nil
 }
 
-// newEnvironment is the control plane: its validating webhook on the labelled ConfigMaps
-// points at 127.0.0.1 and a free port, where the router listens.
-func newEnvironment() *envtest.Environment {
+// webhookManifest is the operator's webhook configuration, relative to the module's root.
+const webhookManifest = "examples/rollout/operator/webhook.yaml"
+
+// newEnvironment is the control plane of the module at root: its validating webhook on the
+// labelled ConfigMaps points at 127.0.0.1 and a free port, where the Service listens.
+func newEnvironment(root string) *envtest.Environment {
 	return &envtest.Environment{
 		// Above envtest's 20s default: a busy machine takes longer to start kube-apiserver.
 		ControlPlaneStartTimeout: time.Minute,
 		WebhookInstallOptions: envtest.WebhookInstallOptions{
-			LocalServingHost:   "127.0.0.1",
-			ValidatingWebhooks: []*admissionv1.ValidatingWebhookConfiguration{webhookConfiguration()},
+			LocalServingHost: "127.0.0.1",
+			Paths:            []string{filepath.Join(root, webhookManifest)},
 		},
-	}
-}
-
-// webhookConfiguration selects the labelled ConfigMaps; envtest points it at the router.
-func webhookConfiguration() *admissionv1.ValidatingWebhookConfiguration {
-	fail, none, timeout, path := admissionv1.Fail, admissionv1.SideEffectClassNone, int32(5), validatePath
-	return &admissionv1.ValidatingWebhookConfiguration{
-		ObjectMeta: metav1.ObjectMeta{Name: "rollout"},
-		Webhooks: []admissionv1.ValidatingWebhook{{
-			Name:         "configmaps.rollout.quiesce.dev",
-			ClientConfig: admissionv1.WebhookClientConfig{Service: &admissionv1.ServiceReference{Path: &path}},
-			Rules: []admissionv1.RuleWithOperations{{
-				Operations: []admissionv1.OperationType{admissionv1.Create, admissionv1.Update},
-				Rule: admissionv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"},
-					Resources: []string{"configmaps"}},
-			}},
-			ObjectSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
-				{Key: labelKey, Operator: metav1.LabelSelectorOpExists},
-			}},
-			FailurePolicy:           &fail,
-			SideEffects:             &none,
-			TimeoutSeconds:          &timeout,
-			AdmissionReviewVersions: []string{"v1"},
-		}},
 	}
 }
 

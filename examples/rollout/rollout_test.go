@@ -65,7 +65,7 @@ func environment(t *testing.T) *envtest.Environment {
 			_, err := shutdowntest.Build(context.Background(), shutdowntest.Options{Package: operatorPackage, Dir: moduleRoot})
 			built <- err
 		}()
-		env := newEnvironment()
+		env := newEnvironment(moduleRoot)
 		_, err := env.Start()
 		if err != nil {
 			shared.err = fmt.Errorf("failed to start the control plane: %w", err)

@@ -2,9 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
-	"slices"
-	"sync"
 	"time"
 )
 
@@ -20,23 +17,23 @@ type scenario struct{ stage }
 // play runs the scenario and measures it; it returns an error when it could not run.
 func (s *scenario) play(ctx context.Context) (*result, error) {
 	mode, ns := s.mode(), "rollout-"+s.mode()
-	rt, pool, err := s.setUp(ctx, ns)
+	svc, err := s.setUp(ctx, ns)
 	if err != nil {
 		return nil, err
 	}
-	defer func() { _ = rt.Close() }()
+	defer func() { _ = svc.Close() }()
 	args := s.args(ns, s.cfg.Delay, s.cfg.Work)
-	a, err := s.startReplica(ctx, rt, pool, mode+"-a", args, s.cfg.Delay, true)
+	a, err := s.startReplica(ctx, svc, mode+"-a", args, s.cfg.Delay, true)
 	if err != nil {
 		return nil, err
 	}
 	defer a.Kill()
-	b, err := s.startReplica(ctx, rt, pool, mode+"-b", args, s.cfg.Delay, false)
+	b, err := s.startReplica(ctx, svc, mode+"-b", args, s.cfg.Delay, false)
 	if err != nil {
 		return nil, err
 	}
 	defer b.Kill()
-	s.say("%s leads, %s stands by, both in the router's pool; creating %d ConfigMap(s) every %s",
+	s.say("%s leads, %s stands by, both behind the Service; creating %d ConfigMap(s) every %s",
 		a.name, b.name, s.cfg.Burst, s.cfg.Interval)
 
 	cr := startCreating(ctx, s.c, ns, mode, s.cfg.Interval, s.cfg.Burst)
@@ -65,7 +62,7 @@ func (s *scenario) play(ctx context.Context) (*result, error) {
 		return nil, ctx.Err()
 	}
 	res.EndAt = time.Now()
-	res.Conns, res.ConnsFailed = rt.counts()
+	res.Conns, res.ConnsFailed = svc.Connections()
 	res.creates = cr.finish()
 	finished = true
 	s.say("stopped creating; waiting for every ConfigMap to be reconciled")
@@ -77,59 +74,9 @@ func (s *scenario) play(ctx context.Context) (*result, error) {
 	// The new leader's log so far is all the run measures: no need to wait for its stop.
 	bLines := b.Lines()
 	b.Kill()
-	res.measure(entries(stopped.Lines), entries(bLines), pool.between(res.SignalAt, res.EndAt))
+	res.measure(entries(stopped.Lines), entries(bLines), poolEvents(svc, res.SignalAt, res.EndAt, a, b))
 	for _, l := range res.Story() {
 		s.say("%s", l)
 	}
 	return res, nil
-}
-
-// poolLog records the router's pool changes.
-type poolLog struct {
-	mu      sync.Mutex
-	events  []poolEvent
-	changed chan struct{}
-}
-
-type poolEvent struct {
-	At      time.Time
-	Replica string
-	In      bool
-}
-
-func (p *poolLog) record(replica string, in bool) {
-	p.mu.Lock()
-	p.events = append(p.events, poolEvent{At: time.Now(), Replica: replica, In: in})
-	p.mu.Unlock()
-	select {
-	case p.changed <- struct{}{}:
-	default:
-	}
-}
-
-func (p *poolLog) between(from, to time.Time) []poolEvent {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return slices.DeleteFunc(slices.Clone(p.events), func(e poolEvent) bool { return e.At.Before(from) || e.At.After(to) })
-}
-
-// waitIn waits until replica joined the pool.
-func (p *poolLog) waitIn(ctx context.Context, replica string) error {
-	deadline := time.NewTimer(startTimeout)
-	defer deadline.Stop()
-	for {
-		p.mu.Lock()
-		in := slices.ContainsFunc(p.events, func(e poolEvent) bool { return e.Replica == replica && e.In })
-		p.mu.Unlock()
-		if in {
-			return nil
-		}
-		select {
-		case <-p.changed:
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-deadline.C:
-			return errors.New("timed out waiting for " + replica + " to pass its readiness probe")
-		}
-	}
 }

@@ -61,12 +61,12 @@ type singleResult struct {
 func (s *single) play(ctx context.Context) (*singleResult, error) {
 	mode := s.mode()
 	ns, name := "single-"+mode, "single-"+mode
-	rt, pool, err := s.setUp(ctx, ns)
+	svc, err := s.setUp(ctx, ns)
 	if err != nil {
 		return nil, err
 	}
-	defer func() { _ = rt.Close() }()
-	a, err := s.startReplica(ctx, rt, pool, name, s.args(ns), 0, true)
+	defer func() { _ = svc.Close() }()
+	a, err := s.startReplica(ctx, svc, name, s.args(ns), 0, true)
 	if err != nil {
 		return nil, err
 	}
@@ -108,7 +108,7 @@ func (s *single) play(ctx context.Context) (*singleResult, error) {
 			res.Unreconciled++
 		}
 	}
-	res.measure(entries(stopped.Lines), pool.between(res.SignalAt, res.SignalAt.Add(res.ExitAfter)))
+	res.measure(entries(stopped.Lines), poolEvents(svc, res.SignalAt, res.SignalAt.Add(res.ExitAfter), a))
 	for _, l := range res.Story() {
 		s.say("%s", l)
 	}

@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -14,7 +16,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/quiesce-dev/quiesce/examples/internal/runner"
 	"github.com/quiesce-dev/quiesce/shutdowntest"
 )
 
@@ -62,7 +63,7 @@ func testStopLogsLittle(t *testing.T, ns string, perProbe int, args ...string) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	var failedProbes int
-	wg.Go(func() { failedProbes = probe(ctx, op, probePeriod) }) // the router's, shorter: the short delay sees a few failures
+	wg.Go(func() { failedProbes = probe(ctx, op, shutdowntest.DefaultProbePeriod) }) // the Service's, shorter: the short delay sees a few failures
 	before := len(op.Lines())
 	res, err := op.Stop(ctx)
 	if err != nil {
@@ -108,17 +109,11 @@ func testStopLogsLittle(t *testing.T, ns string, perProbe int, args ...string) {
 }
 
 // startStopLogReplica starts one replica of the operator, with quiesce and delay, in a
-// namespace of its own; its webhook server listens on a free port of its own (the webhook
-// configuration points at the rollout's router, and the test creates no ConfigMap).
+// namespace of its own; its webhook server listens on a free port of its own.
 func startStopLogReplica(
 	t *testing.T, env *envtest.Environment, ns string, delay time.Duration, args ...string,
 ) *shutdowntest.Operator {
 	t.Helper()
-	webhookAddr, err := runner.FreeAddr()
-	if err != nil {
-		t.Fatal(err)
-	}
-	host, port, _ := net.SplitHostPort(webhookAddr)
 	c, err := client.New(env.Config, client.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -130,7 +125,10 @@ func startStopLogReplica(
 		Package: operatorPackage,
 		Dir:     moduleRoot,
 		Env:     env,
+		// The webhook configuration points at the rollout's Service; the test creates no ConfigMap.
+		FreeWebhookPort: true,
 		Flags: func(e shutdowntest.Endpoints) []string {
+			host, port, _ := net.SplitHostPort(e.Webhook)
 			return []string{"--id=stoplog", "--webhook-host=" + host, "--webhook-port=" + port,
 				"--cert-dir=" + e.WebhookCertDir, "--health-probe-bind-address=" + e.Probe,
 				"--metrics-bind-address=" + e.Metrics} // as docs/operating.md's manifest: its stop logs a line too
@@ -163,8 +161,28 @@ func probe(ctx context.Context, op *shutdowntest.Operator, period time.Duration)
 			return failed
 		case <-t.C:
 		}
-		if !ready(ctx, url) {
+		if !ready(ctx, url, period) {
 			failed++
 		}
 	}
 }
+
+// ready reports whether a GET of url answers 200 within timeout.
+func ready(ctx context.Context, url string, timeout time.Duration) bool {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return false
+	}
+	resp, err := probeClient.Do(req)
+	if err != nil {
+		return false
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// probeClient does not keep connections alive, as a kubelet's prober.
+var probeClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}

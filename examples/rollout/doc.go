@@ -2,12 +2,13 @@
 // what it loses, with quiesce and without; `make demo-rollout` runs it.
 //
 // It starts one envtest control plane (kube-apiserver and etcd from KUBEBUILDER_ASSETS)
-// whose validating webhook on ConfigMaps (failurePolicy: Fail, CREATE and UPDATE) points at
-// a test-only TCP router standing in for a Service: new connections go to the replicas
-// whose /readyz passes (probed every 500ms, as a kubelet would), a replica leaves the pool at
-// its second failing probe, and established connections are left alone, as conntrack
-// leaves them. The replicas run under shutdowntest, as a user's suite runs its operator
-// (built once, started, waited on, stopped, reaped). For each run it starts two replicas with
+// whose validating webhook on ConfigMaps (failurePolicy: Fail, CREATE and UPDATE;
+// operator/webhook.yaml) points at shutdowntest's Service, a test-only TCP router standing in
+// for a Service: new connections go to the replicas whose /readyz passes (probed every
+// 500ms, as a kubelet would), a replica leaves the pool at its second failing probe or 1s
+// after its SIGTERM, and established connections are left alone, as conntrack leaves them.
+// The replicas run under shutdowntest, as a user's suite runs its operator (built once,
+// started, waited on, stopped, reaped). For each run it starts two replicas with
 // leader election (LeaderElectionReleaseOnCancel), a client that creates a labelled
 // ConfigMap every --interval through the API server (each create passes the webhook), and
 // sends the leader SIGTERM once it reconciled --before of them, mid-work.

@@ -19,7 +19,7 @@ import (
 )
 
 // stage is what every run plays on, the rollout and the single-replica case alike: the
-// control plane (whose webhook configuration points at the router's address), the operator's
+// control plane (whose webhook configuration points at the Service's address), the operator's
 // binary, a client, the narration.
 type stage struct {
 	cfg     config

@@ -22,7 +22,7 @@ type result struct {
 	By        map[string]int
 
 	Creates, Failed    int
-	Conns, ConnsFailed int           // connections the router accepted, and those it could not forward
+	Conns, ConnsFailed int           // connections the Service accepted, and those it could not forward
 	Errors             []string      // the first distinct errors of failed creates
 	P50, P99, Max      time.Duration // latency of the creates (the webhook call included) from SIGTERM to EndAt
 
@@ -51,7 +51,7 @@ type reconcile struct {
 	worked, done bool
 }
 
-// measure fills res from the replicas' log entries and the router's pool events.
+// measure fills res from the replicas' log entries and the Service's pool events.
 func (res *result) measure(a, b []map[string]any, pool []poolEvent) {
 	add := func(at time.Time, format string, args ...any) {
 		res.story = append(res.story, event{at.Sub(res.SignalAt), fmt.Sprintf(format, args...)})

@@ -115,7 +115,7 @@ func (s *single) play(ctx context.Context) (*singleResult, error) {
 	return res, nil
 }
 
-// measure fills res from the replica's log entries and the router's pool events.
+// measure fills res from the replica's log entries and the Service's pool events.
 func (res *singleResult) measure(entries []map[string]any, pool []poolEvent) {
 	add := func(at time.Time, format string, args ...any) {
 		res.story = append(res.story, event{at.Sub(res.SignalAt), fmt.Sprintf(format, args...)})

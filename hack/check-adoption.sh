@@ -28,6 +28,8 @@ adoption="$root/docs/adoption.md"
 GO="${GO:-go}"
 KUBEBUILDER="sigs.k8s.io/kubebuilder/v4@v4.16.0"
 CONTROLLER_GEN="sigs.k8s.io/controller-tools/cmd/controller-gen@v0.23.0"
+# The scaffold's Makefile's KUSTOMIZE_VERSION.
+KUSTOMIZE="sigs.k8s.io/kustomize/kustomize/v5@v5.8.1"
 # What kubebuilder writes for a repository of its own (CI, IDE, agent notes), left out of the
 # example; bin/ holds what the example's Makefile downloads.
 skip='^(\.github/|\.devcontainer/|AGENTS\.md$|bin/|go\.mod$|go\.sum$)'
@@ -39,6 +41,8 @@ adopted=(
 	internal/controller/memcached_controller_test.go
 	internal/controller/shutdown_test.go
 	config/manager/manager.yaml
+	config/default/kustomization.yaml
+	config/default/manager_rollout_patch.yaml
 	config/rbac/metrics_reader_role.yaml
 )
 
@@ -50,6 +54,7 @@ all | --no-test | --print-diff) ;;
 	# them there), e.g. ahead of time in CI.
 	"$GO" run "$KUBEBUILDER" version >/dev/null
 	"$GO" run "$CONTROLLER_GEN" --version >/dev/null
+	"$GO" run "$KUSTOMIZE" version >/dev/null
 	exit 0
 	;;
 *)
@@ -160,6 +165,26 @@ if ((drift)); then
 	exit 1
 fi
 echo "    OK: kubebuilder's scaffold with docs/adoption.md's diff is examples/memcached-operator"
+
+echo "==> rendering config/default with kustomize ($KUSTOMIZE): the rolling-update patch applies"
+if ! (cd "$scaffold" && "$GO" run "$KUSTOMIZE" build config/default) >"$tmp/rendered.yaml" 2>"$tmp/kustomize.log"; then
+	cat "$tmp/kustomize.log" >&2
+	echo "FAIL: kustomize cannot render the scaffold with docs/adoption.md's diff" >&2
+	exit 1
+fi
+# The Deployment's document, then each setting of config/default/manager_rollout_patch.yaml.
+awk '/^---$/ {n++} {doc[n] = doc[n] $0 "\n"} /^kind: Deployment$/ {d = n} END {printf "%s", doc[d]}' \
+	"$tmp/rendered.yaml" >"$tmp/deployment.yaml"
+for want in '^  replicas: 2$' '^      maxSurge: 1$' '^      maxUnavailable: 0$' '^    type: RollingUpdate$' \
+	'^        - --quiesce-shutdown-delay=5s$' '^          periodSeconds: 2$' '^          failureThreshold: 1$' \
+	'^      terminationGracePeriodSeconds: 40$'; do
+	if ! grep -q -- "$want" "$tmp/deployment.yaml"; then
+		cat "$tmp/deployment.yaml" >&2
+		echo "FAIL: the rendered Deployment (above) has no line matching $want" >&2
+		exit 1
+	fi
+done
+echo "    OK: the Deployment renders with two replicas, maxUnavailable 0, the delay, its probe, the budget"
 
 [[ "$mode" == --no-test ]] && exit 0
 

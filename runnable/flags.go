@@ -18,19 +18,37 @@ import "flag"
 //	--quiesce-debug-without-filter  DebugWithoutFilter (false)
 //
 // A Deployment passes its production values as container args, e.g.
-// --quiesce-shutdown-delay=5s. Add checks the values as it checks any Options.
+// --quiesce-shutdown-delay=5s. Add checks the values as it checks any Options; its errors
+// then name the flags, e.g. "--quiesce-grace-period (GracePeriod) (30s) must be below ...".
 func (o *Options) BindFlags(fs *flag.FlagSet) {
-	fs.DurationVar(&o.ShutdownDelay, "quiesce-shutdown-delay", o.ShutdownDelay,
+	o.flagsBound = true
+	fs.DurationVar(&o.ShutdownDelay, flagNames["ShutdownDelay"], o.ShutdownDelay,
 		"How long the operator keeps serving after SIGTERM, with readiness failing, before it stops "+
 			"(needs mgr.Start(q.StopContext(ctx))). 0: no delay.")
-	fs.DurationVar(&o.GracePeriod, "quiesce-grace-period", o.GracePeriod,
+	fs.DurationVar(&o.GracePeriod, flagNames["GracePeriod"], o.GracePeriod,
 		"How long, from the manager's stop (the end of the shutdown delay), quiesce waits for in-flight "+
 			"reconciles and calls before it names the ones it abandons. 0: 25s.")
-	fs.DurationVar(&o.CancelAfter, "quiesce-cancel-after", o.CancelAfter,
+	fs.DurationVar(&o.CancelAfter, flagNames["CancelAfter"], o.CancelAfter,
 		"When, from the manager's stop (the end of the shutdown delay), the contexts of calls still running "+
 			"are cancelled. "+
 			"0: 4/5 of the grace period; 1ns: at once, as controller-runtime alone; negative: never.")
 	fs.BoolVar(&o.DebugWithoutFilter, "quiesce-debug-without-filter", o.DebugWithoutFilter,
 		"Serve /debug/quiesce (object names, code lines) on a metrics server without authentication "+
 			"(--metrics-secure=false). Off by default: it is served only behind the metrics server's filter.")
+}
+
+// flagNames are the flags BindFlags binds the durations to, by field.
+var flagNames = map[string]string{
+	"ShutdownDelay": "quiesce-shutdown-delay",
+	"GracePeriod":   "quiesce-grace-period",
+	"CancelAfter":   "quiesce-cancel-after",
+}
+
+// name is how errors name the duration field: the field, after its flag when BindFlags bound
+// it (the value may come from the flag or from the code: both are named).
+func (o *Options) name(field string) string {
+	if !o.flagsBound {
+		return field
+	}
+	return "--" + flagNames[field] + " (" + field + ")"
 }

@@ -4,8 +4,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 	"testing"
 	"time"
+
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/quiesce-dev/quiesce/runnable"
 )
@@ -33,6 +38,28 @@ func TestBindFlags(t *testing.T) {
 	}
 	if err := fs.Parse([]string{"--quiesce-grace-period=soon"}); err == nil {
 		t.Fatal("a grace period that is no duration was accepted")
+	}
+}
+
+// With the durations bound to flags, Add's errors name the flag the user set.
+func TestBoundFlagsInErrors(t *testing.T) {
+	fs := flag.NewFlagSet("operator", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var opts runnable.Options
+	opts.BindFlags(fs)
+	if err := fs.Parse([]string{"--quiesce-grace-period=40s"}); err != nil {
+		t.Fatal(err)
+	}
+	mgrOpts := ctrl.Options{Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0"}
+	mgr, err := ctrl.NewManager(&rest.Config{Host: "http://127.0.0.1:1"}, mgrOpts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.ManagerOptions = &mgrOpts
+	_, err = runnable.Add(mgr, opts)
+	want := "--quiesce-grace-period (GracePeriod) (40s) must be below the manager's GracefulShutdownTimeout"
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("Add = %v, want an error with %q", err, want)
 	}
 }
 

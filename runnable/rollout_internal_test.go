@@ -578,6 +578,14 @@ func TestValidate(t *testing.T) {
 		{Options{ManagerOptions: &managerOptions{LeaderElection: true}},
 			"call runnable.ObserveLease(cfg, &mgrOpts) before ctrl.NewManager(cfg, mgrOpts)"},
 		{Options{ManagerOptions: &managerOptions{LeaderElection: true, LeaderElectionResourceLockInterface: &leaseObserver{}}}, ""},
+		// Bound by BindFlags: the errors name the flags, which the user set.
+		{Options{ShutdownDelay: -time.Second, flagsBound: true},
+			"--quiesce-shutdown-delay (ShutdownDelay) is -1s: set it to 0"},
+		{Options{GracePeriod: 10 * time.Second, CancelAfter: 10 * time.Second, flagsBound: true},
+			"--quiesce-cancel-after (CancelAfter) (10s) must be below --quiesce-grace-period (GracePeriod) (10s): " +
+				"lower --quiesce-cancel-after (CancelAfter), or raise --quiesce-grace-period (GracePeriod)"},
+		{Options{GracePeriod: 30 * time.Second, flagsBound: true}, "--quiesce-grace-period (GracePeriod) (30s) must be " +
+			"below the manager's GracefulShutdownTimeout"},
 	} {
 		if tc.opts.ManagerOptions == nil {
 			tc.opts.ManagerOptions = &managerOptions{}

@@ -94,6 +94,8 @@ type Options struct {
 	// Clock stamps the calls and times the reports, CancelAfter and ShutdownDelay (not
 	// GracePeriod, on real time). nil: clock.RealClock{}.
 	Clock clock.WithTickerAndDelayedExecution
+
+	flagsBound bool // BindFlags bound the durations: errors name their flags
 }
 
 // DefaultGracePeriod is the GracePeriod used when Options leave it zero.
@@ -196,8 +198,9 @@ func newRunnable(opts Options, metered bool) *Runnable {
 		metered:      metered,
 		eventsBudget: maxEventsBudget,
 		stop: &stopState{
-			delay:    opts.ShutdownDelay,
-			stopping: make(chan struct{}),
+			delay:     opts.ShutdownDelay,
+			delayName: opts.name("ShutdownDelay"),
+			stopping:  make(chan struct{}),
 		},
 		stopped: make(chan struct{}),
 	}
@@ -352,12 +355,13 @@ func checkDurations(opts Options) error {
 	if grace <= 0 {
 		grace = DefaultGracePeriod
 	}
+	delay, cancelAfter, gracePeriod := opts.name("ShutdownDelay"), opts.name("CancelAfter"), opts.name("GracePeriod")
 	if opts.ShutdownDelay < 0 {
-		return fmt.Errorf("ShutdownDelay is %v: set it to 0 (no delay) or more", opts.ShutdownDelay)
+		return fmt.Errorf("%s is %v: set it to 0 (no delay) or more", delay, opts.ShutdownDelay)
 	}
 	if opts.CancelAfter > 0 && opts.CancelAfter >= grace {
-		return fmt.Errorf("CancelAfter (%v) must be below GracePeriod (%v): lower CancelAfter, or raise GracePeriod",
-			opts.CancelAfter, grace)
+		return fmt.Errorf("%s (%v) must be below %s (%v): lower %s, or raise %s",
+			cancelAfter, opts.CancelAfter, gracePeriod, grace, cancelAfter, gracePeriod)
 	}
 	return nil
 }
@@ -381,6 +385,7 @@ func validate(opts Options) error {
 	if grace <= 0 {
 		grace = DefaultGracePeriod
 	}
+	gracePeriod := opts.name("GracePeriod")
 	timeout, source := defaultGracefulShutdownTimeout, "controller-runtime's default, as ManagerOptions set none"
 	if mo.GracefulShutdownTimeout != nil {
 		timeout, source = *mo.GracefulShutdownTimeout, "from ManagerOptions"
@@ -389,9 +394,9 @@ func validate(opts Options) error {
 		return nil
 	}
 	if grace >= timeout {
-		return fmt.Errorf("GracePeriod (%v) must be below the manager's GracefulShutdownTimeout (%v, %s): "+
-			"raise GracefulShutdownTimeout in the manager's Options above %v, or lower GracePeriod",
-			grace, timeout, source, grace)
+		return fmt.Errorf("%s (%v) must be below the manager's GracefulShutdownTimeout (%v, %s): "+
+			"raise GracefulShutdownTimeout in the manager's Options above %v, or lower %s",
+			gracePeriod, grace, timeout, source, grace, gracePeriod)
 	}
 	return nil
 }
@@ -442,9 +447,9 @@ func (r *Runnable) Start(ctx context.Context) error {
 		return errors.New("failed to start quiesce runnable: already started")
 	}
 	if r.stop.delay > 0 && !r.stop.delayed.Load() {
-		return fmt.Errorf("failed to start quiesce runnable: ShutdownDelay is %v, "+
+		return fmt.Errorf("failed to start quiesce runnable: %s is %v, "+
 			"but the manager's context does not come from StopContext: start the manager with "+
-			"mgr.Start(q.StopContext(ctx)), or set no ShutdownDelay", r.stop.delay)
+			"mgr.Start(q.StopContext(ctx)), or set no %s", r.stop.delayName, r.stop.delay, r.stop.delayName)
 	}
 	select {
 	case <-r.ex.Draining():

@@ -15,7 +15,8 @@ import (
 // stopState is the stop's progress, shared by the Runnable (its readiness and drain), its
 // stop procedure, StopContext and the webhook server.
 type stopState struct {
-	delay time.Duration
+	delay     time.Duration
+	delayName string // how errors name it: Options.name
 
 	delayed atomic.Bool // StopContext was called: the manager's stop comes after the delay
 	waited  atomic.Bool // calls were pending when the stop or the drain began

@@ -91,6 +91,10 @@ const Unknown = "unknown"
 // NotStarted is what Where and Handler say for a call admitted whose fn has not begun.
 const NotStarted = "not started"
 
+// Returning is what Where and Handler say for a call whose fn has returned a moment ago and
+// that the executor is about to unlist: it waits nowhere any more.
+const Returning = "returning"
+
 // Pending describes a call that has not returned yet.
 type Pending struct {
 	Name     string

@@ -38,6 +38,31 @@ func TestLocateCallNotStarted(t *testing.T) {
 	}
 }
 
+// TestLocateCallReturning looks at a call whose fn has returned and that is not unlisted yet,
+// which the public API cannot hold still either: it is said to be returning, not unknown.
+func TestLocateCallReturning(t *testing.T) {
+	e := New(Options{})
+	ran := make(chan struct{})
+	c, err := e.admit(context.Background(), &internal.CallOptions{Name: "returning"}, funcHandler(func(context.Context) error {
+		close(ran)
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.state.Store(callDetached)
+	c.since.Store(sinceLeft) // as leave stores it once fn returned
+	calls := e.locate([]*call{c})
+	if len(calls) != 1 || calls[0].Where != Returning || calls[0].Handler != Returning {
+		t.Errorf("locate = %+v, want the call returning", calls)
+	}
+	go c.exec()
+	<-ran
+	if err := e.Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestIsStdInADotlessModule(t *testing.T) {
 	saved := modules
 	t.Cleanup(func() { modules = saved })

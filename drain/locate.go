@@ -218,7 +218,7 @@ func (e *Executor) locateWith(calls []*call, shared bool) []Pending {
 		case 0:
 			out[i].Where, out[i].Handler = NotStarted, NotStarted
 		case sinceLeft: // fn returned a moment ago
-			out[i].Where, out[i].Handler = Unknown, Unknown
+			out[i].Where, out[i].Handler = Returning, Returning
 		default:
 			held[i] = c.label
 			since = max(since, s)
@@ -242,7 +242,7 @@ func (e *Executor) locateWith(calls []*call, shared bool) []Pending {
 		case s == sinceLeft:
 			// fn returned since: its label, given back, may be another call's in the capture.
 			held[i] = nil
-			out[i].Where, out[i].Handler = Unknown, Unknown
+			out[i].Where, out[i].Handler = Returning, Returning
 		case s > cp.epoch:
 			// shared: the capture began before the call's label; the label may be another
 			// call's in it.

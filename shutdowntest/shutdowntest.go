@@ -774,7 +774,7 @@ type PendingCall struct {
 	Detached    bool          // its caller stopped waiting; only the executor tracks it
 	Daemon      bool          // a daemon (reconcilers.Daemons), never slow
 	ReconcileID string        // the reconcile it belongs to, if any
-	Where       string        // where its goroutine waits: "pkg.Func (file.go:123)"
+	Where       string        // where its goroutine waits: "pkg.Func (file.go:123)"; "returning" once fn returned
 	Handler     string        // the line in the operator's own code where it waits
 }
 

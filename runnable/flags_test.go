@@ -8,9 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/quiesce-dev/quiesce/runnable"
 )
@@ -50,13 +48,10 @@ func TestBoundFlagsInErrors(t *testing.T) {
 	if err := fs.Parse([]string{"--quiesce-grace-period=40s"}); err != nil {
 		t.Fatal(err)
 	}
-	mgrOpts := ctrl.Options{Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0"}
-	mgr, err := ctrl.NewManager(&rest.Config{Host: "http://127.0.0.1:1"}, mgrOpts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	var mgrOpts ctrl.Options
+	mgr := newManager(t, &mgrOpts)
 	opts.ManagerOptions = &mgrOpts
-	_, err = runnable.Add(mgr, opts)
+	_, err := runnable.Add(mgr, opts)
 	want := "--quiesce-grace-period (GracePeriod) (40s) must be below the manager's GracefulShutdownTimeout"
 	if err == nil || !strings.Contains(err.Error(), want) {
 		t.Fatalf("Add = %v, want an error with %q", err, want)

@@ -19,7 +19,7 @@ func TestEvery(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		defer cancel()
 		started := make(chan int, 10)
-		stop := shutdowntest.Every(ctx, 10*time.Millisecond, func(ctx context.Context, i int) error {
+		stop := shutdowntest.Every(ctx, 10*time.Millisecond, func(_ context.Context, i int) error {
 			started <- i
 			time.Sleep(25 * time.Millisecond) // calls overlap: each on a goroutine of its own
 			if i%2 == 1 {

@@ -14,14 +14,24 @@ import (
 // testEnv stands for the suite's envtest environment, started in TestMain or BeforeSuite.
 var testEnv *envtest.Environment
 
+// The operator's main package, and the module's root from the test's directory.
+const (
+	operatorPackage = "./cmd"
+	moduleRoot      = "../.."
+)
+
+// createObject stands for a create of one of the operator's objects, named after i, through
+// the API server (e.g. k8sClient.Create): an admission request to its webhooks.
+func createObject(context.Context, int) error { return nil }
+
 // A plain testing test of a kubebuilder operator (its main in ./cmd of the module two
 // directories up): SIGTERM once three calls are in flight; every one must finish.
 func ExampleStart() {
 	t := &testing.T{} // the test's *testing.T
 	g := NewWithT(t)
 	op, err := shutdowntest.Start(t.Context(), shutdowntest.Options{
-		Package: "./cmd",
-		Dir:     "../..",
+		Package: operatorPackage,
+		Dir:     moduleRoot,
 		Env:     testEnv,
 		Args:    []string{"--leader-elect=false"},
 		Output:  t.Output(),
@@ -42,7 +52,7 @@ func ExampleStart() {
 func ExampleOperator_WaitLeader() {
 	t := &testing.T{} // the test's *testing.T
 	g := NewWithT(t)
-	opts := shutdowntest.Options{Package: "./cmd", Dir: "../..", Env: testEnv, Output: t.Output(),
+	opts := shutdowntest.Options{Package: operatorPackage, Dir: "../..", Env: testEnv, Output: t.Output(),
 		LeaderElection: true, MetricsSecure: true, LogPrefix: "leader | "}
 	leader, err := shutdowntest.Start(t.Context(), opts)
 	g.Expect(err).NotTo(HaveOccurred())
@@ -75,7 +85,7 @@ func ExampleNewService() {
 	g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(func() { g.Expect(svc.Close()).To(Succeed()) })
 	replica := func(name string) *shutdowntest.Operator {
-		op, err := shutdowntest.Start(t.Context(), shutdowntest.Options{Package: "./cmd", Dir: "../..",
+		op, err := shutdowntest.Start(t.Context(), shutdowntest.Options{Package: operatorPackage, Dir: "../..",
 			Env: testEnv, Service: svc, LeaderElection: true, LogPrefix: name + " | ", Output: t.Output(),
 			Args: []string{"--quiesce-shutdown-delay=2s"}})
 		g.Expect(err).NotTo(HaveOccurred())
@@ -86,7 +96,7 @@ func ExampleNewService() {
 	g.Expect(old.WaitLeader(t.Context())).To(Succeed())
 	standby := replica("standby")
 	stop := shutdowntest.Every(t.Context(), 20*time.Millisecond, func(ctx context.Context, i int) error {
-		return nil // e.g. create an object that your webhooks admit, named after i
+		return createObject(ctx, i) // an object that your webhooks admit, named after i
 	})
 	fresh := replica("new")
 	g.Expect(old.Stop(t.Context())).To(shutdowntest.HaveExitedGracefully())

@@ -49,8 +49,9 @@ func TestRollingUpdate(t *testing.T) {
 	env, c := environment(t)
 	g := NewWithT(t)
 	ctx := t.Context()
-	const ns = "rolling-update"
-	g.Expect(c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+	namespace := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "rolling-update-"}} // -count=N
+	g.Expect(c.Create(ctx, namespace)).To(Succeed())
+	ns := namespace.Name
 	svc, err := shutdowntest.NewService(rolloutWebhook(t, env, c), shutdowntest.ServiceOptions{})
 	g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(func() { g.Expect(svc.Close()).To(Succeed()) })

@@ -43,10 +43,11 @@ func TestLocateCallNotStarted(t *testing.T) {
 func TestLocateCallReturning(t *testing.T) {
 	e := New(Options{})
 	ran := make(chan struct{})
-	c, err := e.admit(context.Background(), &internal.CallOptions{Name: "returning"}, funcHandler(func(context.Context) error {
+	fn := funcHandler(func(context.Context) error {
 		close(ran)
 		return nil
-	}))
+	})
+	c, err := e.admit(context.Background(), &internal.CallOptions{Name: "returning"}, fn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +57,7 @@ func TestLocateCallReturning(t *testing.T) {
 	if len(calls) != 1 || calls[0].Where != Returning || calls[0].Handler != Returning {
 		t.Errorf("locate = %+v, want the call returning", calls)
 	}
-	go c.exec()
+	go c.exec(fn)
 	<-ran
 	if err := e.Drain(context.Background()); err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -112,6 +113,15 @@ func TestDebugViewReaderRecipe(t *testing.T) {
 	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
 		t.Fatal("KUBEBUILDER_ASSETS is not set: run `make test`, or export KUBEBUILDER_ASSETS=$(hack/setup-envtest.sh)")
 	}
+	// The example is a module of its own: a -modfile in GOFLAGS (make test-latest's, for
+	// quiesce's go.mod at the newest releases) is not its go.mod.
+	var flags []string
+	for _, f := range strings.Fields(os.Getenv("GOFLAGS")) {
+		if !strings.HasPrefix(f, "-modfile=") {
+			flags = append(flags, f)
+		}
+	}
+	t.Setenv("GOFLAGS", strings.Join(flags, " "))
 	g := NewWithT(t)
 	ctx := t.Context()
 	// A control plane of its own, with the example's CRD and webhook, as its own suite has.

@@ -88,6 +88,11 @@ func ObserveLease(cfg *rest.Config, opts *manager.Options) error {
 			LeaderLabels:               opts.LeaderElectionLabels,
 		})
 		if err != nil {
+			if opts.LeaderElectionNamespace == "" {
+				// controller-runtime's lock needs a namespace outside a cluster (make run).
+				return fmt.Errorf("failed to observe the lease: %w (set LeaderElectionNamespace in the "+
+					"manager's Options, e.g. os.Getenv(\"POD_NAMESPACE\"), or run without --leader-elect)", err)
+			}
 			return fmt.Errorf("failed to observe the lease: %w", err)
 		}
 		l.inner = inner

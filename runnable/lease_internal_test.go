@@ -353,6 +353,12 @@ func TestObserveLease(t *testing.T) {
 	if err := ObserveLease(cfg, &noID); err == nil || !strings.Contains(err.Error(), "failed to observe the lease: LeaderElectionID must be configured") {
 		t.Errorf("ObserveLease without LeaderElectionID = %v, want controller-runtime's error", err)
 	}
+	// Outside a cluster (make run), controller-runtime's lock needs a namespace: the error
+	// says where to set it.
+	noNS := manager.Options{LeaderElection: true, LeaderElectionID: "x.example.com"}
+	if err := ObserveLease(cfg, &noNS); err == nil || !strings.Contains(err.Error(), "set LeaderElectionNamespace") {
+		t.Errorf("ObserveLease outside a cluster without LeaderElectionNamespace = %v, want an error naming it", err)
+	}
 	if err := ObserveLease(nil, &manager.Options{LeaderElection: true, LeaderElectionID: "x"}); err == nil {
 		t.Error("ObserveLease with no rest.Config = nil, want an error")
 	}

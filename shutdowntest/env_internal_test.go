@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -38,5 +39,17 @@ func TestTypedNilOutputIsNone(t *testing.T) {
 	}
 	if o.Output != io.Discard {
 		t.Errorf("Output = %#v, want io.Discard", o.Output)
+	}
+}
+
+// An operator whose webhook server found no certificate (the Environment installs no
+// webhook) is told how to fix the spec; other failures get no hint.
+func TestStartHint(t *testing.T) {
+	missing := `ERROR	setup	Failed to run manager	{"error": "open /tmp/k8s-webhook-server/serving-certs/tls.crt: no such file or directory"}`
+	if h := startHint([]string{"INFO starting", missing}); !strings.Contains(h, "WebhookInstallOptions.Paths") {
+		t.Errorf("startHint = %q, want it to name WebhookInstallOptions.Paths", h)
+	}
+	if h := startHint([]string{`ERROR	setup	Failed to run manager	{"error": "boom"}`}); h != "" {
+		t.Errorf("startHint of another failure = %q, want none", h)
 	}
 }

@@ -844,8 +844,8 @@ func (o *Operator) waitReady(ctx context.Context) error {
 		select {
 		case <-o.exited:
 			<-o.logDone
-			return fmt.Errorf("failed to start the operator: it exited before it was ready (%s); its log:\n%s",
-				o.cmd.ProcessState, logExcerpt(o.Lines()))
+			return fmt.Errorf("failed to start the operator: it exited before it was ready (%s)%s; its log:\n%s",
+				o.cmd.ProcessState, startHint(o.Lines()), logExcerpt(o.Lines()))
 		case <-ctx.Done():
 			return fmt.Errorf("failed to wait for the operator to be ready: %w", ctx.Err())
 		case <-deadline.C:
@@ -1033,4 +1033,18 @@ func logExcerpt(lines []string) string {
 			fmt.Sprintf("... (%d lines left out)", left)), lines[len(lines)-lastLinesInErrors:]...)
 	}
 	return "\t" + strings.Join(lines, "\n\t")
+}
+
+// startHint says what to change when an operator's log shows a start failure with a known
+// cause in the test's setup, "" otherwise.
+func startHint(lines []string) string {
+	for _, l := range lines {
+		if strings.Contains(l, "serving-certs/tls.crt") && strings.Contains(l, "no such file") {
+			return ": its webhook server found no certificate: the Environment installs no webhook " +
+				"(set its WebhookInstallOptions.Paths to the operator's config/webhook, as a control plane " +
+				"of its own for this spec; see docs/shutdowntest.md), or run the operator without webhooks " +
+				"(e.g. kubebuilder's ENABLE_WEBHOOKS=false, with PassEnv)"
+		}
+	}
+	return ""
 }

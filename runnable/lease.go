@@ -117,6 +117,7 @@ type leaseObserver struct {
 
 	mu          sync.Mutex
 	held        bool        // the last write of ours that succeeded made us the holder
+	acquired    bool        // a write of ours ever succeeded: the manager's elector uses l
 	lost        bool        // fenced: no write from now on
 	stopping    bool        // the stop began: no acquisition
 	lastRenewal time.Time   // when the last successful renewal was sent, on the Runnable's clock
@@ -192,7 +193,7 @@ func (l *leaseObserver) write(ctx context.Context, ler resourcelock.LeaderElecti
 	if l.lost {
 		return nil // sent before the fence: the elector gives up at its next renewal
 	}
-	l.held = true
+	l.held, l.acquired = true, true
 	if sent.After(l.lastRenewal) {
 		l.lastRenewal = sent
 		l.stopFence()
@@ -291,4 +292,13 @@ func (r *lockRecorder) AnnotatedEventf(obj runtime.Object, annotations map[strin
 	if to := r.get(); to != nil {
 		to.AnnotatedEventf(obj, annotations, eventtype, reason, messageFmt, args...)
 	}
+}
+
+// used reports whether a write of this replica's ever succeeded through l. Once the manager
+// says it leads (Elected closed), false means its elector holds the lease through another
+// lock: the manager was made before ObserveLease installed l.
+func (l *leaseObserver) used() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.acquired
 }

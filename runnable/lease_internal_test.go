@@ -382,3 +382,44 @@ func TestLockEventsForwarded(t *testing.T) {
 		t.Error("an Event recorded before Add connected the recorder was kept")
 	}
 }
+
+// A manager made before ObserveLease ran leads through a lock of its own: once it says it
+// leads (Elected), the Runnable logs that nothing fences, naming the fix; a manager that
+// acquired the lease through the observer gets no such line.
+func TestLeaseNotObservedIsLogged(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		acquired bool
+	}{{"another lock", false}, {"the observer", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				x := newLeased(t, Options{}, 3*time.Second)
+				elected := make(chan struct{})
+				x.r.elected = elected
+				if tc.acquired {
+					if err := x.renew(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				ctx, cancel := context.WithCancel(context.Background())
+				done := make(chan error, 1)
+				go func() { done <- x.r.Start(ctx) }()
+				synctest.Wait()
+				const msg = "Leader election does not use the lock of ObserveLease: calls are not fenced on a lost lease"
+				if l := x.logs.line(msg); l != "" {
+					t.Fatalf("logged before the manager led: %s", l)
+				}
+				close(elected)
+				synctest.Wait()
+				l := x.logs.line(msg)
+				if got := l != ""; got == tc.acquired || (got && !strings.Contains(l, "before ctrl.NewManager")) {
+					t.Errorf("line = %q, want one naming the fix: %t", l, !tc.acquired)
+				}
+				cancel()
+				if err := <-done; err != nil {
+					t.Errorf("Start = %v", err)
+				}
+			})
+		})
+	}
+}

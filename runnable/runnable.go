@@ -116,6 +116,9 @@ type Runnable struct {
 	// calls, so that Start returns before the manager gives up waiting.
 	eventsBudget time.Duration
 	lease        atomic.Pointer[leaseObserver] // connected by Add, when leader election is on
+	// elected is the manager's Elected, set by Add when leader election is on: once it is
+	// closed, the lease observer must have seen this replica acquire the lease.
+	elected <-chan struct{}
 
 	stop  *stopState // see stop.go
 	debug debugView  // see debug.go
@@ -269,6 +272,9 @@ func Add(mgr manager.Manager, opts Options) (*Runnable, error) {
 		added.release(mgr)
 		return nil, errors.New("failed to add quiesce runnable: " +
 			"its WebhookServer is connected to another Runnable already (use one WebhookServer per manager)")
+	}
+	if lease != nil {
+		r.elected = mgr.Elected()
 	}
 	if lease != nil && !lease.connect(r) {
 		ws.disconnect(r)
@@ -462,7 +468,12 @@ func (r *Runnable) Start(ctx context.Context) error {
 		}
 	default:
 	}
-	<-ctx.Done()
+	select {
+	case <-r.elected: // nil without leader election: never
+		r.checkLeaseObserved()
+		<-ctx.Done()
+	case <-ctx.Done():
+	}
 
 	// Step 1: the stop began.
 	r.beginStop()
@@ -474,6 +485,21 @@ func (r *Runnable) Start(ctx context.Context) error {
 	<-r.stopped
 	return r.err
 }
+
+// checkLeaseObserved logs an error when the manager leads but the lease observer never saw
+// this replica acquire the lease: the manager's elector uses a lock of its own, made by
+// ctrl.NewManager before ObserveLease ran, and nothing fences when the lease is lost.
+func (r *Runnable) checkLeaseObserved() {
+	if l := r.lease.Load(); l != nil && !l.used() {
+		safely(func() {
+			r.log.Error(errLeaseNotObserved, "Leader election does not use the lock of ObserveLease: calls are not fenced on a lost lease",
+				"fix", "call runnable.ObserveLease(cfg, &mgrOpts) before ctrl.NewManager(cfg, mgrOpts), with the same mgrOpts")
+		})
+	}
+}
+
+// errLeaseNotObserved is the error of the line checkLeaseObserved logs.
+var errLeaseNotObserved = errors.New("the manager acquired the lease through another lock than the one ObserveLease installed")
 
 // stopLog is the logger of the stop's lines: at the default verbosity when the stop waits
 // (a ShutdownDelay, or calls pending when the stop or the drain began), at V(1) otherwise, as kopf says

@@ -19,6 +19,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 )
 
+// leaseID is the LeaderElectionID of the tests that build controller-runtime's lock.
+const leaseID = "x.example.com"
+
 // fakeLock is a resourcelock.Interface in memory: the lease as the API server keeps it.
 type fakeLock struct {
 	mu     sync.Mutex
@@ -330,7 +333,7 @@ func TestObserveLease(t *testing.T) {
 		t.Errorf("a second ObserveLease = %v, wrapped again: %t", err, wrapped.LeaderElectionResourceLockInterface != l)
 	}
 
-	built := manager.Options{LeaderElection: true, LeaderElectionID: "x.example.com", LeaderElectionNamespace: "ns"}
+	built := manager.Options{LeaderElection: true, LeaderElectionID: leaseID, LeaderElectionNamespace: "ns"}
 	if err := ObserveLease(cfg, &built); err != nil {
 		t.Fatal(err)
 	}
@@ -340,7 +343,7 @@ func TestObserveLease(t *testing.T) {
 	}
 
 	// A typed-nil lock is nil (quiesce's rule for plug-ins): controller-runtime's own lock.
-	typedNil := manager.Options{LeaderElection: true, LeaderElectionID: "x.example.com", LeaderElectionNamespace: "ns",
+	typedNil := manager.Options{LeaderElection: true, LeaderElectionID: leaseID, LeaderElectionNamespace: "ns",
 		LeaderElectionResourceLockInterface: (*fakeLock)(nil)}
 	if err := ObserveLease(cfg, &typedNil); err != nil {
 		t.Fatal(err)
@@ -355,7 +358,7 @@ func TestObserveLease(t *testing.T) {
 	}
 	// Outside a cluster (make run), controller-runtime's lock needs a namespace: the error
 	// says where to set it.
-	noNS := manager.Options{LeaderElection: true, LeaderElectionID: "x.example.com"}
+	noNS := manager.Options{LeaderElection: true, LeaderElectionID: leaseID}
 	if err := ObserveLease(cfg, &noNS); err == nil || !strings.Contains(err.Error(), "set LeaderElectionNamespace") {
 		t.Errorf("ObserveLease outside a cluster without LeaderElectionNamespace = %v, want an error naming it", err)
 	}

@@ -492,14 +492,16 @@ func (r *Runnable) Start(ctx context.Context) error {
 func (r *Runnable) checkLeaseObserved() {
 	if l := r.lease.Load(); l != nil && !l.used() {
 		safely(func() {
-			r.log.Error(errLeaseNotObserved, "Leader election does not use the lock of ObserveLease: calls are not fenced on a lost lease",
+			r.log.Error(errLeaseNotObserved,
+				"Leader election does not use the lock of ObserveLease: calls are not fenced on a lost lease",
 				"fix", "call runnable.ObserveLease(cfg, &mgrOpts) before ctrl.NewManager(cfg, mgrOpts), with the same mgrOpts")
 		})
 	}
 }
 
 // errLeaseNotObserved is the error of the line checkLeaseObserved logs.
-var errLeaseNotObserved = errors.New("the manager acquired the lease through another lock than the one ObserveLease installed")
+var errLeaseNotObserved = errors.New(
+	"the manager acquired the lease through another lock than the one ObserveLease installed")
 
 // stopLog is the logger of the stop's lines: at the default verbosity when the stop waits
 // (a ShutdownDelay, or calls pending when the stop or the drain began), at V(1) otherwise, as kopf says

@@ -7,6 +7,9 @@ import (
 	"time"
 
 	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/quiesce-dev/quiesce/shutdowntest"
@@ -64,4 +67,43 @@ func TestOneCluster(t *testing.T) {
 		_, err := shutdowntest.Start(t.Context(), opts)
 		g.Expect(err).To(MatchError(ContainSubstring("set exactly one of Env, Config and Kubeconfig")))
 	}
+}
+
+// A second control plane, given to the harness only as a kubeconfig file (as kind's would
+// be): the operator's main package given as "." in its own directory, its metrics server on
+// HTTPS with authentication; the harness reads its pending calls with a token it asks of
+// that cluster through the kubeconfig's credentials, and stops it.
+func TestSecondClusterByKubeconfigWithSecureMetrics(t *testing.T) {
+	environment(t) // KUBEBUILDER_ASSETS checked; -short skips
+	g := NewWithT(t)
+	ctx := t.Context()
+	kind := &envtest.Environment{}
+	cfg, err := kind.Start()
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(func() { g.Expect(kind.Stop()).To(Succeed()) })
+	admin, err := kind.AddUser(envtest.User{Name: "kind-admin", Groups: []string{"system:masters"}}, cfg)
+	g.Expect(err).NotTo(HaveOccurred())
+	kc, err := admin.KubeConfig()
+	g.Expect(err).NotTo(HaveOccurred())
+	path, err := filepath.Abs(filepath.Join(t.TempDir(), "kubeconfig"))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(writeFile(path, kc)).To(Succeed())
+	c, err := client.New(cfg, client.Options{})
+	g.Expect(err).NotTo(HaveOccurred())
+
+	op, err := shutdowntest.Start(ctx, shutdowntest.Options{
+		Package: ".", Dir: "testdata/secure", Kubeconfig: path, MetricsSecure: true, Output: t.Output(),
+	})
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(op.Kill)
+	g.Expect(c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kind"}})).To(Succeed())
+	g.Expect(c.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
+		Name: "job-1", Namespace: "kind", Labels: map[string]string{"secure": "quiesce"},
+	}})).To(Succeed())
+	g.Eventually(func() ([]shutdowntest.PendingCall, error) { return op.PendingCalls(ctx) }).WithContext(ctx).
+		WithTimeout(time.Minute).WithPolling(50 * time.Millisecond).
+		Should(ContainElement(HaveField("Name", "secure/kind/job-1/work")))
+	res, err := op.Stop(ctx)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(res).To(shutdowntest.HaveExitedGracefully())
 }

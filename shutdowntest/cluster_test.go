@@ -20,7 +20,7 @@ import (
 func TestKubeconfigCluster(t *testing.T) {
 	env, c := environment(t)
 	g := NewWithT(t)
-	user, err := env.AddUser(envtest.User{Name: "kind-admin", Groups: []string{"system:masters"}}, nil)
+	user, err := env.AddUser(envtest.User{Name: "kind-admin", Groups: []string{mastersGroup}}, nil)
 	g.Expect(err).NotTo(HaveOccurred())
 	kc, err := user.KubeConfig()
 	g.Expect(err).NotTo(HaveOccurred())
@@ -81,7 +81,7 @@ func TestSecondClusterByKubeconfigWithSecureMetrics(t *testing.T) {
 	cfg, err := kind.Start()
 	g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(func() { g.Expect(kind.Stop()).To(Succeed()) })
-	admin, err := kind.AddUser(envtest.User{Name: "kind-admin", Groups: []string{"system:masters"}}, cfg)
+	admin, err := kind.AddUser(envtest.User{Name: "kind-admin", Groups: []string{mastersGroup}}, cfg)
 	g.Expect(err).NotTo(HaveOccurred())
 	kc, err := admin.KubeConfig()
 	g.Expect(err).NotTo(HaveOccurred())
@@ -92,13 +92,13 @@ func TestSecondClusterByKubeconfigWithSecureMetrics(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 
 	op, err := shutdowntest.Start(ctx, shutdowntest.Options{
-		Package: ".", Dir: "testdata/secure", Kubeconfig: path, MetricsSecure: true, Output: t.Output(),
+		Package: ".", Dir: secureOperator, Kubeconfig: path, MetricsSecure: true, Output: t.Output(),
 	})
 	g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(op.Kill)
 	g.Expect(c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kind"}})).To(Succeed())
 	g.Expect(c.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
-		Name: "job-1", Namespace: "kind", Labels: map[string]string{"secure": "quiesce"},
+		Name: "job-1", Namespace: "kind", Labels: map[string]string{"secure": labelValue},
 	}})).To(Succeed())
 	g.Eventually(func() ([]shutdowntest.PendingCall, error) { return op.PendingCalls(ctx) }).WithContext(ctx).
 		WithTimeout(time.Minute).WithPolling(50 * time.Millisecond).

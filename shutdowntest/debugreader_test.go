@@ -162,7 +162,7 @@ func TestDebugViewReaderRecipe(t *testing.T) {
 	alice, err := env.AddUser(envtest.User{Name: "alice", Groups: []string{"oncall"}}, cfg)
 	g.Expect(err).NotTo(HaveOccurred())
 	reader := tokenOf(ctx, t, alice, memcachedNamespace, "quiesce-debug-reader")
-	admin, err := env.AddUser(envtest.User{Name: "admin", Groups: []string{"system:masters"}}, cfg)
+	admin, err := env.AddUser(envtest.User{Name: "admin", Groups: []string{mastersGroup}}, cfg)
 	g.Expect(err).NotTo(HaveOccurred())
 	scraper := tokenOf(ctx, t, admin, memcachedNamespace, "scraper")
 

@@ -42,7 +42,7 @@ func TestLeaderAndStandby(t *testing.T) {
 	var out lockedBuffer
 	replica := func(name string) *shutdowntest.Operator {
 		op, err := shutdowntest.Start(ctx, shutdowntest.Options{
-			Package: ".", Dir: "testdata/secure", Env: env, StopTimeout: 20 * time.Second,
+			Package: ".", Dir: secureOperator, Env: env, StopTimeout: 20 * time.Second,
 			MetricsSecure: true, LeaderElection: true, LogPrefix: name + " | ", Output: &out,
 		})
 		g.Expect(err).NotTo(HaveOccurred())
@@ -55,7 +55,7 @@ func TestLeaderAndStandby(t *testing.T) {
 
 	g.Expect(c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "replicas"}})).To(Succeed())
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
-		Name: "job-1", Namespace: "replicas", Labels: map[string]string{"secure": "quiesce"},
+		Name: "job-1", Namespace: "replicas", Labels: map[string]string{"secure": labelValue},
 	}}
 	g.Expect(c.Create(ctx, cm)).To(Succeed())
 	t.Cleanup(func() { g.Expect(c.Delete(context.Background(), cm)).To(Succeed()) })
@@ -92,7 +92,7 @@ func TestSecureMetricsWithAWrongToken(t *testing.T) {
 	env, _ := environment(t)
 	g := NewWithT(t)
 	op, err := shutdowntest.Start(t.Context(), shutdowntest.Options{
-		Package: ".", Dir: "testdata/secure", Env: env, MetricsSecure: true, MetricsToken: "not-a-token",
+		Package: ".", Dir: secureOperator, Env: env, MetricsSecure: true, MetricsToken: "not-a-token",
 	})
 	g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(op.Kill)

@@ -86,6 +86,13 @@ func environment(t *testing.T) (*envtest.Environment, client.Client) {
 	return shared.env, shared.c
 }
 
+// Test fixtures shared by the package's tests.
+const (
+	mastersGroup   = "system:masters"  // envtest users with every right
+	secureOperator = "testdata/secure" // an operator with HTTPS metrics and leader election
+	labelValue     = "quiesce"         // the fixtures' label value selecting their ConfigMaps
+)
+
 // stubborn is the main package of an operator that ignores SIGTERM.
 const stubborn = "./testdata/stubborn"
 
@@ -121,7 +128,7 @@ func createConfigMaps(ctx context.Context, t testingT, c client.Client, ns strin
 	}
 	for _, name := range names {
 		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
-			Name: name, Namespace: ns, Labels: map[string]string{"demo": "quiesce"},
+			Name: name, Namespace: ns, Labels: map[string]string{"demo": labelValue},
 		}}
 		if err := c.Create(ctx, cm); err != nil {
 			t.Fatal(err)

@@ -444,15 +444,7 @@ func BenchmarkGoInterleaved(b *testing.B) {
 		if err := ex.Drain(context.Background()); err != nil {
 			b.Fatal(err)
 		}
-	}, "errgroup", func(n int) {
-		var g errgroup.Group
-		for range n {
-			g.Go(func() error { return nop(ctx) })
-		}
-		if err := g.Wait(); err != nil {
-			b.Fatal(err)
-		}
-	})
+	}, "errgroup", errgroupBlock(ctx, b))
 	b.ReportMetric(ratio, "go/errgroup")
 }
 
@@ -479,15 +471,7 @@ func BenchmarkGoSteadyInterleaved(b *testing.B) {
 			}
 		}
 		wg.Wait()
-	}, "errgroup", func(n int) {
-		var g errgroup.Group
-		for range n {
-			g.Go(func() error { return nop(ctx) })
-		}
-		if err := g.Wait(); err != nil {
-			b.Fatal(err)
-		}
-	})
+	}, "errgroup", errgroupBlock(ctx, b))
 	b.ReportMetric(ratio, "go/errgroup")
 }
 
@@ -531,5 +515,19 @@ func BenchmarkReportInterleaved(b *testing.B) {
 	release()
 	if err := ex.Drain(context.Background()); err != nil {
 		b.Fatal(err)
+	}
+}
+
+// errgroupBlock is the baseline of the Go pairs: n calls of nop through an errgroup.Group,
+// waited for.
+func errgroupBlock(ctx context.Context, b *testing.B) func(n int) {
+	return func(n int) {
+		var g errgroup.Group
+		for range n {
+			g.Go(func() error { return nop(ctx) })
+		}
+		if err := g.Wait(); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -220,11 +220,12 @@ type Executor struct {
 	slowArmed  bool
 	report     clock.Timer // the next report, while a Drain waits
 	cancelTmr  clock.Timer // CancelAfter, until it fired or the calls all returned
-	labels     labelTable  // the pprof label ids of its calls (see labels.go)
+	labels     *labelTable // the pprof label ids of its calls (see labels.go); nil once its drain is over
 
 	draining  chan struct{} // closed when Drain begins
 	done      chan struct{} // closed when draining and nothing is in flight
 	drainOnce sync.Once
+	hold      *tableHold // e's hold on labels, until the registry takes them back
 	logging   atomic.Bool   // a report is being logged (see logAsync)
 	unknown   atomic.Uint32 // reasons for an unknown location already logged (bits)
 
@@ -265,7 +266,7 @@ func New(opts Options) *Executor {
 		draining: make(chan struct{}),
 		done:     make(chan struct{}),
 	}
-	e.labels.num = executors.add(e)
+	executors.add(e)
 	if opts.MaxConcurrent > 0 {
 		e.slots = make(chan struct{}, opts.MaxConcurrent)
 	}
@@ -516,9 +517,11 @@ func (e *Executor) unlink(c *call) {
 		stopTimer(e.report)
 		stopTimer(e.cancelTmr)
 		e.report, e.cancelTmr = nil, nil
+		e.labels = nil // no call holds a label: they go to the next executor (see labels.go)
 	}
 	e.mu.Unlock()
 	if last {
+		executors.release(e.hold)
 		close(e.done)
 	}
 }
@@ -656,6 +659,9 @@ func (e *Executor) beginDrain(cancelAfter time.Duration) {
 	e.mu.Lock()
 	e.isDraining = true
 	idle := e.inFlight == 0
+	if idle {
+		e.labels = nil // see unlink
+	}
 	stopTimer(e.slowTimer)
 	if !idle {
 		e.armReport(e.opts.ReportAfter)
@@ -669,6 +675,7 @@ func (e *Executor) beginDrain(cancelAfter time.Duration) {
 	close(e.draining)
 	e.mu.Unlock()
 	if idle {
+		executors.release(e.hold)
 		close(e.done)
 		return
 	}

@@ -19,3 +19,10 @@ func ForgetCapture() {
 	captures.last = nil
 	captures.mu.Unlock()
 }
+
+// ExecutorNumbers returns how many executor numbers (label id prefixes) the process made.
+func ExecutorNumbers() uint64 {
+	executors.mu.Lock()
+	defer executors.mu.Unlock()
+	return executors.last
+}

@@ -17,7 +17,10 @@ import (
 // it back as it is unlisted, under the executor's lock that listing takes anyway, so no
 // lock is shared by all executors on the way of a call. An executor's calls carry no more
 // values than it has calls listed at once, so a continuous profiler sees a bounded set of
-// values per executor.
+// values per executor. Once an executor's drain is over (or it is garbage collected), its
+// number and its ids, label contexts made, go to the next executor New makes: short-lived
+// executors (one per batch of calls, as errgroup.Group is used) make no ids after the
+// first, and the process carries no more numbers than it had executors alive at once.
 //
 // A reused id cannot mislead a report: an id is given back only after its goroutine
 // dropped it; a capture locates only calls whose goroutine carried their label before it
@@ -39,16 +42,21 @@ type label struct {
 	call *call           // the call holding it, or nil; guarded by Executor.mu
 }
 
-// labelTable is an executor's label ids. Guarded by Executor.mu.
+// labelTable is an executor's number and label ids. Guarded by the Executor.mu of the
+// executor holding it.
 type labelTable struct {
 	num  uint64   // the executor's number, the prefix of its ids
 	all  []*label // the ids made: all[n-1] is "<num>-<n>"
 	free []*label // those no call holds
 }
 
+// tableHold is an executor's hold on its label table, until the registry takes the table
+// back (see registry.release). It keeps no executor alive.
+type tableHold struct{ t *labelTable } // guarded by registry.mu
+
 // takeLabel gives c a free label of e. The caller holds e.mu (see link).
 func (e *Executor) takeLabel(c *call) {
-	t := &e.labels
+	t := e.labels
 	var l *label
 	if n := len(t.free); n > 0 {
 		l = t.free[n-1]
@@ -67,6 +75,7 @@ func (e *Executor) takeLabel(c *call) {
 func (e *Executor) giveLabel(c *call) {
 	c.label.call = nil
 	e.labels.free = append(e.labels.free, c.label)
+
 }
 
 // enter labels the current goroutine with c's label, merged with the labels of c's caller
@@ -116,10 +125,11 @@ func labelled(id string, epoch uint64) *call {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if n > len(e.labels.all) {
+	t := e.labels
+	if t == nil || n > len(t.all) { // nil: e's drain is over, its ids are the registry's
 		return nil
 	}
-	c := e.labels.all[n-1].call
+	c := t.all[n-1].call
 	if c == nil {
 		return nil
 	}
@@ -149,34 +159,52 @@ func parseID(id string) (num uint64, n int, ok bool) {
 
 // executors finds an executor by its number, for the locate path alone: a Run nested in
 // a call of another executor relabels that call's goroutine, and the outer call is found
-// through the inner one's id. It is written once per executor, at New, never per call,
-// and keeps no executor alive.
+// through the inner one's id. It is written once per executor, at New and when its drain
+// is over, never per call, and keeps no executor alive.
 var executors registry
 
 type registry struct {
 	mu   sync.Mutex
 	last uint64
 	m    map[uint64]weak.Pointer[Executor]
+	free []*labelTable // the tables of executors whose drain is over, or collected
 }
 
-// add numbers e and lists it until it is garbage collected.
-func (r *registry) add(e *Executor) uint64 {
+// add numbers e, with the label table of an executor whose drain is over if there is one,
+// and lists it until its drain is over or it is garbage collected.
+func (r *registry) add(e *Executor) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.last++
-	num := r.last
+	var t *labelTable
+	if n := len(r.free); n > 0 {
+		t = r.free[n-1]
+		r.free[n-1] = nil
+		r.free = r.free[:n-1]
+	} else {
+		r.last++
+		t = &labelTable{num: r.last}
+	}
 	if r.m == nil {
 		r.m = make(map[uint64]weak.Pointer[Executor])
 	}
-	r.m[num] = weak.Make(e)
-	runtime.AddCleanup(e, r.remove, num)
-	return num
+	r.m[t.num] = weak.Make(e)
+	e.labels, e.hold = t, &tableHold{t: t}
+	runtime.AddCleanup(e, r.release, e.hold)
 }
 
-func (r *registry) remove(num uint64) {
+// release takes back the label table of h: its executor's drain is over (no call holds a
+// label; the executor let go of the table under its lock, so that labelled finds none), or
+// the executor was collected. Once only. The drain releases before Drain returns, so that
+// the executor made next takes the table.
+func (r *registry) release(h *tableHold) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	delete(r.m, num)
+	if h.t == nil {
+		return
+	}
+	delete(r.m, h.t.num)
+	r.free = append(r.free, h.t)
+	h.t = nil
 }
 
 func (r *registry) find(num uint64) *Executor {

@@ -392,3 +392,113 @@ func TestLabelsKeepNoExecutorAlive(t *testing.T) {
 	}
 	t.Error("an executor no longer used is still alive after 10 collections")
 }
+
+// TestDrainedExecutorsHandTheirLabelsOn: an executor whose drain is over hands its number
+// and label ids to the next executor New makes, so that short-lived executors, one after
+// another, make no new number (nor ids) and a profiler sees a bounded set of values.
+func TestDrainedExecutorsHandTheirLabelsOn(t *testing.T) {
+	lifetime := func() (values []string) {
+		ex := drain.New(drain.Options{})
+		var mu sync.Mutex
+		var started sync.WaitGroup
+		started.Add(3)
+		release := make(chan struct{})
+		for range 3 {
+			mustGo(t, ex, "held", func(ctx context.Context) error {
+				v, _ := pprof.Label(ctx, "quiesce")
+				mu.Lock()
+				values = append(values, v)
+				mu.Unlock()
+				started.Done()
+				<-release
+				return nil
+			})
+		}
+		started.Wait()
+		close(release)
+		if err := ex.Drain(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		return values
+	}
+	// Meanwhile captures resolve the ids of the calls of every executor (-race checks the
+	// hand-over against them).
+	watcher := newExecutor(t, drain.Options{})
+	stop := make(chan struct{})
+	var watching sync.WaitGroup
+	watching.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				drain.ForgetCapture()
+				_, _ = watcher.Locate(-1)
+			}
+		}
+	})
+	defer func() {
+		close(stop)
+		watching.Wait()
+	}()
+	lifetime() // a released table exists from here on: later ones only add to them
+	numbers := drain.ExecutorNumbers()
+	for range 50 {
+		if values := lifetime(); len(values) != 3 || values[0] == values[1] || values[1] == values[2] || values[0] == values[2] {
+			t.Fatalf("three calls at once carried %q, want three distinct label values", values)
+		}
+	}
+	if made := drain.ExecutorNumbers() - numbers; made != 0 {
+		t.Errorf("50 executors made one after another, each drained: %d new executor numbers, want 0 (each takes a drained one's)", made)
+	}
+}
+
+// TestLabelReusedAcrossExecutors: an executor drained with a goroutine left behind carrying
+// the label of its call; the next executor takes that label, and its call is located on its
+// own goroutine, not on the leftover one; the drained executor locates nothing.
+func TestLabelReusedAcrossExecutors(t *testing.T) {
+	leaked := make(chan struct{})
+	defer close(leaked)
+	release := make(chan struct{})
+	defer close(release)
+	// The next executor takes the table released last, unless a collected executor's was
+	// released in between (a garbage collection's cleanup): then it is tried again.
+	for range 20 {
+		first, firstLabel := drain.New(drain.Options{}), ""
+		childAt := make(chan string, 1)
+		if err := first.Call(context.Background(), "first", func(ctx context.Context) error {
+			firstLabel, _ = pprof.Label(ctx, "quiesce")
+			go func() { // left behind by fn, with fn's labels
+				childAt <- lineBelow()
+				<-leaked
+			}()
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		<-childAt
+		if err := first.Drain(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		next := newExecutor(t, drain.Options{})
+		at, labelled := make(chan string, 1), make(chan string, 1)
+		mustGo(t, next, "next", func(ctx context.Context) error {
+			v, _ := pprof.Label(ctx, "quiesce")
+			labelled <- v
+			return blocking(at, release)(ctx)
+		})
+		where := <-at
+		if <-labelled != firstLabel {
+			continue
+		}
+		calls := locateAt(next, where)
+		if len(calls) != 1 || calls[0].Name != "next" || calls[0].Where != where {
+			t.Errorf("Locate = %+v, want next at %q", calls, where)
+		}
+		if calls, total := first.Locate(-1); len(calls) != 0 || total != 0 {
+			t.Errorf("the drained executor locates %+v (%d), want none", calls, total)
+		}
+		return
+	}
+	t.Fatal("in 20 tries, no executor took the label of the one drained just before it")
+}

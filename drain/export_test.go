@@ -26,3 +26,11 @@ func ExecutorNumbers() uint64 {
 	defer executors.mu.Unlock()
 	return executors.last
 }
+
+// ReleasedLabelTables returns how many label tables of executors whose drain is over, or
+// that were collected, wait for the next executor.
+func ReleasedLabelTables() int {
+	executors.mu.Lock()
+	defer executors.mu.Unlock()
+	return len(executors.free)
+}

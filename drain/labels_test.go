@@ -453,6 +453,26 @@ func TestDrainedExecutorsHandTheirLabelsOn(t *testing.T) {
 	}
 }
 
+// TestCollectedExecutorHandsItsLabelsOn: an executor never drained hands its number and
+// label ids on once it is garbage collected (SlowAfter off: its timer, armed while a call
+// runs, would keep it alive until it fires).
+func TestCollectedExecutorHandsItsLabelsOn(t *testing.T) {
+	ex := drain.New(drain.Options{SlowAfter: -1})
+	if err := ex.Call(context.Background(), "one", func(context.Context) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	before := drain.ReleasedLabelTables()
+	ex = nil
+	for range 100 {
+		runtime.GC()
+		runtime.Gosched() // cleanups run on a goroutine of their own
+		if drain.ReleasedLabelTables() > before {
+			return
+		}
+	}
+	t.Error("an executor collected without a drain: its label table was not released")
+}
+
 // TestLabelReusedAcrossExecutors: an executor drained with a goroutine left behind carrying
 // the label of its call; the next executor takes that label, and its call is located on its
 // own goroutine, not on the leftover one; the drained executor locates nothing.

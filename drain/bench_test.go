@@ -423,19 +423,13 @@ func BenchmarkCallInterleaved(b *testing.B) {
 
 // BenchmarkGoInterleaved runs Go and errgroup.Group.Go (BenchmarkGoErrgroup's baseline)
 // alternately, in blocks, each block waiting for its own calls (Drain is once per executor:
-// each of Go's blocks has an executor of its own, made before its timer starts). It reports
-// the median over the blocks of each one's ns/op and of their ratio (go/errgroup: the
-// budget of issue 31 is 3).
+// each of Go's blocks makes an executor of its own and drains it, as errgroup's makes a
+// Group and waits for it). It reports the median over the blocks of each one's ns/op and of
+// their ratio (go/errgroup: the budget of issue 31 is 3).
 func BenchmarkGoInterleaved(b *testing.B) {
 	ctx := context.Background()
-	const block = 200
-	executors := make([]*drain.Executor, 0, b.N/block+1)
-	for range b.N/block + 1 {
-		executors = append(executors, drain.New(drain.Options{}))
-	}
-	_, _, ratio := benchpair.Interleaved(b, block, "go", func(n int) {
-		ex := executors[0]
-		executors = executors[1:]
+	_, _, ratio := benchpair.Interleaved(b, 200, "go", func(n int) {
+		ex := drain.New(drain.Options{})
 		for range n {
 			if err := ex.Go(ctx, "nop", nop); err != nil {
 				b.Fatal(err)
@@ -449,11 +443,9 @@ func BenchmarkGoInterleaved(b *testing.B) {
 }
 
 // BenchmarkGoSteadyInterleaved is BenchmarkGoInterleaved with one executor for every block,
-// as an operator has one for its process: its label ids, made once per call pending at once
-// (see labels.go), are reused from block to block, where each of BenchmarkGoInterleaved's
-// fresh executors makes them anew. A block waits for its calls by a WaitGroup that fn counts
-// down, as errgroup.Group waits for its own. It reports the same metrics, for comparison
-// (the budget is BenchmarkGoInterleaved's).
+// as an operator has one for its process: no New and no Drain per block. A block waits for
+// its calls by a WaitGroup that fn counts down, as errgroup.Group waits for its own. It
+// reports the same metrics, for comparison (the budget is BenchmarkGoInterleaved's).
 func BenchmarkGoSteadyInterleaved(b *testing.B) {
 	ctx := context.Background()
 	ex := drain.New(drain.Options{})

@@ -48,7 +48,7 @@ END {
 	gor = median("BenchmarkGoInterleaved" SUBSEP "go/errgroup")
 	row("Go / errgroup.Group.Go", "<= 3", sprintf("%.2f", gor), gor <= 3)
 	gos = median("BenchmarkGoSteadyInterleaved" SUBSEP "go/errgroup")
-	row("the same on one long-lived executor (label ids reused)", "reported", sprintf("%.2f", gos), 1)
+	row("the same on one long-lived executor (no New nor Drain per block)", "reported", sprintf("%.2f", gos), 1)
 	ns = median("BenchmarkReconcileDirectInterleaved" SUBSEP "over-ns/op")
 	row("wrapped Reconcile called directly, over the bare call: ns", "<= 1000", sprintf("%.0f", ns), ns <= 1000)
 	al = median("BenchmarkReconcileDirectInterleaved" SUBSEP "over-allocs/op")

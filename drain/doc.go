@@ -18,9 +18,9 @@
 // Stacks are captured only when a report is due, when Locate is called, or when a Drain gives
 // up, never per call: fn's goroutine carries the pprof label "quiesce" (added to the
 // caller's labels; each executor reuses its own values, so they are bounded by the calls it
-// runs at once, and hands them to the next executor New makes once its drain is over), and the goroutine profile, read in its protobuf form, gives each labelled
-// goroutine's stack. One capture serves everyone who asks at the same time, and for a
-// second after.
+// runs at once, and hands them to the next executor New makes once its drain is over), and
+// the goroutine profile, read in its protobuf form, gives each labelled goroutine's stack.
+// One capture serves everyone who asks at the same time, and for a second after.
 //
 // Steady state is quiet: nothing is logged while no call is slow, and while the set of slow
 // calls stays the same, "Slow calls" backs off (see Options.SlowAfter). Once Drain returned,

@@ -95,27 +95,10 @@ func TestLabelValuesAreBounded(t *testing.T) {
 	if len(seen) > 2 {
 		t.Errorf("300 sequential calls carried %d label values, want at most 2", len(seen))
 	}
-	var mu sync.Mutex
 	seen = map[string]bool{}
-	release := make(chan struct{})
-	var started, wg sync.WaitGroup
-	started.Add(10)
-	for range 10 {
-		wg.Go(func() {
-			_ = ex.Call(context.Background(), "concurrent", func(ctx context.Context) error {
-				v, _ := pprof.Label(ctx, "quiesce")
-				mu.Lock()
-				seen[v] = true
-				mu.Unlock()
-				started.Done()
-				<-release
-				return nil
-			})
-		})
+	for _, v := range labelsAtOnce(t, ex, 10) {
+		seen[v] = true
 	}
-	started.Wait()
-	close(release)
-	wg.Wait()
 	if len(seen) != 10 {
 		t.Errorf("10 concurrent calls carried %d label values, want 10", len(seen))
 	}
@@ -127,19 +110,7 @@ func TestReusedLabelNeverMislocates(t *testing.T) {
 	ex := newExecutor(t, drain.Options{})
 	leaked := make(chan struct{})
 	defer close(leaked)
-	var first string
-	childAt := make(chan string, 1)
-	if err := ex.Call(context.Background(), "first", func(ctx context.Context) error {
-		first, _ = pprof.Label(ctx, "quiesce")
-		go func() { // left behind by fn, with fn's labels
-			childAt <- lineBelow()
-			<-leaked
-		}()
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	<-childAt
+	first := leaveChild(t, ex, leaked)
 	release := make(chan struct{})
 	at := make(chan string, 1)
 	var second string
@@ -323,18 +294,7 @@ func TestReusedLabelOfEachExecutor(t *testing.T) {
 	defer close(leaked)
 	first := make([]string, len(exs))
 	for i, ex := range exs {
-		childAt := make(chan string, 1)
-		if err := ex.Call(context.Background(), "first", func(ctx context.Context) error {
-			first[i], _ = pprof.Label(ctx, "quiesce")
-			go func() { // left behind by fn, with fn's labels
-				childAt <- lineBelow()
-				<-leaked
-			}()
-			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
-		<-childAt
+		first[i] = leaveChild(t, ex, leaked)
 	}
 	if first[0] == first[1] {
 		t.Fatalf("the first calls of two executors both carried label %q", first[0])
@@ -397,25 +357,9 @@ func TestLabelsKeepNoExecutorAlive(t *testing.T) {
 // and label ids to the next executor New makes, so that short-lived executors, one after
 // another, make no new number (nor ids) and a profiler sees a bounded set of values.
 func TestDrainedExecutorsHandTheirLabelsOn(t *testing.T) {
-	lifetime := func() (values []string) {
+	lifetime := func() []string {
 		ex := drain.New(drain.Options{})
-		var mu sync.Mutex
-		var started sync.WaitGroup
-		started.Add(3)
-		release := make(chan struct{})
-		for range 3 {
-			mustGo(t, ex, "held", func(ctx context.Context) error {
-				v, _ := pprof.Label(ctx, "quiesce")
-				mu.Lock()
-				values = append(values, v)
-				mu.Unlock()
-				started.Done()
-				<-release
-				return nil
-			})
-		}
-		started.Wait()
-		close(release)
+		values := labelsAtOnce(t, ex, 3)
 		if err := ex.Drain(context.Background()); err != nil {
 			t.Fatal(err)
 		}
@@ -484,19 +428,8 @@ func TestLabelReusedAcrossExecutors(t *testing.T) {
 	// The next executor takes the table released last, unless a collected executor's was
 	// released in between (a garbage collection's cleanup): then it is tried again.
 	for range 20 {
-		first, firstLabel := drain.New(drain.Options{}), ""
-		childAt := make(chan string, 1)
-		if err := first.Call(context.Background(), "first", func(ctx context.Context) error {
-			firstLabel, _ = pprof.Label(ctx, "quiesce")
-			go func() { // left behind by fn, with fn's labels
-				childAt <- lineBelow()
-				<-leaked
-			}()
-			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
-		<-childAt
+		first := drain.New(drain.Options{})
+		firstLabel := leaveChild(t, first, leaked)
 		if err := first.Drain(context.Background()); err != nil {
 			t.Fatal(err)
 		}
@@ -521,4 +454,47 @@ func TestLabelReusedAcrossExecutors(t *testing.T) {
 		return
 	}
 	t.Fatal("in 20 tries, no executor took the label of the one drained just before it")
+}
+
+// leaveChild runs a call of ex named "first" whose fn starts a goroutine that inherits its
+// labels and outlives it, until leaked is closed; it returns the call's label value once that
+// goroutine runs.
+func leaveChild(t *testing.T, ex *drain.Executor, leaked <-chan struct{}) (label string) {
+	t.Helper()
+	running := make(chan struct{})
+	if err := ex.Call(context.Background(), "first", func(ctx context.Context) error {
+		label, _ = pprof.Label(ctx, "quiesce")
+		go func() { // left behind by fn, with fn's labels
+			close(running)
+			<-leaked
+		}()
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	<-running
+	return label
+}
+
+// labelsAtOnce runs n calls of ex at once and returns the label value each one carried.
+func labelsAtOnce(t *testing.T, ex *drain.Executor, n int) []string {
+	t.Helper()
+	values := make([]string, n)
+	var started, done sync.WaitGroup
+	started.Add(n)
+	done.Add(n)
+	release := make(chan struct{})
+	for i := range n {
+		mustGo(t, ex, "at once", func(ctx context.Context) error {
+			defer done.Done()
+			values[i], _ = pprof.Label(ctx, "quiesce")
+			started.Done()
+			<-release
+			return nil
+		})
+	}
+	started.Wait()
+	close(release)
+	done.Wait()
+	return values
 }

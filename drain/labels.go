@@ -75,7 +75,6 @@ func (e *Executor) takeLabel(c *call) {
 func (e *Executor) giveLabel(c *call) {
 	c.label.call = nil
 	e.labels.free = append(e.labels.free, c.label)
-
 }
 
 // enter labels the current goroutine with c's label, merged with the labels of c's caller

@@ -69,8 +69,8 @@ var register = sync.OnceValue(func() error {
 
 // observeCall records a call's duration; it is the AfterCall of the executors Add creates.
 // The observer of each controller is looked up once (callObservers): WithLabelValues
-// hashes and validates the label value on every call, which costs a wrapped reconcile in
-// controller-runtime's loop about 2% of its throughput.
+// hashes and validates the label value on every call, about 1% of the throughput of
+// controller-runtime's loop with a trivial wrapped reconcile.
 func observeCall(controller string, took time.Duration, _ error) {
 	o, ok := callObservers.Load(controller)
 	if !ok {

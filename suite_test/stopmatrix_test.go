@@ -544,7 +544,10 @@ func checkPlain(c stopCell, run cellRun) {
 	Expect(l.work.cut).To(BeTrue(), "controller-runtime cancels the reconcile's context at the stop")
 	Expect(l.work.ctxErr).To(MatchError(context.Canceled))
 	Expect(l.work.wrote).To(BeFalse())
-	Expect(l.late).To(BeFalse(), "a request that comes after the stop began is not reconciled")
+	// Whether it reconciles a request that came after the stop began is a race in
+	// controller-runtime: a controller of the leader-election group serves until that group
+	// stops, after the others (a CI run saw it with the manager's leader election off). Not
+	// asserted here; checkRule holds quiesce to at least what plain did.
 	if c.leaseLost {
 		Expect(l.start.err).To(MatchError(ContainSubstring("leader election lost")))
 		Expect(l.stopTook).To(BeNumerically("<", matrixRenewDeadline+2*time.Second))

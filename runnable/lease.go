@@ -32,7 +32,8 @@ const defaultRenewDeadline = 10 * time.Second
 // It sets opts.LeaderElectionResourceLockInterface to the lock that controller-runtime
 // would use (leaderelection.NewResourceLock, from opts' LeaderElectionID,
 // LeaderElectionNamespace, LeaderElectionResourceLock, RenewDeadline and
-// LeaderElectionLabels, on opts.LeaderElectionConfig or else cfg), or to the lock opts hold
+// LeaderElectionLabels, on a copy of opts.LeaderElectionConfig or else of cfg: neither is
+// changed), or to the lock opts hold
 // already, wrapped: every read and write of the lease goes through unchanged, and quiesce
 // sees each renewal. Then:
 //
@@ -79,7 +80,9 @@ func ObserveLease(cfg *rest.Config, opts *manager.Options) error {
 		if opts.LeaderElectionConfig != nil {
 			events = &lockEvents{} // never connected: its Events are dropped
 		}
-		inner, err := leaderelection.NewResourceLock(lcfg, events, leaderelection.Options{
+		// A copy, as controller-runtime passes one: NewResourceLock sets the user agent and a
+		// Timeout of RenewDeadline/2 on the config it is given.
+		inner, err := leaderelection.NewResourceLock(rest.CopyConfig(lcfg), events, leaderelection.Options{
 			LeaderElection:             true,
 			LeaderElectionResourceLock: opts.LeaderElectionResourceLock,
 			LeaderElectionID:           opts.LeaderElectionID,

@@ -120,8 +120,9 @@ type Runnable struct {
 	// closed, the lease observer must have seen this replica acquire the lease.
 	elected <-chan struct{}
 
-	stop  *stopState // see stop.go
-	debug debugView  // see debug.go
+	stop  *stopState  // see stop.go
+	debug debugView   // see debug.go
+	setup *setupState // made by Setup: see setup.go
 
 	started      atomic.Bool
 	drainStarted atomic.Bool // the Runnable's drain began
@@ -261,16 +262,24 @@ func Add(mgr manager.Manager, opts Options) (*Runnable, error) {
 	opts = withDefaults(opts)
 	r := newRunnable(opts, true)
 	r.eventsBudget = eventsBudget(opts.GracePeriod, mo)
+	if err := r.attach(mgr, ws, lease, r.debugServed(opts)); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
 
-	// Every step that can fail comes first, each undone if a later one fails; from the
-	// readyz check on, nothing fails on a manager that has not started.
+// attach adds r to mgr with its webhook server, lease observer (either may be nil),
+// readyz check and, if serveDebug, DebugPath: the part of Add and Runnable.Add that
+// touches the manager. Every step that can fail comes first, each undone if a later one
+// fails; from the readyz check on, nothing fails on a manager that has not started.
+func (r *Runnable) attach(mgr manager.Manager, ws *webhookServer, lease *leaseObserver, serveDebug bool) error {
 	if !added.claim(mgr) {
-		return nil, errors.New("failed to add quiesce runnable: " +
-			"this manager has one already (call runnable.Add once per manager)")
+		return errors.New("failed to add quiesce runnable: " +
+			"this manager has one already (add quiesce once per manager)")
 	}
 	if ws != nil && !ws.connect(r) {
 		added.release(mgr)
-		return nil, errors.New("failed to add quiesce runnable: " +
+		return errors.New("failed to add quiesce runnable: " +
 			"its WebhookServer is connected to another Runnable already (use one WebhookServer per manager)")
 	}
 	if lease != nil {
@@ -279,7 +288,7 @@ func Add(mgr manager.Manager, opts Options) (*Runnable, error) {
 	if lease != nil && !lease.connect(r) {
 		ws.disconnect(r)
 		added.release(mgr)
-		return nil, errors.New("failed to add quiesce runnable: the lease observer of its ManagerOptions " +
+		return errors.New("failed to add quiesce runnable: the lease observer of its ManagerOptions " +
 			"is connected to another Runnable already (call ObserveLease on each manager's own Options)")
 	}
 	undo := func() {
@@ -287,16 +296,15 @@ func Add(mgr manager.Manager, opts Options) (*Runnable, error) {
 		ws.disconnect(r)
 		added.release(mgr)
 	}
-	serveDebug := r.debugServed(opts)
 	if serveDebug {
 		if err := mgr.AddMetricsServerExtraHandler(DebugPath, r); err != nil {
 			undo()
-			return nil, fmt.Errorf("failed to add quiesce debug handler at %s: %w", DebugPath, err)
+			return fmt.Errorf("failed to add quiesce debug handler at %s: %w", DebugPath, err)
 		}
 	}
 	if err := mgr.AddReadyzCheck("quiesce", r.ReadyzCheck); err != nil {
 		undo()
-		return nil, fmt.Errorf("failed to add quiesce readyz check: %w", err)
+		return fmt.Errorf("failed to add quiesce readyz check: %w", err)
 	}
 	// Tracked before mgr.Add, which may start r at once: a drain over before it was
 	// tracked would leave it tracked for good.
@@ -304,7 +312,7 @@ func Add(mgr manager.Manager, opts Options) (*Runnable, error) {
 	if err := mgr.Add(r); err != nil {
 		stats.fold(r)
 		undo()
-		return nil, fmt.Errorf("failed to add quiesce runnable: %w", err)
+		return fmt.Errorf("failed to add quiesce runnable: %w", err)
 	}
 	if lease != nil {
 		r.lease.Store(lease)
@@ -312,7 +320,7 @@ func Add(mgr manager.Manager, opts Options) (*Runnable, error) {
 		rec := mgr.GetEventRecorderFor(lease.Identity())
 		lease.events.to.Store(&rec)
 	}
-	return r, nil
+	return nil
 }
 
 // debugServed reports whether Add serves DebugPath, and logs once why not.
@@ -384,6 +392,13 @@ func validate(opts Options) error {
 		return errors.New("leader election is on, but quiesce does not observe the lease: " +
 			"call runnable.ObserveLease(cfg, &mgrOpts) before ctrl.NewManager(cfg, mgrOpts)")
 	}
+	return checkTimeouts(opts)
+}
+
+// checkTimeouts checks the durations of opts, and GracePeriod against the
+// GracefulShutdownTimeout of opts.ManagerOptions (not nil).
+func checkTimeouts(opts Options) error {
+	mo := opts.ManagerOptions
 	if err := checkDurations(opts); err != nil {
 		return err
 	}

@@ -65,8 +65,9 @@ var errNotConnected = errors.New("failed to start quiesce webhook server: not co
 var errServerStopping = errors.New("quiesce webhook server stopping")
 
 type webhookServer struct {
-	inner webhook.Server
-	r     atomic.Pointer[Runnable]
+	inner     webhook.Server
+	r         atomic.Pointer[Runnable]
+	fromSetup bool // installed by Setup, before the server is shared
 }
 
 var _ webhook.Server = (*webhookServer)(nil)

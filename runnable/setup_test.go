@@ -1,0 +1,297 @@
+package runnable_test
+
+import (
+	"net/http"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	"github.com/quiesce-dev/quiesce/runnable"
+)
+
+// leaderOptions are manager Options with leader election on, as the scaffold's --leader-elect.
+func leaderOptions() ctrl.Options {
+	return ctrl.Options{
+		LeaderElection: true, LeaderElectionID: "quiesce-test", LeaderElectionNamespace: "default",
+		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
+	}
+}
+
+// setupManager runs the setup the README shows: Setup, NewManager, Add.
+func setupManager(t *testing.T, mo *ctrl.Options, opts runnable.Options) (ctrl.Manager, *runnable.Runnable) {
+	t.Helper()
+	q, err := runnable.Setup(&rest.Config{Host: noAPIServer}, mo, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mgr, err := ctrl.NewManager(&rest.Config{Host: noAPIServer}, *mo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Add(mgr); err != nil {
+		t.Fatal(err)
+	}
+	return mgr, q
+}
+
+// The config handed to Setup and ObserveLease stays as it was: the lock gets a copy
+// (leaderelection.NewResourceLock sets a 5s Timeout and a user agent on what it is given).
+func TestSetupAndObserveLeaseLeaveTheConfigAsItWas(t *testing.T) {
+	for name, observe := range map[string]func(*rest.Config, *ctrl.Options) error{
+		"Setup":        func(c *rest.Config, o *ctrl.Options) error { _, err := runnable.Setup(c, o, runnable.Options{}); return err },
+		"ObserveLease": runnable.ObserveLease,
+	} {
+		t.Run(name, func(t *testing.T) {
+			cfg := &rest.Config{Host: noAPIServer, QPS: 7}
+			want := rest.CopyConfig(cfg)
+			mo := leaderOptions()
+			if err := observe(cfg, &mo); err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(cfg, want) {
+				t.Fatalf("config after %s = %+v, want it unchanged: %+v", name, cfg, want)
+			}
+		})
+	}
+}
+
+// Setup changes only the fields it documents, each to something that calls what it held.
+func TestSetupChangesOnlyItsDocumentedFields(t *testing.T) {
+	mo := leaderOptions()
+	mo.GracefulShutdownTimeout = ptr.To(40 * time.Second)
+	before := mo
+	if _, err := runnable.Setup(&rest.Config{Host: noAPIServer}, &mo, runnable.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if mo.LeaderElectionResourceLockInterface == nil || mo.WebhookServer == nil || mo.NewClient == nil {
+		t.Fatalf("Setup left lock %v, webhook server %v, NewClient set: %v", mo.LeaderElectionResourceLockInterface,
+			mo.WebhookServer, mo.NewClient != nil)
+	}
+	after := mo
+	after.LeaderElectionResourceLockInterface, after.WebhookServer, after.NewClient =
+		before.LeaderElectionResourceLockInterface, before.WebhookServer, before.NewClient
+	if !reflect.DeepEqual(after, before) {
+		t.Fatalf("Setup changed undocumented fields:\n%+v\nwant\n%+v", after, before)
+	}
+}
+
+// A Setup that fails leaves the Options as they were; a corrected one works.
+func TestFailedSetupLeavesTheOptionsAsTheyWere(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts runnable.Options
+		mo   func() ctrl.Options
+		want string
+	}{
+		{"grace at the default budget", runnable.Options{GracePeriod: 30 * time.Second}, leaderOptions,
+			"raise GracefulShutdownTimeout in the manager's Options above 30s"},
+		{"negative delay", runnable.Options{ShutdownDelay: -time.Second}, leaderOptions, "ShutdownDelay is -1s"},
+		{"no lease namespace", runnable.Options{}, func() ctrl.Options {
+			mo := leaderOptions()
+			mo.LeaderElectionNamespace = ""
+			return mo
+		}, "set LeaderElectionNamespace"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mo := tc.mo()
+			_, err := runnable.Setup(&rest.Config{Host: noAPIServer}, &mo, tc.opts)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(err.Error(), "failed to set up quiesce: ") {
+				t.Fatalf("Setup = %v, want an error with %q", err, tc.want)
+			}
+			if mo.LeaderElectionResourceLockInterface != nil || mo.WebhookServer != nil || mo.NewClient != nil {
+				t.Fatal("a failed Setup changed the manager's Options")
+			}
+		})
+	}
+	if _, err := runnable.Setup(&rest.Config{}, nil, runnable.Options{}); err == nil || !strings.Contains(err.Error(), "nil manager Options") {
+		t.Fatalf("Setup(nil Options) = %v", err)
+	}
+}
+
+// Every order mistake the two calls leave possible is an error at Add naming the fix, and a
+// refused Add leaves the manager without quiesce.
+func TestRunnableAddRefusesOrderMistakes(t *testing.T) {
+	cfg := &rest.Config{Host: noAPIServer}
+	for _, tc := range []struct {
+		name string
+		run  func(t *testing.T) error
+		want string
+	}{
+		{"NewManager before Setup", func(t *testing.T) error {
+			mo := leaderOptions()
+			mgr, err := ctrl.NewManager(cfg, mo)
+			if err != nil {
+				t.Fatal(err)
+			}
+			q, err := runnable.Setup(cfg, &mo, runnable.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return q.Add(mgr)
+		}, "call q, err := runnable.Setup(cfg, &mgrOpts, opts) before ctrl.NewManager(cfg, mgrOpts)"},
+		{"NewManager on other Options", func(t *testing.T) error {
+			mo := leaderOptions()
+			q, err := runnable.Setup(cfg, &mo, runnable.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			mgr, err := ctrl.NewManager(cfg, leaderOptions())
+			if err != nil {
+				t.Fatal(err)
+			}
+			return q.Add(mgr)
+		}, "the manager was not made from the Options given to runnable.Setup"},
+		{"webhook server set after Setup", func(t *testing.T) error {
+			mo := leaderOptions()
+			q, err := runnable.Setup(cfg, &mo, runnable.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			mo.WebhookServer = webhook.NewServer(webhook.Options{Port: 9443})
+			mgr, err := ctrl.NewManager(cfg, mo)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return q.Add(mgr)
+		}, "set mgrOpts.WebhookServer before calling Setup"},
+		{"leader election turned on after Setup", func(t *testing.T) error {
+			mo := leaderOptions()
+			mo.LeaderElection = false
+			q, err := runnable.Setup(cfg, &mo, runnable.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			mo.LeaderElection = true
+			mgr, err := ctrl.NewManager(cfg, mo)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return q.Add(mgr)
+		}, "call Setup once the manager's Options are complete"},
+		{"timeout lowered after Setup", func(t *testing.T) error {
+			mo := leaderOptions()
+			q, err := runnable.Setup(cfg, &mo, runnable.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			mo.GracefulShutdownTimeout = ptr.To(10 * time.Second)
+			mgr, err := ctrl.NewManager(cfg, mo)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return q.Add(mgr)
+		}, "must be below the manager's GracefulShutdownTimeout (10s"},
+		{"a Runnable of New", func(t *testing.T) error {
+			return runnable.New(runnable.Options{}).Add(newManager(t, &ctrl.Options{}))
+		}, "it was not made by runnable.Setup"},
+		{"Setup twice", func(t *testing.T) error {
+			mo := leaderOptions()
+			if _, err := runnable.Setup(cfg, &mo, runnable.Options{}); err != nil {
+				t.Fatal(err)
+			}
+			_, err := runnable.Setup(cfg, &mo, runnable.Options{})
+			return err
+		}, "given to runnable.Setup already"},
+		{"Add twice", func(t *testing.T) error {
+			mo := leaderOptions()
+			mgr, q := setupManager(t, &mo, runnable.Options{})
+			return q.Add(mgr)
+		}, "call q.Add(mgr) once"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.run(t)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want an error with %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// The setup of the README: the manager's webhook server is the wrapped one (also when the
+// Options had none: controller-runtime's default, wrapped), the lock is observed, and the
+// executor is the Runnable's.
+func TestSetupConnectsTheManager(t *testing.T) {
+	for name, ws := range map[string]webhook.Server{"default": nil, "own": webhook.NewServer(webhook.Options{Port: 9555})} {
+		t.Run(name, func(t *testing.T) {
+			mo := leaderOptions()
+			mo.WebhookServer = ws
+			mgr, q := setupManager(t, &mo, runnable.Options{})
+			if got := mgr.GetWebhookServer(); got != mo.WebhookServer || reflect.TypeOf(got).String() != "*runnable.webhookServer" {
+				t.Fatalf("the manager's webhook server is %T, want the one Setup wrapped", got)
+			}
+			if q.Executor() == nil {
+				t.Fatal("no executor")
+			}
+		})
+	}
+}
+
+// DebugPath is served from what the manager's metrics server really does: behind a
+// FilterProvider only when the server called it, never on a server that authenticates no
+// one unless asked, and the reason it is not served is said at V(1) only.
+func TestSetupServesDebugFromTheRealMetricsServer(t *testing.T) {
+	filter := func(*rest.Config, *http.Client) (metricsserver.Filter, error) {
+		return func(_ logr.Logger, h http.Handler) (http.Handler, error) { return h, nil }, nil
+	}
+	for _, tc := range []struct {
+		name   string
+		mo     func(*ctrl.Options)
+		after  func(*ctrl.Options) // between Setup and NewManager
+		opts   runnable.Options
+		served bool
+		v1     string // the V(1) line when not served
+	}{
+		{"behind the filter", func(o *ctrl.Options) { o.Metrics.FilterProvider = filter }, nil, runnable.Options{}, true, ""},
+		{"no filter", nil, nil, runnable.Options{}, false, "the metrics server authenticates no one"},
+		{"no filter, asked for", nil, nil, runnable.Options{DebugWithoutFilter: true}, true, ""},
+		{"filter replaced after Setup", func(o *ctrl.Options) { o.Metrics.FilterProvider = filter },
+			func(o *ctrl.Options) { o.Metrics.FilterProvider = nil }, runnable.Options{}, false,
+			"did not use the FilterProvider"},
+		{"metrics off", func(o *ctrl.Options) { o.Metrics.BindAddress = "0" }, nil, runnable.Options{}, false,
+			"the manager's metrics server is off"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var logs []string
+			mo := ctrl.Options{Metrics: metricsserver.Options{BindAddress: "127.0.0.1:0"}, HealthProbeBindAddress: "0"}
+			if tc.mo != nil {
+				tc.mo(&mo)
+			}
+			tc.opts.Logger = funcr.New(func(_, args string) { logs = append(logs, args) },
+				funcr.Options{Verbosity: 1, LogInfoLevel: ptr.To("v")})
+			q, err := runnable.Setup(&rest.Config{Host: noAPIServer}, &mo, tc.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.after != nil {
+				tc.after(&mo)
+			}
+			mgr, err := ctrl.NewManager(&rest.Config{Host: noAPIServer}, mo)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := q.Add(mgr); err != nil {
+				t.Fatal(err)
+			}
+			// A second handler at the path is refused exactly when quiesce serves it.
+			served := mgr.AddMetricsServerExtraHandler(runnable.DebugPath, http.NotFoundHandler()) != nil
+			if served != tc.served {
+				t.Fatalf("DebugPath served = %v, want %v", served, tc.served)
+			}
+			switch {
+			case tc.v1 == "" && len(logs) != 0:
+				t.Fatalf("log = %q, want nothing", logs)
+			case tc.v1 != "" && (len(logs) != 1 || !strings.Contains(logs[0], tc.v1) || !strings.HasPrefix(logs[0], `"v"=1 `)):
+				t.Fatalf("log = %q, want one V(1) line with %q", logs, tc.v1)
+			}
+		})
+	}
+}

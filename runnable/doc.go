@@ -16,8 +16,9 @@
 //
 // With leader election on, ObserveLease, called on the manager's Options before
 // ctrl.NewManager, lets quiesce watch the lease itself: the context of every tracked call
-// ends, with the cause "leader election lost", no later than RenewDeadline after the last
-// successful renewal ("Leadership lost: cancelling calls"), whenever the lease is lost, and a
+// ends, with the cause "leader election lost", when client-go's elector gives the lease up:
+// RetryPeriod + RenewDeadline after the last successful renewal, and never later than
+// LeaseDuration after it ("Leadership lost: cancelling calls"), whenever the lease is lost, and a
 // replica whose stop began never acquires the lease. Add fails when leader election is on
 // and the lease is not observed.
 //

@@ -20,8 +20,12 @@ import (
 	"github.com/quiesce-dev/quiesce/internal"
 )
 
-// defaultRenewDeadline is controller-runtime's default RenewDeadline.
-const defaultRenewDeadline = 10 * time.Second
+// controller-runtime's defaults of RenewDeadline, RetryPeriod and LeaseDuration.
+const (
+	defaultRenewDeadline = 10 * time.Second
+	defaultRetryPeriod   = 2 * time.Second
+	defaultLeaseDuration = 15 * time.Second
+)
 
 // ObserveLease lets quiesce observe this replica's lease, so that the contexts it keeps
 // alive end with the replica's leadership. Call it on the manager's Options once they are
@@ -38,8 +42,11 @@ const defaultRenewDeadline = 10 * time.Second
 // sees each renewal. Then:
 //
 //   - fencing: the context of every tracked call ends, with the cause "leader election
-//     lost", RenewDeadline after the last renewal that succeeded unless another one
-//     succeeded meanwhile (client-go's elector gives the lease up no earlier), or as soon
+//     lost", RetryPeriod + RenewDeadline after the last renewal that succeeded unless
+//     another one succeeded meanwhile (client-go's elector waits RetryPeriod after a
+//     renewal, then retries for RenewDeadline before it gives the lease up: quiesce refuses
+//     no renewal it would still make), never later than LeaseDuration after it (when
+//     another replica may acquire the lease), or as soon
 //     as a read of the lease shows another holder; one line, "Leadership lost: cancelling
 //     calls", says when the last renewal succeeded. From then on the replica never writes
 //     the lease again, so its elector gives up too and the manager stops, as
@@ -66,7 +73,8 @@ func ObserveLease(cfg *rest.Config, opts *manager.Options) error {
 	if opts.RenewDeadline != nil {
 		deadline = *opts.RenewDeadline
 	}
-	l := &leaseObserver{inner: opts.LeaderElectionResourceLockInterface, renewDeadline: deadline}
+	l := &leaseObserver{inner: opts.LeaderElectionResourceLockInterface, renewDeadline: deadline,
+		retryPeriod: orDefault(opts.RetryPeriod, defaultRetryPeriod), leaseDuration: orDefault(opts.LeaseDuration, defaultLeaseDuration)}
 	if internal.IsNil(l.inner) { // unset, or a typed nil: controller-runtime's own lock
 		l.inner = nil
 		lcfg := cfg
@@ -115,6 +123,8 @@ var errLeaseLost = errors.New("quiesce: the lease was lost: this replica no long
 type leaseObserver struct {
 	inner         resourcelock.Interface
 	renewDeadline time.Duration
+	retryPeriod   time.Duration // 0 in tests: the fence is at RenewDeadline
+	leaseDuration time.Duration // 0 in tests: no cap
 	events        lockEvents
 	r             atomic.Pointer[Runnable] // connected by Add
 
@@ -124,7 +134,8 @@ type leaseObserver struct {
 	lost        bool        // fenced: no write from now on
 	stopping    bool        // the stop began: no acquisition
 	lastRenewal time.Time   // when the last successful renewal was sent, on the Runnable's clock
-	fence       clock.Timer // fires RenewDeadline after lastRenewal
+	fence       clock.Timer // fires fenceAfter() after lastRenewal
+	fenceGen    uint64      // counts the fences armed: a timer fires for the newest only
 }
 
 var _ resourcelock.Interface = (*leaseObserver)(nil)
@@ -200,9 +211,34 @@ func (l *leaseObserver) write(ctx context.Context, ler resourcelock.LeaderElecti
 	if sent.After(l.lastRenewal) {
 		l.lastRenewal = sent
 		l.stopFence()
-		l.fence = l.clock().AfterFunc(l.renewDeadline-l.clock().Since(sent), l.expire)
+		l.fenceGen++
+		gen := l.fenceGen
+		// The callback only starts a goroutine: a fake clock (k8s.io/utils/clock/testing)
+		// runs it under its own lock, where a call of the clock (the fence's log line reads
+		// it) would deadlock its Step.
+		l.fence = l.clock().AfterFunc(l.fenceAfter()-l.clock().Since(sent), func() { go l.expire(gen) })
 	}
 	return nil
+}
+
+// fenceAfter is how long after a successful renewal was sent the lease counts as lost with
+// no renewal since: when client-go's elector gives it up, RetryPeriod + RenewDeadline after
+// a renewal (it waits RetryPeriod, then retries for RenewDeadline: LeaderElector.renew), so
+// that quiesce never refuses a renewal the elector would still make, and never later than
+// LeaseDuration, from when another replica may acquire it.
+func (l *leaseObserver) fenceAfter() time.Duration {
+	d := l.retryPeriod + l.renewDeadline
+	if l.leaseDuration > 0 {
+		d = min(d, l.leaseDuration)
+	}
+	return d
+}
+
+func orDefault(d *time.Duration, def time.Duration) time.Duration {
+	if d == nil {
+		return def
+	}
+	return *d
 }
 
 func (l *leaseObserver) stopFence() {
@@ -212,10 +248,10 @@ func (l *leaseObserver) stopFence() {
 	}
 }
 
-// expire fences when RenewDeadline passed since the last renewal.
-func (l *leaseObserver) expire() {
+// expire fences when the fence armed as number gen fired and no renewal armed another.
+func (l *leaseObserver) expire(gen uint64) {
 	l.mu.Lock()
-	due := l.held && !l.lost && l.clock().Since(l.lastRenewal) >= l.renewDeadline
+	due := l.held && !l.lost && gen == l.fenceGen
 	l.mu.Unlock()
 	if due {
 		l.lose(true)
@@ -239,7 +275,7 @@ func (l *leaseObserver) lose(expired bool) {
 		if expired {
 			reason = "no renewal within the renew deadline"
 		}
-		r.fence(last, l.renewDeadline, reason)
+		r.fence(last, l.fenceAfter(), reason)
 	}
 }
 

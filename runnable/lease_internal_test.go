@@ -142,7 +142,7 @@ func TestLeaseFencesAtTheRenewDeadline(t *testing.T) {
 		synctest.Wait()
 		l := x.logs.line("Leadership lost: cancelling calls")
 		for _, want := range []string{`"reason"="no renewal within the renew deadline"`, `"sinceLastRenewal"="3s"`,
-			`"renewDeadline"="3s"`, `"cancelled"=1`, `"lastRenewal"="` + last.UTC().Format(time.RFC3339Nano)} {
+			`"fenceAfter"="3s"`, `"cancelled"=1`, `"lastRenewal"="` + last.UTC().Format(time.RFC3339Nano)} {
 			if !strings.Contains(l, want) {
 				t.Errorf("fence line = %q, want %s", l, want)
 			}

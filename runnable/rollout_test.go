@@ -308,7 +308,7 @@ func TestDebugServedOnlyBehindAFilter(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := runnable.Add(mgr, runnable.Options{ManagerOptions: &opts, Logger: logs.logger(),
+			if _, err := runnable.Add(mgr, runnable.Options{ManagerOptions: &opts, Logger: logs.loggerV(1),
 				DebugWithoutFilter: tc.insecure}); err != nil {
 				t.Fatal(err)
 			}

@@ -236,8 +236,9 @@ func (r *Runnable) core() internal.Core { return internal.Of(r.ex) }
 // GracefulShutdownTimeout, or on a second Add on one manager. Add is atomic: it makes the
 // registrations that can fail first, and an Add that fails leaves mgr as it was (a
 // corrected Add works, and so does mgr.Start without quiesce). When DebugPath is not
-// served, it logs once why: at V(1) when the metrics server is off, at the default
-// verbosity when it has no FilterProvider.
+// served, it logs once why, at V(1). It decides from ManagerOptions, which it trusts to be
+// the Options the manager was made from; Setup and Runnable.Add decide from the metrics
+// server the manager really made.
 //
 // The metrics hold the executor until the drain is over, then keep only its counters.
 func Add(mgr manager.Manager, opts Options) (*Runnable, error) {
@@ -333,7 +334,7 @@ func (r *Runnable) debugServed(opts Options) bool {
 				"or serve the Runnable (an http.Handler) on a server of your own")
 		return false
 	case m.FilterProvider == nil && !opts.DebugWithoutFilter:
-		r.log.Info("Not serving /debug/quiesce: the metrics server authenticates no one", "path", DebugPath,
+		r.log.V(1).Info("Not serving /debug/quiesce: the metrics server authenticates no one", "path", DebugPath,
 			"howToServe", "set Metrics.FilterProvider (kubebuilder: --metrics-secure), "+
 				"or Options.DebugWithoutFilter to serve it to anyone who reaches the metrics port")
 		return false

@@ -112,7 +112,7 @@ func (r *Runnable) startDrain() {
 // controller-runtime gives its runnables no grace. The stop begins, if it had not, and the
 // drain with it: no call is admitted any more, and the calls still running stay tracked
 // and reported.
-func (r *Runnable) fence(lastRenewal time.Time, renewDeadline time.Duration, reason string) {
+func (r *Runnable) fence(lastRenewal time.Time, fenceAfter time.Duration, reason string) {
 	r.beginStop()
 	r.startDrain()
 	<-r.ex.Draining() // every call still running is listed, and no other is admitted
@@ -122,7 +122,7 @@ func (r *Runnable) fence(lastRenewal time.Time, renewDeadline time.Duration, rea
 			"reason", reason,
 			"lastRenewal", lastRenewal.UTC().Format(time.RFC3339Nano),
 			"sinceLastRenewal", r.clock.Since(lastRenewal).Round(time.Millisecond).String(),
-			"renewDeadline", renewDeadline.String(),
+			"fenceAfter", fenceAfter.String(),
 			"cancelled", n)...)
 	})
 }

@@ -128,9 +128,7 @@ func main() {
 		webhookServerOptions.KeyName = webhookCertKey
 	}
 
-	// quiesce: each admission request runs as a tracked call, and the webhooks keep serving
-	// until the reconciles in flight are done. Connected by runnable.Add (ManagerOptions).
-	webhookServer := runnable.WebhookServer(webhook.NewServer(webhookServerOptions))
+	webhookServer := webhook.NewServer(webhookServerOptions)
 
 	// Metrics endpoint is enabled in 'config/default/kustomization.yaml'. The Metrics options configure the server.
 	// More info:
@@ -186,11 +184,14 @@ func main() {
 		// after the manager stops then its usage might be unsafe.
 		LeaderElectionReleaseOnCancel: true,
 	}
-	// quiesce: with --leader-elect, quiesce observes the lease, so that the contexts it
-	// keeps alive end with this replica's leadership, and a stopping replica never takes it.
+	// quiesce: on SIGTERM, let in-flight reconciles finish within the grace period, log what
+	// is still running, and name what had to be abandoned. Setup observes the --leader-elect
+	// lease and wraps the webhook server (admission requests become tracked calls, served
+	// until the reconciles are done); it changes only those fields of mgrOpts.
 	cfg := ctrl.GetConfigOrDie()
-	if err := runnable.ObserveLease(cfg, &mgrOpts); err != nil {
-		setupLog.Error(err, "Failed to observe the lease")
+	q, err := runnable.Setup(cfg, &mgrOpts, qopts)
+	if err != nil {
+		setupLog.Error(err, "Failed to set up quiesce")
 		os.Exit(1)
 	}
 	mgr, err := ctrl.NewManager(cfg, mgrOpts)
@@ -198,14 +199,9 @@ func main() {
 		setupLog.Error(err, "Failed to start manager")
 		os.Exit(1)
 	}
-
-	// quiesce: on SIGTERM, let in-flight reconciles finish within the grace period, log what
-	// is still running, and name what had to be abandoned. Also serves /debug/quiesce on the
-	// metrics server, a readyz check and metrics. ManagerOptions: the budget's check and the
-	// WebhookServer above.
-	qopts.ManagerOptions = &mgrOpts
-	q, err := runnable.Add(mgr, qopts)
-	if err != nil {
+	// quiesce: its runnable, a readyz check, metrics and /debug/quiesce (behind the metrics
+	// server's filter).
+	if err := q.Add(mgr); err != nil {
 		setupLog.Error(err, "Failed to set up quiesce")
 		os.Exit(1)
 	}

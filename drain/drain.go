@@ -292,11 +292,20 @@ func init() {
 func (c *core) Settings() *internal.Settings { return &c.settings }
 
 func (c *core) Run(ctx context.Context, o internal.CallOptions, fn func(context.Context) error) error {
-	return (*Executor)(c).run(ctx, &o, funcHandler(fn))
+	return c.RunHandler(ctx, o, funcHandler(fn))
 }
 
+// RunHandler is Run's implementation (Executor.Run calls it too), not a step on the way to
+// it: a wrapped reconcile (reconcilers.Wrap) calls it, so every stack taken inside the
+// reconcile (a panic's, an error's) holds one quiesce frame fewer.
 func (c *core) RunHandler(ctx context.Context, o internal.CallOptions, h internal.Handler) error {
-	return (*Executor)(c).run(ctx, &o, h)
+	cl, err := (*Executor)(c).admit(ctx, &o, h)
+	if err != nil {
+		return err
+	}
+	cl.onCaller = true
+	cl.exec(h)
+	return cl.err
 }
 
 func (c *core) Call(ctx context.Context, o internal.CallOptions, fn func(context.Context) error) error {
@@ -429,17 +438,7 @@ func (e *Executor) Run(ctx context.Context, name string, fn func(context.Context
 	if err := e.created(); err != nil {
 		return err
 	}
-	return e.run(ctx, &internal.CallOptions{Name: name}, funcHandler(fn))
-}
-
-func (e *Executor) run(ctx context.Context, o *internal.CallOptions, fn internal.Handler) error {
-	c, err := e.admit(ctx, o, fn)
-	if err != nil {
-		return err
-	}
-	c.onCaller = true
-	c.exec(fn)
-	return c.err
+	return (*core)(e).RunHandler(ctx, internal.CallOptions{Name: name}, funcHandler(fn))
 }
 
 // admit checks the input, waits for a MaxConcurrent slot, and lists the call unless the

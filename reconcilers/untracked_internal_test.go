@@ -48,7 +48,7 @@ func TestWrapWithNilExecutorRunsUntracked(t *testing.T) {
 			var lines []string
 			ctx := log.IntoContext(context.Background(), funcr.New(func(_, args string) { lines = append(lines, args) }, funcr.Options{}))
 			calls := 0
-			inner := reconcile.Func(func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+			inner := reconcile.Func(func(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
 				if _, _, ok := drain.FromContext(ctx); ok {
 					t.Error("the reconcile runs as a tracked call")
 				}

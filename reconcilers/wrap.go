@@ -296,7 +296,8 @@ type untrackedReconciler[R comparable] struct {
 func (u *untrackedReconciler[R]) Reconcile(ctx context.Context, req R) (reconcile.Result, error) {
 	u.logged.Do(func() {
 		untracked.Do(func() {}) // this line says it for the Calls inside too
-		log.FromContext(ctx).Info("Reconciler wrapped without an executor: its reconciles and calls are not tracked (logged once)",
+		log.FromContext(ctx).Info(
+			"Reconciler wrapped without an executor: its reconciles and calls are not tracked (logged once)",
 			"controller", u.controller,
 			"howToTrack", "pass the executor of runnable.Add (q.Executor()) to reconcilers.Wrap")
 	})

@@ -28,7 +28,7 @@ type nestedOutcome struct {
 	startErr error // what mgr.Start returned
 }
 
-// stopMidCall runs, on a manager of its own in ns, a controller whose reconcile of "work"
+// stopMidCall runs, on a manager of its own in ns, a controller whose reconcile of "in-flight"
 // waits until the manager's stop began and then makes one handler call that writes an
 // annotation on the object: through reconcilers.Call, wrapped, on a quiesce manager; calling
 // the function directly on plain controller-runtime. The stop begins for quiesce when its
@@ -57,7 +57,7 @@ func stopMidCall(ctx context.Context, ns string, withQuiesce bool) nestedOutcome
 	called := make(chan error, 1)
 	var ran atomic.Bool
 	var rec reconcile.Reconciler = reconcile.Func(func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
-		if req.Name != "work" {
+		if req.Name != "in-flight" {
 			return reconcile.Result{}, nil
 		}
 		select {
@@ -73,7 +73,7 @@ func stopMidCall(ctx context.Context, ns string, withQuiesce bool) nestedOutcome
 				return err
 			}
 			patch := client.MergeFrom(cm.DeepCopy())
-			cm.Annotations = map[string]string{"quiesce.dev/exported": "true"}
+			cm.Annotations = map[string]string{"quiesce.dev/exported": "done"}
 			return mgr.GetClient().Patch(ctx, &cm, patch)
 		})
 		called <- err
@@ -84,7 +84,7 @@ func stopMidCall(ctx context.Context, ns string, withQuiesce bool) nestedOutcome
 	}
 	Expect(ctrl.NewControllerManagedBy(mgr).For(&corev1.ConfigMap{}).Named("nested").Complete(rec)).To(Succeed())
 	stop, done := startManager(mgr)
-	key := configMap(ctx, ns, "work")
+	key := configMap(ctx, ns, "in-flight")
 
 	var rctx context.Context
 	Eventually(started, 20*time.Second).Should(Receive(&rctx))
@@ -104,7 +104,7 @@ func stopMidCall(ctx context.Context, ns string, withQuiesce bool) nestedOutcome
 	o.ran = ran.Load()
 	var cm corev1.ConfigMap
 	Expect(k8sClient.Get(ctx, key, &cm)).To(Succeed())
-	o.exported = cm.Annotations["quiesce.dev/exported"] == "true"
+	o.exported = cm.Annotations["quiesce.dev/exported"] == "done"
 	if withQuiesce {
 		Expect(q.Err()).NotTo(HaveOccurred())
 		draintest.VerifyNone(GinkgoT(), q.Executor())

@@ -213,14 +213,17 @@ type Executor struct {
 	newest     *call
 	inFlight   int64
 	isDraining bool
-	waiters    int           // Drain calls waiting; reports are logged only while one waits
-	lineDone   chan struct{} // closed when the last report line begun was logged
-	slow       slowState     // see report.go
-	slowTimer  clock.Timer   // armed while calls are in flight outside a drain
-	slowArmed  bool
-	report     clock.Timer // the next report, while a Drain waits
-	cancelTmr  clock.Timer // CancelAfter, until it fired or the calls all returned
-	labels     *labelTable // the pprof label ids of its calls (see labels.go); nil once its drain is over
+	// cancelCause is the cause with which the drain cancelled every call (CancelAfter, a
+	// fence), once it did: a nested call admitted later starts cancelled with it.
+	cancelCause error
+	waiters     int           // Drain calls waiting; reports are logged only while one waits
+	lineDone    chan struct{} // closed when the last report line begun was logged
+	slow        slowState     // see report.go
+	slowTimer   clock.Timer   // armed while calls are in flight outside a drain
+	slowArmed   bool
+	report      clock.Timer // the next report, while a Drain waits
+	cancelTmr   clock.Timer // CancelAfter, until it fired or the calls all returned
+	labels      *labelTable // the pprof label ids of its calls (see labels.go); nil once its drain is over
 
 	draining  chan struct{} // closed when Drain begins
 	done      chan struct{} // closed when draining and nothing is in flight
@@ -289,11 +292,20 @@ func init() {
 func (c *core) Settings() *internal.Settings { return &c.settings }
 
 func (c *core) Run(ctx context.Context, o internal.CallOptions, fn func(context.Context) error) error {
-	return (*Executor)(c).run(ctx, &o, funcHandler(fn))
+	return c.RunHandler(ctx, o, funcHandler(fn))
 }
 
+// RunHandler is Run's implementation (Executor.Run calls it too), not a step on the way to
+// it: a wrapped reconcile (reconcilers.Wrap) calls it, so every stack taken inside the
+// reconcile (a panic's, an error's) holds one quiesce frame fewer.
 func (c *core) RunHandler(ctx context.Context, o internal.CallOptions, h internal.Handler) error {
-	return (*Executor)(c).run(ctx, &o, h)
+	cl, err := (*Executor)(c).admit(ctx, &o, h)
+	if err != nil {
+		return err
+	}
+	cl.onCaller = true
+	cl.exec(h)
+	return cl.err
 }
 
 func (c *core) Call(ctx context.Context, o internal.CallOptions, fn func(context.Context) error) error {
@@ -312,6 +324,9 @@ func (c *core) Entries(limit int) ([]internal.Entry, int) {
 }
 
 func (c *core) Fence(cause error) int {
+	c.mu.Lock()
+	c.cancelCause = cause
+	c.mu.Unlock()
 	calls, _ := (*Executor)(c).list(-1)
 	for _, cl := range calls {
 		cl.cancel(cause)
@@ -323,8 +338,11 @@ func (c *core) Fence(cause error) int {
 // If ctx ends first, Call returns ctx.Err() at once, and fn keeps running, still tracked:
 // Drain waits for it and reports it as detached. If ctx is already done, Call returns
 // ctx.Err() without running fn. After Drain began, Call runs nothing and returns an error
-// for which errors.Is(err, ErrDraining) holds. A nil ctx, an empty name or a nil fn give
-// an error wrapping ErrInvalidCall.
+// for which errors.Is(err, ErrDraining) holds, unless ctx belongs to a call of this
+// executor still running (its fn's context, or one derived from it): work admitted before
+// the drain finishes, so its nested calls (Call, Go, Run) are admitted and waited for; one
+// admitted after the drain cancelled the calls starts cancelled. A nil ctx, an empty name
+// or a nil fn give an error wrapping ErrInvalidCall.
 //
 // fn's context carries ctx's values and deadline, ends when ctx ends, when the drain
 // cancels it (see Options.CancelAfter; context.Cause then says so), and when fn returns.
@@ -420,21 +438,11 @@ func (e *Executor) Run(ctx context.Context, name string, fn func(context.Context
 	if err := e.created(); err != nil {
 		return err
 	}
-	return e.run(ctx, &internal.CallOptions{Name: name}, funcHandler(fn))
-}
-
-func (e *Executor) run(ctx context.Context, o *internal.CallOptions, fn internal.Handler) error {
-	c, err := e.admit(ctx, o, fn)
-	if err != nil {
-		return err
-	}
-	c.onCaller = true
-	c.exec(fn)
-	return c.err
+	return (*core)(e).RunHandler(ctx, internal.CallOptions{Name: name}, funcHandler(fn))
 }
 
 // admit checks the input, waits for a MaxConcurrent slot, and lists the call unless the
-// executor drains.
+// executor drains and the call is not nested in one still running (see inFlightOuter).
 func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn internal.Handler) (*call, error) {
 	switch {
 	case ctx == nil:
@@ -459,7 +467,7 @@ func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn intern
 	// lock held by every call; link keeps the list ordered by the stamps.
 	c.start = e.clock.Now()
 	e.mu.Lock()
-	if e.isDraining {
+	if e.isDraining && !e.inFlightOuter(ctx) {
 		e.mu.Unlock()
 		if slot {
 			<-e.slots
@@ -468,8 +476,26 @@ func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn intern
 		return nil, e.refuse(o)
 	}
 	e.link(c)
+	var cause error
+	if e.isDraining {
+		cause = e.cancelCause
+	}
 	e.mu.Unlock()
+	if cause != nil {
+		c.cancel(cause) // a nested call admitted after the drain cancelled the calls
+	}
 	return c, nil
+}
+
+// inFlightOuter reports whether ctx belongs to a call of e that is still listed: a call
+// nested in work admitted before the drain began, which the drain admits, as it waits for
+// that work to finish (a reconcile's handler Call must not fail it half-done). A call whose
+// outer call returned (a goroutine outliving its reconcile) is new work: refused. While the
+// outer call is listed the drain cannot be over, so admitting its nested calls never
+// reopens a finished drain. The caller holds e.mu.
+func (e *Executor) inFlightOuter(ctx context.Context) bool {
+	outer, ok := ctx.Value(internal.CallKey{}).(*call)
+	return ok && outer.e == e && (outer.prev != nil || e.oldest == outer)
 }
 
 // link lists c as the newest call, with a label id. The caller holds e.mu.
@@ -693,6 +719,13 @@ func (e *Executor) armReport(d time.Duration) {
 // cancelCalls ends the contexts of the admitted calls: all of them, or only the daemons.
 // The drain calls it once no call can be admitted any more, so it reaches every call.
 func (e *Executor) cancelCalls(daemonsOnly bool) {
+	if !daemonsOnly {
+		e.mu.Lock()
+		if e.cancelCause == nil { // a fence's cause stays
+			e.cancelCause = errCancelledByDrain
+		}
+		e.mu.Unlock()
+	}
 	calls, _ := e.list(-1)
 	for _, c := range calls {
 		if !daemonsOnly || c.opts.Daemon {

@@ -32,11 +32,14 @@ type Settings struct {
 	// Observers are told of slow and abandoned calls (reconcilers.WrapOptions.Recorder adds one).
 	Observers Observers
 
-	// DrainOver, if set, is closed when the owner's drain is over (runnable.Runnable.Done).
-	// A wrapped reconcile that the drain refused waits for it, or for the end of its own
-	// context (its controller stops), before it asks to be requeued: a refused request
-	// comes back once per stop, not every RequeueAfter.
-	DrainOver <-chan struct{}
+	// DrainOver, if set, returns a channel closed when the owner's drain is over
+	// (runnable.Runnable.Done), once the owner began that drain; nil before, so that a drain
+	// the owner did not begin (Drain called on the executor of a Runnable never started) is
+	// not waited for: nothing would close the channel. A wrapped reconcile that the drain
+	// refused waits for it, or for the end of its own context (its controller stops),
+	// before it asks to be requeued: a refused request comes back once per stop, not every
+	// RequeueAfter.
+	DrainOver func() <-chan struct{}
 }
 
 // CallOptions shape one tracked call started through Run, Call or Go.

@@ -6,7 +6,8 @@
 // waits for it (if the reconcile's context ends first, Call returns and the handler stays
 // tracked). Once a runnable.Runnable drives the executor, a wrapped reconcile's context ends
 // when the drain cancels it, not when controller-runtime begins to stop, and new requests
-// are requeued instead of run. With WrapOptions.Recorder, a slow or abandoned reconcile records
+// are requeued instead of run; a reconcile in flight when the drain begins finishes, its
+// Calls run. With WrapOptions.Recorder, a slow or abandoned reconcile records
 // a Warning Event on its object.
 //
 // Daemons runs long-lived functions per object, kopf-style: Ensure, called from Reconcile
@@ -27,10 +28,11 @@
 // time. A typed nil (a nil *events.FakeRecorder as a Recorder, a nil *FakeClock as a Clock,
 // a Logger whose sink is a nil pointer) is nil: it means what leaving it unset means.
 //
-// Here: Wrap, WrapTyped and NewDaemons panic on a nil or foreign executor, a nil reconciler,
-// an empty controller name, or a Recorder without Reader and Object; Call, Daemons.Ensure and
-// Daemons.Stop return errors wrapping drain.ErrInvalidCall for an empty name, a nil fn or
-// object, an object without UID.
+// Here: Wrap and WrapTyped panic on a foreign executor, a nil reconciler, an empty
+// controller name, or a Recorder without Reader and Object; a nil executor is no misuse:
+// it means untracked (the reconciler runs as given, and logs so once). NewDaemons panics on
+// a nil or foreign executor. Call, Daemons.Ensure and Daemons.Stop return errors wrapping
+// drain.ErrInvalidCall for an empty name, a nil fn or object, an object without UID.
 //
 // Call blocks while its handler runs, and Daemons.Stop up to its StopTimeout; nothing else
 // blocks. The reconcilers returned, Call and Daemons are safe for concurrent use.

@@ -3,6 +3,7 @@ package reconcilers
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -39,6 +40,7 @@ type eventer struct {
 	reader     client.Reader
 	obj        client.Object
 	controller string
+	locations  bool // WrapOptions.EventLocations
 	failed     sync.Once
 }
 
@@ -54,7 +56,17 @@ func newEventer[R comparable](controller string, o WrapOptions) *eventer {
 		panic(fmt.Sprintf("reconcilers.Wrap(%q): WrapOptions.Recorder needs WrapOptions.Reader and WrapOptions.Object "+
 			"(Reader nil: %t, Object nil: %t)", controller, internal.IsNil(o.Reader), internal.IsNil(o.Object)))
 	}
-	return &eventer{rec: o.Recorder, reader: o.Reader, obj: o.Object, controller: controller}
+	return &eventer{rec: o.Recorder, reader: o.Reader, obj: o.Object, controller: controller, locations: o.EventLocations}
+}
+
+// where returns a location as the Events show it: "pkg.Func (file.go:123)" with
+// EventLocations, else "pkg.Func" (function names hold no space).
+func (ev *eventer) where(loc string) string {
+	if ev.locations {
+		return loc
+	}
+	fn, _, _ := strings.Cut(loc, " (")
+	return fn
 }
 
 // eventTag marks the calls of one wrapped reconcile and its Calls
@@ -110,7 +122,7 @@ func (ev *eventer) Slow(ctx context.Context, calls []internal.Observed) {
 		e := by[k]
 		ev.record(ctx, k, ReasonReconcileSlow, fmt.Sprintf(
 			"Reconcile running for %s (call %s, reconcileID %s), waiting in %s, handler %s",
-			e.Age, e.Name, e.ReconcileID, e.Where, e.Handler))
+			e.Age, e.Name, e.ReconcileID, ev.where(e.Where), ev.where(e.Handler)))
 	}
 }
 
@@ -122,7 +134,7 @@ func (ev *eventer) Abandoned(ctx context.Context, calls []internal.Observed) {
 		ev.record(ctx, k, ReasonReconcileAbandoned, fmt.Sprintf(
 			"Reconcile abandoned at shutdown after %s (call %s, reconcileID %s), still running in %s, "+
 				"handler %s: it is cut off when the process exits and retried by the next leader",
-			e.Age, e.Name, e.ReconcileID, e.Where, e.Handler))
+			e.Age, e.Name, e.ReconcileID, ev.where(e.Where), ev.where(e.Handler)))
 	}
 }
 

@@ -44,7 +44,7 @@ func eventsBy(t *testing.T, rec *recorder, reason string) map[string]recordedEve
 			t.Fatalf("two %s Events for %s", reason, name)
 		}
 		ref, _ := e.regarding.(*corev1.ObjectReference)
-		if !strings.Contains(e.note, "events_test.go") || ref == nil || ref.UID != types.UID("uid-"+name) {
+		if !strings.Contains(e.note, " in reconcilers_test.") || strings.Contains(e.note, ".go") || ref == nil || ref.UID != types.UID("uid-"+name) {
 			t.Fatalf("%s Event %+v: want it on its object, saying where the reconcile waits", reason, e)
 		}
 		out[name] = e

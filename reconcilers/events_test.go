@@ -107,7 +107,9 @@ func TestRecorderRecordsSlowOncePerObjectWhileSlow(t *testing.T) {
 		ex := drain.New(drain.Options{SlowAfter: time.Second, ReportEvery: time.Second})
 		started := make(chan string)
 		release := make(chan struct{})
-		r := reconcilers.Wrap(ex, "cms", blocker(started, release), eventOptions(rec, eventsClient(interceptor.Funcs{})))
+		opts := eventOptions(rec, eventsClient(interceptor.Funcs{}))
+		opts.EventLocations = true
+		r := reconcilers.Wrap(ex, "cms", blocker(started, release), opts)
 		reconcileAsync := func(name string) <-chan error {
 			done := make(chan error, 1)
 			go func() {
@@ -132,7 +134,7 @@ func TestRecorderRecordsSlowOncePerObjectWhileSlow(t *testing.T) {
 		}
 		if e.typ != corev1.EventTypeWarning || e.action != "Reconcile" || !e.relatedWasNil ||
 			!strings.Contains(e.note, "cms/ns/a") || !strings.Contains(e.note, "events_test.go") {
-			t.Fatalf("slow event = %+v, want a Warning naming the call and its line", e)
+			t.Fatalf("slow event = %+v, want a Warning naming the call and its line (EventLocations)", e)
 		}
 
 		// An hour of staying slow, with b turning slow too: one Event each, no more.
@@ -208,8 +210,11 @@ func TestRecorderRecordsAbandonedReconcilesOncePerObject(t *testing.T) {
 		if got := reasons(evs); got != "a:ReconcileAbandoned" {
 			t.Fatalf("events = %q, want one ReconcileAbandoned on a", got)
 		}
-		if n := evs[0].note; !strings.Contains(n, "cms/ns/a/export") || !strings.Contains(n, "events_test.go") {
-			t.Fatalf("note = %q, want the innermost call and its line", n)
+		// Without EventLocations: the function where it waits, not its file and line.
+		if n := evs[0].note; !strings.Contains(n, "cms/ns/a/export") ||
+			!strings.Contains(n, "handler reconcilers_test.TestRecorderRecordsAbandonedReconcilesOncePerObject.") ||
+			strings.Contains(n, ".go") {
+			t.Fatalf("note = %q, want the innermost call and its function, without file:line", n)
 		}
 		close(release)
 		close(other)

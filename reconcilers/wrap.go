@@ -50,6 +50,12 @@ type WrapOptions struct {
 	// Object is an object of the reconciled type (e.g. &cachev1alpha1.Memcached{}), copied
 	// for each read. Required with Recorder.
 	Object client.Object
+
+	// EventLocations: the Events name where the reconcile waits with the file and line of
+	// the operator's code ("pkg.Func (file.go:123)"), as the logs do. false (the default):
+	// the function alone ("pkg.Func"), as everyone who may list Events in the object's
+	// namespace reads them (docs/security.md).
+	EventLocations bool
 }
 
 // Wrap runs each Reconcile of r as a tracked call of ex named
@@ -67,12 +73,17 @@ type WrapOptions struct {
 // drain.ErrDraining. When a runnable.Runnable drives ex, a refused request is held until its
 // drain is over (or its context ends) before it is requeued: once per stop.
 //
-// Wrap panics on a nil ex or r, an ex that drain.New did not create, an empty controller, or
-// a misconfigured WrapOptions.Recorder (see the package documentation, "Setup misuse").
+// A nil ex means untracked: r runs as given, on controller-runtime's worker, with the
+// context controller-runtime made, and Call inside it runs fn directly. Its first Reconcile
+// logs once, through the context's logger, that the controller's reconciles are not tracked
+// and what to set: a library's controllers, wrapped by their SetupWithManager, keep working
+// for an importer that sets no executor.
+//
+// Wrap panics on a nil r, an ex that drain.New did not create, an empty controller, or a
+// misconfigured WrapOptions.Recorder (see the package documentation, "Setup misuse").
 func Wrap(ex *drain.Executor, controller string, r reconcile.Reconciler, opts WrapOptions) reconcile.Reconciler {
-	if ex == nil || internal.IsNil(r) {
-		panic(fmt.Sprintf("reconcilers.Wrap(%q): nil executor or reconciler (executor nil: %t, reconciler nil: %t)",
-			controller, ex == nil, internal.IsNil(r)))
+	if internal.IsNil(r) {
+		panic(fmt.Sprintf("reconcilers.Wrap(%q): nil reconciler", controller))
 	}
 	if controller == "" {
 		panic("reconcilers.Wrap: empty controller name (pass the controller's name, as given to the builder's Named)")
@@ -82,13 +93,13 @@ func Wrap(ex *drain.Executor, controller string, r reconcile.Reconciler, opts Wr
 
 // WrapTyped is Wrap for a reconcile.TypedReconciler. The call is named
 // "<controller>/<request>", the request rendered by its String method if it has one, else
-// by fmt's %v. WrapOptions.Recorder needs reconcile.Request requests.
+// by fmt's %v. WrapOptions.Recorder needs reconcile.Request requests. A nil ex means
+// untracked, as for Wrap.
 func WrapTyped[R comparable](
 	ex *drain.Executor, controller string, r reconcile.TypedReconciler[R], opts WrapOptions,
 ) reconcile.TypedReconciler[R] {
-	if ex == nil || internal.IsNil(r) {
-		panic(fmt.Sprintf("reconcilers.WrapTyped(%q): nil executor or reconciler (executor nil: %t, reconciler nil: %t)",
-			controller, ex == nil, internal.IsNil(r)))
+	if internal.IsNil(r) {
+		panic(fmt.Sprintf("reconcilers.WrapTyped(%q): nil reconciler", controller))
 	}
 	if controller == "" {
 		panic("reconcilers.WrapTyped: empty controller name (pass the controller's name, as given to the builder's Named)")
@@ -98,7 +109,12 @@ func WrapTyped[R comparable](
 		o.requeueAfter = DefaultRequeueAfter
 	}
 	if !internal.IsNil(opts.Recorder) {
-		o.events = newEventer[R](controller, opts)
+		o.events = newEventer[R](controller, opts) // checked without an executor too
+	}
+	if ex == nil {
+		return &untrackedReconciler[R]{r: r, controller: controller}
+	}
+	if o.events != nil {
 		internal.Of(ex).Settings().Observers.Add(o.events)
 	}
 	w := &wrapped[R]{ex: internal.Of(ex), r: r, opts: o, controller: controller, name: namer[R](controller)}
@@ -178,9 +194,15 @@ func (c *reconcileCall[R]) Handle(ctx context.Context) error {
 // request is requeued once per stop rather than every RequeueAfter while controllers of the
 // leader-election group still run: controller-runtime's worker has nothing else to do, as
 // every request is refused. Both ends are bounded: the drain by GracePeriod, ctx by the
-// manager's stop. An executor that no Runnable drives is not waited for.
+// manager's stop. An executor that no Runnable drives is not waited for, nor one whose
+// Runnable did not begin the drain (Drain called on the executor of a Runnable never
+// started): nothing would end that wait but ctx, and context.Background never ends.
 func (w *wrapped[R]) hold(ctx context.Context) {
-	over := w.ex.Settings().DrainOver
+	drainOver := w.ex.Settings().DrainOver
+	if drainOver == nil {
+		return
+	}
+	over := drainOver() // nil unless the Runnable began the drain: then it always closes
 	if over == nil {
 		return
 	}
@@ -226,6 +248,10 @@ func namer[R comparable](controller string) func(R) (name, namespace, object str
 // Call runs a blocking handler call from inside a wrapped reconcile as a tracked call named
 // "<reconcile name>/<name>", and waits for it like drain.Executor.Call: if ctx ends first,
 // Call returns ctx.Err() and fn stays tracked, so the drain still waits for it. Calls nest.
+// Once the executor drains, a Call inside a reconcile still running is admitted (the drain
+// lets in-flight reconciles finish): only a Call whose reconcile has returned (from a
+// goroutine that outlived it) is refused, with an error wrapping drain.ErrDraining, which
+// requeues the reconcile that returns it.
 // Outside a tracked call it runs fn(ctx) directly, and logs that once per process, so that
 // a reconciler left unwrapped is seen. An empty name or a nil fn is an error wrapping
 // drain.ErrInvalidCall.
@@ -259,3 +285,21 @@ func Call(ctx context.Context, name string, fn func(context.Context) error) erro
 // untracked logs, once per process, that a Call ran outside a tracked call: usually a
 // reconciler that SetupWithManager forgot to wrap.
 var untracked sync.Once
+
+// untrackedReconciler is a reconciler wrapped without an executor: it runs as given.
+type untrackedReconciler[R comparable] struct {
+	r          reconcile.TypedReconciler[R]
+	controller string
+	logged     sync.Once
+}
+
+func (u *untrackedReconciler[R]) Reconcile(ctx context.Context, req R) (reconcile.Result, error) {
+	u.logged.Do(func() {
+		untracked.Do(func() {}) // this line says it for the Calls inside too
+		log.FromContext(ctx).Info(
+			"Reconciler wrapped without an executor: its reconciles and calls are not tracked (logged once)",
+			"controller", u.controller,
+			"howToTrack", "pass the executor of runnable.Add (q.Executor()) to reconcilers.Wrap")
+	})
+	return u.r.Reconcile(ctx, req)
+}

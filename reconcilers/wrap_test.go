@@ -234,14 +234,12 @@ func TestCallOutsideAWrappedReconcileRunsDirectly(t *testing.T) {
 	}
 }
 
-func TestWrapWithNilExecutorOrReconcilerPanicsAtSetup(t *testing.T) {
-	ok := reconcile.Func(func(context.Context, reconcile.Request) (reconcile.Result, error) {
-		return reconcile.Result{}, nil
-	})
+// A nil reconciler panics at setup; a nil executor does not (see
+// TestWrapWithNilExecutorRunsUntracked).
+func TestWrapWithNilReconcilerPanicsAtSetup(t *testing.T) {
 	for name, wrap := range map[string]func(){
-		"Wrap nil executor":      func() { reconcilers.Wrap(nil, "cm", ok, reconcilers.WrapOptions{}) },
-		"Wrap nil reconciler":    func() { reconcilers.Wrap(drain.New(drain.Options{}), "cm", nil, reconcilers.WrapOptions{}) },
-		"WrapTyped nil executor": func() { reconcilers.WrapTyped[reconcile.Request](nil, "cm", ok, reconcilers.WrapOptions{}) },
+		"Wrap nil reconciler":               func() { reconcilers.Wrap(drain.New(drain.Options{}), "cm", nil, reconcilers.WrapOptions{}) },
+		"Wrap nil reconciler, nil executor": func() { reconcilers.Wrap(nil, "cm", nil, reconcilers.WrapOptions{}) },
 		"WrapTyped nil reconciler": func() {
 			reconcilers.WrapTyped[reconcile.Request](drain.New(drain.Options{}), "cm", nil, reconcilers.WrapOptions{})
 		},
@@ -259,7 +257,7 @@ func TestWrapWithNilExecutorOrReconcilerPanicsAtSetup(t *testing.T) {
 			wrap()
 			return nil
 		}()
-		if msg, _ := v.(string); !strings.Contains(msg, `(cm)`) && !strings.Contains(msg, `("cm")`) || !strings.Contains(msg, "nil executor or reconciler") {
+		if msg, _ := v.(string); !strings.Contains(msg, `(cm)`) && !strings.Contains(msg, `("cm")`) || !strings.Contains(msg, "nil reconciler") {
 			t.Errorf("%s: panicked with %#v, want a message naming the controller and the nil argument", name, v)
 		}
 	}
@@ -416,26 +414,42 @@ func TestContextOfAWrappedReconcile(t *testing.T) {
 	})
 }
 
-func TestAReconcileWhoseHandlerIsRefusedIsRequeued(t *testing.T) {
-	// CancelAfter leaves the reconcile's context live, so its handler is refused, not cancelled.
+// A reconcile in flight when the drain begins finishes: its handler Call runs (the README's
+// promise). New work it starts (a call not nested in it, a daemon) is refused, and a
+// reconcile that returns that refusal is requeued quietly.
+func TestAReconcileInFlightWhenTheDrainBeginsRunsItsHandler(t *testing.T) {
+	ran := false
+	wrap := func(ex *drain.Executor) reconcile.Reconciler {
+		return reconcilers.Wrap(ex, "cm", reconcile.Func(func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+			go func() { _ = ex.Drain(context.Background()) }()
+			<-ex.Draining() // the drain begins while the reconcile runs
+			if err := reconcilers.Call(ctx, "upload", func(context.Context) error {
+				ran = true
+				return nil
+			}); err != nil {
+				return reconcile.Result{}, fmt.Errorf("failed to upload: %w", err)
+			}
+			if req.Name == "new-work" {
+				err := ex.Call(context.Background(), "unrelated", func(context.Context) error { return nil })
+				return reconcile.Result{}, fmt.Errorf("failed to start: %w", err)
+			}
+			return reconcile.Result{RequeueAfter: time.Hour}, nil
+		}), reconcilers.WrapOptions{RequeueAfter: 2 * time.Second})
+	}
+	// CancelAfter leaves the reconcile's context live.
 	ex := drain.New(drain.Options{CancelAfter: time.Minute})
 	drained(t, ex)
-	ran := false
-	r := reconcilers.Wrap(ex, "cm", reconcile.Func(func(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
-		go func() { _ = ex.Drain(context.Background()) }()
-		<-ex.Draining() // the drain begins while the reconcile runs
-		err := reconcilers.Call(ctx, "upload", func(context.Context) error {
-			ran = true
-			return nil
-		})
-		return reconcile.Result{}, fmt.Errorf("failed to upload: %w", err)
-	}), reconcilers.WrapOptions{RequeueAfter: 2 * time.Second})
-	res, err := r.Reconcile(context.Background(), request("ns", "obj"))
-	if err != nil || res.RequeueAfter != 2*time.Second {
-		t.Fatalf("Reconcile = %+v, %v; want RequeueAfter 2s and no error", res, err)
+	res, err := wrap(ex).Reconcile(context.Background(), request("ns", "obj"))
+	if err != nil || res.RequeueAfter != time.Hour || !ran {
+		t.Fatalf("Reconcile = %+v, %v, handler ran: %t; want the handler run and the reconcile's result", res, err, ran)
 	}
-	if ran {
-		t.Fatal("the handler ran after the drain began")
+
+	ran = false
+	ex = drain.New(drain.Options{CancelAfter: time.Minute})
+	drained(t, ex)
+	res, err = wrap(ex).Reconcile(context.Background(), request("ns", "new-work"))
+	if err != nil || res.RequeueAfter != 2*time.Second || !ran {
+		t.Fatalf("Reconcile = %+v, %v, handler ran: %t; want the handler run, then RequeueAfter 2s and no error", res, err, ran)
 	}
 }
 
@@ -531,6 +545,36 @@ func TestRefusedRequestHeldUntilTheDrainIsOver(t *testing.T) {
 		}
 		if err := <-started; err != nil {
 			t.Fatal(err)
+		}
+	})
+}
+
+// A refused request waits only for a drain that its Runnable began: the executor of a
+// Runnable never started, drained directly, is not waited for, so Reconcile with a context
+// that never ends returns (a wait for the Runnable's Done would never end).
+func TestRefusedRequestNotHeldWithoutTheRunnablesDrain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := runnable.New(runnable.Options{GracePeriod: 10 * time.Second})
+		r := reconcilers.Wrap(q.Executor(), "cm", reconcile.Func(func(context.Context, reconcile.Request) (reconcile.Result, error) {
+			t.Error("the reconciler ran during the drain")
+			return reconcile.Result{}, nil
+		}), reconcilers.WrapOptions{})
+		if err := q.Executor().Drain(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			res, err := r.Reconcile(context.Background(), request("ns", "a"))
+			if err != nil || res.RequeueAfter != reconcilers.DefaultRequeueAfter {
+				t.Errorf("Reconcile = %+v, %v; want a requeue", res, err)
+			}
+		}()
+		synctest.Wait()
+		select {
+		case <-done:
+		default:
+			t.Fatal("Reconcile(context.Background()) still waits for a Runnable that never started")
 		}
 	})
 }

@@ -209,7 +209,12 @@ func newRunnable(opts Options, metered bool) *Runnable {
 		stopped: make(chan struct{}),
 	}
 	internal.Of(ex).Settings().StopKV = r.sinceStop // before the executor is shared
-	internal.Of(ex).Settings().DrainOver = r.stopped
+	internal.Of(ex).Settings().DrainOver = func() <-chan struct{} {
+		if !r.drainStarted.Load() { // set before the drain refuses anything: see startDrain
+			return nil
+		}
+		return r.stopped
+	}
 	return r
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -328,5 +329,59 @@ func TestCallContextAllocations(t *testing.T) {
 	}
 	if doneAllocs <= valuesAllocs {
 		t.Errorf("a call asking for Done: %v allocations, want more than %v", doneAllocs, valuesAllocs)
+	}
+}
+
+// TestCallContextDrainedBeforeAsked: the drain cancels a call (CancelAfter) before its fn
+// asked anything of its context; later the caller's deadline passes too. Whatever fn then
+// asks, in any order, and whatever child it makes, the context ended first by the drain:
+// Err is context.Canceled and the cause the drain's, shielded or not.
+func TestCallContextDrainedBeforeAsked(t *testing.T) {
+	for _, shield := range []bool{false, true} {
+		t.Run(fmt.Sprintf("shield=%t", shield), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				ex := drain.New(drain.Options{CancelAfter: time.Minute, ReportAfter: time.Hour})
+				core := internal.Of(ex)
+				core.Settings().Owned = true
+				parent, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+				defer cancel()
+				look := make(chan struct{})
+				seen := make(chan []string, 1)
+				err := core.Go(parent, internal.CallOptions{Name: "drained", Shield: shield}, func(ctx context.Context) error {
+					<-look
+					var s []string
+					see := func(what string, ctx context.Context) {
+						s = append(s, fmt.Sprintf("%s: err=%v cause=%v", what, ctx.Err(), context.Cause(ctx)))
+					}
+					see("ctx", ctx)
+					<-ctx.Done()
+					see("ctx after Done", ctx)
+					child, stop := context.WithCancel(ctx)
+					defer stop()
+					see("WithCancel", child)
+					timeout, stopTimeout := context.WithTimeout(ctx, time.Minute)
+					defer stopTimeout()
+					see("WithTimeout", timeout)
+					seen <- s
+					return nil
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				drained := make(chan error, 1)
+				go func() { drained <- ex.Drain(context.Background()) }()
+				time.Sleep(3 * time.Minute) // the drain cancels at 1m, the caller's deadline passes at 2m
+				synctest.Wait()
+				close(look)
+				for _, line := range <-seen {
+					if !strings.HasSuffix(line, "err=context canceled cause=cancelled by the drain") {
+						t.Errorf("%s, want err=context canceled cause=cancelled by the drain", line)
+					}
+				}
+				if err := <-drained; err != nil {
+					t.Fatal(err)
+				}
+			})
+		})
 	}
 }

@@ -18,7 +18,7 @@ import (
 // lock is shared by all executors on the way of a call. An executor's calls carry no more
 // values than it has calls listed at once, so a continuous profiler sees a bounded set of
 // values per executor. Once an executor's drain is over (or it is garbage collected), its
-// number and its ids, label contexts made, go to the next executor New makes: short-lived
+// number and its ids, label sets made, go to the next executor New makes: short-lived
 // executors (one per batch of calls, as errgroup.Group is used) make no ids after the
 // first, and the process carries no more numbers than it had executors alive at once.
 //

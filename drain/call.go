@@ -6,39 +6,34 @@ import (
 	"fmt"
 	"reflect"
 	"runtime/debug"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/quiesce-dev/quiesce/internal"
 )
 
-// call is one admitted call. It is also fn's context, a context.Context of its own (see
-// context.go): no standard-library context is made for a call unless something asks for
-// its Done channel, its cause, or a child with a cancellation of its own.
+// call is one admitted call. Its fn's context, ctx, is made of the standard library's
+// contexts alone (see newCall and enter).
 type call struct {
 	e      *Executor
 	parent context.Context // the caller's ctx
 	opts   internal.CallOptions
 	start  time.Time
 
-	onCaller bool   // Run: fn runs on the caller's goroutine
-	slot     bool   // holds a MaxConcurrent slot, given back by finish
-	shielded bool   // the context ignores parent's cancellation, not its deadline nor values
-	labelled bool   // parent carries pprof labels, which Run restores (see labels.go)
-	panicked bool   // fn panicked: err is its *PanicError; written before done is closed
-	ended    ending // how the context ended while std is nil; guarded by ctxMu
+	onCaller bool // Run: fn runs on the caller's goroutine
+	slot     bool // holds a MaxConcurrent slot, given back by finish
+	panicked bool // fn panicked: err is its *PanicError; written before done is closed
 
 	prev, next *call // the executor's list, guarded by Executor.mu
 
-	// labels is what Value gives for pprof's labels: the caller's labels plus
-	// quiesce=<label id>. Set before fn runs, by the goroutine that runs it.
-	labels context.Context
-	label  *label        // the executor's label id it holds, from link (see labels.go)
-	since  atomic.Uint64 // 0 until fn begins, sinceLeft once it returned (see labels.go)
+	// ctx is fn's context. newCall makes it; enter, on the goroutine that runs fn, adds
+	// the pprof labels before fn runs.
+	ctx         context.Context
+	cancelCause context.CancelCauseFunc // ends ctx with a cause; the first cause wins
+	stopTimer   context.CancelFunc      // releases a shielded call's deadline; nil if none
 
-	ctxMu sync.Mutex // guards std and ended (see context.go)
-	std   *stdCtx    // the standard context behind Done and Cause, once asked for
+	label *label        // the executor's label id it holds, from link (see labels.go)
+	since atomic.Uint64 // 0 until fn begins, sinceLeft once it returned (see labels.go)
 
 	done      chan struct{} // closed when fn returned and err is set, for Call; nil otherwise
 	state     atomic.Uint32 // callWaiting, callDetached or callFinished
@@ -65,12 +60,33 @@ var (
 	errCancelledByDrain = errors.New("cancelled by the drain")
 )
 
-// newCall makes the record of a call. Its context (see context.go) is made when something
-// asks for it, not here. A shielded call (CallOptions.Shield on an owned executor) keeps its
-// caller's values and deadline but not its cancellation. The record does not keep fn: exec
-// is given it, so that nothing holds a wrapped reconcile's handler once Run returned.
+// newCall makes the record of a call and fn's context: a child of the caller's ctx that
+// the call cancels (fn's return, the drain, a fence), answering internal.CallKey with the
+// call (see FromContext). A shielded call (CallOptions.Shield on an owned executor) keeps
+// its caller's values and deadline but not its cancellation: its context derives from
+// context.WithoutCancel(ctx), with ctx's deadline if it has one. The record does not keep
+// fn: exec is given it, so that nothing holds a wrapped reconcile's handler once Run
+// returned.
 func newCall(ctx context.Context, e *Executor, o *internal.CallOptions) *call {
-	return &call{e: e, parent: ctx, opts: *o, shielded: o.Shield && e.settings.Owned}
+	c := &call{e: e, parent: ctx, opts: *o}
+	base := ctx
+	if o.Shield && e.settings.Owned {
+		base = context.WithoutCancel(ctx)
+		if d, ok := ctx.Deadline(); ok {
+			base, c.stopTimer = context.WithDeadline(base, d)
+		}
+	}
+	base, c.cancelCause = context.WithCancelCause(base)
+	c.ctx = context.WithValue(base, internal.CallKey{}, c)
+	return c
+}
+
+// cancel ends fn's context with cause, unless it ended already, and releases its deadline.
+func (c *call) cancel(cause error) {
+	c.cancelCause(cause)
+	if c.stopTimer != nil {
+		c.stopTimer()
+	}
 }
 
 // funcHandler is a func given to Call, Go or Run as an internal.Handler (a func value is
@@ -87,9 +103,6 @@ func noFunc(fn internal.Handler) bool {
 
 // name returns the call's name, put together now (see internal.CallOptions.FullName).
 func (c *call) name() string { return c.opts.FullName() }
-
-// String names the context, as the standard library's contexts do.
-func (c *call) String() string { return "drain.Call(" + c.name() + ")" }
 
 // Core and Options make c an internal.Call. Options gives the full name in Name.
 func (c *call) Core() internal.Core { return (*core)(c.e) }
@@ -151,7 +164,7 @@ func (c *call) exec(fn internal.Handler) {
 				panic(v)
 			}
 		}()
-		err = fn.Handle(c)
+		err = fn.Handle(c.ctx)
 		returned = true
 	}()
 	if settled {

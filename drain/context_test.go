@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -14,11 +15,11 @@ import (
 	"github.com/quiesce-dev/quiesce/internal"
 )
 
-// The conformance of a call's context (drain/context.go, a context of its own) with the
-// standard library's: each scenario runs twice, once on a tracked call's context and once
-// on the standard contexts that the call stands for (context.WithCancelCause of the
-// caller's ctx; shielded, of context.Background with the caller's deadline), and every
-// observation of the context and of its children of every kind must be the same.
+// The conformance of a call's context with the standard library's: each scenario runs
+// twice, once on a tracked call's context and once on a reference made independently
+// (context.WithCancelCause of the caller's ctx; shielded, of context.Background with the
+// caller's deadline and values), and every observation of the context and of its children
+// of every kind must be the same.
 
 type confKey struct{}
 
@@ -108,7 +109,7 @@ func (s *subject) observe() []string {
 }
 
 func describe(ctx context.Context, start time.Time, what string, fired *atomic.Bool) string {
-	err := ctx.Err() // first: before Done or Cause could make a standard context
+	err := ctx.Err() // first: before Done or Cause asked
 	d, hasD := ctx.Deadline()
 	var deadline string
 	if hasD {
@@ -256,8 +257,8 @@ func (v valuesOf) Value(key any) any {
 }
 
 // TestCallContextNoGoroutinePerChild counts the goroutines that children of a call's
-// context start: none, for every kind, whether the call is shielded or not, and with a
-// caller's ctx that is no standard context (whose own children would each need one).
+// context start: none, for every kind, whether the call is shielded or not (a context the
+// context package does not know would need one per child).
 func TestCallContextNoGoroutinePerChild(t *testing.T) {
 	for _, shield := range []bool{false, true} {
 		t.Run(fmt.Sprintf("shield=%t", shield), func(t *testing.T) {
@@ -301,32 +302,86 @@ func TestCallContextNoGoroutinePerChild(t *testing.T) {
 	}
 }
 
-// TestCallContextAllocations: a call whose fn asks nothing of its context but values
-// makes no context at all; asking for Done makes it.
+// TestCallContextAllocations: a Run costs the allocations docs/performance.md lists (the
+// call record and the standard contexts of fn's context), and no more: 6, and 7 shielded
+// (context.WithoutCancel), for a caller's ctx without deadline nor labels.
 func TestCallContextAllocations(t *testing.T) {
 	ex := drain.New(drain.Options{})
 	core := internal.Of(ex)
 	core.Settings().Owned = true
 	parent, cancel := context.WithCancel(context.WithValue(context.Background(), confKey{}, "caller"))
 	defer cancel()
-	opts := internal.CallOptions{Name: "allocs", Shield: true}
 	values := func(ctx context.Context) error {
 		if ctx.Value(confKey{}) != "caller" || ctx.Err() != nil {
 			return errors.New("lost the caller's value")
 		}
 		return nil
 	}
-	done := func(ctx context.Context) error { _ = ctx.Done(); return nil }
-	var err error
-	valuesAllocs := testing.AllocsPerRun(100, func() { err = core.Run(parent, opts, values) })
-	if err != nil {
-		t.Fatal(err)
+	for _, tc := range []struct {
+		shield bool
+		want   float64
+	}{{false, 6}, {true, 7}} {
+		opts := internal.CallOptions{Name: "allocs", Shield: tc.shield}
+		var err error
+		if n := testing.AllocsPerRun(100, func() { err = core.Run(parent, opts, values) }); n > tc.want {
+			t.Errorf("shield=%t: %v allocations per Run, want at most %v", tc.shield, n, tc.want)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
 	}
-	doneAllocs := testing.AllocsPerRun(100, func() { _ = core.Run(parent, opts, done) })
-	if valuesAllocs != 1 {
-		t.Errorf("a call reading values: %v allocations, want 1 (the call record)", valuesAllocs)
-	}
-	if doneAllocs <= valuesAllocs {
-		t.Errorf("a call asking for Done: %v allocations, want more than %v", doneAllocs, valuesAllocs)
+}
+
+// TestCallContextDrainedBeforeAsked: the drain cancels a call (CancelAfter) before its fn
+// asked anything of its context; later the caller's deadline passes too. Whatever fn then
+// asks, in any order, and whatever child it makes, the context ended first by the drain:
+// Err is context.Canceled and the cause the drain's, shielded or not.
+func TestCallContextDrainedBeforeAsked(t *testing.T) {
+	for _, shield := range []bool{false, true} {
+		t.Run(fmt.Sprintf("shield=%t", shield), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				ex := drain.New(drain.Options{CancelAfter: time.Minute, ReportAfter: time.Hour})
+				core := internal.Of(ex)
+				core.Settings().Owned = true
+				parent, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+				defer cancel()
+				look := make(chan struct{})
+				seen := make(chan []string, 1)
+				err := core.Go(parent, internal.CallOptions{Name: "drained", Shield: shield}, func(ctx context.Context) error {
+					<-look
+					var s []string
+					see := func(what string, ctx context.Context) {
+						s = append(s, fmt.Sprintf("%s: err=%v cause=%v", what, ctx.Err(), context.Cause(ctx)))
+					}
+					see("ctx", ctx)
+					<-ctx.Done()
+					see("ctx after Done", ctx)
+					child, stop := context.WithCancel(ctx)
+					defer stop()
+					see("WithCancel", child)
+					timeout, stopTimeout := context.WithTimeout(ctx, time.Minute)
+					defer stopTimeout()
+					see("WithTimeout", timeout)
+					seen <- s
+					return nil
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				drained := make(chan error, 1)
+				go func() { drained <- ex.Drain(context.Background()) }()
+				time.Sleep(3 * time.Minute) // the drain cancels at 1m, the caller's deadline passes at 2m
+				synctest.Wait()
+				close(look)
+				for _, line := range <-seen {
+					if !strings.HasSuffix(line, "err=context canceled cause=cancelled by the drain") {
+						t.Errorf("%s, want err=context canceled cause=cancelled by the drain", line)
+					}
+				}
+				if err := <-drained; err != nil {
+					t.Fatal(err)
+				}
+			})
+		})
 	}
 }

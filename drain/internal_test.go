@@ -171,13 +171,3 @@ func TestSlowCallsCaptureOnlyWhenTheyLog(t *testing.T) {
 		}
 	})
 }
-
-// TestCancelCtxKeyIsTheContextPackages checks what the probe in context.go learned: the key
-// by which a standard cancel context answers with itself.
-func TestCancelCtxKeyIsTheContextPackages(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	if cancelCtxKey == nil || ctx.Value(cancelCtxKey) != any(ctx) {
-		t.Fatalf("the probe learned %v, not the context package's cancelCtx key: context.Cause of a call would be its Err", cancelCtxKey)
-	}
-}

@@ -18,7 +18,7 @@ import (
 // lock is shared by all executors on the way of a call. An executor's calls carry no more
 // values than it has calls listed at once, so a continuous profiler sees a bounded set of
 // values per executor. Once an executor's drain is over (or it is garbage collected), its
-// number and its ids, label contexts made, go to the next executor New makes: short-lived
+// number and its ids, label sets made, go to the next executor New makes: short-lived
 // executors (one per batch of calls, as errgroup.Group is used) make no ids after the
 // first, and the process carries no more numbers than it had executors alive at once.
 //
@@ -35,11 +35,11 @@ const labelKey = "quiesce"
 // epoch.
 const sinceLeft = math.MaxUint64
 
-// A label is one of an executor's ids, with its label context made once.
+// A label is one of an executor's ids, with its label set made once.
 type label struct {
 	id   string
-	ctx  context.Context // pprof.WithLabels(context.Background(), quiesce=id)
-	call *call           // the call holding it, or nil; guarded by Executor.mu
+	set  pprof.LabelSet // quiesce=id
+	call *call          // the call holding it, or nil; guarded by Executor.mu
 }
 
 // labelTable is an executor's number and label ids. Guarded by the Executor.mu of the
@@ -63,7 +63,7 @@ func (e *Executor) takeLabel(c *call) {
 		t.free = t.free[:n-1]
 	} else {
 		id := strconv.FormatUint(t.num, 10) + "-" + strconv.Itoa(len(t.all)+1)
-		l = &label{id: id, ctx: pprof.WithLabels(context.Background(), pprof.Labels(labelKey, id))}
+		l = &label{id: id, set: pprof.Labels(labelKey, id)}
 		t.all = append(t.all, l)
 	}
 	l.call = c
@@ -77,33 +77,23 @@ func (e *Executor) giveLabel(c *call) {
 	e.labels.free = append(e.labels.free, c.label)
 }
 
-// enter labels the current goroutine with c's label, merged with the labels of c's caller
-// as pprof.Do merges them. The goroutine carries the label before it reads the capture
+// enter adds c's label to fn's context, merged with the labels of c's caller as pprof.Do
+// merges them (so that pprof.Do inside fn, and a Run nested in fn, keep it), and labels the
+// current goroutine with them. The goroutine carries the label before it reads the capture
 // epoch: every capture begun after that read saw the label.
 func (c *call) enter() {
-	var pairs []string
-	pprof.ForLabels(c.parent, func(k, v string) bool {
-		c.labelled = true
-		if k != labelKey {
-			pairs = append(pairs, k, v)
-		}
-		return true
-	})
-	c.labels = c.label.ctx
-	if pairs != nil { // the caller has labels of its own: fn keeps them
-		c.labels = pprof.WithLabels(context.Background(), pprof.Labels(append(pairs, labelKey, c.label.id)...))
-	}
-	pprof.SetGoroutineLabels(c.labels)
+	c.ctx = pprof.WithLabels(c.ctx, c.label.set)
+	pprof.SetGoroutineLabels(c.ctx)
 	c.since.Store(captureEpoch.Load() + 1)
 }
 
-// leave restores the labels of the current goroutine, once it no longer runs fn (Run's
-// caller's, as pprof.Do restores them; none on a goroutine of Call or Go, which is about
-// to end, nor when the caller's ctx has none). The label goes back to the executor when
-// the call is unlisted, after this.
+// leave restores the labels of the current goroutine, once it no longer runs fn: Run's
+// caller's, those of its ctx, as pprof.Do restores them; none on a goroutine of Call or Go,
+// which is about to end. The label goes back to the executor when the call is unlisted,
+// after this.
 func (c *call) leave() {
 	c.since.Store(sinceLeft)
-	if c.onCaller && c.labelled {
+	if c.onCaller {
 		pprof.SetGoroutineLabels(c.parent)
 	} else {
 		pprof.SetGoroutineLabels(context.Background())

@@ -14,8 +14,8 @@ import (
 	"github.com/quiesce-dev/quiesce/reconcilers"
 )
 
-// A wrapped reconcile's request and result travel in a handler that the wrapper reuses
-// (reconcilers' wrapped.calls): whatever ran before on any worker, each reconcile gets its
+// A wrapped reconcile's request and result travel in a handler of its own: whatever ran
+// before on any worker, each reconcile gets its
 // own request and returns its own result, including after a panic, after a reconcile that
 // returned context.Canceled itself, and after a refused one.
 func TestEachReconcileGetsItsOwnRequestAndResult(t *testing.T) {

@@ -117,9 +117,7 @@ func WrapTyped[R comparable](
 	if o.events != nil {
 		internal.Of(ex).Settings().Observers.Add(o.events)
 	}
-	w := &wrapped[R]{ex: internal.Of(ex), r: r, opts: o, controller: controller, name: namer[R](controller)}
-	w.calls.New = func() any { return &reconcileCall[R]{r: r} }
-	return w
+	return &wrapped[R]{ex: internal.Of(ex), r: r, opts: o, controller: controller, name: namer[R](controller)}
 }
 
 type wrapped[R comparable] struct {
@@ -129,7 +127,6 @@ type wrapped[R comparable] struct {
 	controller string
 	name       func(R) (name, namespace, object string) // the call's name for a request
 	refusedLog sync.Once
-	calls      sync.Pool // of *reconcileCall[R], see Reconcile
 }
 
 func (w *wrapped[R]) Reconcile(ctx context.Context, req R) (reconcile.Result, error) {
@@ -139,17 +136,13 @@ func (w *wrapped[R]) Reconcile(ctx context.Context, req R) (reconcile.Result, er
 	}
 	// Run, not Call: controller-runtime's worker waits for its reconcile anyway, so the
 	// reconcile runs on that goroutine, tracked, with no hand-off. The request and the
-	// result travel in rc, the call's handler: no closure per reconcile. rc is reused:
-	// only this goroutine holds it, from here until it goes back to w.calls below (the
-	// executor passes a handler to fn's goroutine and keeps no reference to it; the
-	// reconciler gets ctx and a copy of req, never rc). A reconcile that panics or calls
-	// runtime.Goexit leaves its rc to the garbage collector.
+	// result travel in rc, the call's handler. (A sync.Pool of handlers saved this one
+	// allocation and did not move the loop's throughput: docs/performance.md.)
 	var tag any
 	if w.opts.events != nil {
 		tag = w.opts.events.tag(any(req))
 	}
-	rc := w.calls.Get().(*reconcileCall[R])
-	rc.req = req
+	rc := &reconcileCall[R]{r: w.r, req: req}
 	name, namespace, object := w.name(req)
 	err := w.ex.RunHandler(ctx, internal.CallOptions{
 		Name:        name,
@@ -163,14 +156,11 @@ func (w *wrapped[R]) Reconcile(ctx context.Context, req R) (reconcile.Result, er
 	}, rc)
 	// Refused by the drain (or a handler Call it made was), or cancelled by
 	// controller-runtime's stop while it waited for a MaxConcurrent slot: requeued.
-	res, ran := rc.res, rc.ran
-	*rc = reconcileCall[R]{r: w.r}
-	w.calls.Put(rc)
-	if errors.Is(err, drain.ErrDraining) || !ran && errors.Is(err, context.Canceled) {
+	if errors.Is(err, drain.ErrDraining) || !rc.ran && errors.Is(err, context.Canceled) {
 		w.hold(ctx)
 		return w.requeue(ctx), nil
 	}
-	return res, err
+	return rc.res, err
 }
 
 // reconcileCall is one wrapped reconcile as the executor runs it: its request in, its

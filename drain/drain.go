@@ -194,8 +194,9 @@ const (
 	defaultSlowAfter   = time.Minute
 )
 
-// Executor runs named calls on tracked goroutines. Create it with New: every method of an
-// Executor New did not create (a zero one) panics at once, saying so. All its methods are
+// Executor runs named calls on tracked goroutines. Create it with New: Call, Go, Run and
+// Drain of an Executor New did not create (a zero one) return an error wrapping
+// ErrInvalidCall, saying so; its other methods panic, saying so. All its methods are
 // safe for concurrent use. An Executor drains once: after Drain began it refuses every call
 // for the rest of its life.
 type Executor struct {

@@ -458,8 +458,7 @@ func (r *Runnable) ReadyzCheck(*http.Request) error {
 // nil when every call returned. Otherwise it logs the calls it abandoned as one error line
 // (the oldest 20, and how many more) and returns an error that counts them, points at the
 // log, and wraps the *drain.PendingError listing them all (errors.As), itself wrapping
-// context.DeadlineExceeded; with no Logger, it logs nothing and returns the
-// *drain.PendingError itself.
+// context.DeadlineExceeded.
 //
 // The drain is the stop procedure, one step at a time: the stop begins (at the end of
 // ShutdownDelay, StopContext logged its start); the executor refuses new calls and waits up

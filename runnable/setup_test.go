@@ -60,6 +60,14 @@ func TestSetupAndObserveLeaseLeaveTheConfigAsItWas(t *testing.T) {
 			if !reflect.DeepEqual(cfg, want) {
 				t.Fatalf("config after %s = %+v, want it unchanged: %+v", name, cfg, want)
 			}
+			// The manager made from it next has no client timeout (was 5s: RenewDeadline/2).
+			mgr, err := ctrl.NewManager(cfg, mo)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d := mgr.GetHTTPClient().Timeout; d != 0 {
+				t.Fatalf("the manager's HTTP client times out after %v, want no timeout, as without quiesce", d)
+			}
 		})
 	}
 }

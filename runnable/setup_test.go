@@ -47,7 +47,10 @@ func setupManager(t *testing.T, mo *ctrl.Options, opts runnable.Options) (ctrl.M
 // (leaderelection.NewResourceLock sets a 5s Timeout and a user agent on what it is given).
 func TestSetupAndObserveLeaseLeaveTheConfigAsItWas(t *testing.T) {
 	for name, observe := range map[string]func(*rest.Config, *ctrl.Options) error{
-		"Setup":        func(c *rest.Config, o *ctrl.Options) error { _, err := runnable.Setup(c, o, runnable.Options{}); return err },
+		"Setup": func(c *rest.Config, o *ctrl.Options) error {
+			_, err := runnable.Setup(c, o, runnable.Options{})
+			return err
+		},
 		"ObserveLease": runnable.ObserveLease,
 	} {
 		t.Run(name, func(t *testing.T) {

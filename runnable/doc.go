@@ -1,8 +1,16 @@
 // Package runnable provides a controller-runtime manager.Runnable that owns a
 // drain.Executor and drains it within a grace period when the manager stops.
 //
-// Add it to a manager with Add, before mgr.Start, with the manager's Options
-// (Options.ManagerOptions); pass its Executor to reconcilers.Wrap. The Runnable needs no
+// Set it up in two calls: Setup on the manager's Options before ctrl.NewManager, then
+// Runnable.Add on the manager (Add and ObserveLease, the setup of v0.2.0, still work); pass
+// its Executor to reconcilers.Wrap:
+//
+//	q, err := runnable.Setup(cfg, &mgrOpts, qopts)
+//	mgr, err := ctrl.NewManager(cfg, mgrOpts)
+//	err = q.Add(mgr)
+//	err = mgr.Start(q.StopContext(ctrl.SetupSignalHandler()))
+//
+// The Runnable needs no
 // leader election: it runs on every replica, leader and standbys, and controller-runtime
 // stops it first, with the other runnables of its group, and waits for it before it stops the
 // leader-election group, the caches, the webhooks and the HTTP servers
@@ -14,7 +22,7 @@
 // oldest 20 with name, age, detached, where and handler, and how many more). Err tells main,
 // after mgr.Start returned, whether calls were abandoned.
 //
-// With leader election on, ObserveLease, called on the manager's Options before
+// With leader election on, Setup (or ObserveLease), called on the manager's Options before
 // ctrl.NewManager, lets quiesce watch the lease itself: the context of every tracked call
 // ends, with the cause "leader election lost", when client-go's elector gives the lease up:
 // RetryPeriod + RenewDeadline after the last successful renewal, and never later than
@@ -45,7 +53,10 @@
 // time. A typed nil (a nil *events.FakeRecorder as a Recorder, a nil *FakeClock as a Clock,
 // a Logger whose sink is a nil pointer) is nil: it means what leaving it unset means.
 //
-// Here: Add checks its Options (no ManagerOptions, leader election without ObserveLease,
+// Here: Setup checks its Options and the manager's as Add does and returns an error (the
+// manager's Options then as they were); Runnable.Add returns an error naming the fix for
+// every order mistake it can see (the manager made before Setup or from other Options, the
+// webhook server or leader election set after Setup, a second Add). Add checks its Options (no ManagerOptions, leader election without ObserveLease,
 // negative ShutdownDelay, CancelAfter not below GracePeriod, GracePeriod not below the
 // manager's GracefulShutdownTimeout, a second Add on one manager) and returns an error naming
 // the value to change; a failed Add leaves the manager as it was. ObserveLease returns its

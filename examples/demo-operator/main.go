@@ -111,16 +111,11 @@ func run(setupLog logr.Logger, c managerConfig) int {
 		GracefulShutdownTimeout: &shutdownTimeout,
 		Cache:                   cacheOptions(),
 	}
-	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), mgrOpts)
-	if err != nil {
-		setupLog.Error(err, "Failed to create manager")
-		return 1
-	}
-
 	// quiesce: one runnable owns the executor that tracks every reconcile and handler call,
-	// and drains it when the manager stops.
-	q, err := runnable.Add(mgr, runnable.Options{
-		ManagerOptions: &mgrOpts, // Add checks GracePeriod against GracefulShutdownTimeout
+	// and drains it when the manager stops. Setup comes before ctrl.NewManager, which it
+	// checks GracePeriod against (GracefulShutdownTimeout).
+	cfg := ctrl.GetConfigOrDie()
+	q, err := runnable.Setup(cfg, &mgrOpts, runnable.Options{
 		// The demo serves /debug/quiesce without authentication, on 127.0.0.1 (see above).
 		DebugWithoutFilter: true,
 		GracePeriod:        c.grace,
@@ -129,6 +124,15 @@ func run(setupLog logr.Logger, c managerConfig) int {
 		CancelAfter:        c.cancelAfter,
 	})
 	if err != nil {
+		setupLog.Error(err, "Failed to set up quiesce")
+		return 1
+	}
+	mgr, err := ctrl.NewManager(cfg, mgrOpts)
+	if err != nil {
+		setupLog.Error(err, "Failed to create manager")
+		return 1
+	}
+	if err := q.Add(mgr); err != nil {
 		setupLog.Error(err, "Failed to add quiesce")
 		return 1
 	}

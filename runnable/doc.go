@@ -56,7 +56,8 @@
 // Here: Setup checks its Options and the manager's as Add does and returns an error (the
 // manager's Options then as they were); Runnable.Add returns an error naming the fix for
 // every order mistake it can see (the manager made before Setup or from other Options, the
-// webhook server or leader election set after Setup, a second Add). Add checks its Options (no ManagerOptions, leader election without ObserveLease,
+// webhook server or leader election set after Setup, a second Add). Add checks its Options
+// (no ManagerOptions, leader election without ObserveLease,
 // negative ShutdownDelay, CancelAfter not below GracePeriod, GracePeriod not below the
 // manager's GracefulShutdownTimeout, a second Add on one manager) and returns an error naming
 // the value to change; a failed Add leaves the manager as it was. ObserveLease returns its

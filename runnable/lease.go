@@ -74,7 +74,8 @@ func ObserveLease(cfg *rest.Config, opts *manager.Options) error {
 		deadline = *opts.RenewDeadline
 	}
 	l := &leaseObserver{inner: opts.LeaderElectionResourceLockInterface, renewDeadline: deadline,
-		retryPeriod: orDefault(opts.RetryPeriod, defaultRetryPeriod), leaseDuration: orDefault(opts.LeaseDuration, defaultLeaseDuration)}
+		retryPeriod:   orDefault(opts.RetryPeriod, defaultRetryPeriod),
+		leaseDuration: orDefault(opts.LeaseDuration, defaultLeaseDuration)}
 	if internal.IsNil(l.inner) { // unset, or a typed nil: controller-runtime's own lock
 		l.inner = nil
 		lcfg := cfg

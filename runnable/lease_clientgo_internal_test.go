@@ -44,7 +44,7 @@ const retryPeriod = 3 * time.Second
 // elect runs client-go's own elector, with controller-runtime's default durations but
 // retryPeriod, on an
 // observer of lock connected to a Runnable; stopped is closed when the elector gives up.
-func elect(t *testing.T, ctx context.Context, lock *flakyLock) (x *leased, leading, stopped <-chan struct{}) {
+func elect(ctx context.Context, t *testing.T, lock *flakyLock) (x *leased, leading, stopped <-chan struct{}) {
 	t.Helper()
 	x = newLeased(t, Options{}, defaultRenewDeadline)
 	x.l.inner = lock
@@ -73,7 +73,7 @@ func TestFenceMatchesClientGosElector(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			ctx, cancel := context.WithCancel(t.Context())
 			lock := &flakyLock{fakeLock: fakeLock{id: "me"}}
-			x, lead, stopped := elect(t, ctx, lock)
+			x, lead, stopped := elect(ctx, t, lock)
 			<-lead
 			synctest.Wait()
 			renewed := time.Now()
@@ -102,7 +102,7 @@ func TestFenceMatchesClientGosElector(t *testing.T) {
 	t.Run("the fence comes no later than the elector's give-up", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			lock := &flakyLock{fakeLock: fakeLock{id: "me"}}
-			x, lead, stopped := elect(t, t.Context(), lock)
+			x, lead, stopped := elect(t.Context(), t, lock)
 			release := make(chan struct{})
 			ended := x.call(t, release)
 			<-lead
@@ -112,7 +112,10 @@ func TestFenceMatchesClientGosElector(t *testing.T) {
 			var fenced, gaveUp time.Duration
 			for fenced == 0 || gaveUp == 0 {
 				select {
-				case <-ended:
+				case cause := <-ended:
+					if !errors.Is(cause, errLeadershipLost) {
+						t.Fatalf("the call ended with %v, want %v", cause, errLeadershipLost)
+					}
 					fenced = time.Since(start)
 					ended = nil
 				case <-stopped:

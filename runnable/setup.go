@@ -43,7 +43,8 @@ import (
 // be handed to reconcilers.Wrap from now on.
 func Setup(cfg *rest.Config, mgrOpts *manager.Options, opts Options) (*Runnable, error) {
 	if mgrOpts == nil {
-		return nil, errors.New("failed to set up quiesce: nil manager Options (pass &mgrOpts, the ctrl.Options given to ctrl.NewManager)")
+		return nil, errors.New("failed to set up quiesce: nil manager Options " +
+			"(pass &mgrOpts, the ctrl.Options given to ctrl.NewManager)")
 	}
 	if ws, ok := mgrOpts.WebhookServer.(*webhookServer); ok && ws.fromSetup {
 		return nil, errors.New("failed to set up quiesce: these manager Options were given to runnable.Setup already " +

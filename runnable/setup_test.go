@@ -18,6 +18,9 @@ import (
 	"github.com/quiesce-dev/quiesce/runnable"
 )
 
+// anyLocalPort is a metrics server's address that NewManager accepts and nothing binds.
+const anyLocalPort = "127.0.0.1:0"
+
 // leaderOptions are manager Options with leader election on, as the scaffold's --leader-elect.
 func leaderOptions() ctrl.Options {
 	return ctrl.Options{
@@ -272,7 +275,7 @@ func TestSetupServesDebugFromTheRealMetricsServer(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var logs []string
-			mo := ctrl.Options{Metrics: metricsserver.Options{BindAddress: "127.0.0.1:0"}, HealthProbeBindAddress: "0"}
+			mo := ctrl.Options{Metrics: metricsserver.Options{BindAddress: anyLocalPort}, HealthProbeBindAddress: "0"}
 			if tc.mo != nil {
 				tc.mo(&mo)
 			}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -47,6 +48,11 @@ type Result struct {
 // GaveUpText is in the error controller-runtime's Manager.Start returns when its runnables
 // did not all return within its GracefulShutdownTimeout (a main logs it, then exits).
 const GaveUpText = "failed waiting for all runnables to end within grace period"
+
+// gaveUp says whether r.Lines hold GaveUpText.
+func (r *Result) gaveUp() bool {
+	return slices.ContainsFunc(r.Lines, func(l string) bool { return strings.Contains(l, GaveUpText) })
+}
 
 // Reconcile is one reconcile as controller-runtime's log shows it: its keys on the
 // "Reconciler error" line (logged at every verbosity) or the "Reconciling" line (V(5)).

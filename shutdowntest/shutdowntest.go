@@ -962,7 +962,7 @@ func (o *Operator) result() *Result {
 	if !o.signalAt.IsZero() {
 		res.Took = o.exitedAt.Sub(o.signalAt)
 	}
-	res.GaveUp = slices.ContainsFunc(res.Lines, func(l string) bool { return strings.Contains(l, GaveUpText) })
+	res.GaveUp = res.gaveUp()
 	res.Abandoned, res.AbandonedCount = abandoned(res.Lines)
 	res.Timeline = timeline(res.Lines)
 	return res

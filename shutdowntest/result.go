@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -36,6 +37,111 @@ type Result struct {
 	// Lines quiesce logs at V(1) (a stop that waits for nothing) are here only when the
 	// operator logs V(1).
 	Timeline []Step
+	// GaveUp is set when the log holds GaveUpText: controller-runtime's manager stopped
+	// waiting for its runnables at the end of its GracefulShutdownTimeout, with reconciles
+	// (or other runnables) still running; their work is lost when the process exits.
+	GaveUp bool
+
+	signaled int // how many of Lines the harness had read when it sent SIGTERM
+}
+
+// GaveUpText is in the error controller-runtime's Manager.Start returns when its runnables
+// did not all return within its GracefulShutdownTimeout (a main logs it, then exits).
+const GaveUpText = "failed waiting for all runnables to end within grace period"
+
+// gaveUp says whether r.Lines hold GaveUpText.
+func (r *Result) gaveUp() bool {
+	return slices.ContainsFunc(r.Lines, func(l string) bool { return strings.Contains(l, GaveUpText) })
+}
+
+// Reconcile is one reconcile as controller-runtime's log shows it: its keys on the
+// "Reconciler error" line (logged at every verbosity) or the "Reconciling" line (V(5)).
+type Reconcile struct {
+	Controller  string `json:"controller"`
+	Namespace   string `json:"namespace"`
+	Name        string `json:"name"`
+	ReconcileID string `json:"reconcileID"`
+	// Error is the "Reconciler error" line's error; "" in Unfinished.
+	Error string `json:"error"`
+}
+
+// String is "controller namespace/name: error".
+func (r Reconcile) String() string {
+	s := r.Controller + " " + r.Name
+	if r.Namespace != "" {
+		s = r.Controller + " " + r.Namespace + "/" + r.Name
+	}
+	if r.Error != "" {
+		s += ": " + r.Error
+	}
+	return s
+}
+
+// Cut returns the reconciles that SIGTERM cut: controller-runtime's "Reconciler error"
+// lines logged after it whose error says "context canceled" or "context deadline
+// exceeded", in the log's order. It reads the log only, so it works on any operator,
+// quiesce or not: run it on the operator before adopting quiesce to see what a stop loses
+// (docs/adoption.md, "What would a stop lose?"). A reconcile that ignores its context is
+// not cut but unfinished (Unfinished).
+func (r *Result) Cut() []Reconcile {
+	var cut []Reconcile
+	for _, line := range r.Lines[min(r.signaled, len(r.Lines)):] {
+		var rec Reconcile
+		if logFields(line, "Reconciler error", &rec) &&
+			(strings.Contains(rec.Error, "context canceled") || strings.Contains(rec.Error, "context deadline exceeded")) {
+			cut = append(cut, rec)
+		}
+	}
+	return cut
+}
+
+// Unfinished returns the reconciles that began and never ended before the operator exited:
+// a "Reconciling" line and no "Reconciler error", "Reconcile successful" or "Reconcile
+// done, ..." line with its reconcileID. controller-runtime logs these lines at V(5) only:
+// run the operator with --zap-log-level=5 (kubebuilder's main binds the zap flags);
+// otherwise Unfinished is empty.
+func (r *Result) Unfinished() []Reconcile {
+	var began []Reconcile
+	ended := map[string]bool{}
+	for _, line := range r.Lines {
+		var rec Reconcile
+		switch {
+		case logFields(line, "Reconciling", &rec):
+			began = append(began, rec)
+		case logFields(line, "Reconciler error", &rec),
+			logFields(line, "Reconcile successful", &rec), logFields(line, "Reconcile done, requeueing", &rec):
+			ended[rec.ReconcileID] = true
+		}
+	}
+	var unfinished []Reconcile
+	for _, rec := range began {
+		if rec.ReconcileID != "" && !ended[rec.ReconcileID] {
+			unfinished = append(unfinished, rec)
+		}
+	}
+	return unfinished
+}
+
+// logFields decodes into v the key/values of line when its message is msg (or starts with
+// msg and a space, as "Reconcile done, requeueing after 5s"): a JSON object (production mode) or console text
+// "...\tmsg\t{...}" (development mode).
+func logFields(line, msg string, v any) bool {
+	if !strings.Contains(line, msg) {
+		return false
+	}
+	var m struct {
+		Msg string `json:"msg"`
+	}
+	if decodeJSON(line, &m) {
+		return (m.Msg == msg || strings.HasPrefix(m.Msg, msg+" ")) && decodeJSON(line, v)
+	}
+	parts := strings.Split(line, "\t")
+	for i := 0; i+1 < len(parts); i++ {
+		if parts[i] == msg || strings.HasPrefix(parts[i], msg+" ") {
+			return decodeJSON(parts[i+1], v)
+		}
+	}
+	return false
 }
 
 // Step is one line of quiesce's stop timeline.

@@ -397,6 +397,7 @@ type Operator struct {
 	lines    []string
 	changed  chan struct{} // closed, and replaced, when a line is added (WaitLines)
 	signalAt time.Time     // the first SIGTERM of Stop
+	signaled int           // len(lines) at signalAt
 	killed   bool          // Stop had to send a second SIGTERM or SIGKILL
 	reaped   bool          // the process group was killed and the pid may be reaped: kill no more
 	exitedAt time.Time
@@ -877,6 +878,7 @@ func (o *Operator) Stop(ctx context.Context) (*Result, error) {
 	first := o.signalAt.IsZero()
 	if first {
 		o.signalAt = time.Now()
+		o.signaled = len(o.lines)
 	}
 	o.mu.Unlock()
 	var timeout <-chan time.Time // the first Stop's: a second one waits for the same exit
@@ -955,10 +957,12 @@ func (o *Operator) result() *Result {
 		ExitCode: o.cmd.ProcessState.ExitCode(),
 		Killed:   o.killed,
 		Lines:    append([]string(nil), o.lines...),
+		signaled: o.signaled,
 	}
 	if !o.signalAt.IsZero() {
 		res.Took = o.exitedAt.Sub(o.signalAt)
 	}
+	res.GaveUp = res.gaveUp()
 	res.Abandoned, res.AbandonedCount = abandoned(res.Lines)
 	res.Timeline = timeline(res.Lines)
 	return res

@@ -44,10 +44,14 @@ var flagNames = map[string]string{
 	"CancelAfter":   "quiesce-cancel-after",
 }
 
-// name is how errors name the duration field: the field, after its flag when BindFlags bound
-// it (the value may come from the flag or from the code: both are named).
+// name is how errors name a field: the field, after its path in the config file when
+// Config.Apply set the Options, or after its flag when BindFlags bound it (the value may come
+// from the flag or from the code: both are named).
 func (o *Options) name(field string) string {
-	if !o.flagsBound {
+	if json, ok := configNames[field]; ok && o.fromConfig {
+		return o.configPrefix + json + " (" + field + ")"
+	}
+	if !o.flagsBound || flagNames[field] == "" {
 		return field
 	}
 	return "--" + flagNames[field] + " (" + field + ")"

@@ -95,7 +95,9 @@ type Options struct {
 	// GracePeriod, on real time). nil: clock.RealClock{}.
 	Clock clock.WithTickerAndDelayedExecution
 
-	flagsBound bool // BindFlags bound the durations: errors name their flags
+	flagsBound   bool   // BindFlags bound the durations: errors name their flags
+	fromConfig   bool   // set by Config.Apply: errors name the fields by their path in the file
+	configPrefix string // that path's prefix, e.g. "quiesce."
 }
 
 // DefaultGracePeriod is the GracePeriod used when Options leave it zero.

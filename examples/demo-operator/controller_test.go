@@ -52,14 +52,14 @@ func TestSnapshotFinishesDuringShutdown(t *testing.T) {
 		Cache:                  cacheOptions(), // only the labelled ConfigMaps, as in main
 		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
 	}
-	mgr, err := ctrl.NewManager(cfg, mgrOpts)
-	g.Expect(err).NotTo(HaveOccurred())
-	q, err := runnable.Add(mgr, runnable.Options{
-		ManagerOptions: &mgrOpts,
-		GracePeriod:    25 * time.Second, // below the manager's default GracefulShutdownTimeout (30s)
-		CancelAfter:    20 * time.Second, // in-flight reconciles may finish
+	q, err := runnable.Setup(cfg, &mgrOpts, runnable.Options{
+		GracePeriod: 25 * time.Second, // below the manager's default GracefulShutdownTimeout (30s)
+		CancelAfter: 20 * time.Second, // in-flight reconciles may finish
 	})
 	g.Expect(err).NotTo(HaveOccurred())
+	mgr, err := ctrl.NewManager(cfg, mgrOpts)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(q.Add(mgr)).To(Succeed())
 	g.Expect((&ConfigMapReconciler{Client: mgr.GetClient(), Work: 500 * time.Millisecond}).
 		SetupWithManager(mgr, q.Executor(), 1)).To(Succeed())
 

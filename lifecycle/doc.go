@@ -61,12 +61,14 @@
 //     handler runs again. Choose it only if everyone who may patch these objects may also
 //     decide which handlers run.
 //
-// With ProgressKey set, Handlers signs every Record it writes (HMAC-SHA256 of the object's
-// UID, the generation and the handlers, with a key only the operator holds) and refuses any
-// Record whose signature is missing or wrong: the refusal is logged ("Progress annotation is
-// not signed by this operator"), reported by a Warning Event (ReasonProgressForged), and
-// every handler runs for the current generation as if there were no Record. A user with
-// patch rights then can:
+// With ProgressKey set, Handlers signs every Record it writes (HMAC-SHA256 of the annotation
+// key, the controller, the object's UID, the generation and the handlers, with a key only the
+// operator holds) and refuses any Record whose signature is missing or wrong, or that holds
+// "generation", "handlers" or "mac" twice or spelt in another case (which encoding/json
+// would also match): the refusal is logged ("Progress annotation is not signed by this
+// operator"), reported by a Warning Event (ReasonProgressForged), and every handler runs for
+// the current generation as if there were no Record. The handlers are decoded from the very
+// bytes the signature covers. A user with patch rights then can:
 //   - make handlers run again: delete the annotation, corrupt it, forge it, or put back an
 //     older Record of the same object and generation (Handlers must be idempotent anyway);
 //   - read the Record (progress, retry times, and what PublishErrors allows of errors).
@@ -75,7 +77,8 @@
 //   - skip a handler: a Record marking it done for a generation must carry the operator's
 //     signature for that object's UID and that generation, so neither a made-up one, nor one
 //     edited, nor one copied from another object (or an object of the same name deleted
-//     since), nor one of another generation, is accepted;
+//     since), another annotation or another controller, nor one of another generation, is
+//     accepted;
 //   - change retry counts or delays, for the same reason.
 //
 // # Keeping the key
@@ -96,6 +99,12 @@
 // the Record is signed with the new key. Turning the key on, from UnsignedProgress, does
 // the same to the unsigned Records. Turning it off keeps the signed Records' progress:
 // UnsignedProgress ignores the signature.
+//
+// Upgrading from v0.2.0, whose signature bound neither the annotation nor the controller:
+// its Records are not trusted. On the next reconcile of each object, "Progress annotation
+// signed by an older release" is logged at Info (no Event), every handler runs once more for
+// the current generation, and the Record is signed anew. A made-up signature of the old form
+// is refused as forged.
 //
 // # What Handlers publishes
 //

@@ -266,23 +266,25 @@ func Handlers[T client.Object](
 		}
 	}
 	r := &handlersReconciler[T]{
-		c:        c,
-		ex:       ex,
-		newObj:   newObj,
-		handlers: append([]Handler[T](nil), handlers...),
-		index:    index,
-		opts:     opts,
+		c:          c,
+		ex:         ex,
+		controller: controller,
+		newObj:     newObj,
+		handlers:   append([]Handler[T](nil), handlers...),
+		index:      index,
+		opts:       opts,
 	}
 	return reconcilers.Wrap(ex, controller, r, opts.Wrap), nil
 }
 
 type handlersReconciler[T client.Object] struct {
-	c        client.Client
-	ex       *drain.Executor
-	newObj   func() T
-	handlers []Handler[T]
-	index    map[string]int
-	opts     HandlersOptions
+	c          client.Client
+	ex         *drain.Executor
+	controller string
+	newObj     func() T
+	handlers   []Handler[T]
+	index      map[string]int
+	opts       HandlersOptions
 }
 
 // outcome is how one run of a handler ended.
@@ -509,7 +511,13 @@ func (h *handlersReconciler[T]) read(ctx context.Context, obj T) Record {
 	// Checked before the generation: a forged Record of another generation is harmless,
 	// but the attempt shows.
 	if h.opts.ProgressKey != nil {
-		if err := verifySigned(raw, h.opts.ProgressKey, obj.GetUID()); err != nil {
+		p, err = openSigned(raw, h.opts.ProgressKey, h.binding(obj))
+		switch {
+		case errors.Is(err, errOldSignature):
+			log.FromContext(ctx).Info("Progress annotation signed by an older release: all handlers run once more",
+				"annotation", h.opts.Annotation, "generation", gen)
+			return fresh
+		case err != nil:
 			log.FromContext(ctx).Error(err, "Progress annotation is not signed by this operator: all handlers start afresh",
 				"annotation", h.opts.Annotation, "generation", gen)
 			h.event(obj, corev1.EventTypeWarning, ReasonProgressForged,
@@ -613,6 +621,11 @@ func (h *handlersReconciler[T]) stopped(ctx context.Context) *halt {
 	return &halt{res: reconcile.Result{RequeueAfter: h.opts.NextCycle}}
 }
 
+// binding is where obj's Record is signed for: its annotation, this controller, obj's UID.
+func (h *handlersReconciler[T]) binding(obj T) binding {
+	return binding{annotation: h.opts.Annotation, controller: h.controller, uid: obj.GetUID()}
+}
+
 func (h *handlersReconciler[T]) draining() bool {
 	select {
 	case <-h.ex.Draining():
@@ -629,7 +642,7 @@ func (h *handlersReconciler[T]) patch(ctx context.Context, obj T, p Record, lock
 	var zero T
 	val, err := p.Encode()
 	if h.opts.ProgressKey != nil {
-		val, err = encodeSigned(p, h.opts.ProgressKey, obj.GetUID())
+		val, err = encodeSigned(p, h.opts.ProgressKey, h.binding(obj))
 	}
 	if err != nil {
 		return zero, err

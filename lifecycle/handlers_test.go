@@ -119,6 +119,14 @@ func newFixture(t *testing.T, hs []lifecycle.Handler[*corev1.ConfigMap], opts li
 
 func newFixtureWith(t *testing.T, c client.Client, hs []lifecycle.Handler[*corev1.ConfigMap], opts lifecycle.HandlersOptions) *fixture {
 	t.Helper()
+	return newNamedFixture(t, c, "cm", hs, opts)
+}
+
+// newNamedFixture is newFixtureWith for a reconciler of the given controller name.
+func newNamedFixture(
+	t *testing.T, c client.Client, controller string, hs []lifecycle.Handler[*corev1.ConfigMap], opts lifecycle.HandlersOptions,
+) *fixture {
+	t.Helper()
 	f := &fixture{t: t, ex: drain.New(drain.Options{}), c: c, rec: events.NewFakeRecorder(100), clock: clocktesting.NewFakePassiveClock(epoch)}
 	drained(t, f.ex)
 	if opts.Recorder == nil {
@@ -128,7 +136,7 @@ func newFixtureWith(t *testing.T, c client.Client, hs []lifecycle.Handler[*corev
 		opts.Clock = f.clock
 	}
 	opts.UnsignedProgress = opts.ProgressKey == nil
-	r, err := lifecycle.Handlers(f.ex, f.c, "cm", nil, hs, opts)
+	r, err := lifecycle.Handlers(f.ex, f.c, controller, nil, hs, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

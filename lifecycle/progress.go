@@ -47,8 +47,8 @@ func ParseRecord(s string) (Record, error) {
 	}
 	// Every version writes the generation: without one, the value is some other JSON.
 	var w struct {
-		Generation *int64              `json:"generation"`
-		Handlers   map[string]Progress `json:"handlers"`
+		Generation *int64          `json:"generation"`
+		Handlers   json.RawMessage `json:"handlers"`
 	}
 	if err := json.Unmarshal([]byte(s), &w); err != nil {
 		return Record{}, fmt.Errorf("failed to decode progress: %w", internal.CutError(err))
@@ -56,12 +56,28 @@ func ParseRecord(s string) (Record, error) {
 	if w.Generation == nil {
 		return Record{}, errors.New("failed to decode progress: no generation")
 	}
-	for id, h := range w.Handlers {
+	hs, err := decodeHandlers(w.Handlers)
+	if err != nil {
+		return Record{}, err
+	}
+	return Record{Generation: *w.Generation, Handlers: hs}, nil
+}
+
+// decodeHandlers decodes the "handlers" of a Record; nil or null for none.
+func decodeHandlers(raw json.RawMessage) (map[string]Progress, error) {
+	if raw == nil {
+		return nil, nil
+	}
+	var hs map[string]Progress
+	if err := json.Unmarshal(raw, &hs); err != nil {
+		return nil, fmt.Errorf("failed to decode progress: %w", internal.CutError(err))
+	}
+	for id, h := range hs {
 		if h.Retries < 0 {
-			return Record{}, fmt.Errorf("failed to decode progress: handler %q has %d retries", internal.Cut(id), h.Retries)
+			return nil, fmt.Errorf("failed to decode progress: handler %q has %d retries", internal.Cut(id), h.Retries)
 		}
 	}
-	return Record{Generation: *w.Generation, Handlers: w.Handlers}, nil
+	return hs, nil
 }
 
 // Encode returns r as the value of a progress annotation. Map keys are sorted (encoding/json),

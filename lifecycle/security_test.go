@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -280,5 +281,134 @@ func TestHandlersCutHugeValues(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestHandlersProgressTricks: each way of making the operator act on handlers it did not
+// sign is refused as forged. The Record signed for handler a (done, b not yet run) is edited
+// so that a decoder that merges what it reads would also see b done: b would then never run.
+func TestHandlersProgressTricks(t *testing.T) {
+	const forgedB = `{"b":{"retries":0,"done":true}}`
+	for _, tc := range []struct {
+		name  string
+		forge func(signed string) string
+	}{
+		{"handlers twice, forged first", func(s string) string {
+			return `{"handlers":` + forgedB + `,` + strings.TrimPrefix(s, "{")
+		}},
+		{"handlers twice, forged last", func(s string) string {
+			return strings.TrimSuffix(s, "}") + `,"handlers":` + forgedB + `}`
+		}},
+		{"HANDLERS beside handlers", func(s string) string {
+			return `{"HANDLERS":` + forgedB + `,` + strings.TrimPrefix(s, "{")
+		}},
+		{"Handlers in place of handlers", func(s string) string {
+			return strings.Replace(s, `"handlers":`, `"Handlers":`, 1)
+		}},
+		{"handlers spelt with a long s", func(s string) string {
+			return `{"handler\u017f":` + forgedB + `,` + strings.TrimPrefix(s, "{")
+		}},
+		{"generation twice", func(s string) string {
+			return `{"generation":7,` + strings.TrimPrefix(s, "{")
+		}},
+		{"mac twice", func(s string) string {
+			return `{"mac":"AAAA",` + strings.TrimPrefix(s, "{")
+		}},
+		{"a key twice inside an entry", func(s string) string {
+			return strings.Replace(s, `"done":true`, `"done":true,"done":true`, 1)
+		}},
+		{"an entry twice", func(s string) string {
+			return strings.Replace(s, `"handlers":{`, `"handlers":{"b":{"retries":0,"done":true},`, 1)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var j journal
+			hs := []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a"), ok(&j, "b")}
+			f := newFixture(t, hs, lifecycle.HandlersOptions{ProgressKey: key, Lifecycle: lifecycle.OneByOne}, signedObj("uid-1"))
+			f.reconcile("obj")
+			signed := f.object().Annotations[lifecycle.DefaultProgressAnnotation]
+			if got := j.all(); len(got) != 1 || got[0] != "a" {
+				t.Fatalf("first cycle ran %q, want a", got)
+			}
+			f.setProgress(tc.forge(signed))
+			lines := f.logged()
+			evs := f.events()
+			if len(evs) != 1 || !strings.HasPrefix(evs[0], "Warning "+lifecycle.ReasonProgressForged+" ") {
+				t.Fatalf("events = %q, want one %s; log:\n%s", evs, lifecycle.ReasonProgressForged, strings.Join(lines, "\n"))
+			}
+			if got := j.all(); len(got) != 2 || got[1] != "a" {
+				t.Fatalf("runs %q, want a run again: the forged Record refused", got)
+			}
+		})
+	}
+}
+
+// TestHandlersProgressMoved: a Record signed by the operator is refused wherever it was not
+// written: under another annotation key, for another controller, on another object.
+func TestHandlersProgressMoved(t *testing.T) {
+	for _, tc := range []struct {
+		name                     string
+		annotation, controller   string // where the Record is read
+		fromAnnotation, fromCtrl string // where it was signed
+	}{
+		{"another annotation", "example.com/b-progress", "cm", "example.com/a-progress", "cm"},
+		{"another controller", "example.com/progress", "cm-b", "example.com/progress", "cm"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var j journal
+			c := fake.NewClientBuilder().WithObjects(signedObj("uid-1")).Build()
+			signer := newNamedFixture(t, c, tc.fromCtrl, []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a")},
+				lifecycle.HandlersOptions{ProgressKey: key, Annotation: tc.fromAnnotation})
+			signer.reconcile("obj")
+			signed := signer.object().Annotations[tc.fromAnnotation]
+
+			reader := newNamedFixture(t, c, tc.controller, []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a")},
+				lifecycle.HandlersOptions{ProgressKey: key, Annotation: tc.annotation})
+			cm := reader.object()
+			from := client.MergeFrom(cm.DeepCopy())
+			cm.Annotations[tc.annotation] = signed
+			if err := c.Patch(context.Background(), cm, from); err != nil {
+				t.Fatal(err)
+			}
+			reader.reconcile("obj")
+			evs := reader.events()
+			if len(j.all()) != 2 || len(evs) != 1 || !strings.HasPrefix(evs[0], "Warning "+lifecycle.ReasonProgressForged+" ") {
+				t.Fatalf("runs %q, events %q; want the moved Record refused and a run again", j.all(), evs)
+			}
+		})
+	}
+}
+
+// TestHandlersProgressSignedByV020: a Record that v0.2.0 signed with the same key (its MAC
+// bound neither the annotation nor the controller) is not trusted after the upgrade: logged
+// at Info, no Event, the handlers run once more and the Record is signed anew; a made-up MAC
+// in v0.2.0's form is still refused as forged.
+func TestHandlersProgressSignedByV020(t *testing.T) {
+	// As v0.2.0 wrote it for uid-1 with key: a done.
+	const v020 = `{"generation":1,"handlers":{"a":{"retries":0,"done":true,"started":"2025-01-02T03:04:05Z"}},` +
+		`"mac":"RbMQ3eU+6gCIz7pFyt0BVS6znrbO/bmSlpLR0i7+MJs"}`
+	var j journal
+	f := newFixture(t, []lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a")}, lifecycle.HandlersOptions{ProgressKey: key},
+		signedObj("uid-1"))
+	f.setProgress(v020)
+	lines := strings.Join(f.logged(), "\n")
+	if evs := f.events(); len(j.all()) != 1 || len(evs) != 0 {
+		t.Fatalf("runs %q, events %q; want a run once more and no Event", j.all(), evs)
+	}
+	if !strings.Contains(lines, "Progress annotation signed by an older release") {
+		t.Fatalf("log lacks the upgrade line:\n%s", lines)
+	}
+	if resigned := f.object().Annotations[lifecycle.DefaultProgressAnnotation]; !strings.Contains(resigned, `"mac":"v2:`) {
+		t.Fatalf("Record after the run: %s, want one signed by this release", resigned)
+	}
+	f.reconcile("obj")
+	if len(j.all()) != 1 {
+		t.Fatalf("runs %q, want the new Record trusted", j.all())
+	}
+
+	f.setProgress(strings.Replace(v020, "RbMQ", "AbMQ", 1))
+	f.reconcile("obj")
+	if evs := f.events(); len(j.all()) != 2 || len(evs) != 1 || !strings.Contains(evs[0], lifecycle.ReasonProgressForged) {
+		t.Fatalf("runs %q, events %q; want a made-up v0.2.0 MAC refused as forged", j.all(), evs)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/quiesce-dev/quiesce/drain"
@@ -31,7 +32,8 @@ func (o *HandlersOptions) published(err error) string {
 // tokens. It is, in order:
 //
 //   - for an API error (apierrors.APIStatus): its reason and HTTP status,
-//     "Forbidden (HTTP 403)";
+//     "Forbidden (HTTP 403)", or its HTTP status alone, "HTTP 418", for a reason that is not
+//     one of metav1.StatusReason's constants (any server or webhook may send any text there);
 //   - for a context's end: "context deadline exceeded" or "context canceled";
 //   - for a panic (*drain.PanicError): "panic";
 //   - otherwise the type of the outermost error in its chain that is not a plain wrapper
@@ -54,7 +56,7 @@ func classOf(err error) string {
 		return "error"
 	case errors.As(err, &status):
 		st := status.Status()
-		if st.Reason == "" {
+		if !knownReasons[st.Reason] { // the reason is the server's (or a webhook's) to write
 			return "HTTP " + strconv.Itoa(int(st.Code))
 		}
 		return string(st.Reason) + " (HTTP " + strconv.Itoa(int(st.Code)) + ")"
@@ -71,6 +73,19 @@ func classOf(err error) string {
 		}
 	}
 	return "error"
+}
+
+// knownReasons are metav1.StatusReason's constants but the empty one: the only reasons
+// errorClass publishes.
+var knownReasons = map[metav1.StatusReason]bool{
+	metav1.StatusReasonUnauthorized: true, metav1.StatusReasonForbidden: true, metav1.StatusReasonNotFound: true,
+	metav1.StatusReasonAlreadyExists: true, metav1.StatusReasonConflict: true, metav1.StatusReasonGone: true,
+	metav1.StatusReasonInvalid: true, metav1.StatusReasonServerTimeout: true, metav1.StatusReasonStoreReadError: true,
+	metav1.StatusReasonTimeout: true, metav1.StatusReasonTooManyRequests: true, metav1.StatusReasonBadRequest: true,
+	metav1.StatusReasonMethodNotAllowed: true, metav1.StatusReasonNotAcceptable: true,
+	metav1.StatusReasonRequestEntityTooLarge: true, metav1.StatusReasonUnsupportedMediaType: true,
+	metav1.StatusReasonInternalError: true, metav1.StatusReasonExpired: true,
+	metav1.StatusReasonServiceUnavailable: true,
 }
 
 // plainWrappers are the error types that say nothing but their text.

@@ -12,6 +12,7 @@ import (
 	"github.com/go-logr/logr/funcr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -56,6 +57,10 @@ func TestHandlersRedactErrorsByDefault(t *testing.T) {
 	}{
 		{"client error", "*url.Error", clientError()},
 		{"API error", "Forbidden (HTTP 403)", fmt.Errorf("failed to get: %w", forbidden)},
+		{"API error with a reason of the server's own", "HTTP 400", &apierrors.StatusError{ErrStatus: metav1.Status{
+			Code: 400, Reason: metav1.StatusReason("token " + secret + strings.Repeat("x", 4096)), Message: secret,
+		}}},
+		{"API error without a reason", "HTTP 502", &apierrors.StatusError{ErrStatus: metav1.Status{Code: 502, Message: secret}}},
 		{"terminal", "terminal error: *url.Error", reconcile.TerminalError(clientError())},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

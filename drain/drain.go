@@ -226,8 +226,10 @@ type Executor struct {
 	cancelTmr   clock.Timer // CancelAfter, until it fired or the calls all returned
 	labels      *labelTable // the pprof label ids of its calls (see labels.go); nil once its drain is over
 
-	draining  chan struct{} // closed when Drain begins
-	done      chan struct{} // closed when draining and nothing is in flight
+	fenced    context.Context         // ended by Fence (internal.Core.Fenced)
+	fence     context.CancelCauseFunc // ends fenced
+	draining  chan struct{}           // closed when Drain begins
+	done      chan struct{}           // closed when draining and nothing is in flight
 	drainOnce sync.Once
 	hold      *tableHold    // e's hold on labels, until the registry takes them back
 	logging   atomic.Bool   // a report is being logged (see logAsync)
@@ -270,6 +272,7 @@ func New(opts Options) *Executor {
 		draining: make(chan struct{}),
 		done:     make(chan struct{}),
 	}
+	e.fenced, e.fence = context.WithCancelCause(context.Background())
 	executors.add(e)
 	if opts.MaxConcurrent > 0 {
 		e.slots = make(chan struct{}, opts.MaxConcurrent)
@@ -319,6 +322,8 @@ func (c *core) Go(ctx context.Context, o internal.CallOptions, fn func(context.C
 
 func (c *core) Now() time.Time { return c.clock.Now() }
 
+func (c *core) Fenced() context.Context { return c.fenced }
+
 func (c *core) Entries(limit int) ([]internal.Entry, int) {
 	calls, total := (*Executor)(c).Locate(limit)
 	return entries(calls, c.clock.Now()), total
@@ -328,6 +333,7 @@ func (c *core) Fence(cause error) int {
 	c.mu.Lock()
 	c.cancelCause = cause
 	c.mu.Unlock()
+	c.fence(cause)
 	calls, _ := (*Executor)(c).list(-1)
 	for _, cl := range calls {
 		cl.cancel(cause)

@@ -129,6 +129,10 @@ type Core interface {
 	// Fence ends the context of every call still running at once, with cause, and returns
 	// how many it ended. runnable calls it when the lease is lost, once the drain began.
 	Fence(cause error) int
+	// Fenced is a context that Fence ends, with its cause; it never ends otherwise. Work
+	// that outlives a call's cancellation on purpose (lifecycle's save of a cycle's
+	// outcomes) ends with it: once the lease is lost, this replica writes nothing more.
+	Fenced() context.Context
 }
 
 // Handler is a tracked call's function as a value that carries its own input and output

@@ -19,7 +19,11 @@
 //     so a handler never runs on progress older than the last recorded.
 //  5. They run one after the other, in the Func's order, each as a tracked call named
 //     "<controller>/<namespace>/<name>/<handler ID>" on its own copy of the object.
-//  6. Their outcomes are recorded by a merge patch of the annotation alone: success marks a
+//  6. Their outcomes are recorded by a merge patch of the annotation alone, with an
+//     optimistic lock: on a conflict (a handler changed the object) it is made again on the
+//     object read anew, if the annotation still holds what step 4 wrote; if someone else
+//     (a new leader) recorded progress since, the outcomes are dropped and the handlers run
+//     again rather than overwrite it (logged at V(1)). Success marks a
 //     handler done; a reconcile.TerminalError marks it done and failed (Warning Event
 //     ReasonHandlerFailed); another error, or a panic, counts a retry, keeps the error's
 //     class (see "What Handlers publishes") and delays the next run by the backoff
@@ -31,7 +35,10 @@
 // or the executor began to drain) is not a failure: no retry is counted and it stays
 // started and not done, so the next manager runs it again. The outcomes of the handlers
 // that finished are still recorded, by a patch on a context detached from the cancelled
-// one and bounded by a few seconds, which the drain waits for.
+// one and bounded by a few seconds, which the drain waits for; but not once the lease was
+// lost (a runnable.Runnable's fence): that context ends with the fence, and a replica that
+// lost the lease writes no more progress ("Leadership lost: not recording the outcomes of
+// the handlers that ran", at Info); the next leader runs those handlers again.
 //
 // The lifecycles are kopf's, under kopf's names: AllAtOnce, OneByOne, Randomized, Shuffled
 // and ASAP, the default; Named finds one by name, for a flag. A Func is called inline, on

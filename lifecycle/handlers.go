@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -31,9 +32,9 @@ const DefaultNextCycle = 100 * time.Millisecond
 // jitterRand returns the random number in [0, 1) that picks each jitter. Tests replace it.
 var jitterRand = rand.Float64
 
-// saveTimeout bounds the patch that records the outcomes of a cycle, which runs on a context
-// detached from the reconcile's: a handler that finished while the drain cancelled the
-// reconcile still has its outcome recorded.
+// saveTimeout bounds the patches that record the outcomes of a cycle, which run on a context
+// detached from the reconcile's (not from the fence): a handler that finished while the drain
+// cancelled the reconcile still has its outcome recorded.
 const saveTimeout = 10 * time.Second
 
 // Reasons of the Events that Handlers records on the object (all of type Warning).
@@ -454,23 +455,69 @@ func (h *handlersReconciler[T]) update(
 	return hp
 }
 
-// save patches the progress with the outcomes of the handlers that ran. It uses a context
-// detached from the reconcile's, bounded by saveTimeout: a handler that finished while the
-// drain cancelled the reconcile must still have its outcome saved, or it would run again
-// for nothing. The drain waits for the patch, as it is part of the tracked reconcile.
+// save patches the progress with the outcomes of the handlers that ran, obj being the object
+// as start patched it. It uses a context detached from the reconcile's, bounded by
+// saveTimeout: a handler that finished while the drain cancelled the reconcile must still have
+// its outcome saved, or it would run again for nothing. The drain waits for the patch, as it
+// is part of the tracked reconcile. But it ends with the fence (the lease was lost: another
+// replica may lead already), and the patch carries an optimistic lock: on a conflict it is
+// made again on the object read anew only if the annotation still holds what start wrote.
+// Otherwise someone else (a new leader) recorded progress since: this cycle's outcomes are
+// dropped, and their handlers run again (they are idempotent), rather than overwrite it.
 func (h *handlersReconciler[T]) save(ctx context.Context, obj T, next Record) *halt {
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), saveTimeout)
-	defer cancel()
-	_, err := h.patch(sctx, obj, next, false)
+	logger := log.FromContext(ctx)
+	fenced := internal.CoreOf(h.ex).Fenced()
+	sctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer cancel(nil)
+	defer context.AfterFunc(fenced, func() { cancel(context.Cause(fenced)) })()
+	sctx, cancelTimeout := context.WithTimeout(sctx, saveTimeout)
+	defer cancelTimeout()
+
+	written := obj.GetAnnotations()[h.opts.Annotation]
+	cur := obj
+	attempt := func() error {
+		if fenced.Err() != nil {
+			return context.Cause(fenced)
+		}
+		_, err := h.patch(sctx, cur, next, true)
+		if !apierrors.IsConflict(err) {
+			return err
+		}
+		fresh := h.newObj()
+		if gerr := h.c.Get(sctx, client.ObjectKeyFromObject(obj), fresh); gerr != nil {
+			return gerr
+		}
+		if fresh.GetAnnotations()[h.opts.Annotation] != written {
+			return errProgressMoved
+		}
+		cur = fresh
+		return err
+	}
+	// The last attempt's error, not OnError's: OnError answers nil for an error that wraps
+	// a context's end (wait.Interrupted), the very error of a save the fence ended.
+	var err error
+	_ = retry.OnError(retry.DefaultBackoff, apierrors.IsConflict, func() error { err = attempt(); return err })
 	switch {
 	case err == nil:
 		return nil
+	case fenced.Err() != nil:
+		logger.Info("Leadership lost: not recording the outcomes of the handlers that ran, the next leader runs them again",
+			"reason", context.Cause(fenced).Error())
+		return &halt{res: reconcile.Result{RequeueAfter: h.opts.NextCycle}}
+	case errors.Is(err, errProgressMoved), apierrors.IsConflict(err):
+		logger.V(1).Info("The progress changed since the cycle started: its outcomes are left to the next cycle",
+			"requeueAfter", h.opts.NextCycle)
+		return &halt{res: reconcile.Result{RequeueAfter: h.opts.NextCycle}}
 	case apierrors.IsNotFound(err):
 		return &halt{}
 	default:
 		return &halt{err: err}
 	}
 }
+
+// errProgressMoved stops save's retries: the annotation no longer holds what the cycle's start
+// wrote.
+var errProgressMoved = errors.New("the progress changed since the cycle started")
 
 // requeue says when to reconcile the object again after a cycle that ran handlers.
 func (h *handlersReconciler[T]) requeue(ctx context.Context, next Record) reconcile.Result {

@@ -12,6 +12,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/go-logr/logr/funcr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apivalidation "k8s.io/apimachinery/pkg/api/validation"
@@ -24,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/quiesce-dev/quiesce/drain"
@@ -911,3 +913,146 @@ func TestHandlersTypedNilPlugins(t *testing.T) {
 
 // typedNilClient is a client.Client whose nil pointer a caller may pass by mistake.
 type typedNilClient struct{ client.Client }
+
+// conflicts counts the progress patches that the client refused with a conflict.
+type conflicts struct {
+	mu sync.Mutex
+	n  int
+}
+
+// counting wraps c so that the conflicts of its patches are counted; before, if set, sees
+// each patch (counted from 1) before it is sent, and fails it by returning an error.
+func (cf *conflicts) counting(c client.WithWatch, before func(ctx context.Context, n int) error) client.WithWatch {
+	patches := 0
+	return interceptor.NewClient(c, interceptor.Funcs{
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			patches++
+			if before != nil {
+				if err := before(ctx, patches); err != nil {
+					return err
+				}
+			}
+			err := c.Patch(ctx, obj, patch, opts...)
+			if apierrors.IsConflict(err) {
+				cf.mu.Lock()
+				cf.n++
+				cf.mu.Unlock()
+			}
+			return err
+		},
+	})
+}
+
+// TestHandlersSaveIsOptimistic: the patch that records a cycle's outcomes carries the
+// resourceVersion. A handler that changed the object itself (a conflict, the annotation as
+// the cycle's start left it) still has its outcome recorded, on the object read anew; progress
+// that someone else recorded meanwhile (a new leader) is never overwritten: the cycle's
+// outcomes are dropped, quietly, and the object reconciled again.
+func TestHandlersSaveIsOptimistic(t *testing.T) {
+	const theirs = `{"generation":1,"handlers":{"a":{"retries":0,"done":false},"b":{"retries":0,"done":true}}}`
+	for _, tc := range []struct {
+		name       string
+		annotation string // what the handler writes beside its label; "" for none
+	}{
+		{"the handler changed the object", ""},
+		{"someone recorded progress meanwhile", theirs},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var cf conflicts
+			var c client.Client
+			edit := lifecycle.Handler[*corev1.ConfigMap]{ID: "a", Fn: func(ctx context.Context, cm *corev1.ConfigMap) error {
+				server := cm.DeepCopy()
+				server.Labels["handler"] = "saved"
+				if tc.annotation != "" {
+					server.Annotations[lifecycle.DefaultProgressAnnotation] = tc.annotation
+				}
+				return c.Update(ctx, server)
+			}}
+			c = cf.counting(fake.NewClientBuilder().WithObjects(configMap("obj")).Build(), nil)
+			f := newFixtureWith(t, c, []lifecycle.Handler[*corev1.ConfigMap]{edit},
+				lifecycle.HandlersOptions{NextCycle: time.Minute})
+			var lines []string
+			logger := funcr.New(func(prefix, args string) { lines = append(lines, prefix+" "+args) }, funcr.Options{Verbosity: 1})
+			res, err := f.r.Reconcile(log.IntoContext(context.Background(), logger), request("obj"))
+			if err != nil || cf.n != 1 {
+				t.Fatalf("Reconcile = %+v, %v, with %d conflicts; want no error after 1 conflict", res, err, cf.n)
+			}
+			got := f.object().Annotations[lifecycle.DefaultProgressAnnotation]
+			if tc.annotation != "" {
+				if got != theirs || res.RequeueAfter != time.Minute {
+					t.Fatalf("progress %s, result %+v; want theirs kept and a requeue after NextCycle", got, res)
+				}
+				if !strings.Contains(strings.Join(lines, "\n"), "The progress changed since the cycle started") {
+					t.Fatalf("log lacks the dropped outcomes:\n%s", strings.Join(lines, "\n"))
+				}
+				return
+			}
+			if p := f.record(); !p.Handlers["a"].Done || res != (reconcile.Result{}) {
+				t.Fatalf("progress %s, result %+v; want a done, recorded on the object read anew", got, res)
+			}
+		})
+	}
+}
+
+// TestHandlersSaveEndsWithTheFence: the save of a cycle's outcomes outlives the drain's
+// cancellation, not the fence. A patch in flight when the lease is lost ends at once with
+// the fence's cause, and none is sent once it was lost (here, the retry after a conflict):
+// the replica that lost the lease writes nothing more, and says so.
+func TestHandlersSaveEndsWithTheFence(t *testing.T) {
+	leaseLost := errors.New("leader election lost")
+	for _, tc := range []struct {
+		name     string
+		inFlight bool // the server hangs on the save's patch until the fence; else it refuses it
+	}{
+		{"fenced during the save's patch", true},
+		{"fenced, then a conflict", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var cf conflicts
+			var ex *drain.Executor
+			saveEnded := make(chan error, 1)
+			patches := 0
+			base := fake.NewClientBuilder().WithObjects(configMap("obj")).Build()
+			c := cf.counting(base, func(ctx context.Context, n int) error {
+				patches = n
+				if n != 2 { // 1: the cycle's start; 2: the save
+					return nil
+				}
+				internal.CoreOf(ex).Fence(leaseLost)
+				if !tc.inFlight {
+					return apierrors.NewConflict(schema.GroupResource{Resource: "configmaps"}, "obj", errors.New("changed"))
+				}
+				<-ctx.Done()
+				saveEnded <- context.Cause(ctx)
+				return ctx.Err()
+			})
+			f := newFixtureWith(t, c, []lifecycle.Handler[*corev1.ConfigMap]{ok(&journal{}, "a")},
+				lifecycle.HandlersOptions{NextCycle: time.Minute})
+			ex = f.ex
+			var lines []string
+			logger := funcr.New(func(prefix, args string) { lines = append(lines, prefix+" "+args) }, funcr.Options{})
+			if _, err := f.r.Reconcile(log.IntoContext(context.Background(), logger), request("obj")); err != nil {
+				t.Fatalf("Reconcile = %v, want no error", err)
+			}
+			// The fence ends the reconcile's call: Reconcile may return at once, while the
+			// cycle, still tracked, ends its save. The drain waits for it.
+			if err := f.ex.Drain(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if tc.inFlight {
+				if cause := <-saveEnded; !errors.Is(cause, leaseLost) {
+					t.Fatalf("the save's patch ended with %v, want the fence's cause", cause)
+				}
+			}
+			if patches != 2 {
+				t.Fatalf("%d patches sent, want 2: none after the fence", patches)
+			}
+			if p := f.record(); p.Handlers["a"].Done || p.Handlers["a"].Started == nil {
+				t.Fatalf("progress %+v; want a as the cycle's start left it: started, not done", p)
+			}
+			if !strings.Contains(strings.Join(lines, "\n"), "Leadership lost: not recording the outcomes") {
+				t.Fatalf("log lacks the fenced save:\n%s", strings.Join(lines, "\n"))
+			}
+		})
+	}
+}

@@ -66,7 +66,7 @@ func TestWhatWouldAStopLose(t *testing.T) {
 	// it gives up, main exits 1, and the process's exit abandons them mid-work.
 	hung, written := run("hung-without-quiesce", shutdowntest.Options{Package: "./testdata/plain", Env: env,
 		Flags: demoOptions(env).Flags, StopTimeout: 10 * time.Second,
-		Args:  []string{"--work=60s", "--ignore-context", "--graceful-shutdown-timeout=1s"}})
+		Args: []string{"--work=60s", "--ignore-context", "--graceful-shutdown-timeout=1s"}})
 	g.Expect(hung.GaveUp).To(BeTrue())
 	g.Expect(hung.Killed).To(BeFalse())
 	g.Expect(hung.ExitCode).To(Equal(1))

@@ -13,8 +13,10 @@ import (
 )
 
 // What a stop loses: the same three reconciles, SIGTERM while each works, on an operator
-// without quiesce (testdata/plain: all three cut, no snapshot written) and on the demo
-// operator with quiesce (none cut, every snapshot written).
+// without quiesce (testdata/plain: all three cut, no snapshot written), on it again with
+// reconciles that ignore their context (the manager gives up after its graceful shutdown
+// timeout: all three unfinished, no snapshot written) and on the demo operator with quiesce
+// (none cut, every snapshot written).
 func TestWhatWouldAStopLose(t *testing.T) {
 	env, c := environment(t)
 	ctx := t.Context()
@@ -38,6 +40,9 @@ func TestWhatWouldAStopLose(t *testing.T) {
 				written++
 			}
 		}
+		// Each operator watches every namespace: the next run must not reconcile these.
+		g.Expect(c.DeleteAllOf(ctx, &corev1.ConfigMap{}, client.InNamespace(ns),
+			client.MatchingLabels{"demo": labelValue})).To(Succeed())
 		t.Logf("%s: exit code %d after %s, gave up %t, %d of 3 snapshots written",
 			ns, res.ExitCode, res.Took.Round(time.Millisecond), res.GaveUp, written)
 		for _, r := range res.Cut() {
@@ -55,6 +60,20 @@ func TestWhatWouldAStopLose(t *testing.T) {
 	g.Expect(plain.Cut()).To(HaveLen(3))
 	g.Expect(plain.Cut()).To(HaveEach(HaveField("Error", ContainSubstring("context canceled"))))
 	g.Expect(plain.GaveUp).To(BeFalse())
+	g.Expect(written).To(BeZero())
+
+	// Reconciles that ignore their context outlive the manager's 1s graceful shutdown timeout:
+	// it gives up, main exits 1, and the process's exit abandons them mid-work.
+	hung, written := run("hung-without-quiesce", shutdowntest.Options{Package: "./testdata/plain", Env: env,
+		Flags: demoOptions(env).Flags, StopTimeout: 10 * time.Second,
+		Args: []string{"--work=60s", "--ignore-context", "--graceful-shutdown-timeout=1s"}})
+	g.Expect(hung.GaveUp).To(BeTrue())
+	g.Expect(hung.Killed).To(BeFalse())
+	g.Expect(hung.ExitCode).To(Equal(1))
+	g.Expect(hung.Cut()).To(BeEmpty())
+	g.Expect(hung.Unfinished()).To(ConsistOf(
+		HaveField("Name", "job-1"), HaveField("Name", "job-2"), HaveField("Name", "job-3")))
+	g.Expect(hung.Unfinished()).To(HaveEach(HaveField("Namespace", "hung-without-quiesce")))
 	g.Expect(written).To(BeZero())
 
 	withQuiesce, written := run("with-quiesce", demoOptions(env, "--work=1500ms", "--grace-period=6s", "--cancel-after=4s"))

@@ -24,6 +24,9 @@ import (
 	"github.com/quiesce-dev/quiesce/runnable"
 )
 
+// tgps is the key of terminationGracePeriodSeconds in values.yaml.
+const tgps = "terminationGracePeriodSeconds"
+
 // The release the chart is rendered for.
 const releaseName, releaseNamespace = "config-operator", "operators"
 
@@ -190,12 +193,12 @@ func TestChart(t *testing.T) {
 		want   string                        // in checkChart's error; "": none
 	}{
 		{name: "the chart's values"},
-		{name: "kubebuilder's 10s", values: map[string]any{"terminationGracePeriodSeconds": 10},
+		{name: "kubebuilder's 10s", values: map[string]any{tgps: 10},
 			want: "terminationGracePeriodSeconds (10s) must exceed quiesce.shutdownDelay (10s) + gracefulShutdownTimeout (30s)"},
-		{name: "no margin", values: map[string]any{"terminationGracePeriodSeconds": 40},
+		{name: "no margin", values: map[string]any{tgps: 40},
 			want: "terminationGracePeriodSeconds (40s) must exceed"},
 		{name: "gracefulShutdownTimeout left out: the default 30s counts",
-			values: merged(cfg("gracefulShutdownTimeout", nil), map[string]any{"terminationGracePeriodSeconds": 35}),
+			values: merged(cfg("gracefulShutdownTimeout", nil), map[string]any{tgps: 35}),
 			want:   "+ gracefulShutdownTimeout (30s)"},
 		{name: "longer shutdown delay", values: cfg("quiesce", nest("shutdownDelay", "20s")),
 			want: "must exceed quiesce.shutdownDelay (20s)"},

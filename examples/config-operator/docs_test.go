@@ -78,7 +78,7 @@ func checkExcerpts(md, root string) (problems []string, quoted map[string]int) {
 		t := strings.TrimSpace(line)
 		switch {
 		case strings.HasPrefix(t, "```") && !inBlock:
-			inBlock, block, start = true, nil, i+2
+			inBlock, block, start = true, block[:0], i+2
 		case strings.HasPrefix(t, "```"):
 			inBlock = false
 			p, n := checkBlock(block, start, root)

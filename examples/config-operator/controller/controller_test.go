@@ -11,13 +11,14 @@ import (
 	"github.com/quiesce-dev/quiesce/examples/config-operator/controller"
 )
 
-// newConfigMap returns a ConfigMap in "default", labelled for publishing if publish is set.
-func newConfigMap(name string, publish bool, data map[string]string) *corev1.ConfigMap {
-	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"}, Data: data}
-	if publish {
-		cm.Labels = map[string]string{controller.PublishLabel: "true"}
+// newConfigMap returns a ConfigMap in "default", labelled for publishing, with level: info.
+func newConfigMap(name string) *corev1.ConfigMap {
+	return &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: name, Namespace: "default", Labels: map[string]string{controller.PublishLabel: "true"},
+		},
+		Data: map[string]string{"level": "info"},
 	}
-	return cm
 }
 
 // published returns the revision recorded on the ConfigMap, for Eventually.
@@ -31,7 +32,7 @@ func published(ctx SpecContext, cm *corev1.ConfigMap) func() (string, error) {
 
 var _ = Describe("ConfigMapReconciler", func() {
 	It("should publish a labelled ConfigMap and record its revision", func(ctx SpecContext) {
-		cm := newConfigMap("app-1", true, map[string]string{"level": "info"})
+		cm := newConfigMap("app-1")
 		Expect(k8sClient.Create(ctx, cm)).To(Succeed())
 
 		Eventually(published(ctx, cm)).Should(Equal(controller.Revision(cm.Data)))
@@ -39,7 +40,7 @@ var _ = Describe("ConfigMapReconciler", func() {
 	})
 
 	It("should publish again when the data changes", func(ctx SpecContext) {
-		cm := newConfigMap("app-2", true, map[string]string{"level": "info"})
+		cm := newConfigMap("app-2")
 		Expect(k8sClient.Create(ctx, cm)).To(Succeed())
 		Eventually(published(ctx, cm)).Should(Equal(controller.Revision(cm.Data)))
 
@@ -49,5 +50,4 @@ var _ = Describe("ConfigMapReconciler", func() {
 		Eventually(published(ctx, cm)).Should(Equal(controller.Revision(map[string]string{"level": "debug"})))
 		Expect(store.stored("default/app-2")).To(HaveKeyWithValue("level", "debug"))
 	})
-
 })

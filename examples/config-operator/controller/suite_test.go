@@ -84,7 +84,7 @@ var _ = BeforeSuite(func() {
 var _ = AfterSuite(func(ctx SpecContext) {
 	if stopMgr != nil {
 		By("stopping the manager, as SIGTERM would, while a publish is in flight")
-		slow := newConfigMap("slow-1", true, map[string]string{"level": "info"})
+		slow := newConfigMap("slow-1")
 		Expect(k8sClient.Create(ctx, slow)).To(Succeed())
 		Eventually(q.Executor().Pending).Should(ContainElement(
 			HaveField("Name", controller.Name+"/default/slow-1/publish")))

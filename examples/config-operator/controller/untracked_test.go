@@ -28,7 +28,7 @@ func (f publisherFunc) Publish(ctx context.Context, key client.ObjectKey, data m
 // and the reconciler, wrapped as SetupWithManager wraps it, runs untracked, its Publish
 // call included, as it would without quiesce. No manager runs, no control plane.
 func TestNilExecutorRunsUntracked(t *testing.T) {
-	cm := newConfigMap("app", true, map[string]string{"level": "info"})
+	cm := newConfigMap("app")
 	c := fake.NewClientBuilder().WithObjects(cm).Build()
 	var got map[string]string
 	r := &controller.ConfigMapReconciler{Client: c, Publisher: publisherFunc(

@@ -44,6 +44,7 @@ func TestController(t *testing.T) {
 
 var _ = BeforeSuite(func() {
 	logf.SetLogger(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true)))
+	SetDefaultEventuallyTimeout(30 * time.Second) // a loaded machine, -race: not Gomega's 1s
 	Expect(os.Getenv("KUBEBUILDER_ASSETS")).NotTo(BeEmpty(),
 		"KUBEBUILDER_ASSETS is not set: export KUBEBUILDER_ASSETS=$(hack/setup-envtest.sh)")
 

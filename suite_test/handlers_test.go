@@ -165,6 +165,52 @@ var _ = Describe("The Handlers reconciler", func() {
 		expectNoLeaks(cur)
 	})
 
+	It("should record, once, the outcome of handlers that change their own object", func(ctx SpecContext) {
+		cur := goleak.IgnoreCurrent()
+		ns := newNamespace(ctx)
+		key := types.NamespacedName{Namespace: ns, Name: "self-edit"}
+
+		// Each handler changes the object (a label), so the save of the cycle's outcomes,
+		// which carries the resourceVersion the cycle's start got, meets a conflict: it is
+		// made again on the object read anew, through the manager's cache.
+		var runs handlerRuns
+		var c client.Client
+		label := func(id string) lifecycle.Handler[*corev1.ConfigMap] {
+			return lifecycle.Handler[*corev1.ConfigMap]{ID: id, Fn: func(ctx context.Context, cm *corev1.ConfigMap) error {
+				runs.add(id)
+				from := client.MergeFrom(cm.DeepCopy())
+				if cm.Labels == nil {
+					cm.Labels = map[string]string{}
+				}
+				cm.Labels["handled-by-"+id] = "true"
+				return c.Patch(ctx, cm, from)
+			}}
+		}
+		mgr, _ := newHandlers(ns, "handlers-self-edit", []lifecycle.Handler[*corev1.ConfigMap]{label("a"), label("b")},
+			lifecycle.HandlersOptions{Lifecycle: lifecycle.OneByOne, ProgressKey: progressKey})
+		c = mgr.GetClient()
+		stop, done := startManager(mgr)
+		Expect(k8sClient.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: key.Name}})).
+			To(Succeed())
+
+		Eventually(func(g Gomega) {
+			p, err := progressOf(ctx, key)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(p.Handlers["a"].Done).To(BeTrue())
+			g.Expect(p.Handlers["b"].Done).To(BeTrue())
+		}).Should(Succeed())
+		Consistently(runs.get, 2*time.Second).Should(Equal(map[string]int{"a": 1, "b": 1}),
+			"each outcome recorded despite the conflict: no handler runs again")
+		var cm corev1.ConfigMap
+		Expect(k8sClient.Get(ctx, key, &cm)).To(Succeed())
+		Expect(cm.Labels).To(HaveKeyWithValue("handled-by-a", "true"))
+		Expect(cm.Labels).To(HaveKeyWithValue("handled-by-b", "true"))
+
+		stop()
+		Eventually(done, time.Minute).Should(Receive(BeNil()))
+		expectNoLeaks(cur)
+	})
+
 	It("should retry a failing handler with backoff and record its retries", func(ctx SpecContext) {
 		cur := goleak.IgnoreCurrent()
 		ns := newNamespace(ctx)

@@ -42,7 +42,9 @@ func childOf(t *testing.T, op *shutdowntest.Operator) int {
 }
 
 // alive reports whether process pid runs: it exists and is no zombie (a killed child of an
-// exited operator waits, a zombie, for whichever process adopted it to reap it).
+// exited operator waits, a zombie, for whichever process adopted it to reap it). A process
+// sent SIGKILL may still run for a moment after kill(2) returned, until the kernel schedules
+// it to die: the tests poll, bounded, until it is gone.
 func alive(pid int) bool {
 	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
 		return false
@@ -66,7 +68,8 @@ func TestKillEndsWhatTheOperatorStarted(t *testing.T) {
 	g.Expect(alive(child)).To(BeTrue(), "the operator's child runs")
 
 	op.Kill()
-	g.Expect(alive(child)).To(BeFalse(), "the operator's child %d outlived Kill", child)
+	g.Eventually(func() bool { return alive(child) }).WithTimeout(10*time.Second).Should(BeFalse(),
+		"the operator's child %d outlived Kill", child)
 	g.Expect(alive(op.Pid())).To(BeFalse())
 }
 
@@ -82,7 +85,8 @@ func TestStopEndsWhatTheOperatorLeft(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(res).To(shutdowntest.HaveExitedGracefully())
 	g.Expect(res).To(shutdowntest.HaveLogged("forker: exits, its child still running"))
-	g.Expect(alive(child)).To(BeFalse(), "the operator's child %d outlived the operator", child)
+	g.Eventually(func() bool { return alive(child) }).WithTimeout(10*time.Second).Should(BeFalse(),
+		"the operator's child %d outlived the operator", child)
 }
 
 func TestLineOfAnyLength(t *testing.T) {

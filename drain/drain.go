@@ -77,6 +77,14 @@ type Options struct {
 // It is the least positive duration, so a flag (--quiesce-cancel-after=1ns) can say it too.
 const CancelAtOnce = time.Nanosecond
 
+// The least values of Options.ReportAfter, ReportEvery and SlowAfter (a positive value
+// below them is a setup error: every report captures every goroutine's stack).
+const (
+	MinReportAfter = 100 * time.Millisecond
+	MinReportEvery = 500 * time.Millisecond
+	MinSlowAfter   = time.Second
+)
+
 // ErrDraining is returned (wrapped) by Call, Go and Run once the executor drains.
 var ErrDraining = errors.New("executor is draining")
 

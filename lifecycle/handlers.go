@@ -91,7 +91,8 @@ type HandlersOptions struct {
 	Lifecycle Func
 
 	// Recorder, if set, receives Warning Events on the object (ReasonProgressCorrupt,
-	// ReasonProgressForged, ReasonProgressNotSaved, ReasonHandlerError, ReasonHandlerFailed). nil: no Events, only log lines. See
+	// ReasonProgressForged, ReasonProgressNotSaved, ReasonHandlerError,
+	// ReasonHandlerFailed). nil: no Events, only log lines. See
 	// reconcilers.WrapOptions.Recorder for where to get one.
 	Recorder events.EventRecorder
 
@@ -138,12 +139,13 @@ type HandlersOptions struct {
 	Wrap reconcilers.WrapOptions
 
 	// ProgressKey, if set, signs each Record that Handlers writes: an HMAC-SHA256 with this
-	// key of the object's UID, the Record's generation and its handlers. A Record without
-	// the signature, or with one that does not match, is refused as forged: logged,
-	// reported by a Warning Event (ReasonProgressForged), and every handler runs for the
-	// object's generation as if there were no Record. So a user who may patch the object
-	// but does not hold the key can make handlers run again, never skip one (see the
-	// package documentation, "Who can write the progress"). Keep the key in a Secret that
+	// key of where it is kept, the controller, the object's UID, the Record's generation and
+	// its handlers. A Record without the signature, or with one that does not match, is
+	// refused as forged: logged, reported by a Warning Event (ReasonProgressForged), and
+	// every handler runs for the object's generation as if there were no Record. So a user
+	// who may write the Record but does not hold the key can make handlers run again (by
+	// deleting it or putting back an older one, without that Event), never skip one (see
+	// the package documentation, "Who can write the progress"). Keep the key in a Secret that
 	// only the operator reads, at least MinProgressKeyBytes (32) random bytes. Setting it,
 	// or changing it, makes every Record written before refused once (with a
 	// ReasonProgressForged Event): each object's handlers run once more, then the Record is
@@ -153,11 +155,12 @@ type HandlersOptions struct {
 	ProgressKey []byte
 
 	// UnsignedProgress makes Handlers write Records without a signature and trust the
-	// annotation as it reads it: anyone who may patch the object can then mark a handler
-	// done, so that it never runs for a generation, or make handlers run again. Set it,
-	// instead of ProgressKey, only if everyone who may patch these objects may also decide
-	// which handlers run. false, the default: ProgressKey is required. Handlers returns an
-	// error unless exactly one of ProgressKey and UnsignedProgress is set.
+	// Record as it reads it: anyone who may patch the object (with StatusField, its status)
+	// can then mark a handler done, so that it never runs for a generation, or make
+	// handlers run again. Set it, instead of ProgressKey, only if everyone who may patch
+	// these objects (their status) may also decide which handlers run. false, the
+	// default: ProgressKey is required. Handlers returns an error unless exactly one of
+	// ProgressKey and UnsignedProgress is set.
 	UnsignedProgress bool
 
 	// PublishErrors puts a failed handler's error text (its first KiB) in the Record's
@@ -227,7 +230,8 @@ func (o *HandlersOptions) setDefaults() {
 //
 // Handlers returns an error wrapping ErrInvalidHandlers for a nil ex (or one drain.New did
 // not create) or c, an empty controller, no handlers, a handler with an empty or duplicate ID
-// or a nil Fn, an invalid annotation key, neither or both of opts.ProgressKey and
+// or a nil Fn, an invalid annotation key, both opts.Annotation and opts.StatusField, an empty
+// field name in opts.StatusField, neither or both of opts.ProgressKey and
 // opts.UnsignedProgress, a ProgressKey shorter than MinProgressKeyBytes, or a nil newObj with
 // a T that is not a pointer to a struct; it never panics on misuse (see the package
 // documentation, "Setup misuse").

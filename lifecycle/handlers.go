@@ -795,6 +795,10 @@ func (h *handlersReconciler[T]) patch(ctx context.Context, obj T, p Record, lock
 		if err := h.c.Status().Patch(ctx, mod, client.RawPatch(types.MergePatchType, data)); err != nil {
 			return zero, fmt.Errorf("failed to patch progress: %w", err)
 		}
+		// Else every cycle would run every handler again, for ever, with no error.
+		if got, _, _ := h.stored(mod); got != val {
+			return zero, reconcile.TerminalError(fmt.Errorf("failed to patch progress: %w", errFieldDropped))
+		}
 		return mod, nil
 	}
 	ann := mod.GetAnnotations()

@@ -85,6 +85,11 @@ func (s store) statusPatch(val, rv string) ([]byte, error) {
 	return b, nil
 }
 
+// errFieldDropped is the error of a status patch whose field the object, as the API server
+// returned it, lacks: the CRD's schema pruned it, or the Go type has no such field.
+var errFieldDropped = errors.New("the object returned lacks the status field: add it, a string, " +
+	"to the CRD's schema and the Go type, or unset HandlersOptions.StatusField")
+
 // progressSaveFailures counts Records that could not be saved, process-wide, like
 // controller-runtime's own metrics. registerMetrics registers it.
 var (
@@ -124,6 +129,8 @@ func (s store) whyNotSaved(err error, conflicts int) (reason, why string) {
 				"someone else's may fill them)"
 		}
 		return "too_large", "the object is too large"
+	case errors.Is(err, errFieldDropped):
+		return "invalid", "the object has no " + s.where + " (a string) to keep it in"
 	case apierrors.IsInvalid(err):
 		return "invalid", "the API server refused it as invalid: " + errorClass(err)
 	case apierrors.IsForbidden(err):

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/quiesce-dev/quiesce/drain"
 	"github.com/quiesce-dev/quiesce/lifecycle"
@@ -309,5 +310,49 @@ func TestHandlersStatusFieldRefusedWith(t *testing.T) {
 				t.Fatalf("Handlers = %v, want an error saying %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestHandlersStatusFieldDropped: a status field that the API server does not keep (the CRD's
+// schema prunes it, or the Go type lacks it) is reported at the first cycle, and the reconcile
+// fails for good; before, every cycle would have run every handler again, silently.
+func TestHandlersStatusFieldDropped(t *testing.T) {
+	w := newWidget()
+	w.SetNamespace("ns")
+	w.SetName("obj")
+	w.SetGeneration(1)
+	pruning := interceptor.NewClient(fake.NewClientBuilder().WithObjects(w).WithStatusSubresource(w).Build(), interceptor.Funcs{
+		SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+			if err := c.SubResource(sub).Patch(ctx, obj, patch, opts...); err != nil {
+				return err
+			}
+			unstructured.RemoveNestedField(obj.(*unstructured.Unstructured).Object, "status", "progress")
+			return nil
+		},
+	})
+	ex := drain.New(drain.Options{})
+	drained(t, ex)
+	rec := events.NewFakeRecorder(10)
+	var j journal
+	h := lifecycle.Handler[*unstructured.Unstructured]{ID: "a", Fn: func(context.Context, *unstructured.Unstructured) error {
+		j.add("a")
+		return nil
+	}}
+	r, err := lifecycle.Handlers(ex, pruning, "widgets-pruned", newWidget, []lifecycle.Handler[*unstructured.Unstructured]{h},
+		lifecycle.HandlersOptions{StatusField: "progress", UnsignedProgress: true, Recorder: rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = r.Reconcile(context.Background(), request("obj"))
+	if !errors.Is(err, reconcile.TerminalError(nil)) || !strings.Contains(err.Error(), "add it, a string, to the CRD's schema") {
+		t.Fatalf("Reconcile = %v, want a terminal error naming the fix", err)
+	}
+	want := "Warning ProgressNotSaved Progress of the handlers not saved in status field .status.progress, " +
+		"no handler runs until it is: the object has no status field .status.progress (a string) to keep it in"
+	if e := <-rec.Events; e != want {
+		t.Fatalf("event %q, want %q", e, want)
+	}
+	if got := saveFailures(t, "widgets-pruned", "invalid"); got != 1 || len(j.all()) != 0 {
+		t.Fatalf("metric %v, runs %q; want 1 and none", got, j.all())
 	}
 }

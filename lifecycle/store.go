@@ -116,27 +116,36 @@ func registerMetrics() {
 	})
 }
 
+// The reasons of quiesce_progress_save_failures_total.
+const (
+	reasonTooLarge  = "too_large"
+	reasonInvalid   = "invalid"
+	reasonForbidden = "forbidden"
+	reasonConflict  = "conflict"
+	reasonError     = "error"
+)
+
 // whyNotSaved returns the metric's reason for err, a failed progress patch, and what the
 // Event says of it: never the error's text, which the operator's log has.
 func (s store) whyNotSaved(err error, conflicts int) (reason, why string) {
 	switch {
 	case apierrors.IsConflict(err):
-		return "conflict", fmt.Sprintf("the object changed before each of the last %d patches "+
+		return reasonConflict, fmt.Sprintf("the object changed before each of the last %d patches "+
 			"(someone updates it faster than the operator reads and patches it)", conflicts)
 	case apierrors.IsRequestEntityTooLargeError(err), apierrors.HasStatusCause(err, metav1.CauseTypeTooLong):
 		if s.field == nil {
-			return "too_large", "the object is too large (its annotations reach the API server's limit: " +
+			return reasonTooLarge, "the object is too large (its annotations reach the API server's limit: " +
 				"someone else's may fill them)"
 		}
-		return "too_large", "the object is too large"
+		return reasonTooLarge, "the object is too large"
 	case errors.Is(err, errFieldDropped):
-		return "invalid", "the object has no " + s.where + " (a string) to keep it in"
+		return reasonInvalid, "the object has no " + s.where + " (a string) to keep it in"
 	case apierrors.IsInvalid(err):
-		return "invalid", "the API server refused it as invalid: " + errorClass(err)
+		return reasonInvalid, "the API server refused it as invalid: " + errorClass(err)
 	case apierrors.IsForbidden(err):
-		return "forbidden", "the operator may not patch it: " + errorClass(err)
+		return reasonForbidden, "the operator may not patch it: " + errorClass(err)
 	default:
-		return "error", errorClass(err)
+		return reasonError, errorClass(err)
 	}
 }
 

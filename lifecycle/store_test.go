@@ -3,6 +3,7 @@ package lifecycle_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -24,6 +25,8 @@ import (
 	"github.com/quiesce-dev/quiesce/drain"
 	"github.com/quiesce-dev/quiesce/lifecycle"
 )
+
+var configMaps = schema.GroupResource{Resource: "configmaps"}
 
 // saveFailures returns quiesce_progress_save_failures_total{controller, reason} as
 // controller-runtime's registry serves it; 0 if it has no such series.
@@ -97,7 +100,7 @@ func validated(c client.WithWatch) client.WithWatch {
 // quiesce_progress_save_failures_total; the reconcile fails, for controller-runtime to log
 // and back off. Before, it failed with no Event and no metric: no handler ran, silently.
 func TestHandlersReportProgressNotSaved(t *testing.T) {
-	gr := schema.GroupResource{Resource: "configmaps"}
+	gr := configMaps
 	refuse := func(err error) func(client.WithWatch) client.WithWatch {
 		return func(c client.WithWatch) client.WithWatch {
 			return interceptor.NewClient(c, interceptor.Funcs{
@@ -162,7 +165,7 @@ func TestHandlersReportConflictsThatKeepComing(t *testing.T) {
 	c := interceptor.NewClient(fake.NewClientBuilder().WithObjects(configMap("obj")).Build(), interceptor.Funcs{
 		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
 			if conflict {
-				return apierrors.NewConflict(schema.GroupResource{Resource: "configmaps"}, obj.GetName(), errors.New("changed"))
+				return apierrors.NewConflict(configMaps, obj.GetName(), errors.New("changed"))
 			}
 			return c.Patch(ctx, obj, patch, opts...)
 		},
@@ -214,6 +217,9 @@ func TestHandlersReportConflictsThatKeepComing(t *testing.T) {
 		t.Fatalf("runs %q, want only a: nothing runs while the start is not recorded", runs)
 	}
 }
+
+// progressField is the status field of the tests' Widgets that keeps the Record.
+const progressField = "progress"
 
 var widgetGVK = schema.GroupVersionKind{Group: "example.com", Version: "v1", Kind: "Widget"}
 
@@ -269,8 +275,8 @@ func TestHandlersStatusStore(t *testing.T) {
 			t.Fatalf("Reconcile: %v", err)
 		}
 	}
-	if runs := strings.Join(j.all(), ","); runs != "a,b" {
-		t.Fatalf("runs %s, want a,b: the annotation's Record not read, the status' one saved and read", runs)
+	if runs := j.all(); !slices.Equal(runs, []string{"a", "b"}) {
+		t.Fatalf("runs %q, want a, b: the annotation's Record not read, the status' one saved and read", runs)
 	}
 	got := get()
 	raw, found, err := unstructured.NestedString(got.Object, "status", "quiesce", "progress")
@@ -300,7 +306,7 @@ func TestHandlersStatusFieldRefusedWith(t *testing.T) {
 		opts       lifecycle.HandlersOptions
 	}{
 		{"an annotation too", "both HandlersOptions.Annotation and StatusField are set",
-			lifecycle.HandlersOptions{StatusField: "progress", Annotation: "example.com/progress", UnsignedProgress: true}},
+			lifecycle.HandlersOptions{StatusField: progressField, Annotation: "example.com/widget-progress", UnsignedProgress: true}},
 		{"an empty field name", `HandlersOptions.StatusField "quiesce..progress" has an empty field name`,
 			lifecycle.HandlersOptions{StatusField: "quiesce..progress", UnsignedProgress: true}},
 	} {
@@ -326,7 +332,7 @@ func TestHandlersStatusFieldDropped(t *testing.T) {
 			if err := c.SubResource(sub).Patch(ctx, obj, patch, opts...); err != nil {
 				return err
 			}
-			unstructured.RemoveNestedField(obj.(*unstructured.Unstructured).Object, "status", "progress")
+			unstructured.RemoveNestedField(obj.(*unstructured.Unstructured).Object, "status", progressField)
 			return nil
 		},
 	})
@@ -339,7 +345,7 @@ func TestHandlersStatusFieldDropped(t *testing.T) {
 		return nil
 	}}
 	r, err := lifecycle.Handlers(ex, pruning, "widgets-pruned", newWidget, []lifecycle.Handler[*unstructured.Unstructured]{h},
-		lifecycle.HandlersOptions{StatusField: "progress", UnsignedProgress: true, Recorder: rec})
+		lifecycle.HandlersOptions{StatusField: progressField, UnsignedProgress: true, Recorder: rec})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -41,13 +41,13 @@ func newWidget() *unstructured.Unstructured {
 // client acting as that user.
 func widgetEditorOf(ctx context.Context, ns, user string) client.Client {
 	GinkgoHelper()
-	const role = "widget-editor"
+	const role, verbGet = "widget-editor", "get"
 	Expect(k8sClient.Create(ctx, &rbacv1.Role{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: role},
 		Rules: []rbacv1.PolicyRule{
 			{APIGroups: []string{widgetGVK.Group}, Resources: []string{"widgets"},
-				Verbs: []string{"create", "delete", "get", "list", "patch", "update", "watch"}},
-			{APIGroups: []string{widgetGVK.Group}, Resources: []string{"widgets/status"}, Verbs: []string{"get"}},
+				Verbs: []string{"create", "delete", verbGet, "list", "patch", "update", "watch"}},
+			{APIGroups: []string{widgetGVK.Group}, Resources: []string{"widgets/status"}, Verbs: []string{verbGet}},
 		},
 	})).To(Succeed())
 	Expect(k8sClient.Create(ctx, &rbacv1.RoleBinding{

@@ -316,7 +316,7 @@ func Handlers[T client.Object](
 type handlersReconciler[T client.Object] struct {
 	store
 	mu        sync.Mutex
-	conflicts map[types.NamespacedName]int // cycles in a row whose progress patch conflicted, by object
+	conflicts map[types.NamespacedName]int // the last cycles in a row whose progress patch conflicted, by object
 
 	c          client.Client
 	ex         *drain.Executor
@@ -339,33 +339,45 @@ const (
 
 // halt ends a cycle before its last step, with what Reconcile returns.
 type halt struct {
-	res reconcile.Result
-	err error
+	res      reconcile.Result
+	err      error
+	conflict bool // the progress patch conflicted
 }
 
 func (s *halt) result() (reconcile.Result, error) { return s.res, s.err }
 
 func (h *handlersReconciler[T]) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	stop := h.cycle(ctx, req)
+	if !stop.conflict { // only the conflicts of cycles in a row count
+		h.mu.Lock()
+		delete(h.conflicts, req.NamespacedName)
+		h.mu.Unlock()
+	}
+	return stop.result()
+}
+
+// cycle runs the steps of one cycle in order; each ends it early by a halt.
+func (h *handlersReconciler[T]) cycle(ctx context.Context, req reconcile.Request) *halt {
 	obj, stop := h.load(ctx, req)
 	if stop != nil {
-		return stop.result()
+		return stop
 	}
 	prog := h.read(ctx, obj)
 	picked, stop := h.selectHandlers(ctx, prog)
 	if stop != nil {
-		return stop.result()
+		return stop
 	}
 	obj, prog, stop = h.start(ctx, obj, prog, picked)
 	if stop != nil {
-		return stop.result()
+		return stop
 	}
 	next, ran := h.runPicked(ctx, obj, prog, picked)
 	if ran {
 		if stop := h.save(ctx, obj, next); stop != nil {
-			return stop.result()
+			return stop
 		}
 	}
-	return h.requeue(ctx, next), nil
+	return &halt{res: h.requeue(ctx, next)}
 }
 
 // load gets the object. A missing object is not an error: it was deleted, and there is
@@ -380,7 +392,6 @@ func (h *handlersReconciler[T]) load(ctx context.Context, req reconcile.Request)
 	case err == nil:
 		return obj, nil
 	case apierrors.IsNotFound(err):
-		h.forget(req.NamespacedName)
 		return obj, &halt{}
 	case h.stopping(ctx):
 		return obj, h.stopped(ctx)
@@ -432,7 +443,6 @@ func (h *handlersReconciler[T]) start(ctx context.Context, obj T, prog Record, p
 	patched, err := h.patch(ctx, obj, started, true)
 	switch {
 	case err == nil:
-		h.saved(obj)
 		return patched, started, nil
 	case apierrors.IsConflict(err):
 		return obj, prog, h.conflicted(ctx, obj, err)
@@ -448,7 +458,8 @@ func (h *handlersReconciler[T]) start(ctx context.Context, obj T, prog Record, p
 // conflicted ends a cycle whose progress patch conflicted: the object read was stale, or
 // changed since; it is reconciled again after NextCycle. The ConflictsToReport-th cycle of
 // the object in a row to end so, and each after it, reports the progress as not saved and
-// fails the reconcile, so that the controller's rate limiter backs off.
+// fails the reconcile, so that the controller's rate limiter backs off. Reconcile forgets
+// the count at the first cycle that ends otherwise.
 func (h *handlersReconciler[T]) conflicted(ctx context.Context, obj T, err error) *halt {
 	key := client.ObjectKeyFromObject(obj)
 	h.mu.Lock()
@@ -456,22 +467,11 @@ func (h *handlersReconciler[T]) conflicted(ctx context.Context, obj T, err error
 	n := h.conflicts[key]
 	h.mu.Unlock()
 	if n >= ConflictsToReport {
-		return &halt{err: h.notSaved(obj, err, n)}
+		return &halt{err: h.notSaved(obj, err, n), conflict: true}
 	}
 	log.FromContext(ctx).V(1).Info("The object changed since it was read: reconciling it again",
 		"requeueAfter", h.opts.NextCycle)
-	return &halt{res: reconcile.Result{RequeueAfter: h.opts.NextCycle}}
-}
-
-// saved forgets the conflicts of obj's earlier cycles: its progress was saved, or it is gone.
-func (h *handlersReconciler[T]) saved(obj client.Object) {
-	h.forget(client.ObjectKeyFromObject(obj))
-}
-
-func (h *handlersReconciler[T]) forget(key types.NamespacedName) {
-	h.mu.Lock()
-	delete(h.conflicts, key)
-	h.mu.Unlock()
+	return &halt{res: reconcile.Result{RequeueAfter: h.opts.NextCycle}, conflict: true}
 }
 
 // notSaved reports that obj's Record could not be saved, conflicts being the cycles in a row
@@ -578,7 +578,6 @@ func (h *handlersReconciler[T]) save(ctx context.Context, obj T, next Record) *h
 	_ = retry.OnError(retry.DefaultBackoff, apierrors.IsConflict, func() error { err = attempt(); return err })
 	switch {
 	case err == nil:
-		h.saved(obj)
 		return nil
 	case fenced.Err() != nil:
 		logger.Info("Leadership lost: not recording the outcomes of the handlers that ran, the next leader runs them again",

@@ -45,8 +45,8 @@ func newStore(annotation, statusField string) (store, error) {
 	return store{field: path, where: "status field .status." + statusField, bound: ".status." + statusField}, nil
 }
 
-// stored returns the Record's value on obj, and whether it has one; an error for a status
-// field that is not a string.
+// stored returns the Record's value on obj, and whether it has one; an error (and true: it
+// is reported like a corrupt Record) for a status field that is not a string.
 func (s store) stored(obj client.Object) (string, bool, error) {
 	if s.field == nil {
 		v, ok := obj.GetAnnotations()[s.annotation]
@@ -54,7 +54,7 @@ func (s store) stored(obj client.Object) (string, bool, error) {
 	}
 	u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
 	if err != nil {
-		return "", false, fmt.Errorf("failed to read progress: %w", err)
+		return "", true, fmt.Errorf("failed to read progress: %w", err)
 	}
 	v, ok, err := unstructured.NestedFieldNoCopy(u, append([]string{"status"}, s.field...)...)
 	if err != nil || !ok || v == nil {

@@ -362,3 +362,45 @@ func TestHandlersStatusFieldDropped(t *testing.T) {
 		t.Fatalf("metric %v, runs %q; want 1 and none", got, j.all())
 	}
 }
+
+// TestHandlersStatusFieldNotAString: a status field that holds something else than a string
+// is a corrupt Record: reported, every handler runs, and the Record replaces it.
+func TestHandlersStatusFieldNotAString(t *testing.T) {
+	w := newWidget()
+	w.SetNamespace("ns")
+	w.SetName("obj")
+	w.SetGeneration(1)
+	if err := unstructured.SetNestedField(w.Object, int64(42), "status", progressField); err != nil {
+		t.Fatal(err)
+	}
+	c := fake.NewClientBuilder().WithObjects(w).WithStatusSubresource(w).Build()
+	ex := drain.New(drain.Options{})
+	drained(t, ex)
+	rec := events.NewFakeRecorder(10)
+	var j journal
+	h := lifecycle.Handler[*unstructured.Unstructured]{ID: "a", Fn: func(context.Context, *unstructured.Unstructured) error {
+		j.add("a")
+		return nil
+	}}
+	r, err := lifecycle.Handlers(ex, c, "widgets-corrupt", newWidget, []lifecycle.Handler[*unstructured.Unstructured]{h},
+		lifecycle.HandlersOptions{StatusField: progressField, UnsignedProgress: true, Recorder: rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Reconcile(context.Background(), request("obj")); err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	want := "Warning ProgressCorrupt Status field .status.progress holds no valid progress, all handlers start afresh: " +
+		"failed to decode progress: status field .status.progress is a int64, not a string"
+	if e := <-rec.Events; e != want || len(j.all()) != 1 {
+		t.Fatalf("event %q, runs %q; want %q and a run", e, j.all(), want)
+	}
+	got := newWidget()
+	if err := c.Get(context.Background(), objKey, got); err != nil {
+		t.Fatal(err)
+	}
+	raw, _, _ := unstructured.NestedString(got.Object, "status", progressField)
+	if p, err := lifecycle.ParseRecord(raw); err != nil || !p.Handlers["a"].Done {
+		t.Fatalf("Record %q (%v), want a done", raw, err)
+	}
+}

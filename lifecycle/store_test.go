@@ -404,3 +404,36 @@ func TestHandlersStatusFieldNotAString(t *testing.T) {
 		t.Fatalf("Record %q (%v), want a done", raw, err)
 	}
 }
+
+// TestHandlersReportOutcomesNotSaved: the patch that records the outcomes, after the handlers
+// ran, is reported like the one that marks them started when it fails (here the annotations
+// were filled while the handler ran, and its failure, with a retry time and a message, no
+// longer fits).
+func TestHandlersReportOutcomesNotSaved(t *testing.T) {
+	const controller = "outcomes-notsaved"
+	base := fake.NewClientBuilder().WithObjects(configMap("obj")).Build()
+	c := validated(base)
+	var j journal
+	filling := lifecycle.Handler[*corev1.ConfigMap]{ID: "a", Fn: func(ctx context.Context, cm *corev1.ConfigMap) error {
+		j.add("a")
+		server := cm.DeepCopy()
+		fill(server)
+		if err := base.Update(ctx, server); err != nil {
+			return err
+		}
+		return errors.New("try again")
+	}}
+	f := newNamedFixture(t, c, controller, []lifecycle.Handler[*corev1.ConfigMap]{filling}, lifecycle.HandlersOptions{})
+	_, err := f.r.Reconcile(context.Background(), request("obj"))
+	if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "failed to save progress in annotation quiesce.dev/progress (too_large)") {
+		t.Fatalf("Reconcile = %v, want the outcomes not saved (too_large)", err)
+	}
+	evs := f.events()
+	if len(evs) != 2 || !strings.HasPrefix(evs[0], "Warning "+lifecycle.ReasonHandlerError+" ") ||
+		!strings.HasPrefix(evs[1], "Warning "+lifecycle.ReasonProgressNotSaved+" ") {
+		t.Fatalf("events = %q, want %s, then %s", evs, lifecycle.ReasonHandlerError, lifecycle.ReasonProgressNotSaved)
+	}
+	if got := saveFailures(t, controller, "too_large"); got != 1 || len(j.all()) != 1 {
+		t.Fatalf("metric %v, runs %q; want 1 and a run", got, j.all())
+	}
+}

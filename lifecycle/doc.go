@@ -67,9 +67,10 @@
 // below). HandlersOptions.StatusField keeps it in a string field of the status instead,
 // written through the status subresource, for kinds that have one and a field for it (a
 // CRD: a string property of .status in its schema, and in its Go type if typed). Whoever
-// may patch <resource>/status writes it; Kubernetes' aggregated edit and admin roles grant
-// no write of any status subresource (their bootstrap policy says so: status is the
-// system's), and kubebuilder's <kind>_editor_role grants only get on <kind>/status. With
+// may patch <resource>/status writes it; Kubernetes' aggregated edit role grants no write of
+// any status subresource (its bootstrap policy says so: status is the system's), unless a
+// ClusterRole aggregated into it does, and kubebuilder's <kind>_editor_role, aggregated
+// into it, grants only get on <kind>/status. With
 // the status store, such editors cannot write the Record, nor keep it from being saved by
 // filling annotations; they can still make the patches conflict (below). The annotation is
 // then neither read nor written. Switching stores starts afresh: each object's handlers run

@@ -108,7 +108,7 @@ type HandlersOptions struct {
 	// needs patch on <resource>/status. Users who may patch the object but not its status
 	// (Kubernetes' aggregated edit role grants no */status write) can then neither write
 	// the Record nor fill the annotations so that it cannot be saved (see the package
-	// documentation, "Who can write the progress"). No annotation is read or written. "":
+	// documentation, "Where the progress is kept"). No annotation is read or written. "":
 	// the annotation. Setting both StatusField and Annotation is an error.
 	StatusField string
 

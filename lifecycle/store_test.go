@@ -3,8 +3,10 @@ package lifecycle_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -27,6 +29,14 @@ import (
 )
 
 var configMaps = schema.GroupResource{Resource: "configmaps"}
+
+// controllers numbers the controllers of the tests that read the process-wide metric, so that
+// each reads its own series, however many times the test runs (-count).
+var controllers atomic.Int64
+
+func uniqueController(prefix string) string {
+	return fmt.Sprintf("%s-%d", prefix, controllers.Add(1))
+}
 
 // saveFailures returns quiesce_progress_save_failures_total{controller, reason} as
 // controller-runtime's registry serves it; 0 if it has no such series.
@@ -128,7 +138,7 @@ func TestHandlersReportProgressNotSaved(t *testing.T) {
 			if tc.filled {
 				fill(cm)
 			}
-			controller := "notsaved-" + tc.reason
+			controller := uniqueController("notsaved-" + tc.reason)
 			f := newNamedFixture(t, tc.client(fake.NewClientBuilder().WithObjects(cm).Build()), controller,
 				[]lifecycle.Handler[*corev1.ConfigMap]{ok(&j, "a")}, lifecycle.HandlersOptions{})
 			for i := 1; i <= 2; i++ {
@@ -160,7 +170,7 @@ func TestHandlersReportProgressNotSaved(t *testing.T) {
 // patches it: reported (Event, metric) and a reconcile error, at each cycle until one saves.
 // Before, every cycle requeued quietly, for ever.
 func TestHandlersReportConflictsThatKeepComing(t *testing.T) {
-	const controller = "conflicts"
+	controller := uniqueController("conflicts")
 	conflict := true
 	c := interceptor.NewClient(fake.NewClientBuilder().WithObjects(configMap("obj")).Build(), interceptor.Funcs{
 		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
@@ -344,7 +354,8 @@ func TestHandlersStatusFieldDropped(t *testing.T) {
 		j.add("a")
 		return nil
 	}}
-	r, err := lifecycle.Handlers(ex, pruning, "widgets-pruned", newWidget, []lifecycle.Handler[*unstructured.Unstructured]{h},
+	controller := uniqueController("widgets-pruned")
+	r, err := lifecycle.Handlers(ex, pruning, controller, newWidget, []lifecycle.Handler[*unstructured.Unstructured]{h},
 		lifecycle.HandlersOptions{StatusField: progressField, UnsignedProgress: true, Recorder: rec})
 	if err != nil {
 		t.Fatal(err)
@@ -358,7 +369,7 @@ func TestHandlersStatusFieldDropped(t *testing.T) {
 	if e := <-rec.Events; e != want {
 		t.Fatalf("event %q, want %q", e, want)
 	}
-	if got := saveFailures(t, "widgets-pruned", "invalid"); got != 1 || len(j.all()) != 0 {
+	if got := saveFailures(t, controller, "invalid"); got != 1 || len(j.all()) != 0 {
 		t.Fatalf("metric %v, runs %q; want 1 and none", got, j.all())
 	}
 }
@@ -410,7 +421,7 @@ func TestHandlersStatusFieldNotAString(t *testing.T) {
 // were filled while the handler ran, and its failure, with a retry time and a message, no
 // longer fits).
 func TestHandlersReportOutcomesNotSaved(t *testing.T) {
-	const controller = "outcomes-notsaved"
+	controller := uniqueController("outcomes-notsaved")
 	base := fake.NewClientBuilder().WithObjects(configMap("obj")).Build()
 	c := validated(base)
 	var j journal

@@ -114,7 +114,8 @@
 // were no Record. The handlers are decoded from the very bytes the signature covers. A user
 // who may write the store then cannot:
 //   - skip a handler: a Record marking it done for a generation must carry the operator's
-//     signature for that object's UID, that place, that controller and that generation, so
+//     signature for that object's UID, that place, that controller and that generation (so
+//     the handler did finish once for them), so
 //     neither a made-up one, nor one edited, nor one copied from another object (or an
 //     object of the same name deleted since), another annotation or another controller,
 //     nor one of another generation, is accepted;

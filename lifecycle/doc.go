@@ -115,10 +115,9 @@
 // who may write the store then cannot:
 //   - skip a handler: a Record marking it done for a generation must carry the operator's
 //     signature for that object's UID, that place, that controller and that generation (so
-//     the handler did finish once for them), so
-//     neither a made-up one, nor one edited, nor one copied from another object (or an
-//     object of the same name deleted since), another annotation or another controller,
-//     nor one of another generation, is accepted;
+//     the handler did finish once for them), so neither a made-up one, nor one edited, nor
+//     one copied from another object (or an object of the same name deleted since), another
+//     place or another controller, nor one of another generation, is accepted;
 //   - set retry counts or delays the operator never wrote for that object and generation.
 //
 // and can:

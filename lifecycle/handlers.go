@@ -344,7 +344,7 @@ type halt struct {
 	conflict bool // the progress patch conflicted
 }
 
-func (s *halt) result() (reconcile.Result, error) { return s.res, s.err }
+func (s halt) result() (reconcile.Result, error) { return s.res, s.err }
 
 func (h *handlersReconciler[T]) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	stop := h.cycle(ctx, req)
@@ -357,27 +357,27 @@ func (h *handlersReconciler[T]) Reconcile(ctx context.Context, req reconcile.Req
 }
 
 // cycle runs the steps of one cycle in order; each ends it early by a halt.
-func (h *handlersReconciler[T]) cycle(ctx context.Context, req reconcile.Request) *halt {
+func (h *handlersReconciler[T]) cycle(ctx context.Context, req reconcile.Request) halt {
 	obj, stop := h.load(ctx, req)
 	if stop != nil {
-		return stop
+		return *stop
 	}
 	prog := h.read(ctx, obj)
 	picked, stop := h.selectHandlers(ctx, prog)
 	if stop != nil {
-		return stop
+		return *stop
 	}
 	obj, prog, stop = h.start(ctx, obj, prog, picked)
 	if stop != nil {
-		return stop
+		return *stop
 	}
 	next, ran := h.runPicked(ctx, obj, prog, picked)
 	if ran {
 		if stop := h.save(ctx, obj, next); stop != nil {
-			return stop
+			return *stop
 		}
 	}
-	return &halt{res: h.requeue(ctx, next)}
+	return halt{res: h.requeue(ctx, next)}
 }
 
 // load gets the object. A missing object is not an error: it was deleted, and there is

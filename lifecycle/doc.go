@@ -1,11 +1,13 @@
 // Package lifecycle is kopf's handler model for controller-runtime: several named handlers
-// per object, each run as a tracked call of a drain.Executor, their progress kept in an
-// annotation on the object, so that an operator stopped mid-way resumes where it was.
+// per object, each run as a tracked call of a drain.Executor, their progress kept on the
+// object (an annotation, or a field of its status), so that an operator stopped mid-way
+// resumes where it was.
 //
 // Handlers builds the reconciler. Each Reconcile is one cycle:
 //
 //  1. Get the object (not found: nothing to do).
-//  2. Read its Record from the annotation (HandlersOptions.Annotation). A Record of another
+//  2. Read its Record from the annotation (HandlersOptions.Annotation), or from the status
+//     (HandlersOptions.StatusField; see "Where the progress is kept"). A Record of another
 //     metadata.generation is dropped: every handler runs again for a new generation. One
 //     that cannot be decoded is logged, reported by a Warning Event (ReasonProgressCorrupt)
 //     and dropped too, as is one the operator did not sign when HandlersOptions.ProgressKey
@@ -16,12 +18,13 @@
 //     Func, the lifecycle, picks among them.
 //  4. The picked handlers are marked started by a merge patch with an optimistic lock. A
 //     conflict means the object read was stale: nothing runs and the object is requeued,
-//     so a handler never runs on progress older than the last recorded.
+//     so a handler never runs on progress older than the last recorded. Nothing runs
+//     either if the patch fails (see "Progress that cannot be saved").
 //  5. They run one after the other, in the Func's order, each as a tracked call named
 //     "<controller>/<namespace>/<name>/<handler ID>" on its own copy of the object.
-//  6. Their outcomes are recorded by a merge patch of the annotation alone, with an
+//  6. Their outcomes are recorded by a merge patch of the Record alone, with an
 //     optimistic lock: on a conflict (a handler changed the object) it is made again on the
-//     object read anew, if the annotation still holds what step 4 wrote; if someone else
+//     object read anew, if the Record is still what step 4 wrote; if someone else
 //     (a new leader) recorded progress since, the outcomes are dropped and the handlers run
 //     again rather than overwrite it (logged at V(1)). Success marks a
 //     handler done; a reconcile.TerminalError marks it done and failed (Warning Event
@@ -51,42 +54,88 @@
 // Progress is per metadata.generation, which the API server bumps on changes of the spec,
 // not of metadata or status: a handler that changes the spec starts a new generation, and
 // every handler runs again. Objects without a generation (it stays 0, as for ConfigMaps)
-// get one round of handlers for their whole life. Handler IDs are kept in the annotation:
+// get one round of handlers for their whole life. Handler IDs are kept in the Record:
 // renaming a handler runs it again. Handlers does not manage finalizers: it runs the
 // handlers of an object being deleted like those of any other, while the object exists.
 //
+// # Where the progress is kept
+//
+// By default the Record is an annotation (HandlersOptions.Annotation): it works on every
+// kind, but anyone who may update or patch the object writes it, with no status
+// permission, and can fill the object's other annotations up to the API server's limit
+// (256 KiB in all) so that the Record no longer fits: no handler runs then (reported, see
+// below). HandlersOptions.StatusField keeps it in a string field of the status instead,
+// written through the status subresource, for kinds that have one and a field for it (a
+// CRD: a string property of .status in its schema, and in its Go type if typed). Whoever
+// may patch <resource>/status writes it; Kubernetes' aggregated edit role grants no write of
+// any status subresource (its bootstrap policy says so: status is the system's), unless a
+// ClusterRole aggregated into it does, and kubebuilder's <kind>_editor_role, aggregated
+// into it, grants only get on <kind>/status. With
+// the status store, such editors cannot write the Record, nor keep it from being saved by
+// filling annotations; they can still make the patches conflict (below). The annotation is
+// then neither read nor written. Switching stores starts afresh: each object's handlers run
+// once more for its current generation.
+//
+// # Progress that cannot be saved
+//
+// A Record that cannot be saved (the patch of step 4 or 6 refused: the object too large,
+// invalid, forbidden, any other error; or ConflictsToReport cycles of the object in a row
+// ended on a conflict, someone changing it faster than the operator reads and patches it)
+// is reported by a Warning Event on the object (ReasonProgressNotSaved, its note saying why
+// in words, never the error's text) and counted by the metric
+// quiesce_progress_save_failures_total{controller, reason} (reason: too_large, invalid,
+// forbidden, conflict or error), registered in controller-runtime's metrics.Registry; the
+// reconcile returns the error, which controller-runtime logs ("Reconciler error", once per
+// reconcile) and retries with its rate limiter's backoff. The Event recorder
+// (client-go's tools/events) folds repeated Events into a series. Fewer conflicts in a row
+// are the optimistic lock at work: requeued quietly (V(1)).
+//
 // # Who can write the progress
 //
-// The Record is an annotation: anyone who may update or patch the object writes it, with no
-// status permission. Handlers therefore makes the operator choose, and fails at setup with
-// an error wrapping ErrInvalidHandlers unless exactly one of these is set:
+// Whoever may write the store (above) writes the Record. Handlers therefore makes the
+// operator choose, and fails at setup with an error wrapping ErrInvalidHandlers unless
+// exactly one of these is set:
 //
 //   - HandlersOptions.ProgressKey: Records are signed, and forged ones refused (below);
-//   - HandlersOptions.UnsignedProgress: Handlers trusts what it reads. A user who may patch
-//     the object can mark a handler done for its current (or next: in the same update as a
+//   - HandlersOptions.UnsignedProgress: Handlers trusts what it reads. A user who may write
+//     the store can mark a handler done for its current (or next: in the same update as a
 //     spec change) generation, so that it never runs, or write a corrupt value so that every
-//     handler runs again. Choose it only if everyone who may patch these objects may also
-//     decide which handlers run.
+//     handler runs again. Choose it only if everyone who may write the store may also
+//     decide which handlers run: with StatusField, if only the operator may patch the
+//     status, that is the operator alone.
 //
-// With ProgressKey set, Handlers signs every Record it writes (HMAC-SHA256 of the annotation
-// key, the controller, the object's UID, the generation and the handlers, with a key only the
-// operator holds) and refuses any Record whose signature is missing or wrong, or that holds
-// "generation", "handlers" or "mac" twice or spelt in another case (which encoding/json
-// would also match): the refusal is logged ("Progress annotation is not signed by this
-// operator"), reported by a Warning Event (ReasonProgressForged), and every handler runs for
-// the current generation as if there were no Record. The handlers are decoded from the very
-// bytes the signature covers. A user with patch rights then can:
-//   - make handlers run again: delete the annotation, corrupt it, forge it, or put back an
-//     older Record of the same object and generation (Handlers must be idempotent anyway);
-//   - read the Record (progress, retry times, and what PublishErrors allows of errors).
-//
-// and cannot:
+// With ProgressKey set, Handlers signs every Record it writes (HMAC-SHA256 of where it is
+// kept, the annotation key or the status field, the controller, the object's UID, the
+// generation and the handlers, with a key only the operator holds) and refuses any Record
+// whose signature is missing or wrong, or that holds "generation", "handlers" or "mac"
+// twice or spelt in another case (which encoding/json would also match): the refusal is
+// logged ("Progress record is not signed by this operator"), reported by a Warning Event
+// (ReasonProgressForged), and every handler runs for the current generation as if there
+// were no Record. The handlers are decoded from the very bytes the signature covers. A user
+// who may write the store then cannot:
 //   - skip a handler: a Record marking it done for a generation must carry the operator's
-//     signature for that object's UID and that generation, so neither a made-up one, nor one
-//     edited, nor one copied from another object (or an object of the same name deleted
-//     since), another annotation or another controller, nor one of another generation, is
-//     accepted;
-//   - change retry counts or delays, for the same reason.
+//     signature for that object's UID, that place, that controller and that generation (so
+//     the handler did finish once for them), so neither a made-up one, nor one edited, nor
+//     one copied from another object (or an object of the same name deleted since), another
+//     place or another controller, nor one of another generation, is accepted;
+//   - set retry counts or delays the operator never wrote for that object and generation.
+//
+// and can:
+//   - make handlers run again, with no ProgressForged Event: delete the Record (no Event at
+//     all), or put back an older one the operator signed for the same object and
+//     generation (accepted as valid: its handlers not done then run again, a handler that
+//     failed for good runs again, and retry counts and delays go back to what they were,
+//     so a failing handler is retried sooner);
+//   - make them run again with an Event: corrupt the Record (ReasonProgressCorrupt) or forge
+//     one (ReasonProgressForged);
+//   - read the Record (progress, retry times, and what PublishErrors allows of errors);
+//   - with the annotation store, keep it from being saved (see "Progress that cannot be
+//     saved"), and with either store make the patches conflict.
+//
+// So a ProgressForged Event shows an attempt to skip a handler by a user without the key, and
+// a key rotation; its absence shows nothing: making handlers run again needs no forgery.
+// Handlers must be idempotent anyway. With StatusField and a status that only the operator
+// may patch, editors can do none of the above but read the Record and make patches conflict.
 //
 // # Keeping the key
 //
@@ -108,7 +157,7 @@
 // UnsignedProgress ignores the signature.
 //
 // Upgrading from v0.2.0, whose signature bound neither the annotation nor the controller:
-// its Records are not trusted. On the next reconcile of each object, "Progress annotation
+// its Records are not trusted. On the next reconcile of each object, "Progress record
 // signed by an older release" is logged at Info (no Event), every handler runs once more for
 // the current generation, and the Record is signed anew. A made-up signature of the old form
 // is refused as forged.

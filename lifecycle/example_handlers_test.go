@@ -7,6 +7,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -127,4 +129,56 @@ func ExampleHandlersOptions_progressKey() {
 	// Output:
 	// provisioning
 	// Warning ProgressForged Annotation quiesce.dev/progress holds progress this operator did not sign, all handlers start afresh: failed to verify progress: no signature
+}
+
+// With StatusField, the Record is kept in the status subresource, here .status.progress of a
+// custom resource (unstructured; a typed one needs the field in its Go type too): users who may
+// edit the object but not its status can neither write it nor fill the annotations so that it
+// cannot be saved. The fake client serves the status subresource as the API server does.
+func ExampleHandlersOptions_statusField() {
+	ex := drain.New(drain.Options{})
+	defer func() { _ = ex.Drain(context.Background()) }()
+	newWidget := func() *unstructured.Unstructured {
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(schema.GroupVersionKind{Group: "example.com", Version: "v1", Kind: "Widget"})
+		return u
+	}
+	w := newWidget()
+	w.SetNamespace(metav1.NamespaceDefault)
+	w.SetName("w")
+	w.SetGeneration(1)
+	c := fake.NewClientBuilder().WithObjects(w).WithStatusSubresource(w).Build()
+	provision := lifecycle.Handler[*unstructured.Unstructured]{ID: "provision", Fn: func(context.Context, *unstructured.Unstructured) error {
+		fmt.Println("provisioning")
+		return nil
+	}}
+	r, err := lifecycle.Handlers(ex, c, "widgets", newWidget, []lifecycle.Handler[*unstructured.Unstructured]{provision},
+		lifecycle.HandlersOptions{
+			StatusField: "progress",
+			Clock:       clocktesting.NewFakePassiveClock(time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)),
+			// Only the operator may patch widgets/status (see docs/security.md): the Record
+			// needs no signature.
+			UnsignedProgress: true,
+		})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	req := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: metav1.NamespaceDefault, Name: "w"}}
+	if _, err := r.Reconcile(context.Background(), req); err != nil {
+		fmt.Println(err)
+		return
+	}
+	got := newWidget()
+	if err := c.Get(context.Background(), req.NamespacedName, got); err != nil {
+		fmt.Println(err)
+		return
+	}
+	progress, _, _ := unstructured.NestedString(got.Object, "status", "progress")
+	fmt.Println(progress)
+	fmt.Println(len(got.GetAnnotations()), "annotations")
+	// Output:
+	// provisioning
+	// {"generation":1,"handlers":{"provision":{"retries":0,"done":true,"started":"2025-01-02T03:04:05Z"}}}
+	// 0 annotations
 }

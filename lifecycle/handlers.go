@@ -7,12 +7,12 @@ import (
 	"math"
 	"math/rand/v2"
 	"reflect"
-	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/retry"
@@ -48,7 +48,19 @@ const (
 	// ReasonHandlerFailed is the reason of the Event for a handler that returned a
 	// reconcile.TerminalError; it is not retried for this generation of the object.
 	ReasonHandlerFailed = "HandlerFailed"
+	// ReasonProgressNotSaved is the reason of the Event for a Record that could not be saved:
+	// the object is too large (its annotations at the API server's limit), the patch is
+	// invalid or forbidden, or the object changed before each of ConflictsToReport cycles'
+	// patches in a row. No handler runs until it is saved. The note says why.
+	ReasonProgressNotSaved = "ProgressNotSaved"
 )
+
+// ConflictsToReport is how many cycles of an object in a row must end on an
+// optimistic-lock conflict of the progress patch before Handlers reports the progress as
+// not saved (ReasonProgressNotSaved, the metric, a reconcile error): fewer are the
+// optimistic lock at work (a stale read), that many mean someone changes the object faster
+// than the operator reads and patches it.
+const ConflictsToReport = 5
 
 // ErrInvalidHandlers is wrapped by the errors of Handlers for bad input.
 var ErrInvalidHandlers = errors.New("invalid handlers")
@@ -79,13 +91,26 @@ type HandlersOptions struct {
 	Lifecycle Func
 
 	// Recorder, if set, receives Warning Events on the object (ReasonProgressCorrupt,
-	// ReasonHandlerError, ReasonHandlerFailed). nil: no Events, only log lines. See
+	// ReasonProgressForged, ReasonProgressNotSaved, ReasonHandlerError,
+	// ReasonHandlerFailed). nil: no Events, only log lines. See
 	// reconcilers.WrapOptions.Recorder for where to get one.
 	Recorder events.EventRecorder
 
 	// Annotation is the key of the annotation holding the Record. "":
-	// DefaultProgressAnnotation. It must be a valid annotation key.
+	// DefaultProgressAnnotation, unless StatusField is set. It must be a valid annotation key.
 	Annotation string
+
+	// StatusField, if set, keeps the Record in the object's status instead of an annotation:
+	// in the string field .status.<StatusField> ("progress" is .status.progress; dots
+	// separate nested fields: "quiesce.progress"), written by a merge patch of the status
+	// subresource. The object's type needs that field (a string, in its Go type and in its
+	// CRD's schema, which otherwise prunes it) and a status subresource, and the operator
+	// needs patch on <resource>/status. Users who may patch the object but not its status
+	// (Kubernetes' aggregated edit role grants no */status write) can then neither write
+	// the Record nor fill the annotations so that it cannot be saved (see the package
+	// documentation, "Where the progress is kept"). No annotation is read or written. "":
+	// the annotation. Setting both StatusField and Annotation is an error.
+	StatusField string
 
 	// Backoff is the delay before the first retry of a failed handler; each further retry
 	// doubles it, up to MaxBackoff. A random jitter shortens each delay by up to 10%, so
@@ -114,12 +139,13 @@ type HandlersOptions struct {
 	Wrap reconcilers.WrapOptions
 
 	// ProgressKey, if set, signs each Record that Handlers writes: an HMAC-SHA256 with this
-	// key of the object's UID, the Record's generation and its handlers. A Record without
-	// the signature, or with one that does not match, is refused as forged: logged,
-	// reported by a Warning Event (ReasonProgressForged), and every handler runs for the
-	// object's generation as if there were no Record. So a user who may patch the object
-	// but does not hold the key can make handlers run again, never skip one (see the
-	// package documentation, "Who can write the progress"). Keep the key in a Secret that
+	// key of where it is kept, the controller, the object's UID, the Record's generation and
+	// its handlers. A Record without the signature, or with one that does not match, is
+	// refused as forged: logged, reported by a Warning Event (ReasonProgressForged), and
+	// every handler runs for the object's generation as if there were no Record. So a user
+	// who may write the Record but does not hold the key can make handlers run again (by
+	// deleting it or putting back an older one, without that Event), never skip one (see
+	// the package documentation, "Who can write the progress"). Keep the key in a Secret that
 	// only the operator reads, at least MinProgressKeyBytes (32) random bytes. Setting it,
 	// or changing it, makes every Record written before refused once (with a
 	// ReasonProgressForged Event): each object's handlers run once more, then the Record is
@@ -129,11 +155,12 @@ type HandlersOptions struct {
 	ProgressKey []byte
 
 	// UnsignedProgress makes Handlers write Records without a signature and trust the
-	// annotation as it reads it: anyone who may patch the object can then mark a handler
-	// done, so that it never runs for a generation, or make handlers run again. Set it,
-	// instead of ProgressKey, only if everyone who may patch these objects may also decide
-	// which handlers run. false, the default: ProgressKey is required. Handlers returns an
-	// error unless exactly one of ProgressKey and UnsignedProgress is set.
+	// Record as it reads it: anyone who may patch the object (with StatusField, its status)
+	// can then mark a handler done, so that it never runs for a generation, or make
+	// handlers run again. Set it, instead of ProgressKey, only if everyone who may patch
+	// these objects (their status) may also decide which handlers run. false, the
+	// default: ProgressKey is required. Handlers returns an error unless exactly one of
+	// ProgressKey and UnsignedProgress is set.
 	UnsignedProgress bool
 
 	// PublishErrors puts a failed handler's error text (its first KiB) in the Record's
@@ -167,7 +194,7 @@ func (o *HandlersOptions) setDefaults() {
 	if o.Lifecycle == nil {
 		o.Lifecycle = ASAP
 	}
-	if o.Annotation == "" {
+	if o.Annotation == "" && o.StatusField == "" {
 		o.Annotation = DefaultProgressAnnotation
 	}
 	if o.Backoff <= 0 {
@@ -203,7 +230,8 @@ func (o *HandlersOptions) setDefaults() {
 //
 // Handlers returns an error wrapping ErrInvalidHandlers for a nil ex (or one drain.New did
 // not create) or c, an empty controller, no handlers, a handler with an empty or duplicate ID
-// or a nil Fn, an invalid annotation key, neither or both of opts.ProgressKey and
+// or a nil Fn, an invalid annotation key, both opts.Annotation and opts.StatusField, an empty
+// field name in opts.StatusField, neither or both of opts.ProgressKey and
 // opts.UnsignedProgress, a ProgressKey shorter than MinProgressKeyBytes, or a nil newObj with
 // a T that is not a pointer to a struct; it never panics on misuse (see the package
 // documentation, "Setup misuse").
@@ -235,10 +263,14 @@ func Handlers[T client.Object](
 		}
 		index[h.ID] = i
 	}
+	if opts.StatusField != "" && opts.Annotation != "" {
+		return nil, fmt.Errorf("failed to create handlers: both HandlersOptions.Annotation and StatusField are set: "+
+			"set one of them: %w", ErrInvalidHandlers)
+	}
 	opts.setDefaults()
-	if errs := validation.IsQualifiedName(opts.Annotation); len(errs) > 0 {
-		return nil, fmt.Errorf("failed to create handlers: annotation key %q: %s: %w",
-			opts.Annotation, strings.Join(errs, "; "), ErrInvalidHandlers)
+	st, err := newStore(opts.Annotation, opts.StatusField)
+	if err != nil {
+		return nil, err
 	}
 	if err := opts.checkProgressKey(); err != nil {
 		return nil, err
@@ -266,7 +298,10 @@ func Handlers[T client.Object](
 			}
 		}
 	}
+	registerMetrics()
 	r := &handlersReconciler[T]{
+		store:      st,
+		conflicts:  map[types.NamespacedName]int{},
 		c:          c,
 		ex:         ex,
 		controller: controller,
@@ -279,6 +314,10 @@ func Handlers[T client.Object](
 }
 
 type handlersReconciler[T client.Object] struct {
+	store
+	mu        sync.Mutex
+	conflicts map[types.NamespacedName]int // the last cycles in a row whose progress patch conflicted, by object
+
 	c          client.Client
 	ex         *drain.Executor
 	controller string
@@ -300,33 +339,45 @@ const (
 
 // halt ends a cycle before its last step, with what Reconcile returns.
 type halt struct {
-	res reconcile.Result
-	err error
+	res      reconcile.Result
+	err      error
+	conflict bool // the progress patch conflicted
 }
 
-func (s *halt) result() (reconcile.Result, error) { return s.res, s.err }
+func (s halt) result() (reconcile.Result, error) { return s.res, s.err }
 
 func (h *handlersReconciler[T]) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	stop := h.cycle(ctx, req)
+	if !stop.conflict { // only the conflicts of cycles in a row count
+		h.mu.Lock()
+		delete(h.conflicts, req.NamespacedName)
+		h.mu.Unlock()
+	}
+	return stop.result()
+}
+
+// cycle runs the steps of one cycle in order; each ends it early by a halt.
+func (h *handlersReconciler[T]) cycle(ctx context.Context, req reconcile.Request) halt {
 	obj, stop := h.load(ctx, req)
 	if stop != nil {
-		return stop.result()
+		return *stop
 	}
 	prog := h.read(ctx, obj)
 	picked, stop := h.selectHandlers(ctx, prog)
 	if stop != nil {
-		return stop.result()
+		return *stop
 	}
 	obj, prog, stop = h.start(ctx, obj, prog, picked)
 	if stop != nil {
-		return stop.result()
+		return *stop
 	}
 	next, ran := h.runPicked(ctx, obj, prog, picked)
 	if ran {
 		if stop := h.save(ctx, obj, next); stop != nil {
-			return stop.result()
+			return *stop
 		}
 	}
-	return h.requeue(ctx, next), nil
+	return halt{res: h.requeue(ctx, next)}
 }
 
 // load gets the object. A missing object is not an error: it was deleted, and there is
@@ -394,16 +445,44 @@ func (h *handlersReconciler[T]) start(ctx context.Context, obj T, prog Record, p
 	case err == nil:
 		return patched, started, nil
 	case apierrors.IsConflict(err):
-		log.FromContext(ctx).V(1).Info("The object changed since it was read: reconciling it again",
-			"requeueAfter", h.opts.NextCycle)
-		return obj, prog, &halt{res: reconcile.Result{RequeueAfter: h.opts.NextCycle}}
+		return obj, prog, h.conflicted(ctx, obj, err)
 	case apierrors.IsNotFound(err):
 		return obj, prog, &halt{}
 	case h.stopping(ctx):
 		return obj, prog, h.stopped(ctx)
 	default:
-		return obj, prog, &halt{err: err}
+		return obj, prog, &halt{err: h.notSaved(obj, err, 0)}
 	}
+}
+
+// conflicted ends a cycle whose progress patch conflicted: the object read was stale, or
+// changed since; it is reconciled again after NextCycle. The ConflictsToReport-th cycle of
+// the object in a row to end so, and each after it, reports the progress as not saved and
+// fails the reconcile, so that the controller's rate limiter backs off. Reconcile forgets
+// the count at the first cycle that ends otherwise.
+func (h *handlersReconciler[T]) conflicted(ctx context.Context, obj T, err error) *halt {
+	key := client.ObjectKeyFromObject(obj)
+	h.mu.Lock()
+	h.conflicts[key]++
+	n := h.conflicts[key]
+	h.mu.Unlock()
+	if n >= ConflictsToReport {
+		return &halt{err: h.notSaved(obj, err, n), conflict: true}
+	}
+	log.FromContext(ctx).V(1).Info("The object changed since it was read: reconciling it again",
+		"requeueAfter", h.opts.NextCycle)
+	return &halt{res: reconcile.Result{RequeueAfter: h.opts.NextCycle}, conflict: true}
+}
+
+// notSaved reports that obj's Record could not be saved, conflicts being the cycles in a row
+// that conflicted: a Warning Event (ReasonProgressNotSaved) saying why, and the metric. It
+// returns err, wrapped, for Reconcile to return: controller-runtime logs it, once.
+func (h *handlersReconciler[T]) notSaved(obj T, err error, conflicts int) error {
+	reason, why := h.whyNotSaved(err, conflicts)
+	progressSaveFailures.WithLabelValues(h.controller, reason).Inc()
+	h.event(obj, corev1.EventTypeWarning, ReasonProgressNotSaved,
+		"Progress of the handlers not saved in %s, no handler runs until it is: %s", h.where, why)
+	return fmt.Errorf("failed to save progress in %s (%s): %w", h.where, reason, err)
 }
 
 // runPicked runs the picked handlers one after the other, in the lifecycle's order, and
@@ -473,7 +552,7 @@ func (h *handlersReconciler[T]) save(ctx context.Context, obj T, next Record) *h
 	sctx, cancelTimeout := context.WithTimeout(sctx, saveTimeout)
 	defer cancelTimeout()
 
-	written := obj.GetAnnotations()[h.opts.Annotation]
+	written, _, _ := h.stored(obj)
 	cur := obj
 	attempt := func() error {
 		if fenced.Err() != nil {
@@ -487,7 +566,7 @@ func (h *handlersReconciler[T]) save(ctx context.Context, obj T, next Record) *h
 		if gerr := h.c.Get(sctx, client.ObjectKeyFromObject(obj), fresh); gerr != nil {
 			return gerr
 		}
-		if fresh.GetAnnotations()[h.opts.Annotation] != written {
+		if now, _, _ := h.stored(fresh); now != written {
 			return errProgressMoved
 		}
 		cur = fresh
@@ -504,14 +583,16 @@ func (h *handlersReconciler[T]) save(ctx context.Context, obj T, next Record) *h
 		logger.Info("Leadership lost: not recording the outcomes of the handlers that ran, the next leader runs them again",
 			"reason", context.Cause(fenced).Error())
 		return &halt{res: reconcile.Result{RequeueAfter: h.opts.NextCycle}}
-	case errors.Is(err, errProgressMoved), apierrors.IsConflict(err):
+	case errors.Is(err, errProgressMoved):
 		logger.V(1).Info("The progress changed since the cycle started: its outcomes are left to the next cycle",
 			"requeueAfter", h.opts.NextCycle)
 		return &halt{res: reconcile.Result{RequeueAfter: h.opts.NextCycle}}
+	case apierrors.IsConflict(err):
+		return h.conflicted(ctx, obj, err)
 	case apierrors.IsNotFound(err):
 		return &halt{}
 	default:
-		return &halt{err: err}
+		return &halt{err: h.notSaved(obj, err, 0)}
 	}
 }
 
@@ -543,16 +624,18 @@ func (h *handlersReconciler[T]) requeue(ctx context.Context, next Record) reconc
 func (h *handlersReconciler[T]) read(ctx context.Context, obj T) Record {
 	gen := obj.GetGeneration()
 	fresh := Record{Generation: gen, Handlers: map[string]Progress{}}
-	raw, ok := obj.GetAnnotations()[h.opts.Annotation]
+	raw, ok, err := h.stored(obj)
 	if !ok {
 		return fresh
 	}
-	p, err := ParseRecord(raw)
+	var p Record
+	if err == nil {
+		p, err = ParseRecord(raw)
+	}
 	if err != nil {
-		log.FromContext(ctx).Error(err, "Progress annotation is corrupt: all handlers start afresh",
-			"annotation", h.opts.Annotation)
+		log.FromContext(ctx).Error(err, "Progress record is corrupt: all handlers start afresh", "progressIn", h.where)
 		h.event(obj, corev1.EventTypeWarning, ReasonProgressCorrupt,
-			"Annotation %s holds no valid progress, all handlers start afresh: %s", h.opts.Annotation, err.Error())
+			"%s holds no valid progress, all handlers start afresh: %s", h.whereTitle(), err.Error())
 		return fresh
 	}
 	// Checked before the generation: a forged Record of another generation is harmless,
@@ -561,15 +644,14 @@ func (h *handlersReconciler[T]) read(ctx context.Context, obj T) Record {
 		p, err = openSigned(raw, h.opts.ProgressKey, h.binding(obj))
 		switch {
 		case errors.Is(err, errOldSignature):
-			log.FromContext(ctx).Info("Progress annotation signed by an older release: all handlers run once more",
-				"annotation", h.opts.Annotation, "generation", gen)
+			log.FromContext(ctx).Info("Progress record signed by an older release: all handlers run once more",
+				"progressIn", h.where, "generation", gen)
 			return fresh
 		case err != nil:
-			log.FromContext(ctx).Error(err, "Progress annotation is not signed by this operator: all handlers start afresh",
-				"annotation", h.opts.Annotation, "generation", gen)
+			log.FromContext(ctx).Error(err, "Progress record is not signed by this operator: all handlers start afresh",
+				"progressIn", h.where, "generation", gen)
 			h.event(obj, corev1.EventTypeWarning, ReasonProgressForged,
-				"Annotation %s holds progress this operator did not sign, all handlers start afresh: %s",
-				h.opts.Annotation, err.Error())
+				"%s holds progress this operator did not sign, all handlers start afresh: %s", h.whereTitle(), err.Error())
 			return fresh
 		}
 	}
@@ -668,9 +750,10 @@ func (h *handlersReconciler[T]) stopped(ctx context.Context) *halt {
 	return &halt{res: reconcile.Result{RequeueAfter: h.opts.NextCycle}}
 }
 
-// binding is where obj's Record is signed for: its annotation, this controller, obj's UID.
+// binding is where obj's Record is signed for: its place (annotation or status field), this
+// controller, obj's UID.
 func (h *handlersReconciler[T]) binding(obj T) binding {
-	return binding{annotation: h.opts.Annotation, controller: h.controller, uid: obj.GetUID()}
+	return binding{annotation: h.bound, controller: h.controller, uid: obj.GetUID()}
 }
 
 func (h *handlersReconciler[T]) draining() bool {
@@ -682,9 +765,9 @@ func (h *handlersReconciler[T]) draining() bool {
 	}
 }
 
-// patch writes p into the annotation of a copy of obj with a merge patch computed against
-// obj, so that only the annotation is sent (with the resourceVersion if lock), and returns
-// the object as the API server returned it.
+// patch writes p into the store of a copy of obj with a merge patch that sends only the
+// annotation, or only the status field (of the status subresource), with the resourceVersion
+// if lock, and returns the object as the API server returned it.
 func (h *handlersReconciler[T]) patch(ctx context.Context, obj T, p Record, lock bool) (T, error) {
 	var zero T
 	val, err := p.Encode()
@@ -699,11 +782,29 @@ func (h *handlersReconciler[T]) patch(ctx context.Context, obj T, p Record, lock
 		return zero, reconcile.TerminalError(
 			fmt.Errorf("failed to copy the object: DeepCopyObject of %T is not a %T", obj, mod))
 	}
+	if h.field != nil {
+		rv := ""
+		if lock {
+			rv = obj.GetResourceVersion()
+		}
+		data, err := h.statusPatch(val, rv)
+		if err != nil {
+			return zero, err
+		}
+		if err := h.c.Status().Patch(ctx, mod, client.RawPatch(types.MergePatchType, data)); err != nil {
+			return zero, fmt.Errorf("failed to patch progress: %w", err)
+		}
+		// Else every cycle would run every handler again, for ever, with no error.
+		if got, _, _ := h.stored(mod); got != val {
+			return zero, reconcile.TerminalError(fmt.Errorf("failed to patch progress: %w", errFieldDropped))
+		}
+		return mod, nil
+	}
 	ann := mod.GetAnnotations()
 	if ann == nil {
 		ann = map[string]string{}
 	}
-	ann[h.opts.Annotation] = val
+	ann[h.annotation] = val
 	mod.SetAnnotations(ann)
 	from := client.MergeFrom(obj)
 	if lock {

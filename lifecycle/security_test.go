@@ -174,7 +174,7 @@ func TestHandlersProgressKey(t *testing.T) {
 			if len(evs) != 1 || !strings.HasPrefix(evs[0], "Warning "+lifecycle.ReasonProgressForged+" ") {
 				t.Fatalf("events = %q, want one %s", evs, lifecycle.ReasonProgressForged)
 			}
-			if !strings.Contains(strings.Join(lines, "\n"), "Progress annotation is not signed by this operator") {
+			if !strings.Contains(strings.Join(lines, "\n"), "Progress record is not signed by this operator") {
 				t.Fatalf("log lacks the refusal:\n%s", strings.Join(lines, "\n"))
 			}
 		})
@@ -213,7 +213,7 @@ func TestHandlersProgressKeyChanged(t *testing.T) {
 				!strings.Contains(evs[0], tc.why) {
 				t.Fatalf("events = %q, want one %s saying %q", evs, lifecycle.ReasonProgressForged, tc.why)
 			}
-			if !strings.Contains(strings.Join(lines, "\n"), "Progress annotation is not signed by this operator") {
+			if !strings.Contains(strings.Join(lines, "\n"), "Progress record is not signed by this operator") {
 				t.Fatalf("log lacks the refusal:\n%s", strings.Join(lines, "\n"))
 			}
 			resigned := f.object().Annotations[lifecycle.DefaultProgressAnnotation]
@@ -400,7 +400,7 @@ func TestHandlersProgressSignedByV020(t *testing.T) {
 	if evs := f.events(); len(j.all()) != 1 || len(evs) != 0 {
 		t.Fatalf("runs %q, events %q; want a run once more and no Event", j.all(), evs)
 	}
-	if !strings.Contains(lines, "Progress annotation signed by an older release") {
+	if !strings.Contains(lines, "Progress record signed by an older release") {
 		t.Fatalf("log lacks the upgrade line:\n%s", lines)
 	}
 	if resigned := f.object().Annotations[lifecycle.DefaultProgressAnnotation]; !strings.Contains(resigned, `"mac":"v2:`) {

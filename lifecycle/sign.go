@@ -43,7 +43,7 @@ var signedFields = []string{"generation", "handlers", "mac"}
 
 // binding is what a signature binds a Record to besides its content: where it was written.
 type binding struct {
-	annotation string    // the annotation key holding it
+	annotation string    // the annotation key holding it, or ".status.<field>" (HandlersOptions.StatusField)
 	controller string    // the controller whose handlers it records
 	uid        types.UID // the object's UID
 }
@@ -118,8 +118,11 @@ func checkFields(raw string) error {
 			if !strings.EqualFold(k, f) {
 				continue
 			}
-			if k != f || seen[f] {
-				return fmt.Errorf("failed to verify progress: field %q appears twice or spelt %q", f, internal.Cut(k))
+			switch {
+			case k != f:
+				return fmt.Errorf("failed to verify progress: field %q spelt %q", f, internal.Cut(k))
+			case seen[f]:
+				return fmt.Errorf("failed to verify progress: field %q appears twice", f)
 			}
 			seen[f] = true
 		}

@@ -866,12 +866,16 @@ func (o *Operator) waitReady(ctx context.Context) error {
 // what happened. When ctx ends first, the operator is killed and Stop returns the Result and
 // ctx's error. Stop on an operator that exited already (it crashed) returns its Result and an
 // error that says so. A second Stop sends no second SIGTERM: it waits for the same exit, and
-// kills the operator when its own ctx ends first.
+// kills the operator when its own ctx ends first. Stop also returns an error, with the
+// Result, when the harness could read none of the operator's log lines (a logger in a format
+// it does not read, or none): the error names the formats it reads and how to set one.
 func (o *Operator) Stop(ctx context.Context) (*Result, error) {
 	select {
 	case <-o.exited:
 		<-o.logDone
-		return o.result(), fmt.Errorf("failed to stop the operator: it had exited already (%s)", o.cmd.ProcessState)
+		res := o.result()
+		return res, errors.Join(fmt.Errorf("failed to stop the operator: it had exited already (%s)", o.cmd.ProcessState),
+			res.logErr)
 	default:
 	}
 	o.mu.Lock()
@@ -905,7 +909,8 @@ func (o *Operator) Stop(ctx context.Context) (*Result, error) {
 	}
 	<-o.exited
 	<-o.logDone
-	return o.result(), errCtx
+	res := o.result()
+	return res, errors.Join(errCtx, res.logErr)
 }
 
 // forceStop marks the stop as forced and ends the process: a second SIGTERM first when
@@ -965,6 +970,7 @@ func (o *Operator) result() *Result {
 	res.GaveUp = res.gaveUp()
 	res.Abandoned, res.AbandonedCount = abandoned(res.Lines)
 	res.Timeline = timeline(res.Lines)
+	res.logErr = logError(res.Lines)
 	return res
 }
 

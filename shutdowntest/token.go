@@ -160,7 +160,7 @@ func (c *clusterObjects) serviceAccountToken(ctx context.Context) (string, error
 func (o *Operator) cleanUp() error {
 	o.tokenMu.Lock()
 	defer o.tokenMu.Unlock()
-	o.cleanedUp = true
+	o.cleanedUp, o.token = true, "" // the token dies with its ServiceAccount
 	c := o.created
 	o.created = nil
 	if c == nil {

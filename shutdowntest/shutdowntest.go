@@ -901,7 +901,8 @@ func (o *Operator) waitReady(ctx context.Context) error {
 // error that says so. A second Stop sends no second SIGTERM: it waits for the same exit, and
 // kills the operator when its own ctx ends first. Stop also returns an error, with the
 // Result, when the harness could read none of the operator's log lines (a logger in a format
-// it does not read, or none): the error names the formats it reads and how to set one.
+// it does not read, or none): the error names the formats it reads and how to set one; and
+// when it could not delete what it created in the cluster (Options.MetricsToken).
 func (o *Operator) Stop(ctx context.Context) (*Result, error) {
 	select {
 	case <-o.exited:
@@ -981,7 +982,9 @@ func (o *Operator) Signal(sig os.Signal) error {
 // Kill ends the operator at once, with SIGKILL to its process group (the operator and every
 // process it started), unless it exited, and waits until the process and its log are done.
 // It never leaves a process: use it with DeferCleanup or t.Cleanup. It is a no-op once the
-// operator exited (what the operator left in its group was killed then).
+// operator exited (what the operator left in its group was killed then). What the harness
+// created in the cluster is deleted once the operator exited, whichever way; Kill has no
+// error to return: a failed deletion is written to Options.Output.
 func (o *Operator) Kill() {
 	o.kill()
 	<-o.exited

@@ -41,9 +41,9 @@ func TestLogFormats(t *testing.T) {
 				// Deleted at once: the next format's operator watches every namespace.
 				t.Cleanup(func() { g.Expect(client.IgnoreNotFound(c.Delete(context.Background(), cm))).To(Succeed()) })
 			}
-			// Both reconciles work (controller-runtime's V(5) line, in any format).
+			// Both reconciles work, tracked by quiesce (the operator's line, in any format).
 			g.Expect(op.WaitLines(ctx, 2, func(l string) bool {
-				return strings.Contains(l, "Reconciling") && strings.Contains(l, ns)
+				return strings.Contains(l, "Working") && strings.Contains(l, ns)
 			})).To(Succeed())
 
 			res, err := op.Stop(ctx)

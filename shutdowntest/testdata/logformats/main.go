@@ -6,7 +6,7 @@
 // ConfigMaps labelled logformat=quiesce: the one named "hang" never returns (quiesce abandons
 // it, the manager gives up on it); every other one works until its context is cancelled
 // (quiesce's CancelAfter, 1s into the drain), then returns the context's error (a cut
-// reconcile).
+// reconcile). Each logs "Working" once quiesce tracks it.
 package main
 
 import (
@@ -75,6 +75,7 @@ func main() {
 		os.Exit(1)
 	}
 	r := reconcile.Func(func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+		ctrl.LoggerFrom(ctx).Info("Working") // tracked by quiesce from now on
 		if req.Name == "hang" {
 			select {} // ignores its context: never returns
 		}

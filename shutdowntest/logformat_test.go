@@ -64,8 +64,10 @@ func TestLogFormats(t *testing.T) {
 				steps = append(steps, s.Message)
 				g.Expect(s.SinceStop).NotTo(BeEmpty())
 			}
-			g.Expect(steps).To(HaveExactElements(append([]any{"Stop began", "Draining executor"},
-				append(slicesRepeat("Waiting for pending calls", len(steps)-3), runnable.AbandonedMessage)...)...))
+			// The lines between (reports, cancellations) are quiesce's to change.
+			g.Expect(len(steps)).To(BeNumerically(">=", 3), "%v", steps)
+			g.Expect(steps[:2]).To(Equal([]string{"Stop began", "Draining executor"}))
+			g.Expect(steps[len(steps)-1]).To(Equal(runnable.AbandonedMessage))
 			g.Expect(res.Cut()).To(ConsistOf(And(HaveField("Controller", "logformat"), HaveField("Namespace", ns),
 				HaveField("Name", "cut"), HaveField("Error", ContainSubstring("context canceled")))))
 			g.Expect(res).To(shutdowntest.HaveAbandoned("logformat/" + ns + "/hang"))
@@ -73,13 +75,4 @@ func TestLogFormats(t *testing.T) {
 			g.Expect(res.GaveUp).To(BeTrue())
 		})
 	}
-}
-
-// slicesRepeat is n copies of s, none when n < 0.
-func slicesRepeat(s string, n int) []any {
-	out := make([]any, 0, max(n, 0))
-	for range n {
-		out = append(out, s)
-	}
-	return out
 }

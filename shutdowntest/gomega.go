@@ -12,7 +12,8 @@ import (
 // by itself and abandoned no call: every call returned within the grace period (a main that
 // ignores the Runnable's Err exits 0 even so: this matcher does not), and the harness neither
 // signalled twice nor killed it. It fails with Stop's error when the harness could read none of
-// the operator's log lines (see Stop), as it cannot tell then. Its failure message has the exit code, the time taken, the
+// the operator's log lines (see Stop), as it cannot tell then. Its failure message has the
+// exit code, the time taken, the
 // abandoned calls and the log's last lines. Like every matcher here, it fails (never panics)
 // on a nil *Result, e.g. Stop's after a failure.
 func HaveExitedGracefully() types.GomegaMatcher { return gracefulMatcher{} }

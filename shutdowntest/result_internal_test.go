@@ -119,8 +119,8 @@ func TestKubebuilderFlags(t *testing.T) {
 	}))
 
 	g.Expect(KubebuilderFlags(Endpoints{Metrics: "m", Probe: "p", MetricsSecure: true, LeaderElectionNamespace: "ns",
-		MetricsCertDir: "/tmp/certs"})).
-		To(Equal([]string{"--metrics-bind-address=m", "--metrics-cert-path=/tmp/certs", "--health-probe-bind-address=p",
+		MetricsCertDir: "/tmp/metrics"})).
+		To(Equal([]string{"--metrics-bind-address=m", "--metrics-cert-path=/tmp/metrics", "--health-probe-bind-address=p",
 			"--leader-elect"}))
 
 	env := &envtest.Environment{}

@@ -114,11 +114,12 @@ func clusterConfig(opts Options) (*rest.Config, error) {
 // object of anyone else can be taken for the harness's.
 func (c *clusterObjects) serviceAccountToken(ctx context.Context) (string, error) {
 	meta := func(prefix, namespace string) metav1.ObjectMeta {
-		return metav1.ObjectMeta{GenerateName: prefix, Namespace: namespace, Labels: map[string]string{CreatedByLabel: CreatedBy}}
+		return metav1.ObjectMeta{GenerateName: prefix, Namespace: namespace,
+			Labels: map[string]string{CreatedByLabel: CreatedBy}}
 	}
 	var err error
-	c.ns, err = c.cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: meta(objectPrefix, "")}, metav1.CreateOptions{})
-	if err != nil {
+	ns := &corev1.Namespace{ObjectMeta: meta(objectPrefix, "")}
+	if c.ns, err = c.cs.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
 		c.ns = nil
 		return "", fmt.Errorf("failed to create a namespace: %w", err)
 	}
@@ -169,9 +170,9 @@ func (o *Operator) cleanUp() error {
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
 	var errs []error
-	del := func(kind, namespace string, obj metav1.Object, delete func(string, metav1.DeleteOptions) error) {
+	del := func(kind, namespace string, obj metav1.Object, deleteFn func(string, metav1.DeleteOptions) error) {
 		opts := metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(obj.GetUID()))}
-		if err := delete(obj.GetName(), opts); err != nil && !apierrors.IsNotFound(err) {
+		if err := deleteFn(obj.GetName(), opts); err != nil && !apierrors.IsNotFound(err) {
 			cmd := "kubectl delete " + strings.ToLower(kind) + " " + obj.GetName()
 			if namespace != "" {
 				cmd = "kubectl -n " + namespace + " delete " + strings.ToLower(kind) + " " + obj.GetName()
@@ -208,7 +209,8 @@ func (o *Operator) cleanUp() error {
 // --metrics-cert-path read), signed by a CA made for it alone, and returns the pool that
 // trusts that CA.
 func metricsCert(dir string) (*x509.CertPool, error) {
-	cert, key, err := certutil.GenerateSelfSignedCertKey("127.0.0.1", []net.IP{net.IPv4(127, 0, 0, 1)}, []string{"localhost"})
+	cert, key, err := certutil.GenerateSelfSignedCertKey("127.0.0.1", []net.IP{net.IPv4(127, 0, 0, 1)},
+		[]string{"localhost"})
 	if err != nil {
 		return nil, fmt.Errorf("failed to make the metrics server's certificate: %w", err)
 	}
@@ -229,7 +231,10 @@ func metricsCert(dir string) (*x509.CertPool, error) {
 // connection outlives a request); for HTTPS, trusting roots only (none: not verifying, as
 // Options.MetricsInsecureSkipVerify asks).
 func httpClient(roots *x509.CertPool, insecure bool) *http.Client {
-	t := &http.Transport{DisableKeepAlives: true, TLSClientConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}}
+	t := &http.Transport{
+		DisableKeepAlives: true,
+		TLSClientConfig:   &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
+	}
 	if insecure {
 		t.TLSClientConfig.InsecureSkipVerify = true //nolint:gosec // asked for: Options.MetricsInsecureSkipVerify
 	}

@@ -122,7 +122,8 @@ func parseJSON(line string) (Entry, bool) {
 
 // zapLevel matches the levels of zap's capital level encoders, colored or not: DEBUG to
 // FATAL, and logr's V(n) beyond 1 as LEVEL(-n).
-var zapLevel = regexp.MustCompile(`^(?:\x1b\[\d+m)?(DEBUG|INFO|WARN|ERROR|DPANIC|PANIC|FATAL|LEVEL\(-?\d+\))(?:\x1b\[0m)?$`)
+var zapLevel = regexp.MustCompile(
+	`^(?:\x1b\[\d+m)?(DEBUG|INFO|WARN|ERROR|DPANIC|PANIC|FATAL|LEVEL\(-?\d+\))(?:\x1b\[0m)?$`)
 
 // parseConsole reads zap's console encoding: tab-separated time (unless the encoder has
 // none), level, logger name (if any), caller (if any), message, then the key/values as one

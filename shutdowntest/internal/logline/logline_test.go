@@ -59,7 +59,7 @@ var fixtures = map[Format][]string{
 // checkFixture checks the four lines of fixtures, as Parse reads them in format f.
 func checkFixture(g Gomega, f Format, lines []string) {
 	g.Expect(lines).To(HaveLen(4), "lines of %s", f)
-	var es []Entry
+	es := make([]Entry, 0, len(lines))
 	for _, l := range lines {
 		e, ok := Parse(l)
 		g.Expect(ok).To(BeTrue(), "%s: %q", f, l)

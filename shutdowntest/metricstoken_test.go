@@ -249,3 +249,23 @@ func TestCleanupFailureIsReported(t *testing.T) {
 	_, err = cs.CoreV1().ServiceAccounts(ns).Get(ctx, "shutdowntest", metav1.GetOptions{})
 	g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "the ServiceAccount: %v", err)
 }
+
+// Kill, too, deletes what the harness created (here the ServiceAccount, whose deletion ends
+// the token).
+func TestKillDeletesWhatItCreated(t *testing.T) {
+	cfg, cs := adminWithToken(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	var rec metricsRecorder
+	op, err := shutdowntest.Start(ctx, recordedOptions(t, cfg, &rec, false))
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(op.Kill)
+	g.Expect(op.PendingCount(ctx)).To(Equal(0))
+	token, _ := strings.CutPrefix(rec.headers()[0], "Bearer ")
+	ns := strings.Split(reviewToken(t, cs, token), ":")[2]
+	g.Expect(cs.CoreV1().ServiceAccounts(ns).Get(ctx, "shutdowntest", metav1.GetOptions{})).NotTo(BeNil())
+
+	op.Kill()
+	_, err = cs.CoreV1().ServiceAccounts(ns).Get(ctx, "shutdowntest", metav1.GetOptions{})
+	g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "the ServiceAccount: %v", err)
+}

@@ -1,8 +1,23 @@
 package shutdowntest
 
 import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
 	"slices"
+	"strings"
 	"testing"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+	. "github.com/onsi/gomega"
+	"go.uber.org/zap/zapcore"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/quiesce-dev/quiesce/internal"
+	"github.com/quiesce-dev/quiesce/runnable"
 )
 
 // Unfinished are the reconciles with a "Reconciling" line and no line that ends them; GaveUp
@@ -33,4 +48,89 @@ func TestUnfinishedAndGaveUp(t *testing.T) {
 	if !slices.ContainsFunc(lines, func(l string) bool { return (&Result{Lines: []string{l}}).gaveUp() }) {
 		t.Error("no line gave up")
 	}
+}
+
+// emitStop writes, with l, what Cut, Unfinished, GaveUp, Timeline and Abandoned read:
+// before SIGTERM three reconciles begin (V(5)); after it quiesce's stop, the reconcile c
+// cut, a done, b never ends, one call abandoned and the manager gives up.
+func emitStop(l logr.Logger, signal func()) {
+	rec := func(name, id string) logr.Logger {
+		return l.WithName("controller").WithValues("controller", "demo", "namespace", "ns", "name", name, "reconcileID", id)
+	}
+	for _, r := range []struct{ name, id string }{{"a", "1"}, {"b", "2"}, {"c", "3"}} {
+		rec(r.name, r.id).V(5).Info("Reconciling")
+	}
+	signal()
+	q := l.WithName("quiesce")
+	q.Info("Stop began", "sinceStop", "0s", "shutdownDelay", "0s", "gracePeriod", "2s")
+	q.Info("Draining executor", "gracePeriod", "2s", "sinceStop", "1ms", "pending", 2)
+	rec("c", "3").Error(fmt.Errorf("failed to work: %w", context.Canceled), "Reconciler error")
+	rec("a", "1").V(5).Info("Reconcile done, requeueing after 5s")
+	q.Error(context.DeadlineExceeded, runnable.AbandonedMessage, "sinceStop", "2.001s", "abandoned", 2,
+		"calls", []internal.Entry{{Name: "demo/ns/b/export", Age: "2s", Where: "main.export (main.go:1)"},
+			{Name: "demo/ns/b", Age: "2s"}})
+	l.WithName("setup").Error(fmt.Errorf("%s of 3s: %w", GaveUpText, context.DeadlineExceeded), "Problem running manager")
+}
+
+// Every format the harness reads, as the loggers themselves write it.
+func TestEachLogFormat(t *testing.T) {
+	v5 := zap.Level(zapcore.Level(-5))
+	slogV5 := &slog.HandlerOptions{Level: slog.Level(-5)}
+	for _, tc := range []struct {
+		name string
+		log  func(w io.Writer) logr.Logger
+	}{
+		{"zap-console", func(w io.Writer) logr.Logger { return zap.New(zap.UseDevMode(true), zap.WriteTo(w), v5) }},
+		{"zap-json", func(w io.Writer) logr.Logger { return zap.New(zap.WriteTo(w), v5) }},
+		{"slog-text", func(w io.Writer) logr.Logger { return logr.FromSlogHandler(slog.NewTextHandler(w, slogV5)) }},
+		{"slog-json", func(w io.Writer) logr.Logger { return logr.FromSlogHandler(slog.NewJSONHandler(w, slogV5)) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := NewWithT(t)
+			var buf bytes.Buffer
+			signaled := 0
+			emitStop(tc.log(&buf), func() { signaled = strings.Count(buf.String(), "\n") })
+			r := &Result{Lines: strings.Split(strings.TrimSuffix(buf.String(), "\n"), "\n"), signaled: signaled}
+			r.GaveUp = r.gaveUp()
+			r.Abandoned, r.AbandonedCount = abandoned(r.Lines)
+			r.Timeline = timeline(r.Lines)
+			g.Expect(logError(r.Lines)).To(Succeed())
+			g.Expect(r.Timeline).To(Equal([]Step{{"Stop began", "0s"}, {"Draining executor", "1ms"},
+				{runnable.AbandonedMessage, "2.001s"}}))
+			g.Expect(r.Abandoned).To(Equal([]string{"demo/ns/b/export", "demo/ns/b"}))
+			g.Expect(r.AbandonedCount).To(Equal(2))
+			g.Expect(r.Cut()).To(Equal([]Reconcile{{Controller: "demo", Namespace: "ns", Name: "c", ReconcileID: "3",
+				Error: "failed to work: context canceled"}}))
+			g.Expect(r.Unfinished()).To(Equal([]Reconcile{{Controller: "demo", Namespace: "ns", Name: "b", ReconcileID: "2"}}))
+			g.Expect(r.GaveUp).To(BeTrue())
+			g.Expect(r).NotTo(HaveExitedGracefully())
+		})
+	}
+}
+
+// A log the harness cannot read: Stop's error names the formats it reads and how to set one.
+func TestUnreadableLog(t *testing.T) {
+	g := NewWithT(t)
+	var buf bytes.Buffer
+	emitStop(funcr.New(func(prefix, args string) { fmt.Fprintln(&buf, prefix, args) }, funcr.Options{Verbosity: 5}),
+		func() {})
+	lines := strings.Split(strings.TrimSuffix(buf.String(), "\n"), "\n")
+	g.Expect(timeline(lines)).To(BeEmpty()) // what the check is for
+	err := logError(lines)
+	g.Expect(err).To(MatchError(And(
+		ContainSubstring("failed to read the operator's log: none of its 9 lines is in a format shutdowntest reads"),
+		ContainSubstring("zap logger (log/zap), console or JSON, and log/slog's text or JSON handler"),
+		ContainSubstring("ctrl.SetLogger(logr.FromSlogHandler(slog.NewTextHandler(os.Stderr, nil)))"),
+		ContainSubstring(`"msg"="Reconciling"`), // its first lines
+	)))
+	g.Expect(logError(nil)).To(MatchError(ContainSubstring("it wrote no line")))
+	g.Expect(logError(append(lines, "INFO\tAll calls returned"))).To(Succeed())
+
+	// HaveExitedGracefully cannot tell: it fails with the error, whichever way it is used.
+	r := &Result{Lines: lines, logErr: err}
+	_, merr := HaveExitedGracefully().Match(r)
+	g.Expect(merr).To(MatchError(err))
+	r.ExitCode = 1
+	ok, merr := HaveExitedGracefully().Match(r)
+	g.Expect(ok, merr).To(BeFalse()) // exit code 1: not graceful, whatever the log says
 }

@@ -23,12 +23,15 @@
 // /debug/quiesce on the metrics server, over plain HTTP or, with Options.MetricsSecure, over
 // HTTPS with a bearer token; WaitLines waits for lines of the operator's log (n reconciles
 // working), WaitLeader for the leader-election lease (Options.LeaderElection). Stop sends
-// SIGTERM and waits for the exit. For several replicas with webhooks, NewService stands for
+// SIGTERM and waits for the exit; its Result reads the log in the formats controller-runtime
+// operators write (zap's console and JSON, slog's text and JSON), and Stop fails, naming
+// them, when it could read none of the operator's lines. For several replicas with webhooks, NewService stands for
 // the Kubernetes Service in front of them (Options.Service), and Every sends requests
 // throughout a rolling update.
 //
 // Bounds: no process or goroutine of the harness outlives Stop or Kill, nor the context given
-// to Start (when it ends, the operator is killed). The operator runs in a process group of its
+// to Start (when it ends, the operator is killed), nor does anything it created in the
+// cluster (Options.MetricsToken): it is deleted once the operator exited. The operator runs in a process group of its
 // own: SIGTERM goes to the operator alone, as the kubelet sends it; SIGKILL (Kill, a forced
 // stop) goes to the whole group, and what the operator leaves in its group when it exits is
 // killed then. Stop waits at most Options.StopTimeout, then sends a second SIGTERM

@@ -11,7 +11,9 @@ import (
 // HaveExitedGracefully succeeds for a Result (or *Result) whose operator exited with code 0
 // by itself and abandoned no call: every call returned within the grace period (a main that
 // ignores the Runnable's Err exits 0 even so: this matcher does not), and the harness neither
-// signalled twice nor killed it. Its failure message has the exit code, the time taken, the
+// signalled twice nor killed it. It fails with Stop's error when the harness could read none of
+// the operator's log lines (see Stop), as it cannot tell then. Its failure message has the
+// exit code, the time taken, the
 // abandoned calls and the log's last lines. Like every matcher here, it fails (never panics)
 // on a nil *Result, e.g. Stop's after a failure.
 func HaveExitedGracefully() types.GomegaMatcher { return gracefulMatcher{} }
@@ -23,7 +25,13 @@ func (gracefulMatcher) Match(actual any) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	return res.ExitCode == 0 && !res.Killed && res.AbandonedCount == 0 && len(res.Abandoned) == 0, nil
+	if res.ExitCode != 0 || res.Killed {
+		return false, nil
+	}
+	if res.logErr != nil { // whether calls were abandoned is in a log it cannot read
+		return false, res.logErr
+	}
+	return res.AbandonedCount == 0 && len(res.Abandoned) == 0, nil
 }
 
 func (gracefulMatcher) FailureMessage(actual any) string {

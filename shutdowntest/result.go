@@ -3,15 +3,16 @@ package shutdowntest
 import (
 	"bufio"
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/quiesce-dev/quiesce/runnable"
+	"github.com/quiesce-dev/quiesce/shutdowntest/internal/logline"
 )
 
 // Result is what happened when Stop stopped the operator.
@@ -25,6 +26,11 @@ type Result struct {
 	Killed bool
 	// Lines is the operator's whole log, stdout and stderr, one string per line.
 	Lines []string
+	// Abandoned, AbandonedCount, Timeline, Cut and Unfinished read the log in any of the formats
+	// controller-runtime operators write: controller-runtime's zap logger, console
+	// (development mode) or JSON, and log/slog's text or JSON handler through
+	// logr.FromSlogHandler. When the harness can read none of the log's lines, Stop says so.
+
 	// Abandoned are the names of the calls in quiesce's runnable.AbandonedMessage line: the calls
 	// still running at the end of the grace period, oldest first (quiesce lists up to 20 by
 	// name; AbandonedCount counts them all). Empty when nothing was abandoned.
@@ -42,7 +48,8 @@ type Result struct {
 	// (or other runnables) still running; their work is lost when the process exits.
 	GaveUp bool
 
-	signaled int // how many of Lines the harness had read when it sent SIGTERM
+	signaled int   // how many of Lines the harness had read when it sent SIGTERM
+	logErr   error // logError(Lines): Stop returns it, HaveExitedGracefully fails with it
 }
 
 // GaveUpText is in the error controller-runtime's Manager.Start returns when its runnables
@@ -82,12 +89,12 @@ func (r Reconcile) String() string {
 // exceeded", in the log's order. It reads the log only, so it works on any operator,
 // quiesce or not: run it on the operator before adopting quiesce to see what a stop loses
 // (docs/adoption.md, "What would a stop lose?"). A reconcile that ignores its context is
-// not cut but unfinished (Unfinished).
+// not cut but unfinished (Unfinished). The error is the line's "error" (zap) or "err"
+// (slog, through logr.FromSlogHandler).
 func (r *Result) Cut() []Reconcile {
 	var cut []Reconcile
 	for _, line := range r.Lines[min(r.signaled, len(r.Lines)):] {
-		var rec Reconcile
-		if logFields(line, "Reconciler error", &rec) &&
+		if rec, ok := reconcileLine(line, "Reconciler error"); ok &&
 			(strings.Contains(rec.Error, "context canceled") || strings.Contains(rec.Error, "context deadline exceeded")) {
 			cut = append(cut, rec)
 		}
@@ -98,19 +105,20 @@ func (r *Result) Cut() []Reconcile {
 // Unfinished returns the reconciles that began and never ended before the operator exited:
 // a "Reconciling" line and no "Reconciler error", "Reconcile successful" or "Reconcile
 // done, ..." line with its reconcileID. controller-runtime logs these lines at V(5) only:
-// run the operator with --zap-log-level=5 (kubebuilder's main binds the zap flags);
-// otherwise Unfinished is empty.
+// run the operator with --zap-log-level=5 (kubebuilder's main binds the zap flags), or,
+// under slog, a handler whose level is -5 or below; otherwise Unfinished is empty.
 func (r *Result) Unfinished() []Reconcile {
 	var began []Reconcile
 	ended := map[string]bool{}
 	for _, line := range r.Lines {
-		var rec Reconcile
-		switch {
-		case logFields(line, "Reconciling", &rec):
+		if rec, ok := reconcileLine(line, "Reconciling"); ok {
 			began = append(began, rec)
-		case logFields(line, "Reconciler error", &rec),
-			logFields(line, "Reconcile successful", &rec), logFields(line, "Reconcile done, requeueing", &rec):
-			ended[rec.ReconcileID] = true
+			continue
+		}
+		for _, msg := range []string{"Reconciler error", "Reconcile successful", "Reconcile done, requeueing"} {
+			if rec, ok := reconcileLine(line, msg); ok {
+				ended[rec.ReconcileID] = true
+			}
 		}
 	}
 	var unfinished []Reconcile
@@ -122,26 +130,18 @@ func (r *Result) Unfinished() []Reconcile {
 	return unfinished
 }
 
-// logFields decodes into v the key/values of line when its message is msg (or starts with
-// msg and a space, as "Reconcile done, requeueing after 5s"): a JSON object (production mode) or console text
-// "...\tmsg\t{...}" (development mode).
-func logFields(line, msg string, v any) bool {
+// reconcileLine reads line as controller-runtime's line msg about a reconcile (or a message
+// that starts with msg and a space, as "Reconcile done, requeueing after 5s").
+func reconcileLine(line, msg string) (Reconcile, bool) {
 	if !strings.Contains(line, msg) {
-		return false
+		return Reconcile{}, false
 	}
-	var m struct {
-		Msg string `json:"msg"`
+	e, ok := logline.Parse(line)
+	if !ok || (e.Msg != msg && !strings.HasPrefix(e.Msg, msg+" ")) {
+		return Reconcile{}, false
 	}
-	if decodeJSON(line, &m) {
-		return (m.Msg == msg || strings.HasPrefix(m.Msg, msg+" ")) && decodeJSON(line, v)
-	}
-	parts := strings.Split(line, "\t")
-	for i := 0; i+1 < len(parts); i++ {
-		if parts[i] == msg || strings.HasPrefix(parts[i], msg+" ") {
-			return decodeJSON(parts[i+1], v)
-		}
-	}
-	return false
+	return Reconcile{Controller: e.String("controller"), Namespace: e.String("namespace"), Name: e.String("name"),
+		ReconcileID: e.String("reconcileID"), Error: e.Error()}, true
 }
 
 // Step is one line of quiesce's stop timeline.
@@ -152,71 +152,78 @@ type Step struct {
 	SinceStop string
 }
 
-// timeline returns the lines of lines that carry sinceStop, read as abandoned reads them: a
-// JSON object (production mode) or console text whose last tab-separated field is one.
+// timeline returns the lines of lines that carry sinceStop, in any format logline reads.
 func timeline(lines []string) []Step {
 	var steps []Step
 	for _, line := range lines {
-		if !strings.Contains(line, `"sinceStop"`) {
+		if !strings.Contains(line, "sinceStop") {
 			continue
 		}
-		var f struct {
-			Msg       string `json:"msg"`
-			SinceStop string `json:"sinceStop"`
-		}
-		if decodeJSON(line, &f) && f.SinceStop != "" {
-			steps = append(steps, Step{Message: f.Msg, SinceStop: f.SinceStop})
-			continue
-		}
-		parts := strings.Split(line, "\t")
-		if n := len(parts); n >= 2 && decodeJSON(parts[n-1], &f) && f.SinceStop != "" {
-			steps = append(steps, Step{Message: parts[n-2], SinceStop: f.SinceStop})
+		if e, ok := logline.Parse(line); ok && e.String("sinceStop") != "" {
+			steps = append(steps, Step{Message: e.Msg, SinceStop: e.String("sinceStop")})
 		}
 	}
 	return steps
 }
 
+// goName finds the names in a list of calls that slog's text handler wrote with %+v
+// ("[{Name:a Age:2s ...} {Name:b ...}]"), as it writes a value that is neither a
+// slog.LogValuer nor an encoding.TextMarshaler.
+var goName = regexp.MustCompile(`\{Name:(.*?) Age:`)
+
 // abandoned finds quiesce's runnable.AbandonedMessage line in lines and returns the names in its
-// "calls" field and its "abandoned" count. controller-runtime's zap logger writes a line
-// either as one JSON object (production mode) or, in development mode (kubebuilder's
-// default), as console text whose key/values are a JSON object after the message; both are
-// read as JSON. The last such line counts.
+// "calls" field and its "abandoned" count, in any format logline reads; the calls as JSON, or
+// as slog's text handler writes Go values. The last such line counts.
 func abandoned(lines []string) ([]string, int) {
 	for i := len(lines) - 1; i >= 0; i-- {
-		line := lines[i]
-		at := strings.Index(line, runnable.AbandonedMessage)
-		if at < 0 {
+		if !strings.Contains(lines[i], runnable.AbandonedMessage) {
 			continue
 		}
-		var fields struct {
-			Abandoned int `json:"abandoned"`
-			Calls     []struct {
-				Name string `json:"name"`
-			} `json:"calls"`
+		e, ok := logline.Parse(lines[i])
+		if !ok || e.Msg != runnable.AbandonedMessage {
+			continue
 		}
-		if !decodeJSON(line, &fields) {
-			rest := line[at+len(runnable.AbandonedMessage):]
-			j := strings.Index(rest, "{")
-			if j < 0 || !decodeJSON(rest[j:], &fields) {
-				continue
+		var count int
+		e.Decode("abandoned", &count)
+		var calls []struct {
+			Name string `json:"name"`
+		}
+		var names []string
+		if e.Decode("calls", &calls) {
+			for _, c := range calls {
+				names = append(names, c.Name)
+			}
+		} else {
+			for _, m := range goName.FindAllStringSubmatch(e.String("calls"), -1) {
+				names = append(names, m[1])
 			}
 		}
-		names := make([]string, 0, len(fields.Calls))
-		for _, c := range fields.Calls {
-			names = append(names, c.Name)
-		}
-		return names, max(fields.Abandoned, len(names))
+		return names, max(count, len(names))
 	}
 	return nil, 0
 }
 
-// decodeJSON decodes the JSON object at the start of s into v (ignoring what follows it).
-func decodeJSON(s string, v any) bool {
-	s = strings.TrimSpace(s)
-	if !strings.HasPrefix(s, "{") {
-		return false
+// readFormats says what the harness reads, in errors.
+const readFormats = "controller-runtime's zap logger (log/zap), console or JSON, and log/slog's text or " +
+	"JSON handler through logr.FromSlogHandler"
+
+// logError returns nil when logline reads at least one of lines, and otherwise the error
+// Stop returns: the Result's Timeline, Abandoned, Cut and Unfinished read nothing of such
+// a log, and a test must not take their emptiness for a clean stop.
+func logError(lines []string) error {
+	if slices.ContainsFunc(lines, func(l string) bool { _, ok := logline.Parse(l); return ok }) {
+		return nil
 	}
-	return json.NewDecoder(strings.NewReader(s)).Decode(v) == nil
+	fix := "set the operator's logger, before it logs, to one it reads: " +
+		"ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts))) (controller-runtime's log/zap, as kubebuilder's main does), " +
+		"or ctrl.SetLogger(logr.FromSlogHandler(slog.NewTextHandler(os.Stderr, nil))) (or slog.NewJSONHandler)"
+	if len(lines) == 0 {
+		return fmt.Errorf("failed to read the operator's log: it wrote no line, so Result.Timeline, Abandoned, "+
+			"Cut and Unfinished are empty: %s", fix)
+	}
+	return fmt.Errorf("failed to read the operator's log: none of its %d lines is in a format shutdowntest "+
+		"reads (%s), so Result.Timeline, Abandoned, Cut and Unfinished are empty: %s; its first lines:\n%s",
+		len(lines), readFormats, fix, logExcerpt(lines[:min(len(lines), headLinesInErrors)]))
 }
 
 // readLines calls add with each line of r, without its end ("\n" or "\r\n"), until r fails

@@ -118,8 +118,10 @@ func TestKubebuilderFlags(t *testing.T) {
 		"--health-probe-bind-address=127.0.0.1:2",
 	}))
 
-	g.Expect(KubebuilderFlags(Endpoints{Metrics: "m", Probe: "p", MetricsSecure: true, LeaderElectionNamespace: "ns"})).
-		To(Equal([]string{"--metrics-bind-address=m", "--health-probe-bind-address=p", "--leader-elect"}))
+	g.Expect(KubebuilderFlags(Endpoints{Metrics: "m", Probe: "p", MetricsSecure: true, LeaderElectionNamespace: "ns",
+		MetricsCertDir: "/tmp/metrics"})).
+		To(Equal([]string{"--metrics-bind-address=m", "--metrics-cert-path=/tmp/metrics", "--health-probe-bind-address=p",
+			"--leader-elect"}))
 
 	env := &envtest.Environment{}
 	webhookEndpoints(env, &e) // no webhook installed

@@ -2,7 +2,7 @@ package shutdowntest
 
 import (
 	"context"
-	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -94,19 +94,31 @@ type Options struct {
 
 	// MetricsSecure says the operator's metrics server, and /debug/quiesce on it, serve HTTPS
 	// with authentication and authorization (kubebuilder's default: SecureServing with
-	// controller-runtime's filters.WithAuthenticationAndAuthorization). KubebuilderFlags then
-	// leaves --metrics-secure at its default, and PendingCount and PendingCalls send
-	// MetricsToken over HTTPS, without verifying the server's certificate (the operator's
-	// own, on a loopback address). false: plain HTTP, and KubebuilderFlags passes
+	// controller-runtime's filters.WithAuthenticationAndAuthorization). Start then makes a
+	// serving certificate for it, signed by a CA of the harness's own
+	// (Endpoints.MetricsCertDir; KubebuilderFlags passes it as kubebuilder's
+	// --metrics-cert-path and leaves --metrics-secure at its default), and PendingCount and
+	// PendingCalls send a token (MetricsToken) over HTTPS to a server that proves it holds
+	// that certificate, and to no other. false: plain HTTP, and KubebuilderFlags passes
 	// --metrics-secure=false.
 	MetricsSecure bool
-	// MetricsToken is the bearer token sent to a secure metrics server. "": the cluster
-	// credentials' own token (Config's, or the kubeconfig's) if they have one; otherwise
-	// (client certificates, as envtest's users and kind's admin have; the metrics server
-	// authenticates tokens only) the first request creates, in the cluster, the
-	// ServiceAccount "shutdowntest" in namespace "default", the ClusterRole
-	// "shutdowntest-metrics-reader" (GET on /metrics and /debug/quiesce) bound to it, and
-	// asks a token of it (TokenRequest, valid for an hour).
+	// MetricsInsecureSkipVerify makes PendingCount and PendingCalls read a secure metrics
+	// server without verifying its certificate: for an operator whose main cannot be given
+	// one (controller-runtime then serves a self-signed certificate of its own). They send
+	// it MetricsToken, or the harness's own ServiceAccount's token, as ever: never the
+	// cluster credentials.
+	MetricsInsecureSkipVerify bool
+	// MetricsToken is the bearer token sent to a secure metrics server. "": a token of a
+	// ServiceAccount of the harness's own, never the cluster credentials' (the metrics
+	// server is the operator's, not the API server). The first request that needs it
+	// creates, with the cluster credentials, a namespace "shutdowntest-<random>", the
+	// ServiceAccount "shutdowntest" in it, a ClusterRole "shutdowntest-metrics-reader-<random>"
+	// (GET on /metrics and /debug/quiesce) and a ClusterRoleBinding of that name binding it
+	// to the ServiceAccount, all labelled CreatedByLabel=CreatedBy, and asks a token of the
+	// ServiceAccount (TokenRequest, valid 10 minutes). Once the operator exited, the harness
+	// deletes them (each only if it is still the object it created): Stop returns an error
+	// naming any it could not delete, with the kubectl command that does; after Kill, or the
+	// end of Start's context, that error goes to Output.
 	MetricsToken string
 
 	// LeaderElection runs the operator with leader election on (see WaitLeader):
@@ -226,6 +238,10 @@ type Endpoints struct {
 	// WebhookCertDir holds the serving certificate (tls.crt, tls.key) that Env's webhook
 	// configurations trust; "" when Env installs no webhook.
 	WebhookCertDir string
+	// MetricsCertDir holds the serving certificate (tls.crt, tls.key, for 127.0.0.1) the
+	// metrics server must serve when MetricsSecure is set (see Options.MetricsSecure); ""
+	// otherwise.
+	MetricsCertDir string
 }
 
 // KubebuilderFlags are the flags of a kubebuilder (go/v4) scaffold's main.go for e:
@@ -240,6 +256,9 @@ func KubebuilderFlags(e Endpoints) []string {
 	flags := []string{"--metrics-bind-address=" + e.Metrics}
 	if !e.MetricsSecure {
 		flags = append(flags, "--metrics-secure=false", "--quiesce-debug-without-filter")
+	}
+	if e.MetricsCertDir != "" {
+		flags = append(flags, "--metrics-cert-path="+e.MetricsCertDir)
 	}
 	flags = append(flags, "--health-probe-bind-address="+e.Probe)
 	if e.LeaderElectionNamespace != "" {
@@ -390,8 +409,11 @@ type Operator struct {
 	stopCtx   func() bool   // stops watching Start's ctx
 	http      *http.Client  // for the metrics and probe servers
 
-	tokenMu sync.Mutex // held while the metrics token is made
-	token   string     // the bearer token for a secure metrics server, once made
+	tokenMu    sync.Mutex      // held while the metrics token is made, and while what was made is deleted
+	token      string          // the bearer token for a secure metrics server, once made
+	created    *clusterObjects // what the harness created in the cluster for token
+	cleanedUp  bool            // created was deleted: make nothing more
+	cleanupErr error           // cleanUp's, set before exited is closed
 
 	mu       sync.Mutex
 	lines    []string
@@ -519,6 +541,13 @@ func start(ctx context.Context, bin, tmp string, opts Options) (*Operator, error
 	if err != nil {
 		return nil, err
 	}
+	var roots *x509.CertPool
+	if opts.MetricsSecure {
+		e.MetricsCertDir = filepath.Join(tmp, metricsCertDirName)
+		if roots, err = metricsCert(e.MetricsCertDir); err != nil {
+			return nil, err
+		}
+	}
 
 	cmd := exec.Command(bin, append(opts.Flags(e), opts.Args...)...)
 	cmd.Dir = opts.Dir
@@ -546,7 +575,7 @@ func start(ctx context.Context, bin, tmp string, opts Options) (*Operator, error
 		exited:    make(chan struct{}),
 		logDone:   make(chan struct{}),
 		changed:   make(chan struct{}),
-		http:      httpClient(opts.MetricsSecure),
+		http:      httpClient(roots, opts.MetricsInsecureSkipVerify),
 	}
 	// The operator never outlives ctx.
 	op.stopCtx = context.AfterFunc(ctx, op.kill)
@@ -610,7 +639,8 @@ func startError(bin string, err error) error {
 
 // reap waits for the process, kills what it left in its process group (as a container's
 // processes end with its main process), records when it exited, stops watching Start's
-// context and removes the temporary directory.
+// context, removes the temporary directory and deletes what the harness created in the
+// cluster.
 func (o *Operator) reap() {
 	if ownGroup {
 		waitExited(o.cmd)
@@ -625,6 +655,9 @@ func (o *Operator) reap() {
 	o.mu.Unlock()
 	o.stopCtx()
 	_ = os.RemoveAll(o.tmp) // best effort: a file left in the temp dir is no failure of the spec
+	if o.cleanupErr = o.cleanUp(); o.cleanupErr != nil {
+		_, _ = fmt.Fprintln(o.opts.Output, o.opts.LogPrefix+"shutdowntest: "+o.cleanupErr.Error()) // Stop returns it too
+	}
 	close(o.exited)
 }
 
@@ -809,7 +842,7 @@ func (o *Operator) debugState(ctx context.Context, query string) (int, []interna
 	}
 	body, status, err := get(ctx, o.http, url, token)
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, certHint(err)
 	}
 	if status != http.StatusOK {
 		return 0, nil, fmt.Errorf("failed to get %s: status %d: %s", url, status, strings.TrimSpace(string(body)))
@@ -866,12 +899,17 @@ func (o *Operator) waitReady(ctx context.Context) error {
 // what happened. When ctx ends first, the operator is killed and Stop returns the Result and
 // ctx's error. Stop on an operator that exited already (it crashed) returns its Result and an
 // error that says so. A second Stop sends no second SIGTERM: it waits for the same exit, and
-// kills the operator when its own ctx ends first.
+// kills the operator when its own ctx ends first. Stop also returns an error, with the
+// Result, when the harness could read none of the operator's log lines (a logger in a format
+// it does not read, or none): the error names the formats it reads and how to set one; and
+// when it could not delete what it created in the cluster (Options.MetricsToken).
 func (o *Operator) Stop(ctx context.Context) (*Result, error) {
 	select {
 	case <-o.exited:
 		<-o.logDone
-		return o.result(), fmt.Errorf("failed to stop the operator: it had exited already (%s)", o.cmd.ProcessState)
+		res := o.result()
+		return res, errors.Join(fmt.Errorf("failed to stop the operator: it had exited already (%s)", o.cmd.ProcessState),
+			res.logErr, o.cleanupErr)
 	default:
 	}
 	o.mu.Lock()
@@ -905,7 +943,8 @@ func (o *Operator) Stop(ctx context.Context) (*Result, error) {
 	}
 	<-o.exited
 	<-o.logDone
-	return o.result(), errCtx
+	res := o.result()
+	return res, errors.Join(errCtx, res.logErr, o.cleanupErr)
 }
 
 // forceStop marks the stop as forced and ends the process: a second SIGTERM first when
@@ -943,7 +982,9 @@ func (o *Operator) Signal(sig os.Signal) error {
 // Kill ends the operator at once, with SIGKILL to its process group (the operator and every
 // process it started), unless it exited, and waits until the process and its log are done.
 // It never leaves a process: use it with DeferCleanup or t.Cleanup. It is a no-op once the
-// operator exited (what the operator left in its group was killed then).
+// operator exited (what the operator left in its group was killed then). What the harness
+// created in the cluster is deleted once the operator exited, whichever way; Kill has no
+// error to return: a failed deletion is written to Options.Output.
 func (o *Operator) Kill() {
 	o.kill()
 	<-o.exited
@@ -965,18 +1006,8 @@ func (o *Operator) result() *Result {
 	res.GaveUp = res.gaveUp()
 	res.Abandoned, res.AbandonedCount = abandoned(res.Lines)
 	res.Timeline = timeline(res.Lines)
+	res.logErr = logError(res.Lines)
 	return res
-}
-
-// httpClient returns the client of the operator's servers: without keep-alives (no
-// connection outlives a request), and, when secure is set, for HTTPS without verifying the
-// server's certificate (the operator's own, self-signed, on a loopback address).
-func httpClient(secure bool) *http.Client {
-	t := &http.Transport{DisableKeepAlives: true}
-	if secure {
-		t.TLSClientConfig = &tls.Config{InsecureSkipVerify: true} //nolint:gosec // the operator's own loopback server
-	}
-	return &http.Client{Transport: t}
 }
 
 // metricsURL returns the metrics server's URL, without a path.

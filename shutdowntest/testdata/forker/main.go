@@ -1,13 +1,15 @@
 // Command forker stands for an operator that starts a process of its own and writes a very
 // long line: it takes the harness's flags, answers 200 on /readyz, starts `sleep` (which it
 // never stops), writes one line of --long-line bytes when that is > 0, then "forker: ready",
-// and exits 0 on SIGTERM, leaving its child running: only the harness can end it.
+// and exits 0 on SIGTERM, leaving its child running: only the harness can end it. It logs with
+// log/slog's text handler, one of the formats the harness reads.
 package main
 
 import (
 	"bufio"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
 	"os/exec"
@@ -23,18 +25,19 @@ func main() {
 	flag.Bool("quiesce-debug-without-filter", false, "") // runnable.Options.BindFlags binds it
 	long := flag.Int("long-line", 0, "bytes of the long line")
 	flag.Parse()
+	log := slog.New(slog.NewTextHandler(os.Stdout, nil))
 	child := exec.Command("sleep", "3600")
 	if err := child.Start(); err != nil {
-		fmt.Println("forker: failed to start its child:", err)
+		log.Error("forker: failed to start its child", "err", err)
 		os.Exit(1)
 	}
-	fmt.Printf("forker: pid %d child %d\n", os.Getpid(), child.Process.Pid)
+	log.Info(fmt.Sprintf("forker: pid %d child %d", os.Getpid(), child.Process.Pid))
 	if *long > 0 {
 		w := bufio.NewWriter(os.Stdout)
 		_, _ = w.WriteString(strings.Repeat("x", *long) + "\n")
 		_ = w.Flush()
 	}
-	fmt.Println("forker: ready")
+	log.Info("forker: ready")
 	c := make(chan os.Signal, 1)
 	signal.Notify(c, syscall.SIGTERM)
 	go func() {
@@ -42,5 +45,5 @@ func main() {
 		_ = http.ListenAndServe(*probe, h)
 	}()
 	<-c
-	fmt.Println("forker: exits, its child still running")
+	log.Info("forker: exits, its child still running")
 }

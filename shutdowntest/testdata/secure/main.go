@@ -1,5 +1,6 @@
 // Command secure stands for an operator whose metrics server, and quiesce's /debug/quiesce on
-// it, serve HTTPS with authentication and authorization (kubebuilder's default), and which
+// it, serve HTTPS with authentication and authorization (kubebuilder's default; its
+// certificate from --metrics-cert-path, as kubebuilder's), and which
 // runs with leader election when --leader-elect is set (its lease's namespace from the
 // POD_NAMESPACE environment variable, which the harness sets). Each ConfigMap labelled
 // secure=quiesce gets a reconcile with one handler call, "secure/<namespace>/<name>/work",
@@ -36,9 +37,10 @@ import (
 )
 
 func main() {
-	var metricsAddr, probeAddr string
+	var metricsAddr, probeAddr, metricsCertPath string
 	var secure, leaderElect bool
 	flag.StringVar(&metricsAddr, "metrics-bind-address", "0", "")
+	flag.StringVar(&metricsCertPath, "metrics-cert-path", "", "The directory of the metrics server's tls.crt and tls.key.")
 	flag.StringVar(&probeAddr, "health-probe-bind-address", "0", "")
 	flag.BoolVar(&secure, "metrics-secure", true, "")
 	flag.BoolVar(&leaderElect, "leader-elect", false, "")
@@ -48,7 +50,7 @@ func main() {
 	ctrl.SetLogger(zap.New(zap.UseDevMode(true)))
 	log := ctrl.Log.WithName("setup")
 
-	metrics := metricsserver.Options{BindAddress: metricsAddr, SecureServing: secure}
+	metrics := metricsserver.Options{BindAddress: metricsAddr, SecureServing: secure, CertDir: metricsCertPath}
 	if secure {
 		metrics.FilterProvider = authenticated
 	}

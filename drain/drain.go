@@ -356,7 +356,8 @@ func (c *core) Fence(cause error) int {
 // for which errors.Is(err, ErrDraining) holds, unless ctx belongs to a call of this
 // executor still running (its fn's context, or one derived from it): work admitted before
 // the drain finishes, so its nested calls (Call, Go, Run) are admitted and waited for; one
-// admitted after the drain cancelled the calls starts cancelled. A nil ctx, an empty name
+// admitted after the drain cancelled the calls starts cancelled. A call whose ctx is done
+// is refused the same way once draining (ErrDraining, not ctx.Err()). A nil ctx, an empty name
 // or a nil fn give an error wrapping ErrInvalidCall.
 //
 // fn's context carries ctx's values and deadline, ends when ctx ends, when the drain
@@ -468,6 +469,14 @@ func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn intern
 		return nil, fmt.Errorf("failed to run call %q: nil func: %w", internal.Cut(o.FullName()), ErrInvalidCall)
 	}
 	if err := ctx.Err(); err != nil {
+		// Once draining, a call not nested in one in flight is refused, its ctx ended or
+		// not: a goroutine that outlived its reconcile learns why (ErrDraining).
+		e.mu.Lock()
+		refused := e.isDraining && !e.inFlightOuter(ctx)
+		e.mu.Unlock()
+		if refused {
+			return nil, e.refuse(o)
+		}
 		return nil, err
 	}
 	slot := e.needsSlot(ctx, o)

@@ -241,7 +241,8 @@ func namer[R comparable](controller string) func(R) (name, namespace, object str
 // Once the executor drains, a Call inside a reconcile still running is admitted (the drain
 // lets in-flight reconciles finish): only a Call whose reconcile has returned (from a
 // goroutine that outlived it) is refused, with an error wrapping drain.ErrDraining, which
-// requeues the reconcile that returns it.
+// requeues the reconcile that returns it. Before the drain, such a Call runs nothing
+// either: its ctx ended with its reconcile, and it returns context.Canceled.
 // Outside a tracked call it runs fn(ctx) directly, and logs that once per process, so that
 // a reconciler left unwrapped is seen. An empty name or a nil fn is an error wrapping
 // drain.ErrInvalidCall.

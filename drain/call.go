@@ -35,11 +35,20 @@ type call struct {
 	label *label        // the executor's label id it holds, from link (see labels.go)
 	since atomic.Uint64 // 0 until fn begins, sinceLeft once it returned (see labels.go)
 
-	done      chan struct{} // closed when fn returned and err is set, for Call; nil otherwise
-	state     atomic.Uint32 // callWaiting, callDetached or callFinished
-	abandoned atomic.Bool   // counted in Stats.Abandoned already
-	err       error         // fn's result, written before done is closed
+	done    chan struct{} // closed when fn returned and err is set, for Call; nil otherwise
+	state   atomic.Uint32 // callWaiting, callDetached or callFinished
+	counted atomic.Uint32 // countedAbandoned, countedCancelled: in Stats already
+	err     error         // fn's result, written before done is closed
 }
+
+// Bits of call.counted.
+const (
+	countedAbandoned uint32 = 1 << iota
+	countedCancelled
+)
+
+// count marks c counted for bit and reports whether it was not yet.
+func (c *call) count(bit uint32) bool { return c.counted.Or(bit)&bit == 0 }
 
 // Call hand-off states.
 const (

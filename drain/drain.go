@@ -186,6 +186,9 @@ type Stats struct {
 	Refused   uint64 // calls refused because the executor drains (not bad input)
 	Panicked  uint64
 	Abandoned uint64 // calls still running when a Drain gave up (its ctx ended)
+	// Cancelled counts the calls (daemons aside) whose context the drain cancelled while
+	// they ran: at CancelAfter, or as it began for a controller's reconcilers.CancelAtStop.
+	Cancelled uint64
 
 	// Oldest is when the oldest pending call was admitted; zero while none is pending.
 	// Daemons are left out, here and in Slow: they run until the drain by design.
@@ -243,7 +246,7 @@ type Executor struct {
 	logging   atomic.Bool   // a report is being logged (see logAsync)
 	unknown   atomic.Uint32 // reasons for an unknown location already logged (bits)
 
-	started, finished, refused, panicked, abandoned atomic.Uint64
+	started, finished, refused, panicked, abandoned, cancelled atomic.Uint64
 
 	// raised holds the panics of nested calls raised again with their value on the
 	// goroutine of an outer call (see repanic), until that call settles; raisedN counts
@@ -658,7 +661,7 @@ func (e *Executor) Drain(ctx context.Context) error {
 	}
 	calls, _ := e.list(-1)
 	for _, c := range calls {
-		if c.abandoned.CompareAndSwap(false, true) {
+		if c.count(countedAbandoned) {
 			e.abandoned.Add(1)
 		}
 	}
@@ -740,10 +743,15 @@ func (e *Executor) armReport(d time.Duration) {
 	e.report = e.clock.AfterFunc(d, func() { go e.reportDue() })
 }
 
-// cancelCalls ends the contexts of the admitted calls: all of them, or only the daemons.
-// The drain calls it once no call can be admitted any more, so it reaches every call.
-func (e *Executor) cancelCalls(daemonsOnly bool) {
-	if !daemonsOnly {
+// cancelCalls ends the contexts of the admitted calls: as the drain begins (atStart), the
+// daemons' and those of calls marked CancelAtStop; at CancelAfter, all. The drain calls it
+// once no call can be admitted any more, so it reaches every call. The calls it cut (daemons
+// aside: stopping is their job) are counted in Stats.Cancelled and named in one line.
+func (e *Executor) cancelCalls(atStart bool) {
+	cause := errCancelledByDrain
+	if atStart {
+		cause = internal.ErrCancelAtStop
+	} else {
 		e.mu.Lock()
 		if e.cancelCause == nil { // a fence's cause stays
 			e.cancelCause = errCancelledByDrain
@@ -751,11 +759,50 @@ func (e *Executor) cancelCalls(daemonsOnly bool) {
 		e.mu.Unlock()
 	}
 	calls, _ := e.list(-1)
+	var cut []*call
 	for _, c := range calls {
-		if !daemonsOnly || c.opts.Daemon {
+		switch {
+		case c.opts.Daemon:
 			c.cancel(errCancelledByDrain)
+		case !atStart || c.opts.CancelAtStop:
+			c.cancel(cause)
+			if c.since.Load() != sinceLeft && c.count(countedCancelled) { // fn still runs
+				cut = append(cut, c)
+			}
 		}
 	}
+	if len(cut) == 0 {
+		return
+	}
+	e.cancelled.Add(uint64(len(cut)))
+	// On a goroutine of its own, as the reports (a Logger that blocks delays nothing), and
+	// waited for by the last Drain, so that the line comes before the drain's end.
+	lineDone := make(chan struct{})
+	e.mu.Lock()
+	e.lineDone = lineDone
+	e.mu.Unlock()
+	go func() {
+		defer close(lineDone)
+		// Named, not located: a capture of every stack is for the reports.
+		listed := make([]Pending, min(len(cut), internal.MaxListed))
+		for i := range listed {
+			listed[i] = cut[i].pending()
+		}
+		kv := e.stopKV("cancelled", len(cut), "cause", cause.Error(), "calls", entries(listed, e.clock.Now()))
+		if more := len(cut) - len(listed); more > 0 {
+			kv = append(kv, "more", more)
+		}
+		e.safely(func() { e.log.Info("Cancelling calls still running", kv...) })
+	}()
+}
+
+// stopKV returns the key/values a drain's line starts with (internal.Settings.StopKV),
+// then kv.
+func (e *Executor) stopKV(kv ...any) []any {
+	if e.settings.StopKV == nil {
+		return kv
+	}
+	return append(e.settings.StopKV(), kv...)
 }
 
 // list returns the admitted calls, oldest first: all, or the oldest limit; and how many
@@ -824,6 +871,7 @@ func (e *Executor) Stats() Stats {
 	s.Refused = e.refused.Load()
 	s.Panicked = e.panicked.Load()
 	s.Abandoned = e.abandoned.Load()
+	s.Cancelled = e.cancelled.Load()
 	return s
 }
 

@@ -45,11 +45,7 @@ func (e *Executor) reportPending() {
 	if total == 0 {
 		return
 	}
-	var kv []any
-	if e.settings.StopKV != nil {
-		kv = e.settings.StopKV()
-	}
-	kv = append(kv, "pending", total, "calls", entries(calls, e.clock.Now()))
+	kv := e.stopKV("pending", total, "calls", entries(calls, e.clock.Now()))
 	if more := total - len(calls); more > 0 {
 		kv = append(kv, "more", more)
 	}

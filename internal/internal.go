@@ -2,10 +2,15 @@ package internal
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"sync/atomic"
 	"time"
 )
+
+// ErrCancelAtStop is the cause (context.Cause) of the context of a call cancelled as the
+// drain began because its controller's stop policy is reconcilers.CancelAtStop.
+var ErrCancelAtStop = errors.New("cancelled as the drain began: the controller's stop policy is reconcilers.CancelAtStop")
 
 // Captures counts the captures of every goroutine's stack that drain took to locate calls,
 // in this process: what tests and benchmarks of /debug/quiesce measure.
@@ -74,6 +79,10 @@ type CallOptions struct {
 	// for nor holds a MaxConcurrent slot.
 	Daemon bool
 
+	// CancelAtStop: the drain cancels the call's context as it begins, with the cause
+	// ErrCancelAtStop, instead of at CancelAfter (reconcilers.CancelAtStop; nested calls
+	// inherit it).
+	CancelAtStop bool
 	// NoSlot: the call never waits for nor holds a MaxConcurrent slot (webhook calls:
 	// MaxConcurrent bounds reconciles and their calls only).
 	NoSlot bool
@@ -222,10 +231,11 @@ func Cut(s string) string {
 func Nested(c Call, name string) CallOptions {
 	outer := c.Options()
 	return CallOptions{
-		Name:        outer.FullName() + "/" + name,
-		Controller:  outer.Controller,
-		ReconcileID: outer.ReconcileID,
-		Tag:         outer.Tag,
+		Name:         outer.FullName() + "/" + name,
+		Controller:   outer.Controller,
+		ReconcileID:  outer.ReconcileID,
+		Tag:          outer.Tag,
+		CancelAtStop: outer.CancelAtStop,
 	}
 }
 

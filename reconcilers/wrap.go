@@ -24,7 +24,24 @@ const DefaultRequeueAfter = time.Second
 type options struct {
 	requeueAfter time.Duration
 	events       *eventer // nil without WrapOptions.Recorder
+	cancelAtStop bool
 }
+
+// StopPolicy is what the drain does with a controller's reconciles in flight when the stop
+// begins (WrapOptions.Stop). docs/stop-policy.md helps choose.
+type StopPolicy int
+
+const (
+	// FinishAtStop, the default: a reconcile in flight finishes; the drain cancels its
+	// context only at CancelAfter. For work that a cut would lose or leave half-done.
+	FinishAtStop StopPolicy = iota
+	// CancelAtStop: the drain cancels the contexts of the controller's reconciles in
+	// flight as it begins (context.Cause names this policy). They stay tracked, reported
+	// and fenced; one that then returns an error is requeued quietly, as a refused request
+	// is. For idempotent controllers, whose cut work the next leader redoes: the replica
+	// hands the lease over without waiting for it.
+	CancelAtStop
+)
 
 // WrapOptions configure Wrap and WrapTyped. The zero value is valid: every zero field means the
 // documented default.
@@ -56,6 +73,9 @@ type WrapOptions struct {
 	// the function alone ("pkg.Func"), as everyone who may list Events in the object's
 	// namespace reads them (docs/security.md).
 	EventLocations bool
+
+	// Stop is the controller's stop policy. The zero value: FinishAtStop.
+	Stop StopPolicy
 }
 
 // Wrap runs each Reconcile of r as a tracked call of ex named
@@ -104,7 +124,10 @@ func WrapTyped[R comparable](
 	if controller == "" {
 		panic("reconcilers.WrapTyped: empty controller name (pass the controller's name, as given to the builder's Named)")
 	}
-	o := options{requeueAfter: opts.RequeueAfter}
+	if opts.Stop != FinishAtStop && opts.Stop != CancelAtStop {
+		panic(fmt.Sprintf("reconcilers.WrapTyped(%q): unknown WrapOptions.Stop %d (use FinishAtStop or CancelAtStop)", controller, opts.Stop))
+	}
+	o := options{requeueAfter: opts.RequeueAfter, cancelAtStop: opts.Stop == CancelAtStop}
 	if o.requeueAfter <= 0 {
 		o.requeueAfter = DefaultRequeueAfter
 	}
@@ -145,18 +168,20 @@ func (w *wrapped[R]) Reconcile(ctx context.Context, req R) (reconcile.Result, er
 	rc := &reconcileCall[R]{r: w.r, req: req}
 	name, namespace, object := w.name(req)
 	err := w.ex.RunHandler(ctx, internal.CallOptions{
-		Name:        name,
-		Namespace:   namespace,
-		Object:      object,
-		Controller:  w.controller,
-		ReconcileID: string(crcontroller.ReconcileIDFromContext(ctx)),
-		Tag:         tag,
-		Shield:      true,
-		Repanic:     true,
+		Name:         name,
+		Namespace:    namespace,
+		Object:       object,
+		Controller:   w.controller,
+		ReconcileID:  string(crcontroller.ReconcileIDFromContext(ctx)),
+		Tag:          tag,
+		Shield:       true,
+		Repanic:      true,
+		CancelAtStop: w.opts.cancelAtStop,
 	}, rc)
-	// Refused by the drain (or a handler Call it made was), or cancelled by
-	// controller-runtime's stop while it waited for a MaxConcurrent slot: requeued.
-	if errors.Is(err, drain.ErrDraining) || !rc.ran && errors.Is(err, context.Canceled) {
+	// Refused by the drain (or a handler Call it made was), cancelled by
+	// controller-runtime's stop while it waited for a MaxConcurrent slot, or cut by its
+	// CancelAtStop policy: requeued.
+	if errors.Is(err, drain.ErrDraining) || !rc.ran && errors.Is(err, context.Canceled) || rc.stopped {
 		w.hold(ctx)
 		return w.requeue(ctx), nil
 	}
@@ -170,12 +195,16 @@ type reconcileCall[R comparable] struct {
 	req R
 	res reconcile.Result
 	ran bool
+	// stopped: it failed once its CancelAtStop policy cut it (read before fn's return
+	// ends ctx with another cause).
+	stopped bool
 }
 
 func (c *reconcileCall[R]) Handle(ctx context.Context) error {
 	c.ran = true
 	var err error
 	c.res, err = c.r.Reconcile(ctx, c.req)
+	c.stopped = err != nil && errors.Is(context.Cause(ctx), internal.ErrCancelAtStop)
 	return err
 }
 

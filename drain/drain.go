@@ -335,7 +335,7 @@ func (c *core) Now() time.Time { return c.clock.Now() }
 
 func (c *core) Fenced() context.Context { return c.fenced }
 
-func (c *core) Entries(limit int) ([]internal.Entry, int) {
+func (c *core) Entries(limit int) (internal.Entries, int) {
 	calls, total := (*Executor)(c).Locate(limit)
 	return entries(calls, c.clock.Now()), total
 }

@@ -8,8 +8,8 @@ import (
 
 // entries renders located calls for a log line, as of now: names and locations cut to
 // internal.MaxNameBytes.
-func entries(calls []Pending, now time.Time) []internal.Entry {
-	out := make([]internal.Entry, len(calls))
+func entries(calls []Pending, now time.Time) internal.Entries {
+	out := make(internal.Entries, len(calls))
 	for i, p := range calls {
 		out[i] = internal.Entry{
 			Name:        internal.Cut(p.Name),

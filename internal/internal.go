@@ -2,7 +2,9 @@ package internal
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"log/slog"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -128,13 +130,13 @@ type Core interface {
 	Now() time.Time
 	// Entries lists the oldest limit pending calls (all with limit < 0), located, as
 	// reports show them, and how many are pending.
-	Entries(limit int) (ents []Entry, total int)
+	Entries(limit int) (ents Entries, total int)
 	// Listing is Entries for /debug/quiesce: it copies the oldest limit calls (all with
 	// limit < 0) under the executor's lock and renders them outside it, locating them with
 	// any capture of the stacks taken in the last second, shared with every other asker;
 	// calls that began after that capture are listed without a location (Where and Handler
 	// empty). At most one capture a second, however many ask and however many calls begin.
-	Listing(limit int) (ents []Entry, total int)
+	Listing(limit int) (ents Entries, total int)
 	// Fence ends the context of every call still running at once, with cause, and returns
 	// how many it ended. runnable calls it when the lease is lost, once the drain began.
 	Fence(cause error) int
@@ -268,3 +270,20 @@ type Entry struct {
 	Where       string `json:"where"`
 	Handler     string `json:"handler"`
 }
+
+// Entries are the calls a log line lists (its "calls" value). They render as a JSON array
+// of Entry under every logger: logr.Marshaler for zapr and funcr, slog.LogValuer for slog,
+// whose text handler would otherwise print Go structs.
+type Entries []Entry
+
+// MarshalLog implements logr.Marshaler.
+func (e Entries) MarshalLog() any { return []Entry(e) }
+
+// LogValue implements slog.LogValuer: slog's JSON handler writes the array, its text
+// handler the array's JSON text.
+func (e Entries) LogValue() slog.Value { return slog.AnyValue(entriesJSON(e)) }
+
+type entriesJSON []Entry
+
+func (e entriesJSON) MarshalJSON() ([]byte, error) { return json.Marshal([]Entry(e)) }
+func (e entriesJSON) MarshalText() ([]byte, error) { return e.MarshalJSON() }

@@ -45,7 +45,8 @@
 // time. A typed nil (a nil *events.FakeRecorder as a Recorder, a nil *FakeClock as a Clock,
 // a Logger whose sink is a nil pointer) is nil: it means what leaving it unset means.
 //
-// Here: New accepts every Options (each value has a meaning). An Executor comes from New:
+// Here: New panics on a positive ReportAfter, ReportEvery or SlowAfter below its least
+// value (MinReportAfter, MinReportEvery, MinSlowAfter); every other Options has a meaning. An Executor comes from New:
 // Call, Go, Run and Drain of one that New did not create (a zero Executor) return an error
 // wrapping ErrInvalidCall, saying so; its other methods panic. All methods of an Executor are safe for concurrent
 // use, including concurrent Drains, which all wait and see the same outcome. A panic in fn

@@ -37,11 +37,11 @@ type Options struct {
 	MaxConcurrent int
 
 	// ReportAfter is how long Drain waits before its first report of pending calls.
-	// 0 or negative: 1s.
+	// 0 or negative: 1s. At least MinReportAfter.
 	ReportAfter time.Duration
 
 	// ReportEvery is the interval between later reports, and the least interval between
-	// two reports of slow calls. 0 or negative: 5s.
+	// two reports of slow calls. 0 or negative: 5s. At least MinReportEvery.
 	ReportEvery time.Duration
 
 	// CancelAfter is how long after Drain began the contexts of calls still running are
@@ -57,7 +57,7 @@ type Options struct {
 	// logged as slow ("Slow calls"), nothing while none is. 0: 1 minute, the API server's
 	// default request timeout: a call running longer is not waiting on a healthy API
 	// server, and a reconcile that long holds one of the controller's workers. Negative:
-	// never. It costs nothing per call: one timer per executor, armed while calls run.
+	// never. At least MinSlowAfter. It costs nothing per call: one timer per executor, armed while calls run.
 	//
 	// The schedule: a call is logged within ReportEvery of turning slow. While the set of
 	// slow calls stays the same, the next line waits twice as long as the one before,
@@ -77,8 +77,8 @@ type Options struct {
 // It is the least positive duration, so a flag (--quiesce-cancel-after=1ns) can say it too.
 const CancelAtOnce = time.Nanosecond
 
-// The least values of Options.ReportAfter, ReportEvery and SlowAfter (a positive value
-// below them is a setup error: every report captures every goroutine's stack).
+// The least values of Options.ReportAfter, ReportEvery and SlowAfter: New panics on a
+// positive value below them (every report captures every goroutine's stack).
 const (
 	MinReportAfter = 100 * time.Millisecond
 	MinReportEvery = 500 * time.Millisecond
@@ -257,7 +257,22 @@ type Executor struct {
 }
 
 // New returns an Executor configured by opts; zero fields of opts take their defaults.
+// It panics on a positive ReportAfter, ReportEvery or SlowAfter below MinReportAfter,
+// MinReportEvery or MinSlowAfter: a programming error, found at setup.
 func New(opts Options) *Executor {
+	for _, b := range []struct {
+		field    string
+		val, min time.Duration
+	}{
+		{"ReportAfter", opts.ReportAfter, MinReportAfter},
+		{"ReportEvery", opts.ReportEvery, MinReportEvery},
+		{"SlowAfter", opts.SlowAfter, MinSlowAfter},
+	} {
+		if b.val > 0 && b.val < b.min {
+			panic(fmt.Sprintf("drain.New: Options.%s %v is below its least value %v (drain.Min%s): "+
+				"every report captures every goroutine's stack", b.field, b.val, b.min, b.field))
+		}
+	}
 	if opts.ReportAfter <= 0 {
 		opts.ReportAfter = defaultReportAfter
 	}

@@ -7,8 +7,10 @@
 // tracked). Once a runnable.Runnable drives the executor, a wrapped reconcile's context ends
 // when the drain cancels it, not when controller-runtime begins to stop, and new requests
 // are requeued instead of run; a reconcile in flight when the drain begins finishes, its
-// Calls run. With WrapOptions.Recorder, a slow or abandoned reconcile records
-// a Warning Event on its object.
+// Calls run. With WrapOptions.Stop set to CancelAtStop (idempotent controllers), the
+// drain cancels the controller's reconciles in flight as it begins instead, and requeues
+// them quietly, so that the stop need not wait for them (docs/stop-policy.md). With
+// WrapOptions.Recorder, a slow or abandoned reconcile records a Warning Event on its object.
 //
 // Daemons runs long-lived functions per object, kopf-style: Ensure, called from Reconcile
 // while the object exists, starts one per object and daemon name as a tracked call
@@ -29,7 +31,7 @@
 // a Logger whose sink is a nil pointer) is nil: it means what leaving it unset means.
 //
 // Here: Wrap and WrapTyped panic on a foreign executor, a nil reconciler, an empty
-// controller name, or a Recorder without Reader and Object; a nil executor is no misuse:
+// controller name, an unknown Stop, or a Recorder without Reader and Object; a nil executor is no misuse:
 // it means untracked (the reconciler runs as given, and logs so once). NewDaemons panics on
 // a nil or foreign executor. Call, Daemons.Ensure and Daemons.Stop return errors wrapping
 // drain.ErrInvalidCall for an empty name, a nil fn or object, an object without UID.

@@ -177,12 +177,12 @@ type Executor struct {
 
 	// mu guards admission, the list of calls (admitted, listed and counted in one step,
 	// so Drain, Pending and Stats agree), the timers and the reports' state.
-	mu         sync.Mutex
-	oldest     *call // the admitted calls, a list in admission order, oldest first
-	newest     *call
-	inFlight   int64
-	isDraining bool
-	cancelCause error // once the drain or a fence cancelled all: nested calls start so
+	mu          sync.Mutex
+	oldest      *call // the admitted calls, a list in admission order, oldest first
+	newest      *call
+	inFlight    int64
+	isDraining  bool
+	cancelCause error         // once the drain or a fence cancelled all: nested calls start so
 	waiters     int           // Drain calls waiting; reports are logged only while one waits
 	lineDone    chan struct{} // closed when the last report line begun was logged
 	slow        slowState     // see report.go

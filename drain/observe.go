@@ -19,13 +19,10 @@ func observed(calls []*call, ents []internal.Entry) []internal.Observed {
 	return out
 }
 
-// observeTimeout bounds how long the observers (reconcilers' Events, which read each object
-// from the API server) may take over one "Slow calls" line: the slow-call timer waits for
-// them.
+// observeTimeout bounds the observers (Events read objects) per "Slow calls" line.
 const observeTimeout = 5 * time.Second
 
-// observeSlow tells the observers obs of the slow calls of a "Slow calls" line: up to
-// internal.MaxObserved of them, located, where the line lists internal.MaxListed.
+// observeSlow tells the observers of a line's slow calls (up to internal.MaxObserved).
 func (e *Executor) observeSlow(obs []internal.Observer, calls []*call, ents []internal.Entry) {
 	if len(obs) == 0 {
 		return

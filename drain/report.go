@@ -6,8 +6,7 @@ import (
 	"github.com/quiesce-dev/quiesce/internal"
 )
 
-// entries renders located calls for a log line, as of now: names and locations cut to
-// internal.MaxNameBytes.
+// entries renders calls for a log line as of now, names and locations cut.
 func entries(calls []Pending, now time.Time) internal.Entries {
 	out := make(internal.Entries, len(calls))
 	for i, p := range calls {
@@ -24,22 +23,20 @@ func entries(calls []Pending, now time.Time) internal.Entries {
 	return out
 }
 
-// reportDue runs when a drain report falls due: it re-arms the next one and logs this one,
-// while a Drain waits and a call is pending.
+// reportDue re-arms the next report (no drift) and logs this one, while a Drain waits
+// and a call is pending.
 func (e *Executor) reportDue() {
 	e.mu.Lock()
 	if e.waiters == 0 || e.inFlight == 0 || e.report == nil {
 		e.mu.Unlock()
 		return
 	}
-	// Re-armed first: the schedule does not drift by the time a report takes.
 	e.armReport(e.opts.ReportEvery)
 	e.mu.Unlock()
 	e.logAsync(e.reportPending)
 }
 
-// reportPending logs one line about the pending calls, if any, during a drain, unless the
-// last Drain stopped waiting meanwhile (see stopWaiting).
+// reportPending logs the pending calls, unless the last Drain stopped waiting meanwhile.
 func (e *Executor) reportPending() {
 	calls, total := e.Locate(internal.MaxListed)
 	if total == 0 {
@@ -61,9 +58,8 @@ func (e *Executor) reportPending() {
 	e.log.Info("Waiting for pending calls", kv...)
 }
 
-// logAsync runs log, which calls the Logger, on a goroutine of its own, unless the
-// previous one has not returned yet: a Logger that blocks delays nothing and piles up
-// nothing, and one that panics crashes nothing.
+// logAsync runs log on a goroutine of its own, unless the previous one still runs: a
+// Logger that blocks delays and piles up nothing.
 func (e *Executor) logAsync(log func()) {
 	if !e.logging.CompareAndSwap(false, true) {
 		return
@@ -74,20 +70,14 @@ func (e *Executor) logAsync(log func()) {
 	}()
 }
 
-// Slow calls are watched by one timer per executor, armed while calls are in flight and
-// outside a drain, so that a call costs no timer of its own and an idle executor leaves
-// no timer behind. The timer fires when the oldest call turns slow, then every ReportEvery
-// while some call is slow; each time it counts the slow calls, and logs them only if the
-// set changed since the last line or the backoff interval passed (see Options.SlowAfter).
-
-// maxSlowBackoff caps the interval between two lines about an unchanged set of slow calls.
+// Slow calls: one timer per executor, armed while calls run outside a drain, fires when
+// the oldest call turns slow, then every ReportEvery while some is; it logs when the set
+// changed or its backoff passed (up to maxSlowBackoff).
 const maxSlowBackoff = time.Hour
 
 // slowState is what the last "Slow calls" line said, guarded by Executor.mu.
 type slowState struct {
-	// The set of slow calls is a prefix of the list (daemons aside): its size and its
-	// newest call tell it apart from any other set that can follow it, since calls only
-	// join it at its newest end.
+	// The slow calls are a prefix of the list (daemons aside): size and newest tell sets apart.
 	count   int
 	newest  *call
 	logged  time.Time     // when the line was logged
@@ -100,15 +90,12 @@ func (e *Executor) armSlow(d time.Duration) {
 		return
 	}
 	e.slowArmed = true
-	// A new timer each time, not Reset: the fake clocks' AfterFunc timers fire only once.
-	stopTimer(e.slowTimer)
-	// A fake clock calls the func with its lock held: check on a goroutine of its own.
+	stopTimer(e.slowTimer) // a new timer each time, as armReport
 	e.slowTimer = e.clock.AfterFunc(d, func() { go e.checkSlow() })
 }
 
-// slowCalls returns the calls (daemons aside) that have run for SlowAfter or longer at
-// now, up to limit of them (all if limit < 0), their count, and the newest of them. The
-// caller holds e.mu.
+// slowCalls returns up to limit (all if < 0) calls slow at now, daemons aside, their
+// count and the newest. The caller holds e.mu.
 func (e *Executor) slowCalls(now time.Time, limit int) (calls []*call, count int, newest *call) {
 	if e.opts.SlowAfter < 0 {
 		return nil, 0, nil
@@ -132,8 +119,7 @@ func (e *Executor) countSlow(now time.Time) int64 {
 	return int64(n)
 }
 
-// nextToTurnSlow returns how long until the oldest call that is not slow yet (daemons
-// aside) turns slow, or false if there is none. The caller holds e.mu.
+// nextToTurnSlow returns how long until the next call turns slow, if any. Holds e.mu.
 func (e *Executor) nextToTurnSlow(now time.Time) (time.Duration, bool) {
 	for c := e.oldest; c != nil; c = c.next {
 		if d := c.start.Add(e.opts.SlowAfter).Sub(now); !c.opts.Daemon && d > 0 {
@@ -143,11 +129,9 @@ func (e *Executor) nextToTurnSlow(now time.Time) (time.Duration, bool) {
 	return 0, false
 }
 
-// checkSlow logs the slow calls, if the line is due, and re-arms the timer while calls
-// are in flight.
+// checkSlow logs the slow calls if due, and re-arms the timer while calls run.
 func (e *Executor) checkSlow() {
-	// The observers (reconcilers.WrapOptions.Recorder) are told of more slow calls than the line
-	// lists; all are located from the same capture, so the line costs no second one.
+	// The observers (Events) are told of more calls than the line lists, from one capture.
 	obs := e.settings.Observers.List()
 	limit := internal.MaxListed
 	if len(obs) > 0 {

@@ -7,12 +7,9 @@ import (
 
 // Defaults of the retry delays of DaemonsOptions and lifecycle.HandlersOptions.
 const (
-	// DefaultBackoff is the delay before the first retry, before the jitter shortens it by
-	// up to 10%.
-	DefaultBackoff = time.Second
-	// DefaultMaxBackoff caps the delay between retries.
-	DefaultMaxBackoff = 5 * time.Minute
+	DefaultBackoff    = time.Second     // before the first retry, less the jitter
+	DefaultMaxBackoff = 5 * time.Minute // between retries
 )
 
-// jitterRand returns the random number in [0, 1) that picks each jitter. Tests replace it.
+// jitterRand picks each jitter in [0, 1). Tests replace it.
 var jitterRand = rand.Float64

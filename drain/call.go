@@ -98,13 +98,9 @@ func noFunc(fn internal.Handler) bool {
 
 func (c *call) name() string { return c.opts.FullName() }
 
-// Core and Options make c an internal.Call; Options gives the full name in Name.
-func (c *call) Core() internal.Core { return (*core)(c.e) }
-func (c *call) Options() internal.CallOptions {
-	o := c.opts
-	o.Name, o.Namespace, o.Object = c.name(), "", ""
-	return o
-}
+// Core and Options make c an internal.Call.
+func (c *call) Core() internal.Core           { return (*core)(c.e) }
+func (c *call) Options() internal.CallOptions { return c.opts }
 
 func (c *call) pending() Pending {
 	return Pending{

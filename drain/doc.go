@@ -22,10 +22,17 @@
 // every call returned or ctx ends; Locate, while it captures; Call, Go and Run, while they
 // wait for a MaxConcurrent slot. Nothing else.
 //
-// Setup misuse (the rule of every quiesce package): what can return an error reports misuse
-// that way, naming what to change; a constructor used inline panics, as regexp.MustCompile
-// does. A typed nil means unset. Here: New panics on a positive ReportAfter, ReportEvery or
-// SlowAfter below MinReportAfter, MinReportEvery or MinSlowAfter; an Executor New did not
-// create returns ErrInvalidCall from Call, Go, Run and Drain and panics elsewhere. A panic
-// in fn, or in the Logger, never crashes the process.
+// Setup misuse, one rule in every quiesce package: a function that can report an error (an
+// error result, a test's TestingT, a Gomega matcher's error) reports every misuse of its
+// arguments and options that way, naming what to change; a function that cannot (a
+// constructor used inline, as reconcilers.Wrap in SetupWithManager) panics on misuse, at
+// the call, with a message naming the function and what to change: a programming error,
+// found at setup, as regexp.MustCompile finds one. Nothing found at setup is left for run
+// time. A typed nil (a nil *events.FakeRecorder as a Recorder, a nil *FakeClock as a Clock,
+// a Logger whose sink is a nil pointer) is nil: it means what leaving it unset means.
+//
+// Here: New panics on a positive ReportAfter, ReportEvery or SlowAfter below MinReportAfter,
+// MinReportEvery or MinSlowAfter; an Executor New did not create returns ErrInvalidCall from
+// Call, Go, Run and Drain and panics elsewhere. A panic in fn, or in the Logger, never
+// crashes the process.
 package drain

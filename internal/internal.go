@@ -180,7 +180,7 @@ type CallKey struct{}
 type Call interface {
 	// Core returns the Core of the call's executor.
 	Core() Core
-	// Options returns the options the call was started with.
+	// Options returns the options the call was started with (its name in parts).
 	Options() CallOptions
 }
 
@@ -230,15 +230,19 @@ func Cut(s string) string {
 
 // Nested returns the options of a call named name nested in c: named "<c's name>/<name>",
 // of c's controller, reconcile and tag (reconcilers.Call and lifecycle's handlers).
+// The name stays in parts (one concatenation, not two: FullName puts it together).
 func Nested(c Call, name string) CallOptions {
 	outer := c.Options()
-	return CallOptions{
-		Name:         outer.FullName() + "/" + name,
-		Controller:   outer.Controller,
-		ReconcileID:  outer.ReconcileID,
-		Tag:          outer.Tag,
-		CancelAtStop: outer.CancelAtStop,
+	o := CallOptions{
+		Name: outer.Name, Namespace: outer.Namespace, Object: outer.Object,
+		Controller: outer.Controller, ReconcileID: outer.ReconcileID, Tag: outer.Tag, CancelAtStop: outer.CancelAtStop,
 	}
+	if o.Object != "" {
+		o.Object += "/" + name
+	} else {
+		o.Name += "/" + name
+	}
+	return o
 }
 
 // CutError returns err with its text cut as Cut cuts a name, for an error whose text

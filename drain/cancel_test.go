@@ -17,7 +17,7 @@ func TestCancellingCallsLineAndCount(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		lines := &logs{}
 		ex := drain.New(drain.Options{
-			Logger: lines.logger(t), ReportAfter: time.Second, ReportEvery: time.Second, CancelAfter: 3 * time.Second,
+			Logger: lines.logger(t), ReportAfter: time.Second, ReportEvery: time.Second, CancelAfter: 2500 * time.Millisecond,
 		})
 		const n = 25
 		for i := range n {

@@ -545,11 +545,6 @@ func (e *Executor) acquire(ctx context.Context, o *internal.CallOptions) error {
 	select {
 	case e.slots <- struct{}{}:
 		return nil
-	default:
-	}
-	select {
-	case e.slots <- struct{}{}:
-		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-e.draining:

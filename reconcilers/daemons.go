@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -399,3 +400,12 @@ func (d *Daemons) Stats() DaemonsStats {
 	d.mu.Unlock()
 	return DaemonsStats{Running: running, Restarts: d.restarted.Load()}
 }
+
+// Defaults of the retry delays of DaemonsOptions and lifecycle.HandlersOptions.
+const (
+	DefaultBackoff    = time.Second     // before the first retry, less the jitter
+	DefaultMaxBackoff = 5 * time.Minute // between retries
+)
+
+// jitterRand picks each jitter in [0, 1). Tests replace it.
+var jitterRand = rand.Float64

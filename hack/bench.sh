@@ -47,7 +47,7 @@ END {
 	row("Call / (go + WaitGroup + channel)", "<= 1.8", sprintf("%.2f", call), call <= 1.8)
 	ca = median("BenchmarkCallInterleaved" SUBSEP "call-allocs/op")
 	ba = median("BenchmarkCallInterleaved" SUBSEP "baseline-allocs/op")
-	row("Call allocations (the baseline's in brackets)", "<= +2", sprintf("%.0f (%.0f)", ca, ba), ca <= ba + 2)
+	row("Call allocations (the baseline in brackets)", "<= +2", sprintf("%.0f (%.0f)", ca, ba), ca <= ba + 2)
 	gor = median("BenchmarkGoInterleaved" SUBSEP "go/errgroup")
 	row("Go / errgroup.Group.Go", "<= 3", sprintf("%.2f", gor), gor <= 3)
 	gos = median("BenchmarkGoSteadyInterleaved" SUBSEP "go/errgroup")

@@ -427,7 +427,9 @@ func BenchmarkCallInterleaved(b *testing.B) {
 			defer wg.Done()
 			done <- nop(ctx)
 		}()
-		<-done
+		if err := <-done; err != nil {
+			b.Fatal(err)
+		}
 	}), "baseline-allocs/op")
 	wg.Wait()
 }

@@ -12,7 +12,8 @@ import (
 
 // ErrCancelAtStop is the cause (context.Cause) of the context of a call cancelled as the
 // drain began because its controller's stop policy is reconcilers.CancelAtStop.
-var ErrCancelAtStop = errors.New("cancelled as the drain began: the controller's stop policy is reconcilers.CancelAtStop")
+var ErrCancelAtStop = errors.New(
+	"cancelled as the drain began: the controller's stop policy is reconcilers.CancelAtStop")
 
 // Captures counts the captures of every goroutine's stack that drain took to locate calls,
 // in this process: what tests and benchmarks of /debug/quiesce measure.

@@ -31,10 +31,10 @@ type options struct {
 type StopPolicy int
 
 const (
-	// FinishAtStop, the default: a reconcile in flight finishes; the drain cancels its
+	// FinishAtStop (the default): a reconcile in flight finishes; the drain cancels its
 	// context only at CancelAfter. For work that a cut would lose or leave half-done.
 	FinishAtStop StopPolicy = iota
-	// CancelAtStop: the drain cancels the contexts of the controller's reconciles in
+	// CancelAtStop makes the drain cancel the contexts of the controller's reconciles in
 	// flight as it begins (context.Cause names this policy). They stay tracked, reported
 	// and fenced; one that then returns an error is requeued quietly, as a refused request
 	// is. For idempotent controllers, whose cut work the next leader redoes: the replica
@@ -106,7 +106,8 @@ func WrapTyped[R comparable](
 		panic("reconcilers.WrapTyped: empty controller name (pass the controller's name, as given to the builder's Named)")
 	}
 	if opts.Stop != FinishAtStop && opts.Stop != CancelAtStop {
-		panic(fmt.Sprintf("reconcilers.WrapTyped(%q): unknown WrapOptions.Stop %d (use FinishAtStop or CancelAtStop)", controller, opts.Stop))
+		panic(fmt.Sprintf("reconcilers.WrapTyped(%q): unknown WrapOptions.Stop %d (use FinishAtStop or CancelAtStop)",
+			controller, opts.Stop))
 	}
 	o := options{requeueAfter: opts.RequeueAfter, cancelAtStop: opts.Stop == CancelAtStop}
 	if o.requeueAfter <= 0 {

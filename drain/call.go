@@ -209,13 +209,7 @@ func samePanic(raised, v any) bool {
 		return raised == nil && v == nil
 	}
 	rv := reflect.ValueOf(raised)
-	if rv.Type() != reflect.TypeOf(v) {
-		return false
-	}
-	if !rv.Comparable() {
-		return true
-	}
-	return raised == v
+	return rv.Type() == reflect.TypeOf(v) && (!rv.Comparable() || raised == v)
 }
 
 // finish settles c with fn's result: restores the labels, counts it, ends fn's context,

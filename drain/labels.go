@@ -116,18 +116,9 @@ func labelled(id string, epoch uint64) *call {
 // parseID reads "<executor number>-<n>"; any other value is not an id.
 func parseID(id string) (num uint64, n int, ok bool) {
 	a, b, found := strings.Cut(id, "-")
-	if !found {
-		return 0, 0, false
-	}
-	num, err := strconv.ParseUint(a, 10, 64)
-	if err != nil {
-		return 0, 0, false
-	}
-	n, err = strconv.Atoi(b)
-	if err != nil || n < 1 {
-		return 0, 0, false
-	}
-	return num, n, true
+	num, errA := strconv.ParseUint(a, 10, 64)
+	n, errB := strconv.Atoi(b)
+	return num, n, found && errA == nil && errB == nil && n >= 1
 }
 
 // executors finds an executor by number (a Run nested in another executor's call relabels

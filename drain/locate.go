@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -417,13 +418,5 @@ func isStd(pkg string) bool {
 }
 
 func isOwn(pkg, file string) bool {
-	if strings.HasSuffix(file, "_test.go") {
-		return false
-	}
-	for _, own := range ownPackages {
-		if pkg == own {
-			return true
-		}
-	}
-	return false
+	return !strings.HasSuffix(file, "_test.go") && slices.Contains(ownPackages, pkg)
 }

@@ -419,6 +419,19 @@ func BenchmarkCallInterleaved(b *testing.B) {
 	})
 	wg.Wait()
 	b.ReportMetric(ratio, "call/baseline")
+	b.ReportMetric(testing.AllocsPerRun(100, func() { _ = ex.Call(ctx, "nop", nop) }), "call-allocs/op")
+	b.ReportMetric(testing.AllocsPerRun(100, func() {
+		done := make(chan error, 1)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			done <- nop(ctx)
+		}()
+		if err := <-done; err != nil {
+			b.Fatal(err)
+		}
+	}), "baseline-allocs/op")
+	wg.Wait()
 }
 
 // BenchmarkGoInterleaved runs Go and errgroup.Group.Go (BenchmarkGoErrgroup's baseline)

@@ -12,8 +12,7 @@ import (
 	"github.com/quiesce-dev/quiesce/internal"
 )
 
-// call is one admitted call. Its fn's context, ctx, is made of the standard library's
-// contexts alone (see newCall and enter).
+// call is one admitted call.
 type call struct {
 	e      *Executor
 	parent context.Context // the caller's ctx
@@ -26,20 +25,27 @@ type call struct {
 
 	prev, next *call // the executor's list, guarded by Executor.mu
 
-	// ctx is fn's context. newCall makes it; enter, on the goroutine that runs fn, adds
-	// the pprof labels before fn runs.
-	ctx         context.Context
+	ctx         context.Context         // fn's: newCall makes it, enter adds the labels
 	cancelCause context.CancelCauseFunc // ends ctx with a cause; the first cause wins
 	stopTimer   context.CancelFunc      // releases a shielded call's deadline; nil if none
 
-	label *label        // the executor's label id it holds, from link (see labels.go)
-	since atomic.Uint64 // 0 until fn begins, sinceLeft once it returned (see labels.go)
+	label *label        // its label id, from link (labels.go)
+	since atomic.Uint64 // 0 until fn begins, sinceLeft once it returned (labels.go)
 
-	done      chan struct{} // closed when fn returned and err is set, for Call; nil otherwise
-	state     atomic.Uint32 // callWaiting, callDetached or callFinished
-	abandoned atomic.Bool   // counted in Stats.Abandoned already
-	err       error         // fn's result, written before done is closed
+	done    chan struct{} // closed when fn returned and err is set, for Call; nil otherwise
+	state   atomic.Uint32 // callWaiting, callDetached or callFinished
+	counted atomic.Uint32 // countedAbandoned, countedCancelled: in Stats already
+	err     error         // fn's result, written before done is closed
 }
+
+// Bits of call.counted.
+const (
+	countedAbandoned uint32 = 1 << iota
+	countedCancelled
+)
+
+// count marks c counted for bit and reports whether it was not yet.
+func (c *call) count(bit uint32) bool { return c.counted.Or(bit)&bit == 0 }
 
 // Call hand-off states.
 const (
@@ -49,24 +55,14 @@ const (
 )
 
 var (
-	// errGoexit is the result of a call whose fn called runtime.Goexit (e.g. t.FailNow).
-	errGoexit = errors.New("fn called runtime.Goexit")
-
-	// errFinished is the cause of fn's context once fn returned.
-	errFinished = errors.New("call returned")
-
-	// errCancelledByDrain is the cause (context.Cause) of a call's context cancelled by
-	// the drain: at Options.CancelAfter, or, for a daemon, when the drain began.
-	errCancelledByDrain = errors.New("cancelled by the drain")
+	errGoexit           = errors.New("fn called runtime.Goexit")
+	errFinished         = errors.New("call returned")          // fn's context's cause once fn returned
+	errCancelledByDrain = errors.New("cancelled by the drain") // at CancelAfter; daemons as it begins
 )
 
-// newCall makes the record of a call and fn's context: a child of the caller's ctx that
-// the call cancels (fn's return, the drain, a fence), answering internal.CallKey with the
-// call (see FromContext). A shielded call (CallOptions.Shield on an owned executor) keeps
-// its caller's values and deadline but not its cancellation: its context derives from
-// context.WithoutCancel(ctx), with ctx's deadline if it has one. The record does not keep
-// fn: exec is given it, so that nothing holds a wrapped reconcile's handler once Run
-// returned.
+// newCall makes the record of a call and fn's context, standard contexts alone: a
+// WithCancelCause child of ctx (of context.WithoutCancel(ctx) with ctx's deadline, when
+// shielded on an owned executor) answering internal.CallKey with the call.
 func newCall(ctx context.Context, e *Executor, o *internal.CallOptions) *call {
 	c := &call{e: e, parent: ctx, opts: *o}
 	base := ctx
@@ -89,8 +85,7 @@ func (c *call) cancel(cause error) {
 	}
 }
 
-// funcHandler is a func given to Call, Go or Run as an internal.Handler (a func value is
-// one pointer: it goes in the interface without an allocation).
+// funcHandler is a func as an internal.Handler (one pointer: no allocation).
 type funcHandler func(context.Context) error
 
 func (f funcHandler) Handle(ctx context.Context) error { return f(ctx) }
@@ -101,16 +96,11 @@ func noFunc(fn internal.Handler) bool {
 	return fn == nil || isFunc && f == nil
 }
 
-// name returns the call's name, put together now (see internal.CallOptions.FullName).
 func (c *call) name() string { return c.opts.FullName() }
 
-// Core and Options make c an internal.Call. Options gives the full name in Name.
-func (c *call) Core() internal.Core { return (*core)(c.e) }
-func (c *call) Options() internal.CallOptions {
-	o := c.opts
-	o.Name, o.Namespace, o.Object = c.name(), "", ""
-	return o
-}
+// Core and Options make c an internal.Call.
+func (c *call) Core() internal.Core           { return (*core)(c.e) }
+func (c *call) Options() internal.CallOptions { return c.opts }
 
 func (c *call) pending() Pending {
 	return Pending{
@@ -128,11 +118,9 @@ func (c *call) outer() *call {
 	return a
 }
 
-// exec runs fn, the call's function, with the call's label and settles the call however fn
-// ends: it returns, it panics, or it calls runtime.Goexit. It tells a recovered nil panic
-// (GODEBUG=panicnil=1) from a Goexit by whether the inner function returned, as
-// golang.org/x/sync/singleflight does. Whichever way fn ends, finish restores the
-// goroutine's labels.
+// exec runs fn with the call's label and settles the call however fn ends: return, panic
+// or runtime.Goexit (told from a recovered nil panic by whether the inner function
+// returned, as singleflight does).
 func (c *call) exec(fn internal.Handler) {
 	c.enter()
 	settled := false
@@ -156,8 +144,7 @@ func (c *call) exec(fn internal.Handler) {
 			pe := c.panicError(v)
 			c.finish(pe)
 			if c.opts.Repanic && c.onCaller {
-				// Run: raised from this deferred call, the panic keeps fn's frames below
-				// it, so whoever recovers it next sees the stack where fn panicked.
+				// Run: raised here, the panic keeps fn's frames below it.
 				if outer, ok := c.parent.Value(internal.CallKey{}).(*call); ok {
 					outer.e.markRaised(outer, pe)
 				}
@@ -184,16 +171,14 @@ func (c *call) exec(fn internal.Handler) {
 func (c *call) panicError(v any) *PanicError {
 	c.panicked = true
 	if pe := c.e.takeRaised(c); pe != nil && samePanic(pe.Value, v) {
-		// A nested call's panic that its caller raised again (internal.CallOptions.Repanic):
-		// counted once, where fn panicked, and told with that fn's stack.
+		// A nested call's panic raised again (repanic): counted once, with its stack.
 		return pe
 	}
 	c.e.panicked.Add(1)
 	return &PanicError{Name: c.name(), Value: v, Stack: debug.Stack()}
 }
 
-// markRaised notes that pe, the panic of a call nested in outer, is raised again with its
-// value on outer's goroutine (see repanic).
+// markRaised notes that pe, a nested call's panic, is raised again on outer's goroutine.
 func (e *Executor) markRaised(outer *call, pe *PanicError) {
 	e.raisedMu.Lock()
 	defer e.raisedMu.Unlock()
@@ -204,8 +189,7 @@ func (e *Executor) markRaised(outer *call, pe *PanicError) {
 	e.raisedN.Store(int32(len(e.raised)))
 }
 
-// takeRaised returns and forgets the panic markRaised noted for c, if any. It costs an
-// atomic load unless a panic was raised again.
+// takeRaised returns and forgets the panic markRaised noted for c, if any.
 func (e *Executor) takeRaised(c *call) *PanicError {
 	if e.raisedN.Load() == 0 {
 		return nil
@@ -218,25 +202,18 @@ func (e *Executor) takeRaised(c *call) *PanicError {
 	return pe
 }
 
-// samePanic reports whether a panic value is the one raised again: equal, or of the same
-// type when the values cannot be compared (a slice, a map).
+// samePanic reports whether v is the value raised again: equal, or of its type when
+// values cannot be compared.
 func samePanic(raised, v any) bool {
 	if raised == nil || v == nil {
 		return raised == nil && v == nil
 	}
 	rv := reflect.ValueOf(raised)
-	if rv.Type() != reflect.TypeOf(v) {
-		return false
-	}
-	if !rv.Comparable() {
-		return true
-	}
-	return raised == v
+	return rv.Type() == reflect.TypeOf(v) && (!rv.Comparable() || raised == v)
 }
 
-// finish settles c with fn's result err: restores its goroutine's labels, counts it, ends
-// fn's context, logs a panic nobody will see, unlists it (giving its label back) and hands
-// err to whoever waits.
+// finish settles c with fn's result: restores the labels, counts it, ends fn's context,
+// logs a panic nobody waits for, unlists it and hands err to whoever waits.
 func (c *call) finish(err error) {
 	e := c.e
 	c.leave()
@@ -254,15 +231,13 @@ func (c *call) finish(err error) {
 	if !waited && err != nil {
 		e.logPanic(err)
 	}
-	e.unlink(c)                  // before the caller learns the result: a call it saw return is not pending
+	e.unlink(c)                  // a call its caller saw return is not pending
 	if waited && c.done != nil { // nil for Run, which reads c.err on this goroutine
 		close(c.done)
 	}
 }
 
-// logPanic logs err if it is a panic: of a call nobody waits for, which nobody else sees.
-// It is logged before the call is unlisted: a Drain that returns once the call is gone
-// returns after this line.
+// logPanic logs err if it is a panic (before the call is unlisted: Drain returns after it).
 func (e *Executor) logPanic(err error) {
 	var pe *PanicError
 	if errors.As(err, &pe) {
@@ -286,8 +261,7 @@ func (e *Executor) afterCall(after func(string, time.Duration, error), c *call, 
 	after(c.opts.Controller, e.clock.Since(c.start), err)
 }
 
-// safely runs log, a call of the Logger, and contains a panic in it: a broken Logger must
-// not crash the process nor lose a call.
+// safely runs log, a call of the Logger, containing a panic in it.
 func (e *Executor) safely(log func()) {
 	defer func() { _ = recover() }()
 	log()

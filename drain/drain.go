@@ -19,66 +19,47 @@ import (
 // Options configure an Executor. The zero value is valid: every zero field means the
 // documented default.
 type Options struct {
-	// Logger receives the reports of pending and slow calls, and the panics of calls
-	// started with Go. The zero value discards everything: drain knows nothing of
-	// controller-runtime, whose logger is the zero value's in every other quiesce Options
-	// (runnable gives the executors it makes its own). A Logger that panics or blocks
-	// never crashes the process nor delays the drain: reports are logged on a goroutine
-	// of their own, one at a time.
+	// Logger receives the reports, the slow calls and the panics nobody waits for. The
+	// zero value discards. A Logger that panics or blocks crashes and delays nothing.
 	Logger logr.Logger
 
-	// MaxConcurrent bounds how many fn run at once. 0 or negative: unbounded.
-	// When > 0, Call, Go and Run wait for a free slot, honouring their ctx and the drain.
-	// A call made inside a tracked call of the same executor (its fn's context, or one
-	// derived from it) runs in that call's slot instead of waiting for one of its own, so
-	// that nested calls cannot deadlock. Daemons and webhook calls (reconcilers.Daemons,
-	// runnable.WebhookServer) never take a slot: MaxConcurrent bounds reconciles and
-	// their calls.
+	// MaxConcurrent bounds how many fn run at once; 0 or negative: unbounded. Call, Go
+	// and Run wait for a slot, honouring their ctx and the drain. A call nested in a call
+	// of the same executor runs in its slot (no deadlock); daemons and webhook calls take
+	// none.
 	MaxConcurrent int
 
 	// ReportAfter is how long Drain waits before its first report of pending calls.
-	// 0 or negative: 1s.
+	// 0 or negative: 1s. At least MinReportAfter.
 	ReportAfter time.Duration
 
 	// ReportEvery is the interval between later reports, and the least interval between
-	// two reports of slow calls. 0 or negative: 5s.
+	// two reports of slow calls. 0 or negative: 5s. At least MinReportEvery.
 	ReportEvery time.Duration
 
 	// CancelAfter is how long after Drain began the contexts of calls still running are
-	// cancelled, so that in-flight work can finish first. 0 (the default, as in
-	// runnable.Options): 4/5 of the time the drain is given, here the time left until the
-	// deadline of the first Drain's ctx (at once when it has none: nothing bounds the
-	// drain, and a call waiting for its context would hold it forever); > 0: after that
-	// long; CancelAtOnce: as Drain begins, as controller-runtime alone does; negative:
-	// never.
+	// cancelled, so that in-flight work can finish first. 0: 4/5 of the time left until
+	// the first Drain's ctx deadline (at once without one); CancelAtOnce: as Drain
+	// begins, as controller-runtime does; negative: never.
 	CancelAfter time.Duration
 
-	// SlowAfter: while the executor is not draining, calls running longer than this are
-	// logged as slow ("Slow calls"), nothing while none is. 0: 1 minute, the API server's
-	// default request timeout: a call running longer is not waiting on a healthy API
-	// server, and a reconcile that long holds one of the controller's workers. Negative:
-	// never. It costs nothing per call: one timer per executor, armed while calls run.
-	//
-	// The schedule: a call is logged within ReportEvery of turning slow. While the set of
-	// slow calls stays the same, the next line waits twice as long as the one before,
-	// from ReportEvery up to an hour: for one call stuck an hour with the defaults, lines
-	// at 1m, 1m5s, 1m15s, 1m35s, 2m15s, 3m35s, 6m15s, 11m35s, 22m15s and 43m35s (10),
-	// then one an hour. A call turning slow, or one returning, changes the set and logs
-	// again within ReportEvery. Only a line captures stacks.
+	// SlowAfter: outside a drain, calls running longer are logged ("Slow calls"). 0: 1m,
+	// the API server's default request timeout; negative: never. At least MinSlowAfter.
+	// A call is logged within ReportEvery of turning slow; while the set of slow calls
+	// stays the same, each line waits twice as long as the one before, from ReportEvery
+	// up to an hour (one call stuck an hour: 10 lines). One timer per executor.
 	SlowAfter time.Duration
 
-	// Clock schedules the reports, CancelAfter and SlowAfter, and stamps calls' start
-	// times. nil: clock.RealClock{}.
+	// Clock schedules the reports, CancelAfter and SlowAfter. nil: clock.RealClock{}.
 	Clock clock.WithTickerAndDelayedExecution
 }
 
-// CancelAtOnce as Options.CancelAfter (drain's and runnable's) cancels the contexts of the
-// calls still running as the drain begins, on any Clock: controller-runtime's own behaviour.
-// It is the least positive duration, so a flag (--quiesce-cancel-after=1ns) can say it too.
+// CancelAtOnce as Options.CancelAfter cancels the calls as the drain begins. It is the
+// least positive duration, so a flag (--quiesce-cancel-after=1ns) can say it too.
 const CancelAtOnce = time.Nanosecond
 
-// The least values of Options.ReportAfter, ReportEvery and SlowAfter (a positive value
-// below them is a setup error: every report captures every goroutine's stack).
+// The least values of Options.ReportAfter, ReportEvery and SlowAfter: New panics on a
+// positive value below them (every report captures every goroutine's stack).
 const (
 	MinReportAfter = 100 * time.Millisecond
 	MinReportEvery = 500 * time.Millisecond
@@ -92,36 +73,26 @@ var ErrDraining = errors.New("executor is draining")
 // a nil fn, and by Call, Go, Run and Drain of an Executor that New did not create.
 var ErrInvalidCall = errors.New("invalid call")
 
-// Unknown is what Where and Handler say when a call's location cannot be determined; the
-// executor logs once why.
-const Unknown = "unknown"
-
-// NotStarted is what Where and Handler say for a call admitted whose fn has not begun.
-const NotStarted = "not started"
-
-// Returning is what Where and Handler say for a call whose fn has returned a moment ago and
-// that the executor is about to unlist: it waits nowhere any more.
-const Returning = "returning"
+// What Where and Handler say of a call whose location is unknown (logged once why), whose
+// fn has not begun, or whose fn returned a moment ago.
+const (
+	Unknown    = "unknown"
+	NotStarted = "not started"
+	Returning  = "returning"
+)
 
 // Pending describes a call that has not returned yet.
 type Pending struct {
 	Name     string
 	Started  time.Time // when the call was admitted
 	Detached bool      // its caller stopped waiting; only the executor still tracks it
-	// Daemon: the call runs until the drain stops it (reconcilers' per-object daemons).
-	// It is never counted nor logged as slow, and the drain cancels it as it begins.
-	Daemon bool
-	// ReconcileID is controller-runtime's reconcileID of the wrapped reconcile that the
-	// call is, or runs inside (reconcilers.Wrap, reconcilers.Call); "" otherwise.
+	Daemon   bool      // a daemon runs until the drain, which cancels it as it begins; never slow
+	// ReconcileID is controller-runtime's of the wrapped reconcile the call is or runs in.
 	ReconcileID string
-	// Where its goroutine is blocked: the innermost frame outside the Go runtime, the
-	// standard library and quiesce, as "pkg.Func (file.go:123)". Filled by Locate,
-	// reports and PendingError; Pending leaves it empty.
-	Where string
-	// Handler is the line in the call's own function (the fn given to Call, Go or Run,
-	// or the reconciler given to reconcilers.Wrap; never quiesce's adapters) where it
-	// waits. Filled like Where.
-	Handler string
+	// Where its goroutine is blocked, the innermost frame outside the runtime, the
+	// standard library and quiesce ("pkg.Func (file.go:123)"); Handler, the line of the
+	// call's own function where it waits. Filled by Locate, reports and PendingError.
+	Where, Handler string
 }
 
 // PanicError is the error of a call whose fn panicked.
@@ -137,16 +108,14 @@ func (e *PanicError) Error() string {
 	return fmt.Sprintf("call %q panicked: %s", internal.Cut(e.Name), internal.Cut(fmt.Sprint(e.Value)))
 }
 
-// Unwrap returns the panic value when it is an error, so that errors.Is and errors.As
-// see through a panic(err).
+// Unwrap returns the panic value when it is an error.
 func (e *PanicError) Unwrap() error {
 	err, _ := e.Value.(error)
 	return err
 }
 
-// PendingError is returned by Drain when its ctx ends before every call returned.
-// Pending holds every call still running; Error names only the first internal.MaxListed, each name
-// quoted and cut to 256 bytes, so that no name can forge or flood a line.
+// PendingError is returned by Drain when its ctx ends first. Pending holds every call
+// still running; Error names the first 20, quoted and cut, so no name floods a line.
 type PendingError struct {
 	Pending []Pending
 	Err     error
@@ -177,8 +146,7 @@ func (e *PendingError) Error() string {
 // Unwrap returns the error of Drain's ctx.
 func (e *PendingError) Unwrap() error { return e.Err }
 
-// Stats are the executor's counters, for metrics (drain stays free of Prometheus).
-// In every snapshot Finished <= Started and InFlight counts only admitted calls.
+// Stats are the executor's counters, for metrics; in every snapshot Finished <= Started.
 type Stats struct {
 	InFlight  int64  // calls admitted and not yet returned
 	Started   uint64 // calls admitted (they run, or are about to)
@@ -186,27 +154,20 @@ type Stats struct {
 	Refused   uint64 // calls refused because the executor drains (not bad input)
 	Panicked  uint64
 	Abandoned uint64 // calls still running when a Drain gave up (its ctx ended)
+	Cancelled uint64 // calls (daemons aside) the drain cancelled while they ran
 
-	// Oldest is when the oldest pending call was admitted; zero while none is pending.
-	// Daemons are left out, here and in Slow: they run until the drain by design.
-	Oldest time.Time
-	// Slow counts the pending calls that have run for SlowAfter or longer (0 when it is
-	// off), as the "Slow calls" line would list them now.
-	Slow int64
+	Oldest time.Time // admission of the oldest pending call, daemons aside; zero if none
+	Slow   int64     // pending calls running for SlowAfter or longer, daemons aside
 }
 
-// Defaults of Options (documented there).
-const (
+const ( // defaults of Options
 	defaultReportAfter = time.Second
 	defaultReportEvery = 5 * time.Second
 	defaultSlowAfter   = time.Minute
 )
 
-// Executor runs named calls on tracked goroutines. Create it with New: Call, Go, Run and
-// Drain of an Executor New did not create (a zero one) return an error wrapping
-// ErrInvalidCall, saying so; its other methods panic, saying so. All its methods are
-// safe for concurrent use. An Executor drains once: after Drain began it refuses every call
-// for the rest of its life.
+// Executor runs named calls on tracked goroutines. Create it with New. All its methods
+// are safe for concurrent use. It drains once: then it refuses new calls for good.
 type Executor struct {
 	opts     Options
 	clock    clock.WithTickerAndDelayedExecution
@@ -214,17 +175,14 @@ type Executor struct {
 	slots    chan struct{} // MaxConcurrent tokens; nil when unbounded
 	settings internal.Settings
 
-	// mu guards admission and the list of admitted calls: a call is admitted, listed and
-	// counted in one step, so that Drain, Pending and the counters always agree. It also
-	// guards the timers and the state of the reports.
-	mu         sync.Mutex
-	oldest     *call // the admitted calls, a list in admission order, oldest first
-	newest     *call
-	inFlight   int64
-	isDraining bool
-	// cancelCause is the cause with which the drain cancelled every call (CancelAfter, a
-	// fence), once it did: a nested call admitted later starts cancelled with it.
-	cancelCause error
+	// mu guards admission, the list of calls (admitted, listed and counted in one step,
+	// so Drain, Pending and Stats agree), the timers and the reports' state.
+	mu          sync.Mutex
+	oldest      *call // the admitted calls, a list in admission order, oldest first
+	newest      *call
+	inFlight    int64
+	isDraining  bool
+	cancelCause error         // once the drain or a fence cancelled all: nested calls start so
 	waiters     int           // Drain calls waiting; reports are logged only while one waits
 	lineDone    chan struct{} // closed when the last report line begun was logged
 	slow        slowState     // see report.go
@@ -243,18 +201,32 @@ type Executor struct {
 	logging   atomic.Bool   // a report is being logged (see logAsync)
 	unknown   atomic.Uint32 // reasons for an unknown location already logged (bits)
 
-	started, finished, refused, panicked, abandoned atomic.Uint64
+	started, finished, refused, panicked, abandoned, cancelled atomic.Uint64
 
-	// raised holds the panics of nested calls raised again with their value on the
-	// goroutine of an outer call (see repanic), until that call settles; raisedN counts
-	// them, so that a call checks it with one atomic load.
+	// raised: panics of nested calls raised again on an outer call's goroutine (repanic),
+	// until it settles; raisedN counts them for a one-load check.
 	raisedMu sync.Mutex
 	raised   map[*call]*PanicError
 	raisedN  atomic.Int32
 }
 
 // New returns an Executor configured by opts; zero fields of opts take their defaults.
+// It panics on a positive ReportAfter, ReportEvery or SlowAfter below MinReportAfter,
+// MinReportEvery or MinSlowAfter: a programming error, found at setup.
 func New(opts Options) *Executor {
+	for _, b := range []struct {
+		field    string
+		val, min time.Duration
+	}{
+		{"ReportAfter", opts.ReportAfter, MinReportAfter},
+		{"ReportEvery", opts.ReportEvery, MinReportEvery},
+		{"SlowAfter", opts.SlowAfter, MinSlowAfter},
+	} {
+		if b.val > 0 && b.val < b.min {
+			panic(fmt.Sprintf("drain.New: Options.%s %v is below its least value %v (drain.Min%s): "+
+				"every report captures every goroutine's stack", b.field, b.val, b.min, b.field))
+		}
+	}
 	if opts.ReportAfter <= 0 {
 		opts.ReportAfter = defaultReportAfter
 	}
@@ -288,8 +260,7 @@ func New(opts Options) *Executor {
 	return e
 }
 
-// core is the Executor as internal.Core: the calls shaped by internal.CallOptions that
-// reconcilers and runnable start.
+// core is the Executor as internal.Core.
 type core Executor
 
 func init() {
@@ -307,9 +278,7 @@ func (c *core) Run(ctx context.Context, o internal.CallOptions, fn func(context.
 	return c.RunHandler(ctx, o, funcHandler(fn))
 }
 
-// RunHandler is Run's implementation (Executor.Run calls it too), not a step on the way to
-// it: a wrapped reconcile (reconcilers.Wrap) calls it, so every stack taken inside the
-// reconcile (a panic's, an error's) holds one quiesce frame fewer.
+// RunHandler is Run itself, so a wrapped reconcile's stacks hold one quiesce frame fewer.
 func (c *core) RunHandler(ctx context.Context, o internal.CallOptions, h internal.Handler) error {
 	cl, err := (*Executor)(c).admit(ctx, &o, h)
 	if err != nil {
@@ -332,7 +301,14 @@ func (c *core) Now() time.Time { return c.clock.Now() }
 
 func (c *core) Fenced() context.Context { return c.fenced }
 
-func (c *core) Entries(limit int) ([]internal.Entry, int) {
+// Listing copies the calls under e.mu and renders them outside it, with any fresh capture.
+func (c *core) Listing(limit int) (internal.Entries, int) {
+	e := (*Executor)(c)
+	calls, total := e.list(limit)
+	return entries(e.locateWith(calls, true), c.clock.Now()), total
+}
+
+func (c *core) Entries(limit int) (internal.Entries, int) {
 	calls, total := (*Executor)(c).Locate(limit)
 	return entries(calls, c.clock.Now()), total
 }
@@ -349,24 +325,18 @@ func (c *core) Fence(cause error) int {
 	return len(calls)
 }
 
-// Call runs fn on a tracked goroutine and waits until fn returns or ctx ends.
-// If ctx ends first, Call returns ctx.Err() at once, and fn keeps running, still tracked:
-// Drain waits for it and reports it as detached. If ctx is already done, Call returns
-// ctx.Err() without running fn. After Drain began, Call runs nothing and returns an error
-// for which errors.Is(err, ErrDraining) holds, unless ctx belongs to a call of this
-// executor still running (its fn's context, or one derived from it): work admitted before
-// the drain finishes, so its nested calls (Call, Go, Run) are admitted and waited for; one
-// admitted after the drain cancelled the calls starts cancelled. A nil ctx, an empty name
-// or a nil fn give an error wrapping ErrInvalidCall.
+// Call runs fn on a tracked goroutine and waits until fn returns or ctx ends. If ctx ends
+// first, Call returns ctx.Err() and fn runs on, tracked (detached). If ctx is done already,
+// Call runs nothing and returns ctx.Err(). Once Drain began, Call runs nothing and returns
+// an error wrapping ErrDraining (ctx done or not), unless ctx belongs to a call of this
+// executor still running: work admitted before the drain finishes, nested calls included
+// (admitted after the drain cancelled the calls, they start cancelled). A nil ctx, an
+// empty name or a nil fn give an error wrapping ErrInvalidCall.
 //
-// fn's context carries ctx's values and deadline, ends when ctx ends, when the drain
-// cancels it (see Options.CancelAfter; context.Cause then says so), and when fn returns.
-// fn's goroutine and context carry ctx's pprof labels plus the label "quiesce", by which
-// reports find it. A panic in fn never crashes the process: Call returns a *PanicError
-// with the value and stack. If fn calls runtime.Goexit, Call returns an error.
-//
-// With MaxConcurrent > 0, Call first waits for a free slot; while it waits, ctx ending
-// returns ctx.Err() and the drain beginning refuses the call.
+// fn's context carries ctx's values and deadline and ends when ctx ends, when the drain
+// cancels it (context.Cause says so) and when fn returns. fn's goroutine and context carry
+// ctx's pprof labels plus "quiesce", by which reports find it. A panic in fn returns a
+// *PanicError; runtime.Goexit an error. With MaxConcurrent > 0, Call first waits for a slot.
 func (e *Executor) Call(ctx context.Context, name string, fn func(context.Context) error) error {
 	if err := e.created(); err != nil {
 		return err
@@ -399,13 +369,10 @@ func (e *Executor) call(ctx context.Context, o *internal.CallOptions, fn interna
 	return c.err
 }
 
-// repanic raises fn's panic again on the caller's goroutine, settled and counted, with the
-// value fn panicked with, as if the caller had called fn itself: whoever recovers it
-// (controller-runtime's RecoverPanic) sees that value, as without quiesce. fn ran on a
-// goroutine of its own, so the stack of the panic raised here shows the caller, not where
-// fn panicked: e logs fn's stack first ("Call panicked"), once however deep the calls nest.
-// If the caller is itself a tracked call, it is told, so that the panic, reaching it, is
-// counted once and keeps fn's stack in its *PanicError.
+// repanic raises fn's settled panic again on the caller's goroutine with fn's value, as if
+// the caller had called fn (controller-runtime's RecoverPanic sees it). That stack shows
+// the caller, so fn's is logged first, once; an outer tracked call is told, so that it
+// counts the panic once and keeps fn's stack.
 func repanic(ctx context.Context, e *Executor, pe *PanicError) {
 	if !pe.logged {
 		pe.logged = true
@@ -417,10 +384,8 @@ func repanic(ctx context.Context, e *Executor, pe *PanicError) {
 	panic(pe.Value)
 }
 
-// Go is Call without waiting: it returns nil once fn is tracked, or the error that Call
-// would return without running fn. With MaxConcurrent > 0 it first waits for a slot like
-// Call. Nobody waits for fn's result: Pending reports the call as detached, and a panic
-// in fn is logged (message "Call panicked") and counted.
+// Go is Call without waiting: nil once fn is tracked, or Call's error without running fn.
+// The call is detached from the start; a panic in fn is logged ("Call panicked").
 func (e *Executor) Go(ctx context.Context, name string, fn func(context.Context) error) error {
 	if err := e.created(); err != nil {
 		return err
@@ -438,17 +403,10 @@ func (e *Executor) goCall(ctx context.Context, o *internal.CallOptions, fn inter
 	return nil
 }
 
-// Run runs fn as a tracked call on the caller's goroutine and returns fn's result. It is
-// Call without the hand-off to a goroutine, for callers that wait for fn anyway
-// (reconcilers.Wrap: controller-runtime's worker waits for its reconcile).
-//
-// Run blocks until fn returns, even when ctx ends first: then fn's context ends, and Run
-// still waits for fn and returns its result (it never detaches). Everything else is as
-// for Call: admission, refusal, bad input, MaxConcurrent, fn's context. While fn runs,
-// the caller's goroutine carries ctx's pprof labels plus "quiesce"; Run then restores the
-// labels of ctx, as pprof.Do does. A panic in fn is recovered: Run returns a *PanicError.
-// If fn calls runtime.Goexit, the call is settled and the caller's goroutine exits, as it
-// would calling fn directly.
+// Run is Call on the caller's goroutine, for callers that wait anyway (reconcilers.Wrap):
+// it waits for fn even when ctx ends first (it never detaches). The goroutine carries the
+// labels while fn runs, restored after as pprof.Do does. A panic returns a *PanicError; a
+// runtime.Goexit settles the call and goes on exiting.
 func (e *Executor) Run(ctx context.Context, name string, fn func(context.Context) error) error {
 	if err := e.created(); err != nil {
 		return err
@@ -456,8 +414,7 @@ func (e *Executor) Run(ctx context.Context, name string, fn func(context.Context
 	return (*core)(e).RunHandler(ctx, internal.CallOptions{Name: name}, funcHandler(fn))
 }
 
-// admit checks the input, waits for a MaxConcurrent slot, and lists the call unless the
-// executor drains and the call is not nested in one still running (see inFlightOuter).
+// admit checks the input, takes a slot and lists the call, unless the drain refuses it.
 func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn internal.Handler) (*call, error) {
 	switch {
 	case ctx == nil:
@@ -468,6 +425,13 @@ func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn intern
 		return nil, fmt.Errorf("failed to run call %q: nil func: %w", internal.Cut(o.FullName()), ErrInvalidCall)
 	}
 	if err := ctx.Err(); err != nil {
+		// A late call of a returned reconcile learns why: ErrDraining.
+		e.mu.Lock()
+		refused := e.isDraining && !e.inFlightOuter(ctx)
+		e.mu.Unlock()
+		if refused {
+			return nil, e.refuse(o)
+		}
 		return nil, err
 	}
 	slot := e.needsSlot(ctx, o)
@@ -478,8 +442,7 @@ func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn intern
 	}
 	c := newCall(ctx, e, o)
 	c.slot = slot
-	// Stamped before the lock, so that reading the clock does not lengthen the executor's
-	// lock held by every call; link keeps the list ordered by the stamps.
+	// Stamped outside the lock; link keeps the list ordered by the stamps.
 	c.start = e.clock.Now()
 	e.mu.Lock()
 	if e.isDraining && !e.inFlightOuter(ctx) {
@@ -502,12 +465,9 @@ func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn intern
 	return c, nil
 }
 
-// inFlightOuter reports whether ctx belongs to a call of e that is still listed: a call
-// nested in work admitted before the drain began, which the drain admits, as it waits for
-// that work to finish (a reconcile's handler Call must not fail it half-done). A call whose
-// outer call returned (a goroutine outliving its reconcile) is new work: refused. While the
-// outer call is listed the drain cannot be over, so admitting its nested calls never
-// reopens a finished drain. The caller holds e.mu.
+// inFlightOuter reports whether ctx belongs to a call of e still listed: the drain admits
+// its nested calls (a reconcile's handler must not fail half-done), and cannot be over
+// while it is listed. A call of a returned call is new work. The caller holds e.mu.
 func (e *Executor) inFlightOuter(ctx context.Context) bool {
 	outer, ok := ctx.Value(internal.CallKey{}).(*call)
 	return ok && outer.e == e && (outer.prev != nil || e.oldest == outer)
@@ -519,8 +479,7 @@ func (e *Executor) link(c *call) {
 	e.inFlight++
 	e.takeLabel(c)
 	if e.newest != nil && c.start.Before(e.newest.start) {
-		// Stamped before a call that took the lock first: listed after it, it takes its
-		// time, so that the list stays oldest first by Started, exactly.
+		// Listed after a call stamped later: the list stays oldest first by Started.
 		c.start = e.newest.start
 	}
 	c.prev = e.newest
@@ -535,8 +494,7 @@ func (e *Executor) link(c *call) {
 	}
 }
 
-// unlink forgets a settled call and takes its label back; the last one to leave a draining
-// executor ends the drain.
+// unlink forgets a settled call; the last one of a drain ends it.
 func (e *Executor) unlink(c *call) {
 	e.mu.Lock()
 	e.giveLabel(c)
@@ -554,11 +512,10 @@ func (e *Executor) unlink(c *call) {
 	e.inFlight--
 	last := e.inFlight == 0 && e.isDraining
 	if last {
-		// Nothing left to report on nor to cancel: the timers go with the calls.
 		stopTimer(e.report)
 		stopTimer(e.cancelTmr)
 		e.report, e.cancelTmr = nil, nil
-		e.labels = nil // no call holds a label: they go to the next executor (see labels.go)
+		e.labels = nil // they go to the next executor (labels.go)
 	}
 	e.mu.Unlock()
 	if last {
@@ -573,11 +530,8 @@ func stopTimer(t clock.Timer) {
 	}
 }
 
-// needsSlot reports whether a call takes a MaxConcurrent slot: MaxConcurrent bounds
-// reconciles and their calls, so daemons and webhook calls take none, and a call made
-// inside a call of e runs where its outer call runs: in the slot the outer call holds (a
-// reconcile's handler calls cannot deadlock waiting for the slot their own reconcile
-// holds), or, inside a daemon or a webhook call, in none.
+// needsSlot reports whether a call takes a slot: not daemons, webhook calls, nor calls
+// nested in a call of e (they run in its slot, or in none).
 func (e *Executor) needsSlot(ctx context.Context, o *internal.CallOptions) bool {
 	if e.slots == nil || o.Daemon || o.NoSlot {
 		return false
@@ -588,11 +542,6 @@ func (e *Executor) needsSlot(ctx context.Context, o *internal.CallOptions) bool 
 
 // acquire takes a MaxConcurrent slot, giving up when ctx ends or the drain begins.
 func (e *Executor) acquire(ctx context.Context, o *internal.CallOptions) error {
-	select {
-	case e.slots <- struct{}{}:
-		return nil
-	default:
-	}
 	select {
 	case e.slots <- struct{}{}:
 		return nil
@@ -608,20 +557,15 @@ func (e *Executor) refuse(o *internal.CallOptions) error {
 	return fmt.Errorf("failed to run call %q: %w", internal.Cut(o.FullName()), ErrDraining)
 }
 
-// Drain refuses new calls, then waits for every tracked call to return, logging reports of
-// what it still waits for. It returns nil when all returned, or, when ctx ends first, a
-// *PendingError naming each call still running (errors.Is(err, context.DeadlineExceeded) or
-// Canceled holds), each counted in Stats.Abandoned once. Drain is idempotent; concurrent
-// Drains all wait. A nil ctx waits without limit.
+// Drain refuses new calls, then waits for every tracked call to return. It returns nil
+// when all returned, or, when ctx (nil: none) ends first, a *PendingError naming each call
+// still running (counted once in Stats.Abandoned; they stay tracked, and a later Drain
+// waits again). Drain is idempotent; concurrent Drains all wait.
 //
-// As it begins, the drain cancels the contexts of daemons (see Pending.Daemon), and of
-// every call at CancelAfter. Reports are logged on Options.Clock, the first
-// ReportAfter after the drain began and then every ReportEvery, while a Drain waits and a
-// call is pending. Drain returns as soon as the last call returns. Once it returned, no
-// report follows: it waits for a line being logged at that moment (at most 100ms), and
-// leaves no goroutine nor timer behind, except the CancelAfter timer while it is due.
-// Calls still running when a Drain gives up keep running and stay tracked; a later Drain
-// waits for them again.
+// As it begins, it cancels daemons and CancelAtStop calls; the others at CancelAfter.
+// Reports come ReportAfter after it began, then every ReportEvery, while a Drain waits and
+// a call is pending. It returns as soon as the last call does, after the line being logged
+// (at most 100ms), and leaves no goroutine nor timer behind but a due CancelAfter.
 func (e *Executor) Drain(ctx context.Context) error {
 	if err := e.created(); err != nil {
 		return err
@@ -649,15 +593,15 @@ func (e *Executor) Drain(ctx context.Context) error {
 	}
 	calls, _ := e.list(-1)
 	for _, c := range calls {
-		if c.abandoned.CompareAndSwap(false, true) {
+		if c.count(countedAbandoned) {
 			e.abandoned.Add(1)
 		}
 	}
 	return &PendingError{Pending: e.locate(calls), Err: ctx.Err()}
 }
 
-// stopWaiting ends a Drain's wait: the last one stops the reports, and waits (a little)
-// for a line being logged, so that no report follows Drain's return.
+// stopWaiting ends a Drain's wait: the last stops the reports; each waits a little for
+// the line being logged.
 func (e *Executor) stopWaiting() {
 	e.mu.Lock()
 	e.waiters--
@@ -677,8 +621,7 @@ func (e *Executor) stopWaiting() {
 	}
 }
 
-// cancelAfter returns when a drain that Drain(ctx) begins cancels the calls (see
-// Options.CancelAfter): CancelAtOnce, a longer delay, or a negative one for never.
+// cancelAfter returns when a drain begun by Drain(ctx) cancels the calls.
 func (e *Executor) cancelAfter(ctx context.Context) time.Duration {
 	if e.opts.CancelAfter != 0 {
 		return e.opts.CancelAfter
@@ -690,13 +633,9 @@ func (e *Executor) cancelAfter(ctx context.Context) time.Duration {
 	return max(time.Until(dl)/5*4, CancelAtOnce)
 }
 
-// beginDrain is the drain's first step, run once, by a Drain counted in e.waiters. It
-// cancels the calls cancelAfter after it began (see Executor.cancelAfter).
+// beginDrain runs once: under the lock, a refused caller always finds Draining() closed,
+// and the timers exist once it is (a test stepping a fake clock cannot miss them).
 func (e *Executor) beginDrain(cancelAfter time.Duration) {
-	// Refuse new calls and tell the world, under the lock: a refused caller (which checks
-	// isDraining under it) always finds Draining() closed, and the timers exist once
-	// Draining() is closed (a test stepping a fake clock right after cannot miss them). A
-	// call admitted before this is listed, so it is waited for and cancelled.
 	e.mu.Lock()
 	e.isDraining = true
 	idle := e.inFlight == 0
@@ -707,9 +646,7 @@ func (e *Executor) beginDrain(cancelAfter time.Duration) {
 	if !idle {
 		e.armReport(e.opts.ReportAfter)
 		if cancelAfter > CancelAtOnce {
-			// On a goroutine of its own, as the reports: a fake clock calls the func with its
-			// lock held, and cancelCalls takes e.mu, which a report holds while it stops its
-			// timer (a lock-order inversion with k8s.io/utils' newer fake clock).
+			// go: a fake clock calls the func under its lock (a lock-order inversion).
 			e.cancelTmr = e.clock.AfterFunc(cancelAfter, func() { go e.cancelCalls(false) })
 		}
 	}
@@ -723,18 +660,21 @@ func (e *Executor) beginDrain(cancelAfter time.Duration) {
 	e.cancelCalls(cancelAfter != CancelAtOnce)
 }
 
-// armReport arms the next report in d. The caller holds e.mu.
+// armReport arms the next report in d, a new timer each time (fake clocks' AfterFunc
+// timers fire once; they call the func under their lock). The caller holds e.mu.
 func (e *Executor) armReport(d time.Duration) {
-	// A new timer each time, not Reset: the fake clocks' AfterFunc timers fire only once.
 	stopTimer(e.report)
-	// A fake clock calls the func with its lock held: the report needs the clock.
 	e.report = e.clock.AfterFunc(d, func() { go e.reportDue() })
 }
 
-// cancelCalls ends the contexts of the admitted calls: all of them, or only the daemons.
-// The drain calls it once no call can be admitted any more, so it reaches every call.
-func (e *Executor) cancelCalls(daemonsOnly bool) {
-	if !daemonsOnly {
+// cancelCalls ends the contexts of the calls: as the drain begins (atStart), daemons' and
+// CancelAtStop ones; at CancelAfter, all. Those it cuts (daemons aside) are counted in
+// Stats.Cancelled and named in one line.
+func (e *Executor) cancelCalls(atStart bool) {
+	cause := errCancelledByDrain
+	if atStart {
+		cause = internal.ErrCancelAtStop
+	} else {
 		e.mu.Lock()
 		if e.cancelCause == nil { // a fence's cause stays
 			e.cancelCause = errCancelledByDrain
@@ -742,15 +682,50 @@ func (e *Executor) cancelCalls(daemonsOnly bool) {
 		e.mu.Unlock()
 	}
 	calls, _ := e.list(-1)
+	var cut []*call
 	for _, c := range calls {
-		if !daemonsOnly || c.opts.Daemon {
+		switch {
+		case c.opts.Daemon:
 			c.cancel(errCancelledByDrain)
+		case !atStart || c.opts.CancelAtStop:
+			c.cancel(cause)
+			if c.since.Load() != sinceLeft && c.count(countedCancelled) { // fn still runs
+				cut = append(cut, c)
+			}
 		}
 	}
+	if len(cut) == 0 {
+		return
+	}
+	e.cancelled.Add(uint64(len(cut)))
+	// On a goroutine of its own, as reports are; Drain waits for it (stopWaiting).
+	lineDone := make(chan struct{})
+	e.mu.Lock()
+	e.lineDone = lineDone
+	e.mu.Unlock()
+	go func() {
+		defer close(lineDone)
+		listed := make([]Pending, min(len(cut), internal.MaxListed))
+		for i := range listed {
+			listed[i] = cut[i].pending()
+		}
+		kv := e.stopKV("cancelled", len(cut), "cause", cause.Error(), "calls", entries(listed, e.clock.Now()))
+		if more := len(cut) - len(listed); more > 0 {
+			kv = append(kv, "more", more)
+		}
+		e.safely(func() { e.log.Info("Cancelling calls still running", kv...) })
+	}()
 }
 
-// list returns the admitted calls, oldest first: all, or the oldest limit; and how many
-// are admitted.
+// stopKV returns the key/values a drain's line starts with (Settings.StopKV), then kv.
+func (e *Executor) stopKV(kv ...any) []any {
+	if e.settings.StopKV == nil {
+		return kv
+	}
+	return append(e.settings.StopKV(), kv...)
+}
+
+// list returns the oldest limit calls (all if limit < 0) and how many are admitted.
 func (e *Executor) list(limit int) (calls []*call, total int) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -766,9 +741,8 @@ func (e *Executor) list(limit int) (calls []*call, total int) {
 	return calls, total
 }
 
-// Pending returns a snapshot of the calls admitted and not yet returned, oldest first.
-// A call shows from the moment Call, Go or Run admitted it. Where and Handler are left
-// empty: Locate fills them.
+// Pending returns the calls admitted and not yet returned, oldest first, without Where
+// and Handler (Locate fills them).
 func (e *Executor) Pending() []Pending {
 	e.mustBeCreated()
 	calls, _ := e.list(-1)
@@ -779,11 +753,9 @@ func (e *Executor) Pending() []Pending {
 	return out
 }
 
-// Locate is Pending with Where and Handler filled, from a capture of every goroutine's
-// stack. One capture serves every report, Locate, and PendingError that asks while it is
-// taken or in the second after; its cost grows with the goroutines of the process (see
-// docs/performance.md). It returns the oldest limit calls (all if limit < 0) and how
-// many are pending.
+// Locate returns the oldest limit calls (all if limit < 0) with Where and Handler, and how
+// many are pending. One capture of every goroutine's stack serves all who ask within a
+// second; its cost grows with the goroutines (docs/performance.md).
 func (e *Executor) Locate(limit int) (calls []Pending, total int) {
 	e.mustBeCreated()
 	cs, total := e.list(limit)
@@ -799,7 +771,7 @@ func (e *Executor) Draining() <-chan struct{} {
 // Stats returns the executor's counters.
 func (e *Executor) Stats() Stats {
 	e.mustBeCreated()
-	// Finished before Started: a call is counted started before it can finish.
+	// Finished first: a call is counted started before it can finish.
 	s := Stats{Finished: e.finished.Load()}
 	e.mu.Lock()
 	s.InFlight = e.inFlight
@@ -815,13 +787,12 @@ func (e *Executor) Stats() Stats {
 	s.Refused = e.refused.Load()
 	s.Panicked = e.panicked.Load()
 	s.Abandoned = e.abandoned.Load()
+	s.Cancelled = e.cancelled.Load()
 	return s
 }
 
-// FromContext reports whether ctx is, or derives from (through Value lookups, as
-// context.WithCancel and context.WithValue do), the context that a tracked call's fn got
-// from Call, Go or Run; if so it returns that call's executor and name. For nested calls
-// it names the innermost one. It never blocks.
+// FromContext reports whether ctx is, or derives from, a tracked call's fn's context, and
+// returns that call's executor and name (the innermost call's).
 func FromContext(ctx context.Context) (ex *Executor, name string, ok bool) {
 	if ctx == nil {
 		return nil, "", false
@@ -831,4 +802,21 @@ func FromContext(ctx context.Context) (ex *Executor, name string, ok bool) {
 		return nil, "", false
 	}
 	return c.e, c.name(), true
+}
+
+var errNotCreated = fmt.Errorf("%s: %w", internal.NotCreated, ErrInvalidCall)
+
+// created returns an error unless New made e (it always makes draining);
+// mustBeCreated panics instead, for the methods without an error result.
+func (e *Executor) created() error {
+	if e == nil || e.draining == nil {
+		return errNotCreated
+	}
+	return nil
+}
+
+func (e *Executor) mustBeCreated() {
+	if e.created() != nil {
+		panic(internal.NotCreated)
+	}
 }

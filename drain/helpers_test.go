@@ -25,16 +25,18 @@ func TestMain(m *testing.M) {
 
 // logLine is one captured log line (funcr's JSON form).
 type logLine struct {
-	Msg     string      `json:"msg"`
-	Error   string      `json:"error"`
-	Pending int         `json:"pending"`
-	Slow    int         `json:"slow"`
-	More    int         `json:"more"`
-	Calls   []reportRow `json:"calls"`
-	Call    string      `json:"call"`
-	Panic   any         `json:"panic"`
-	Stack   string      `json:"stack"`
-	raw     string
+	Msg       string      `json:"msg"`
+	Error     string      `json:"error"`
+	Pending   int         `json:"pending"`
+	Slow      int         `json:"slow"`
+	More      int         `json:"more"`
+	Cancelled int         `json:"cancelled"`
+	Cause     string      `json:"cause"`
+	Calls     []reportRow `json:"calls"`
+	Call      string      `json:"call"`
+	Panic     any         `json:"panic"`
+	Stack     string      `json:"stack"`
+	raw       string
 }
 
 type reportRow struct {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -351,4 +352,31 @@ func TestMaxConcurrentSlots(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// A positive ReportAfter, ReportEvery or SlowAfter below its least value is refused at
+// setup, naming the field (issue 43: 1ns gave thousands of stack captures per second); the
+// least values themselves, 0 (the default) and negative values are accepted.
+func TestNewRefusesIntervalsBelowTheirLeastValue(t *testing.T) {
+	for field, opts := range map[string]drain.Options{
+		"ReportAfter": {ReportAfter: time.Nanosecond},
+		"ReportEvery": {ReportEvery: time.Nanosecond},
+		"SlowAfter":   {SlowAfter: time.Nanosecond},
+	} {
+		func() {
+			defer func() {
+				if v := recover(); v == nil || !strings.Contains(fmt.Sprint(v), "Options."+field) {
+					t.Errorf("New with %s 1ns: recovered %v, want a panic naming Options.%s", field, v, field)
+				}
+			}()
+			drain.New(opts)
+		}()
+	}
+	for _, opts := range []drain.Options{
+		{ReportAfter: drain.MinReportAfter, ReportEvery: drain.MinReportEvery, SlowAfter: drain.MinSlowAfter},
+		{ReportAfter: -1, ReportEvery: -1, SlowAfter: -1},
+		{},
+	} {
+		newExecutor(t, opts)
+	}
 }

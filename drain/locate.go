@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,14 +19,9 @@ import (
 	"github.com/quiesce-dev/quiesce/internal"
 )
 
-// Locating a call: while fn runs, its goroutine carries the pprof label quiesce=<id> (see
-// labels.go). The goroutine profile, in its documented protobuf form, gives every
-// goroutine's stack with its labels; it keeps GODEBUG profstackdepth frames (128 by
-// default) from the innermost. One capture serves everyone who asks while it is taken, and
-// whoever asks within captureReuse after, if it saw their calls' labels. Locating stays
-// off the call path entirely.
-
-// captureReuse is how long a capture answers later askers.
+// The goroutine profile, in its protobuf form, gives every goroutine's stack (its innermost
+// GODEBUG profstackdepth frames, 128 by default) with its labels. One capture serves all who
+// ask while it is taken, and within captureReuse after if it saw their labels.
 const captureReuse = time.Second
 
 // Reasons why a location is unknown, each logged once per executor.
@@ -50,15 +46,14 @@ type frame struct {
 	Line     int
 }
 
-// stack is one goroutine's stack in a capture (or several goroutines', identical).
+// stack is one goroutine's stack in a capture (or identical ones').
 type stack struct {
 	locs      []*profile.Location // innermost first
 	truncated bool                // the profile kept only its innermost frames
 	execs     int                 // how many exec frames it has: calls running on it
 }
 
-// frames returns the frames of st, innermost first: in each location, the inlined calls,
-// then their caller. They are made only for the stacks a report describes.
+// frames returns st's frames, innermost first (inlined calls, then their caller).
 func (st stack) frames() []frame {
 	var out []frame
 	for _, loc := range st.locs {
@@ -71,8 +66,7 @@ func (st stack) frames() []frame {
 	return out
 }
 
-// capture is the part of a goroutine profile that locating needs: the stacks of the
-// goroutines labelled by quiesce.
+// capture holds the stacks of a goroutine profile labelled by quiesce.
 type capture struct {
 	at     time.Time
 	epoch  uint64             // it saw every label of a call whose since is up to this
@@ -81,22 +75,19 @@ type capture struct {
 	ok     bool               // the profile was written and read
 }
 
-// captureEpoch counts the captures begun. A call reads it once its goroutine carries its
-// label (call.since): every capture begun later sees the label. Only captures write it.
+// captureEpoch counts the captures begun (see call.since).
 var captureEpoch atomic.Uint64
 
 // captureTaken is called after each capture: a seam for tests.
 var captureTaken = func() {}
 
-// captures shares the goroutine profile among those who ask at once or soon after.
 var captures struct {
 	mu     sync.Mutex
 	last   *capture
 	flight chan struct{} // closed when the capture being taken is in last
 }
 
-// captureSince returns a capture that saw the label of every call whose since is up to
-// since.
+// captureSince returns a capture that saw the labels of calls whose since is <= since.
 func captureSince(since uint64) *capture {
 	for {
 		captures.mu.Lock()
@@ -159,8 +150,7 @@ func takeCapture() *capture {
 		}
 		c.stacks[ids[0]] = append(c.stacks[ids[0]], st)
 	}
-	// Found once here rather than by every locate that reads the capture: with many
-	// goroutines, walking them all is what a shared capture would otherwise cost each asker.
+	// Found once here, not by every asker.
 	for id, stacks := range c.stacks {
 		if st, ok := ownStack(stacks); ok && st.execs >= 2 {
 			c.nested = append(c.nested, id)
@@ -169,8 +159,7 @@ func takeCapture() *capture {
 	return c
 }
 
-// profStackDepth returns how many frames of a stack the goroutine profile keeps: GODEBUG
-// profstackdepth (the runtime caps it at 1024), 128 by default.
+// profStackDepth returns GODEBUG profstackdepth (at most 1024), 128 by default.
 func profStackDepth() int {
 	depth := 128
 	for _, kv := range strings.Split(os.Getenv("GODEBUG"), ",") { // the last one counts
@@ -183,9 +172,8 @@ func profStackDepth() int {
 	return depth
 }
 
-// ownStack returns, among the stacks labelled with a call's id, the one of the call's own
-// goroutine: the one running exec (the others are goroutines fn started, which inherit its
-// labels), or else the only one cut at the profile's depth, whose exec frame was cut.
+// ownStack returns, of the stacks labelled with a call's id, its own goroutine's: the one
+// running exec (fn's goroutines inherit the label), else the only one cut at the depth.
 func ownStack(stacks []stack) (stack, bool) {
 	var cut []stack
 	for _, st := range stacks {
@@ -205,9 +193,8 @@ func ownStack(stacks []stack) (stack, bool) {
 // locate returns the Pending of each call, with Where and Handler filled.
 func (e *Executor) locate(calls []*call) []Pending { return e.locateWith(calls, false) }
 
-// locateWith is locate; with shared, it uses any capture taken in the last captureReuse,
-// even one taken before some of the calls began: those are left without a location (Where
-// and Handler empty) rather than paid for with a capture of their own.
+// locateWith is locate; shared takes any fresh capture, leaving calls it did not see
+// without a location rather than paying for another.
 func (e *Executor) locateWith(calls []*call, shared bool) []Pending {
 	out := make([]Pending, len(calls))
 	held := make([]*label, len(calls))
@@ -240,12 +227,10 @@ func (e *Executor) locateWith(calls []*call, shared bool) []Pending {
 		}
 		switch s := c.since.Load(); {
 		case s == sinceLeft:
-			// fn returned since: its label, given back, may be another call's in the capture.
 			held[i] = nil
 			out[i].Where, out[i].Handler = Returning, Returning
 		case s > cp.epoch:
-			// shared: the capture began before the call's label; the label may be another
-			// call's in it.
+			// shared: the capture began before the call's label.
 			held[i] = nil
 		}
 	}
@@ -269,8 +254,8 @@ func (e *Executor) locateWith(calls []*call, shared bool) []Pending {
 			e.unknownWhy(unknownTooDeep)
 		}
 	}
-	// A Run inside fn, on fn's goroutine, relabels it while it runs: the enclosing calls,
-	// of any executor, are on the inner call's stack, each above the next exec frame.
+	// A Run inside fn relabels its goroutine: the outer calls are on the inner one's stack,
+	// each above the next exec frame.
 	for _, id := range cp.nested {
 		st, _ := ownStack(cp.stacks[id])
 		inner := labelled(id, cp.epoch)
@@ -314,8 +299,7 @@ func (e *Executor) unknownWhy(reason uint32) {
 }
 
 // describe returns where the goroutine of frames (innermost first) is blocked, and the
-// handler line of the call whose fn runs above its nth exec frame from the innermost.
-// Handler is "" when that exec frame is not in frames.
+// handler line of the call whose fn runs above its nth exec frame ("" if not in frames).
 func describe(frames []frame, n int) (where, handler string) {
 	top := len(frames) // frames[:top] run inside the call's fn
 	for i, f := range frames {
@@ -355,12 +339,11 @@ func describe(frames []frame, n int) (where, handler string) {
 	return where, ""
 }
 
-// reconcilePkg holds controller-runtime's adapters to reconcile.Reconciler (reconcile.Func,
-// AsReconciler's), which stand between reconcilers.Wrap and the user's function.
+// reconcilePkg holds controller-runtime's adapters (reconcile.Func, AsReconciler's).
 const reconcilePkg = "sigs.k8s.io/controller-runtime/pkg/reconcile"
 
-// isAdapter reports whether f only passes the call on to the user's function: a compiler
-// generated wrapper (a method value's), or one of controller-runtime's reconcile adapters.
+// isAdapter reports whether f only passes the call on: a compiler generated wrapper, or a
+// controller-runtime reconcile adapter.
 func isAdapter(f frame) bool {
 	return f.File == "<autogenerated>" || packagePath(f.Function) == reconcilePkg
 }
@@ -377,9 +360,8 @@ func formatFrame(f frame) string {
 	return fn + " (" + file + ":" + strconv.Itoa(f.Line) + ")"
 }
 
-// packagePath returns the import path of a function's package, from its full name
-// ("example.com/a/b.(*T).M" → "example.com/a/b"), type arguments aside
-// ("example.com/a/b.(*T[example.com/c.U]).M").
+// packagePath returns a function's package path ("example.com/a/b.(*T[c.U]).M" →
+// "example.com/a/b").
 func packagePath(function string) string {
 	if i := strings.IndexByte(function, '['); i >= 0 {
 		function = function[:i]
@@ -393,20 +375,16 @@ func packagePath(function string) string {
 }
 
 var (
-	// drainPkg is this package's import path, execFunc the function that calls fn.
 	drainPkg = packagePath(runtime.FuncForPC(reflect.ValueOf(New).Pointer()).Name())
 	execFunc = drainPkg + ".(*call).exec"
 
-	// ownPackages are quiesce's packages whose non-test code runs fn: a location skips
-	// their frames to show the handler's own.
+	// ownPackages run fn: a location skips their frames.
 	ownPackages = func() []string {
 		module := strings.TrimSuffix(drainPkg, "/drain")
 		return []string{drainPkg, module + "/reconcilers", module + "/runnable", module + "/internal"}
 	}()
 
-	// modules are the paths of the program's modules, its own and its dependencies: a
-	// package in none of them is the standard library's. A module path need not have a
-	// dot ("module myoperator").
+	// modules are the program's module paths: a package in none is the standard library's.
 	modules = sync.OnceValue(func() []string {
 		info, ok := debug.ReadBuildInfo()
 		if !ok {
@@ -423,7 +401,6 @@ var (
 	})
 )
 
-// isStd reports whether pkg is in the standard library (or the runtime).
 func isStd(pkg string) bool {
 	if pkg == "main" || pkg == "command-line-arguments" {
 		return false
@@ -441,13 +418,5 @@ func isStd(pkg string) bool {
 }
 
 func isOwn(pkg, file string) bool {
-	if strings.HasSuffix(file, "_test.go") {
-		return false
-	}
-	for _, own := range ownPackages {
-		if pkg == own {
-			return true
-		}
-	}
-	return false
+	return !strings.HasSuffix(file, "_test.go") && slices.Contains(ownPackages, pkg)
 }

@@ -178,7 +178,7 @@ func TestLocateNestedRun(t *testing.T) {
 
 func TestLocateUnknown(t *testing.T) {
 	lines := &logs{lines: make(chan logLine, 10)}
-	ex := newExecutor(t, drain.Options{Logger: lines.logger(t)})
+	ex := newExecutor(t, drain.Options{Logger: lines.logger(t), CancelAfter: -1})
 	release := make(chan struct{})
 	started := make(chan struct{}, 2)
 	relabelled := func(context.Context) error {

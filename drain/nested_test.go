@@ -73,17 +73,18 @@ func TestDrainAdmitsCallsNestedInCallsInFlight(t *testing.T) {
 }
 
 // A call whose outer call already returned (a goroutine outliving its reconcile) is new
-// work: refused once the executor drains.
+// work: refused once the executor drains, with ErrDraining, whether it kept the outer
+// call's context (ended when the call returned) or one made with context.WithoutCancel.
 func TestDrainRefusesCallsOfAnOuterCallThatReturned(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ex := drain.New(drain.Options{})
-		var kept context.Context
+		var kept, ended context.Context
 		blocked := make(chan struct{})
 		if err := ex.Go(context.Background(), "other", func(context.Context) error { <-blocked; return nil }); err != nil {
 			t.Fatal(err)
 		}
 		if err := ex.Run(context.Background(), "reconcile", func(ctx context.Context) error {
-			kept = context.WithoutCancel(ctx)
+			kept, ended = context.WithoutCancel(ctx), ctx
 			return nil
 		}); err != nil {
 			t.Fatal(err)
@@ -93,7 +94,10 @@ func TestDrainRefusesCallsOfAnOuterCallThatReturned(t *testing.T) {
 		<-ex.Draining()
 		ran := false
 		fn := func(context.Context) error { ran = true; return nil }
-		for _, err := range []error{ex.Call(kept, "late", fn), ex.Go(kept, "late", fn), ex.Run(kept, "late", fn)} {
+		for _, err := range []error{
+			ex.Call(kept, "late", fn), ex.Go(kept, "late", fn), ex.Run(kept, "late", fn),
+			ex.Call(ended, "late", fn), ex.Go(ended, "late", fn), ex.Run(ended, "late", fn),
+		} {
 			if !errors.Is(err, drain.ErrDraining) {
 				t.Errorf("a call of a returned reconcile while draining = %v, want ErrDraining", err)
 			}

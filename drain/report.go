@@ -1,15 +1,18 @@
 package drain
 
 import (
+	"context"
+	"sync"
 	"time"
+
+	"github.com/go-logr/logr"
 
 	"github.com/quiesce-dev/quiesce/internal"
 )
 
-// entries renders located calls for a log line, as of now: names and locations cut to
-// internal.MaxNameBytes.
-func entries(calls []Pending, now time.Time) []internal.Entry {
-	out := make([]internal.Entry, len(calls))
+// entries renders calls for a log line as of now, names and locations cut.
+func entries(calls []Pending, now time.Time) internal.Entries {
+	out := make(internal.Entries, len(calls))
 	for i, p := range calls {
 		out[i] = internal.Entry{
 			Name:        internal.Cut(p.Name),
@@ -24,32 +27,26 @@ func entries(calls []Pending, now time.Time) []internal.Entry {
 	return out
 }
 
-// reportDue runs when a drain report falls due: it re-arms the next one and logs this one,
-// while a Drain waits and a call is pending.
+// reportDue re-arms the next report (no drift) and logs this one, while a Drain waits
+// and a call is pending.
 func (e *Executor) reportDue() {
 	e.mu.Lock()
 	if e.waiters == 0 || e.inFlight == 0 || e.report == nil {
 		e.mu.Unlock()
 		return
 	}
-	// Re-armed first: the schedule does not drift by the time a report takes.
 	e.armReport(e.opts.ReportEvery)
 	e.mu.Unlock()
 	e.logAsync(e.reportPending)
 }
 
-// reportPending logs one line about the pending calls, if any, during a drain, unless the
-// last Drain stopped waiting meanwhile (see stopWaiting).
+// reportPending logs the pending calls, unless the last Drain stopped waiting meanwhile.
 func (e *Executor) reportPending() {
 	calls, total := e.Locate(internal.MaxListed)
 	if total == 0 {
 		return
 	}
-	var kv []any
-	if e.settings.StopKV != nil {
-		kv = e.settings.StopKV()
-	}
-	kv = append(kv, "pending", total, "calls", entries(calls, e.clock.Now()))
+	kv := e.stopKV("pending", total, "calls", entries(calls, e.clock.Now()))
 	if more := total - len(calls); more > 0 {
 		kv = append(kv, "more", more)
 	}
@@ -65,9 +62,8 @@ func (e *Executor) reportPending() {
 	e.log.Info("Waiting for pending calls", kv...)
 }
 
-// logAsync runs log, which calls the Logger, on a goroutine of its own, unless the
-// previous one has not returned yet: a Logger that blocks delays nothing and piles up
-// nothing, and one that panics crashes nothing.
+// logAsync runs log on a goroutine of its own, unless the previous one still runs: a
+// Logger that blocks delays and piles up nothing.
 func (e *Executor) logAsync(log func()) {
 	if !e.logging.CompareAndSwap(false, true) {
 		return
@@ -78,20 +74,14 @@ func (e *Executor) logAsync(log func()) {
 	}()
 }
 
-// Slow calls are watched by one timer per executor, armed while calls are in flight and
-// outside a drain, so that a call costs no timer of its own and an idle executor leaves
-// no timer behind. The timer fires when the oldest call turns slow, then every ReportEvery
-// while some call is slow; each time it counts the slow calls, and logs them only if the
-// set changed since the last line or the backoff interval passed (see Options.SlowAfter).
-
-// maxSlowBackoff caps the interval between two lines about an unchanged set of slow calls.
+// Slow calls: one timer per executor, armed while calls run outside a drain, fires when
+// the oldest call turns slow, then every ReportEvery while some is; it logs when the set
+// changed or its backoff passed (up to maxSlowBackoff).
 const maxSlowBackoff = time.Hour
 
 // slowState is what the last "Slow calls" line said, guarded by Executor.mu.
 type slowState struct {
-	// The set of slow calls is a prefix of the list (daemons aside): its size and its
-	// newest call tell it apart from any other set that can follow it, since calls only
-	// join it at its newest end.
+	// The slow calls are a prefix of the list (daemons aside): size and newest tell sets apart.
 	count   int
 	newest  *call
 	logged  time.Time     // when the line was logged
@@ -104,15 +94,12 @@ func (e *Executor) armSlow(d time.Duration) {
 		return
 	}
 	e.slowArmed = true
-	// A new timer each time, not Reset: the fake clocks' AfterFunc timers fire only once.
-	stopTimer(e.slowTimer)
-	// A fake clock calls the func with its lock held: check on a goroutine of its own.
+	stopTimer(e.slowTimer) // a new timer each time, as armReport
 	e.slowTimer = e.clock.AfterFunc(d, func() { go e.checkSlow() })
 }
 
-// slowCalls returns the calls (daemons aside) that have run for SlowAfter or longer at
-// now, up to limit of them (all if limit < 0), their count, and the newest of them. The
-// caller holds e.mu.
+// slowCalls returns up to limit (all if < 0) calls slow at now, daemons aside, their
+// count and the newest. The caller holds e.mu.
 func (e *Executor) slowCalls(now time.Time, limit int) (calls []*call, count int, newest *call) {
 	if e.opts.SlowAfter < 0 {
 		return nil, 0, nil
@@ -136,8 +123,7 @@ func (e *Executor) countSlow(now time.Time) int64 {
 	return int64(n)
 }
 
-// nextToTurnSlow returns how long until the oldest call that is not slow yet (daemons
-// aside) turns slow, or false if there is none. The caller holds e.mu.
+// nextToTurnSlow returns how long until the next call turns slow, if any. Holds e.mu.
 func (e *Executor) nextToTurnSlow(now time.Time) (time.Duration, bool) {
 	for c := e.oldest; c != nil; c = c.next {
 		if d := c.start.Add(e.opts.SlowAfter).Sub(now); !c.opts.Daemon && d > 0 {
@@ -147,11 +133,9 @@ func (e *Executor) nextToTurnSlow(now time.Time) (time.Duration, bool) {
 	return 0, false
 }
 
-// checkSlow logs the slow calls, if the line is due, and re-arms the timer while calls
-// are in flight.
+// checkSlow logs the slow calls if due, and re-arms the timer while calls run.
 func (e *Executor) checkSlow() {
-	// The observers (reconcilers.WrapOptions.Recorder) are told of more slow calls than the line
-	// lists; all are located from the same capture, so the line costs no second one.
+	// The observers (Events) are told of more calls than the line lists, from one capture.
 	obs := e.settings.Observers.List()
 	limit := internal.MaxListed
 	if len(obs) > 0 {
@@ -199,4 +183,45 @@ func (e *Executor) checkSlow() {
 	}
 	e.safely(func() { e.log.Info("Slow calls", kv...) })
 	e.observeSlow(obs, slow, ents)
+}
+
+// observed pairs the located calls with their entries, for internal.Observer.
+func observed(calls []*call, ents []internal.Entry) []internal.Observed {
+	out := make([]internal.Observed, len(calls))
+	for i, c := range calls {
+		out[i] = internal.Observed{Entry: ents[i], Options: c.Options()}
+	}
+	return out
+}
+
+// observeTimeout bounds the observers (Events read objects) per "Slow calls" line.
+const observeTimeout = 5 * time.Second
+
+// observeSlow tells the observers of a line's slow calls (up to internal.MaxObserved).
+func (e *Executor) observeSlow(obs []internal.Observer, calls []*call, ents []internal.Entry) {
+	if len(obs) == 0 {
+		return
+	}
+	o := observed(calls, ents)
+	ctx, cancel := context.WithTimeout(logr.NewContext(context.Background(), e.log), observeTimeout)
+	defer cancel()
+	for _, ob := range obs {
+		e.safely(func() { ob.Slow(ctx, o) })
+	}
+}
+
+func (c *core) Abandoned(ctx context.Context) {
+	e := (*Executor)(c)
+	obs := e.settings.Observers.List()
+	if len(obs) == 0 {
+		return
+	}
+	ctx = logr.NewContext(ctx, e.log)
+	calls, _ := e.list(-1)
+	o := observed(calls, entries(e.locate(calls), e.clock.Now()))
+	var wg sync.WaitGroup
+	for _, ob := range obs {
+		wg.Go(func() { e.safely(func() { ob.Abandoned(ctx, o) }) })
+	}
+	wg.Wait()
 }

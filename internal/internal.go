@@ -2,10 +2,18 @@ package internal
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
 	"strconv"
 	"sync/atomic"
 	"time"
 )
+
+// ErrCancelAtStop is the cause (context.Cause) of the context of a call cancelled as the
+// drain began because its controller's stop policy is reconcilers.CancelAtStop.
+var ErrCancelAtStop = errors.New(
+	"cancelled as the drain began: the controller's stop policy is reconcilers.CancelAtStop")
 
 // Captures counts the captures of every goroutine's stack that drain took to locate calls,
 // in this process: what tests and benchmarks of /debug/quiesce measure.
@@ -74,6 +82,10 @@ type CallOptions struct {
 	// for nor holds a MaxConcurrent slot.
 	Daemon bool
 
+	// CancelAtStop: the drain cancels the call's context as it begins, with the cause
+	// ErrCancelAtStop, instead of at CancelAfter (reconcilers.CancelAtStop; nested calls
+	// inherit it).
+	CancelAtStop bool
 	// NoSlot: the call never waits for nor holds a MaxConcurrent slot (webhook calls:
 	// MaxConcurrent bounds reconciles and their calls only).
 	NoSlot bool
@@ -119,13 +131,13 @@ type Core interface {
 	Now() time.Time
 	// Entries lists the oldest limit pending calls (all with limit < 0), located, as
 	// reports show them, and how many are pending.
-	Entries(limit int) (ents []Entry, total int)
+	Entries(limit int) (ents Entries, total int)
 	// Listing is Entries for /debug/quiesce: it copies the oldest limit calls (all with
 	// limit < 0) under the executor's lock and renders them outside it, locating them with
 	// any capture of the stacks taken in the last second, shared with every other asker;
 	// calls that began after that capture are listed without a location (Where and Handler
 	// empty). At most one capture a second, however many ask and however many calls begin.
-	Listing(limit int) (ents []Entry, total int)
+	Listing(limit int) (ents Entries, total int)
 	// Fence ends the context of every call still running at once, with cause, and returns
 	// how many it ended. runnable calls it when the lease is lost, once the drain began.
 	Fence(cause error) int
@@ -169,7 +181,7 @@ type CallKey struct{}
 type Call interface {
 	// Core returns the Core of the call's executor.
 	Core() Core
-	// Options returns the options the call was started with.
+	// Options returns the options the call was started with (its name in parts).
 	Options() CallOptions
 }
 
@@ -219,14 +231,19 @@ func Cut(s string) string {
 
 // Nested returns the options of a call named name nested in c: named "<c's name>/<name>",
 // of c's controller, reconcile and tag (reconcilers.Call and lifecycle's handlers).
+// The name stays in parts (one concatenation, not two: FullName puts it together).
 func Nested(c Call, name string) CallOptions {
 	outer := c.Options()
-	return CallOptions{
-		Name:        outer.FullName() + "/" + name,
-		Controller:  outer.Controller,
-		ReconcileID: outer.ReconcileID,
-		Tag:         outer.Tag,
+	o := CallOptions{
+		Name: outer.Name, Namespace: outer.Namespace, Object: outer.Object,
+		Controller: outer.Controller, ReconcileID: outer.ReconcileID, Tag: outer.Tag, CancelAtStop: outer.CancelAtStop,
 	}
+	if o.Object != "" {
+		o.Object += "/" + name
+	} else {
+		o.Name += "/" + name
+	}
+	return o
 }
 
 // CutError returns err with its text cut as Cut cuts a name, for an error whose text
@@ -258,3 +275,20 @@ type Entry struct {
 	Where       string `json:"where"`
 	Handler     string `json:"handler"`
 }
+
+// Entries are the calls a log line lists (its "calls" value). They render as a JSON array
+// of Entry under every logger: logr.Marshaler for zapr and funcr, slog.LogValuer for slog,
+// whose text handler would otherwise print Go structs.
+type Entries []Entry
+
+// MarshalLog implements logr.Marshaler.
+func (e Entries) MarshalLog() any { return []Entry(e) }
+
+// LogValue implements slog.LogValuer: slog's JSON handler writes the array, its text
+// handler the array's JSON text.
+func (e Entries) LogValue() slog.Value { return slog.AnyValue(entriesJSON(e)) }
+
+type entriesJSON []Entry
+
+func (e entriesJSON) MarshalJSON() ([]byte, error) { return json.Marshal([]Entry(e)) }
+func (e entriesJSON) MarshalText() ([]byte, error) { return e.MarshalJSON() }

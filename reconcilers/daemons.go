@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -22,36 +23,27 @@ import (
 	"github.com/quiesce-dev/quiesce/internal"
 )
 
-// DefaultDaemonStopTimeout is how long Daemons.Stop waits for a daemon to return by default
-// (DaemonsOptions.StopTimeout): a daemon's stop, not a process's (shutdowntest's
-// DefaultStopTimeout).
+// DefaultDaemonStopTimeout is the default of DaemonsOptions.StopTimeout.
 const DefaultDaemonStopTimeout = 5 * time.Second
 
-// DaemonsOptions configure NewDaemons. The zero value is valid: every zero field means the
-// documented default.
+// DaemonsOptions configure NewDaemons. Zero fields mean the documented defaults.
 type DaemonsOptions struct {
-	// Backoff is the delay before the first restart of a daemon that failed (returned an
-	// error or panicked); each further consecutive failure doubles it, up to MaxBackoff. A
-	// random jitter then shortens each delay by up to 10%, so that daemons that failed
-	// together do not all restart at the same moment. An attempt that ran for MaxBackoff or
-	// longer before failing was healthy: the next delay starts again from Backoff.
-	// 0 or negative: DefaultBackoff; above 100 years: 100 years.
+	// Backoff is the delay before the first restart of a failed daemon (an error or a
+	// panic); each further failure doubles it up to MaxBackoff, less a jitter of up to 10%.
+	// An attempt that ran MaxBackoff or longer starts again from Backoff. 0 or negative:
+	// DefaultBackoff; at most 100 years.
 	Backoff time.Duration
 
-	// MaxBackoff caps the restart delay. 0 or negative: DefaultMaxBackoff; below Backoff:
-	// Backoff; above 100 years: 100 years.
+	// MaxBackoff caps the delay. 0 or negative: DefaultMaxBackoff; at least Backoff.
 	MaxBackoff time.Duration
 
-	// StopTimeout is how long Stop waits for a signalled daemon to return. 0:
-	// DefaultDaemonStopTimeout.
-	// Negative: Stop only signals, and reports whether the daemon had already returned.
+	// StopTimeout is how long Stop waits for a signalled daemon. 0:
+	// DefaultDaemonStopTimeout; negative: Stop only signals.
 	StopTimeout time.Duration
 
-	// Logger receives the daemons' restarts and the stops that timed out; each line carries
-	// the keys controller, namespace, name and daemon. A daemon's fn finds it in its context
-	// (log.FromContext). The zero value, as in every quiesce Options but drain's:
-	// controller-runtime's logger (log.Log, which ctrl.SetLogger sets). logr.Discard() is
-	// the zero value too: to discard, pass logr.New(log.NullLogSink{}).
+	// Logger receives restarts and stops that timed out, with controller, namespace, name
+	// and daemon; fn finds it in its context. Zero (or logr.Discard()): log.Log; to
+	// discard, logr.New(log.NullLogSink{}).
 	Logger logr.Logger
 
 	// Clock times the restart backoffs and StopTimeout. nil: clock.RealClock{}.
@@ -84,7 +76,6 @@ type DaemonsStats struct {
 	Restarts uint64 // restarts after a daemon failed (returned an error or panicked)
 }
 
-// daemonRestarts counts restarts process-wide. registerDaemonRestarts registers it.
 var (
 	daemonRestarts = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "quiesce_daemon_restarts_total",
@@ -93,9 +84,8 @@ var (
 	daemonRestartsOnce sync.Once
 )
 
-// registerDaemonRestarts registers daemonRestarts in controller-runtime's metrics.Registry,
-// once: at the first NewDaemons, so that a process without daemons serves no such metric.
-// A counter of that name registered already (another copy of this package) is used instead.
+// registerDaemonRestarts registers daemonRestarts in metrics.Registry at the first
+// NewDaemons (or uses the one registered already).
 func registerDaemonRestarts() *prometheus.CounterVec {
 	daemonRestartsOnce.Do(func() {
 		err := metrics.Registry.Register(daemonRestarts)
@@ -109,27 +99,15 @@ func registerDaemonRestarts() *prometheus.CounterVec {
 	return daemonRestarts
 }
 
-// Daemons runs long-lived functions, one per object and daemon name, for as long as the
-// object exists: kopf's daemons. A reconciler calls Ensure while its object exists and Stop
-// once it is being deleted (or NotFound); failed daemons restart after a backoff, and the
-// drain stops them and waits for them.
+// Daemons runs kopf's daemons: long-lived functions, one per object and daemon name, while
+// the object exists. A reconciler calls Ensure while its object exists and Stop once it is
+// deleted; failed daemons restart after a backoff; the drain stops them and waits.
 //
-// Each daemon is a tracked call "<controller>/<namespace>/<name>/<daemon>" on a goroutine
-// of its own, listed with Pending.Daemon set and never counted as slow: running long is its
-// job. The drain ends every daemon's context the moment it begins, and starts or restarts
-// none after that. Daemons run where Ensure is called: with leader election, on the leader.
-//
-// Daemons are keyed by the object's namespace, name and the daemon's name, and carry the
-// object's UID: for an object recreated under the same name, the old daemon is signalled and
-// the new one starts once it returned.
-//
-// A daemon costs a goroutine while it runs, and is forgotten once it returned. One that
-// returned nil leaves a mark (its object's UID and generation) so that Ensure does not start
-// it again; Stop removes it, as kopf forgets a daemon that exited on its own when its object
-// is deleted. An Ensure that finds its daemon running allocates nothing.
-//
-// All methods are safe for concurrent use. Ensure never blocks (daemons take no
-// MaxConcurrent slot); Stop blocks up to StopTimeout.
+// Each is a tracked call "<controller>/<namespace>/<name>/<daemon>" with Pending.Daemon
+// set, never slow. Keyed by namespace, name and daemon, it carries the object's UID: for a
+// recreated object the old daemon is signalled and the new one starts once it returned. One
+// that returned nil leaves a mark (UID, generation) so Ensure does not start it again; Stop
+// removes it. Ensure never blocks; Stop blocks up to StopTimeout.
 type Daemons struct {
 	ex         *drain.Executor
 	controller string
@@ -148,7 +126,7 @@ type daemonKey struct {
 	namespace, name, daemon string
 }
 
-// daemon is one start of a daemon: its goroutine, its attempts and restarts.
+// daemon is one start of a daemon.
 type daemon struct {
 	uid        types.UID
 	generation int64
@@ -158,16 +136,14 @@ type daemon struct {
 	stopping bool // its context was ended by Stop or a recreated object; guarded by Daemons.mu
 }
 
-// doneMark is what is left of a daemon whose fn returned nil: the object it ran for.
+// doneMark is what is left of a daemon whose fn returned nil.
 type doneMark struct {
 	uid        types.UID
 	generation int64
 }
 
-// NewDaemons returns the Daemons of the controller named controller (the name given to
-// Wrap), running on ex (in an operator, the Executor of the runnable.Runnable). It panics
-// if ex is nil or not created by drain.New, or if controller is empty: programming errors
-// found at setup.
+// NewDaemons returns the Daemons of controller (the name given to Wrap) on ex. It panics on
+// a nil or foreign ex or an empty controller.
 func NewDaemons(ex *drain.Executor, controller string, opts DaemonsOptions) *Daemons {
 	if ex == nil {
 		panic("reconcilers.NewDaemons: nil executor")
@@ -188,30 +164,20 @@ func NewDaemons(ex *drain.Executor, controller string, opts DaemonsOptions) *Dae
 	return d
 }
 
-// Ensure makes sure the daemon named name runs fn for obj, and returns at once. obj must
-// be the object as read from the API server (it needs its UID).
+// Ensure makes sure the daemon name runs fn for obj (as read from the API server: it needs
+// its UID), and returns at once: call it on every reconcile. fn should loop until its
+// context ends: at Stop, when the object is recreated, when the drain begins. That context
+// outlives the reconcile and carries a logger with controller, namespace, name and daemon.
 //
-// If the daemon runs already for this object (same UID), Ensure does nothing: call it on
-// every reconcile. If it is not running, Ensure starts fn on a tracked goroutine. fn should
-// loop until its context ends, and then return: its context ends when Stop is called for
-// the object, when the object was recreated (see Daemons), and when the drain begins.
-// fn's context is not the reconcile's (it outlives it): it carries a logger with the keys
-// controller, namespace, name and daemon (log.FromContext), and reconcilers.Call inside fn
-// runs tracked calls named after the daemon.
+// fn failing (an error or a panic) while its context lives runs again after a backoff,
+// logged ("Daemon failed, restarting after a backoff") and counted (Stats,
+// quiesce_daemon_restarts_total). fn returning nil is done: not started again for the same
+// UID until metadata.generation grows or Stop is called. A changed object does not restart
+// a running daemon: read it inside fn.
 //
-// When fn returns an error or panics while its context is alive, it runs again after a
-// backoff (see DaemonsOptions.Backoff), logged (message "Daemon failed, restarting after a
-// backoff", with the stack of a panic) and counted (Stats, and the metric
-// quiesce_daemon_restarts_total). When it returns nil, the daemon is done: Ensure does not
-// start it again for the same object (same UID) until the object's generation
-// (metadata.generation) grows past the one it ran for, or Stop was called.
-// A running daemon is not restarted when its object changes: read the object inside fn.
-//
-// ctx is the reconcile's: if it ended already, Ensure starts nothing and returns its error.
-// Once the executor drains, Ensure starts nothing and returns an error for which
-// errors.Is(err, drain.ErrDraining) holds: returned from a reconciler given to Wrap, the
-// request is requeued quietly. An empty name, a nil fn, a nil obj or one without a UID
-// give an error wrapping drain.ErrInvalidCall.
+// If ctx ended, Ensure returns its error; once the executor drains, an error wrapping
+// drain.ErrDraining (requeued quietly by Wrap); an empty name, a nil fn or obj or one
+// without UID, drain.ErrInvalidCall.
 func (d *Daemons) Ensure(ctx context.Context, obj client.Object, name string, fn func(context.Context) error) error {
 	switch {
 	case name == "":
@@ -248,8 +214,7 @@ func (d *Daemons) Ensure(ctx context.Context, obj client.Object, name string, fn
 		return fmt.Errorf("failed to ensure daemon %q: %w", internal.Cut(name), err)
 	}
 	delete(d.finished, k)
-	// The old daemon, if any, belongs to a deleted object or to a stop: the new one waits
-	// for it to return first.
+	// An old daemon (a deleted object's, or stopped) returns before the new one runs.
 	var prev *daemon
 	if old != nil {
 		old.stopping = true
@@ -291,15 +256,12 @@ func (d *Daemons) Ensure(ctx context.Context, obj client.Object, name string, fn
 	return nil
 }
 
-// start starts fn as a tracked call of the executor named name, marked as a daemon, without
-// waiting for it: Pending lists it with Daemon set, it is never logged or counted as slow,
-// and the drain ends its context the moment it begins.
+// start starts fn as a tracked daemon call named name, without waiting for it.
 func (d *Daemons) start(ctx context.Context, name string, fn func(context.Context) error) error {
 	return internal.Of(d.ex).Go(ctx, internal.CallOptions{Name: name, Controller: d.controller, Daemon: true}, fn)
 }
 
-// joinDaemonName returns "<controller>/<namespace>/<name>/<daemon>", without the namespace
-// for cluster-scoped objects.
+// joinDaemonName returns "<controller>/[<namespace>/]<name>/<daemon>".
 func joinDaemonName(controller string, k daemonKey) string {
 	if k.namespace == "" {
 		return controller + "/" + k.name + "/" + k.daemon
@@ -307,16 +269,14 @@ func joinDaemonName(controller string, k daemonKey) string {
 	return controller + "/" + k.namespace + "/" + k.name + "/" + k.daemon
 }
 
-// run is the body of a daemon's tracked call: it waits for its predecessor, then runs fn,
-// restarting it after a backoff while it fails and its context is alive.
+// run waits for dm's predecessor, then runs fn, restarting it after a backoff while it
+// fails and its context lives.
 func (d *Daemons) run(ctx context.Context, logger logr.Logger, k daemonKey, dm *daemon, prev *daemon,
 	fn func(context.Context) error) {
 	finished := false
 	defer func() { d.exited(k, dm, finished) }()
 	if prev != nil {
-		// One daemon per object and name at a time: the old object's daemon was signalled
-		// and returns first. It is waited for even if this one is stopped meanwhile, so that
-		// whoever waits for this one (Stop, the drain) waits for both.
+		// Waited for even if this one stops meanwhile: whoever waits for this one waits for both.
 		<-prev.done
 	}
 	b := d.newBackoff()
@@ -355,12 +315,10 @@ func (d *Daemons) run(ctx context.Context, logger logr.Logger, k daemonKey, dm *
 
 // newBackoff returns the backoff of a daemon's restarts, its jitter applied by run.
 func (d *Daemons) newBackoff() wait.Backoff {
-	// 63 doublings take any delay from 1ns past the ceiling; after that Step returns Cap.
 	return wait.Backoff{Duration: d.opts.Backoff, Factor: 2, Steps: 64, Cap: d.opts.MaxBackoff}
 }
 
-// attempt runs fn once; a panic becomes a *drain.PanicError, so that the daemon restarts
-// instead of ending its tracked call.
+// attempt runs fn once; a panic becomes a *drain.PanicError, and the daemon restarts.
 func (d *Daemons) attempt(ctx context.Context, fn func(context.Context) error) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
@@ -386,16 +344,11 @@ func (d *Daemons) exited(k daemonKey, dm *daemon, finished bool) {
 	close(dm.done)
 }
 
-// Stop signals the daemon named name of the object key (its context ends) and waits up to
-// StopTimeout for it to return. It reports whether the daemon is stopped: true when its fn
-// returned (the executor unlists its call a moment later), or when none runs (Stop is
-// idempotent); false when it still runs after StopTimeout, in which case it stays
-// signalled and tracked: call Stop again later (for example after a requeue) before
-// releasing the object's finalizer. It returns ctx.Err() if ctx ends first, and an error
-// wrapping drain.ErrInvalidCall for an empty name.
-//
-// Stop works during a drain too. It takes a key, not an object, so that a reconciler that
-// got NotFound can call it with the request's NamespacedName.
+// Stop signals the daemon name of the object key and waits up to StopTimeout for it. It
+// reports whether it stopped: true once fn returned or when none runs; false if it still
+// runs, signalled and tracked (call Stop again before releasing the finalizer). It returns
+// ctx.Err() if ctx ends first, drain.ErrInvalidCall for an empty name. It works during a
+// drain too, and takes a key so that a reconciler that got NotFound can call it.
 func (d *Daemons) Stop(ctx context.Context, key client.ObjectKey, name string) (stopped bool, err error) {
 	if name == "" {
 		return false, fmt.Errorf("failed to stop daemon: empty name: %w", drain.ErrInvalidCall)
@@ -447,3 +400,12 @@ func (d *Daemons) Stats() DaemonsStats {
 	d.mu.Unlock()
 	return DaemonsStats{Running: running, Restarts: d.restarted.Load()}
 }
+
+// Defaults of the retry delays of DaemonsOptions and lifecycle.HandlersOptions.
+const (
+	DefaultBackoff    = time.Second     // before the first retry, less the jitter
+	DefaultMaxBackoff = 5 * time.Minute // between retries
+)
+
+// jitterRand picks each jitter in [0, 1). Tests replace it.
+var jitterRand = rand.Float64

@@ -22,16 +22,10 @@ import (
 
 // The reasons of the Warning Events recorded through WrapOptions.Recorder.
 const (
-	// ReasonReconcileSlow: a reconcile of the object (or a Call inside it) was found slow by
-	// a "Slow calls" line (drain.Options.SlowAfter). Recorded once per object for as long
-	// as it stays slow.
-	ReasonReconcileSlow = "ReconcileSlow"
-	// ReasonReconcileAbandoned: a reconcile of the object, or a Call inside it, was still
-	// running at the end of the grace period; it is cut off when the process exits.
-	ReasonReconcileAbandoned = "ReconcileAbandoned"
+	ReasonReconcileSlow      = "ReconcileSlow"      // in a "Slow calls" line; once while it stays slow
+	ReasonReconcileAbandoned = "ReconcileAbandoned" // still running at the end of the grace period
 )
 
-// eventAction is the action of the Events (events.k8s.io/v1 requires one).
 const eventAction = "Reconcile"
 
 // eventer is the internal.Observer of one controller wrapped with WrapOptions.Recorder.
@@ -44,8 +38,7 @@ type eventer struct {
 	failed     sync.Once
 }
 
-// newEventer returns the eventer of o for a controller with requests of type R. It panics
-// on a misconfiguration: found at setup, not at the first slow reconcile.
+// newEventer returns the eventer of o; it panics on misconfiguration, at setup.
 func newEventer[R comparable](controller string, o WrapOptions) *eventer {
 	var zero R
 	if _, ok := any(zero).(reconcile.Request); !ok {
@@ -59,8 +52,7 @@ func newEventer[R comparable](controller string, o WrapOptions) *eventer {
 	return &eventer{rec: o.Recorder, reader: o.Reader, obj: o.Object, controller: controller, locations: o.EventLocations}
 }
 
-// where returns a location as the Events show it: "pkg.Func (file.go:123)" with
-// EventLocations, else "pkg.Func" (function names hold no space).
+// where returns a location as Events show it (without file and line unless EventLocations).
 func (ev *eventer) where(loc string) string {
 	if ev.locations {
 		return loc
@@ -69,9 +61,7 @@ func (ev *eventer) where(loc string) string {
 	return fn
 }
 
-// eventTag marks the calls of one wrapped reconcile and its Calls
-// (internal.CallOptions.Tag): the reconcile and what it started are one episode, recorded
-// as slow at most once.
+// eventTag marks a reconcile's calls (CallOptions.Tag): one episode, slow at most once.
 type eventTag struct {
 	ev   *eventer
 	key  types.NamespacedName
@@ -84,9 +74,8 @@ func (ev *eventer) tag(req any) any {
 	return &eventTag{ev: ev, key: r.NamespacedName}
 }
 
-// mine returns the calls of ev's reconciles among calls, one per object (the innermost
-// call, the youngest of them: it says best where the reconcile waits), oldest first, with
-// the tags of each object's calls.
+// mine returns ev's calls, one per object (the innermost: it says best where the
+// reconcile waits), oldest first, with the tags of each object's calls.
 func (ev *eventer) mine(calls []internal.Observed) (keys []types.NamespacedName,
 	by map[types.NamespacedName]internal.Entry, tags map[types.NamespacedName][]*eventTag) {
 	by = map[types.NamespacedName]internal.Entry{}
@@ -105,8 +94,7 @@ func (ev *eventer) mine(calls []internal.Observed) (keys []types.NamespacedName,
 	return keys, by, tags
 }
 
-// Slow records ReasonReconcileSlow for the objects whose reconcile is newly among the slow
-// calls.
+// Slow records ReasonReconcileSlow for objects whose reconcile is newly slow.
 func (ev *eventer) Slow(ctx context.Context, calls []internal.Observed) {
 	keys, by, tags := ev.mine(calls)
 	for _, k := range keys {
@@ -138,8 +126,7 @@ func (ev *eventer) Abandoned(ctx context.Context, calls []internal.Observed) {
 	}
 }
 
-// record hands one Warning Event about the object key to the recorder, which sends it
-// asynchronously. A failure to read the object is logged once.
+// record hands a Warning Event on key to the recorder; a failed read is logged once.
 func (ev *eventer) record(ctx context.Context, key types.NamespacedName, reason, msg string) {
 	regarding, err := ev.regarding(ctx, key)
 	if err != nil {
@@ -155,9 +142,8 @@ func (ev *eventer) record(ctx context.Context, key types.NamespacedName, reason,
 	ev.rec.Eventf(regarding, nil, corev1.EventTypeWarning, reason, eventAction, "%s", internal.TruncateMessage(msg))
 }
 
-// regarding reads the object key and returns the Event's regarding object: a reference
-// with its kind and UID (which `kubectl describe` matches), or the object itself when the
-// reader knows no scheme to find its kind. nil: the object is gone.
+// regarding returns the Event's regarding object: a reference with kind and UID, or the
+// object itself without a scheme; nil once the object is gone.
 func (ev *eventer) regarding(ctx context.Context, key types.NamespacedName) (runtime.Object, error) {
 	obj, ok := ev.obj.DeepCopyObject().(client.Object)
 	if !ok {

@@ -70,7 +70,7 @@ func ExampleCall() {
 // Options: requests that arrive once the executor drains are requeued after RequeueAfter,
 // and a slow reconcile records a Warning Event on its object through Recorder.
 func ExampleWrap_options() {
-	ex := drain.New(drain.Options{SlowAfter: 10 * time.Millisecond})
+	ex := drain.New(drain.Options{SlowAfter: drain.MinSlowAfter})
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web", UID: "6e1f"}}
 	// On controller-runtime v0.23 and later: mgr.GetEventRecorder("memcached"); on v0.22:
 	// events.NewEventBroadcasterAdapter(clientset).NewRecorder("memcached").

@@ -578,3 +578,29 @@ func TestRefusedRequestNotHeldWithoutTheRunnablesDrain(t *testing.T) {
 		}
 	})
 }
+
+// A Call from a goroutine that outlived its reconcile, made once the executor drains, is
+// refused with an error wrapping drain.ErrDraining, as Call's doc says (it returned the
+// reconcile context's context.Canceled).
+func TestLateCallOfAReturnedReconcileIsRefusedWithErrDraining(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ex := drain.New(drain.Options{})
+		late := make(chan error, 1)
+		r := reconcilers.Wrap(ex, "cm", reconcile.Func(func(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+			go func() {
+				<-ex.Draining()
+				late <- reconcilers.Call(ctx, "late", func(context.Context) error { return nil })
+			}()
+			return reconcile.Result{}, nil
+		}), reconcilers.WrapOptions{})
+		if _, err := r.Reconcile(context.Background(), request("ns", "obj")); err != nil {
+			t.Fatal(err)
+		}
+		if err := ex.Drain(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-late; !errors.Is(err, drain.ErrDraining) {
+			t.Fatalf("late Call = %v, want an error wrapping drain.ErrDraining", err)
+		}
+	})
+}

@@ -76,7 +76,7 @@ var _ = Describe("Options.Recorder", func() {
 			mgr := newManager(inNamespace(ns))
 			var logs logLines
 			q, err := addQuiesce(mgr, runnable.Options{
-				Logger: logs.logger(), SlowAfter: 500 * time.Millisecond, ReportEvery: 500 * time.Millisecond,
+				Logger: logs.logger(), SlowAfter: time.Second, ReportEvery: 500 * time.Millisecond,
 				GracePeriod: 2 * time.Second,
 			})
 			Expect(err).NotTo(HaveOccurred())

@@ -262,7 +262,7 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 		ns := newNamespace(ctx)
 		mgr := newManager(inNamespace(ns))
 		var logs logLines
-		q, err := addQuiesce(mgr, runnable.Options{Logger: logs.logger(), ReportAfter: time.Millisecond})
+		q, err := addQuiesce(mgr, runnable.Options{Logger: logs.logger(), ReportAfter: drain.MinReportAfter})
 		Expect(err).NotTo(HaveOccurred())
 		reconciled := make(chan struct{}, 1)
 		Expect(ctrl.NewControllerManagedBy(mgr).For(&corev1.ConfigMap{}).Named("quiet").

@@ -8,7 +8,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/client-go/tools/record"
@@ -27,90 +31,47 @@ const (
 	defaultLeaseDuration = 15 * time.Second
 )
 
-// ObserveLease lets quiesce observe this replica's lease, so that the contexts it keeps
-// alive end with the replica's leadership. Call it on the manager's Options once they are
-// complete, before ctrl.NewManager; Add (Options.ManagerOptions: the same Options)
-// connects it. With opts.LeaderElection off it does nothing; with it on, Add fails
-// unless ObserveLease was called.
-//
-// It sets opts.LeaderElectionResourceLockInterface to the lock that controller-runtime
-// would use (leaderelection.NewResourceLock, from opts' LeaderElectionID,
-// LeaderElectionNamespace, LeaderElectionResourceLock, RenewDeadline and
-// LeaderElectionLabels, on a copy of opts.LeaderElectionConfig or else of cfg: neither is
-// changed), or to the lock opts hold
-// already, wrapped: every read and write of the lease goes through unchanged, and quiesce
-// sees each renewal. Then:
-//
-//   - fencing: the context of every tracked call ends, with the cause "leader election
-//     lost", RetryPeriod + RenewDeadline after the last renewal that succeeded unless
-//     another one succeeded meanwhile (client-go's elector waits RetryPeriod after a
-//     renewal, then retries for RenewDeadline before it gives the lease up: quiesce refuses
-//     no renewal it would still make), never later than LeaseDuration after it (when
-//     another replica may acquire the lease), or as soon
-//     as a read of the lease shows another holder; one line, "Leadership lost: cancelling
-//     calls", says when the last renewal succeeded. From then on the replica never writes
-//     the lease again, so its elector gives up too and the manager stops, as
-//     controller-runtime stops on a lost lease. This holds in steady state, during
-//     ShutdownDelay and during the drain;
-//   - no campaigning once the stop began: from the start of the stop (SIGTERM, the start
-//     of ShutdownDelay) a replica that does not hold the lease never acquires it (its
-//     elector logs the refused write); the leader renews it until its drain is over, and
-//     releases it then if LeaderElectionReleaseOnCancel is set.
-//
-// With opts.LeaderElectionConfig set (the lease in another cluster), the elector's
-// Events ("became leader") are not recorded. ObserveLease is idempotent.
-func ObserveLease(cfg *rest.Config, opts *manager.Options) error {
-	if opts == nil {
-		return errors.New("failed to observe the lease: nil manager Options")
+// observeLease returns the lock that Setup installs with leader election on: the lock
+// controller-runtime would build (leaderelection.NewResourceLock from mo's LeaderElection*
+// fields and RenewDeadline, on a copy of mo.LeaderElectionConfig or else of cfg: neither is
+// changed), or the one mo holds, wrapped. Every read and write of the lease goes through
+// unchanged; quiesce sees each renewal, fences when the lease is lost, and refuses to
+// acquire the lease once the stop began (see Setup).
+func observeLease(cfg *rest.Config, mo *manager.Options) (*leaseObserver, error) {
+	l := &leaseObserver{inner: mo.LeaderElectionResourceLockInterface,
+		renewDeadline: orDefault(mo.RenewDeadline, defaultRenewDeadline),
+		retryPeriod:   orDefault(mo.RetryPeriod, defaultRetryPeriod),
+		leaseDuration: orDefault(mo.LeaseDuration, defaultLeaseDuration)}
+	if !internal.IsNil(l.inner) {
+		return l, nil
 	}
-	if !opts.LeaderElection {
-		return nil
+	lcfg := cfg
+	if mo.LeaderElectionConfig != nil {
+		// The lease lives in another cluster: so do its Events, as controller-runtime records them.
+		lcfg, l.events.cluster = mo.LeaderElectionConfig, rest.CopyConfig(mo.LeaderElectionConfig)
 	}
-	if _, ok := opts.LeaderElectionResourceLockInterface.(*leaseObserver); ok {
-		return nil
+	if lcfg == nil {
+		return nil, errors.New("failed to observe the lease: nil rest.Config (pass the one given to ctrl.NewManager)")
 	}
-	deadline := defaultRenewDeadline
-	if opts.RenewDeadline != nil {
-		deadline = *opts.RenewDeadline
+	// A copy, as controller-runtime passes one: NewResourceLock sets the user agent and a
+	// Timeout of RenewDeadline/2 on the config it is given.
+	inner, err := leaderelection.NewResourceLock(rest.CopyConfig(lcfg), &l.events, leaderelection.Options{
+		LeaderElection:             true,
+		LeaderElectionResourceLock: mo.LeaderElectionResourceLock,
+		LeaderElectionID:           mo.LeaderElectionID,
+		LeaderElectionNamespace:    mo.LeaderElectionNamespace,
+		RenewDeadline:              l.renewDeadline,
+		LeaderLabels:               mo.LeaderElectionLabels,
+	})
+	switch {
+	case err != nil && mo.LeaderElectionNamespace == "": // outside a cluster (make run)
+		return nil, fmt.Errorf("failed to observe the lease: %w (set LeaderElectionNamespace in the "+
+			"manager's Options, e.g. os.Getenv(\"POD_NAMESPACE\"), or run without --leader-elect)", err)
+	case err != nil:
+		return nil, fmt.Errorf("failed to observe the lease: %w", err)
 	}
-	l := &leaseObserver{inner: opts.LeaderElectionResourceLockInterface, renewDeadline: deadline,
-		retryPeriod:   orDefault(opts.RetryPeriod, defaultRetryPeriod),
-		leaseDuration: orDefault(opts.LeaseDuration, defaultLeaseDuration)}
-	if internal.IsNil(l.inner) { // unset, or a typed nil: controller-runtime's own lock
-		l.inner = nil
-		lcfg := cfg
-		if opts.LeaderElectionConfig != nil {
-			lcfg = opts.LeaderElectionConfig
-		}
-		if lcfg == nil {
-			return errors.New("failed to observe the lease: nil rest.Config (pass the one given to ctrl.NewManager)")
-		}
-		events := &l.events
-		if opts.LeaderElectionConfig != nil {
-			events = &lockEvents{} // never connected: its Events are dropped
-		}
-		// A copy, as controller-runtime passes one: NewResourceLock sets the user agent and a
-		// Timeout of RenewDeadline/2 on the config it is given.
-		inner, err := leaderelection.NewResourceLock(rest.CopyConfig(lcfg), events, leaderelection.Options{
-			LeaderElection:             true,
-			LeaderElectionResourceLock: opts.LeaderElectionResourceLock,
-			LeaderElectionID:           opts.LeaderElectionID,
-			LeaderElectionNamespace:    opts.LeaderElectionNamespace,
-			RenewDeadline:              deadline,
-			LeaderLabels:               opts.LeaderElectionLabels,
-		})
-		if err != nil {
-			if opts.LeaderElectionNamespace == "" {
-				// controller-runtime's lock needs a namespace outside a cluster (make run).
-				return fmt.Errorf("failed to observe the lease: %w (set LeaderElectionNamespace in the "+
-					"manager's Options, e.g. os.Getenv(\"POD_NAMESPACE\"), or run without --leader-elect)", err)
-			}
-			return fmt.Errorf("failed to observe the lease: %w", err)
-		}
-		l.inner = inner
-	}
-	opts.LeaderElectionResourceLockInterface = l
-	return nil
+	l.inner = inner
+	return l, nil
 }
 
 // errNotCampaigning is the error of a write that would acquire the lease once the stop began.
@@ -119,15 +80,15 @@ var errNotCampaigning = errors.New("quiesce: this replica is stopping: it does n
 // errLeaseLost is the error of every write of the lease once quiesce fenced.
 var errLeaseLost = errors.New("quiesce: the lease was lost: this replica no longer writes it")
 
-// leaseObserver is the resourcelock.Interface that ObserveLease installs: it passes every
-// call to inner and watches the outcome.
+// leaseObserver is the resourcelock.Interface that Setup installs with leader election on:
+// it passes every call to inner and watches the outcome.
 type leaseObserver struct {
 	inner         resourcelock.Interface
 	renewDeadline time.Duration
 	retryPeriod   time.Duration // 0 in tests: the fence is at RenewDeadline
 	leaseDuration time.Duration // 0 in tests: no cap
 	events        lockEvents
-	r             atomic.Pointer[Runnable] // connected by Add
+	r             atomic.Pointer[Runnable] // set by Setup
 
 	mu          sync.Mutex
 	held        bool        // the last write of ours that succeeded made us the holder
@@ -140,16 +101,6 @@ type leaseObserver struct {
 }
 
 var _ resourcelock.Interface = (*leaseObserver)(nil)
-
-// connect connects l to r; false if it is connected to another Runnable.
-func (l *leaseObserver) connect(r *Runnable) bool { return l.r.CompareAndSwap(nil, r) }
-
-// disconnect undoes connect(r), for an Add that failed.
-func (l *leaseObserver) disconnect(r *Runnable) {
-	if l != nil {
-		l.r.CompareAndSwap(r, nil)
-	}
-}
 
 func (l *leaseObserver) clock() clock.WithTickerAndDelayedExecution {
 	if r := l.r.Load(); r != nil {
@@ -292,22 +243,43 @@ func (l *leaseObserver) RecordEvent(s string) { l.inner.RecordEvent(s) }
 func (l *leaseObserver) Identity() string     { return l.inner.Identity() }
 func (l *leaseObserver) Describe() string     { return l.inner.Describe() }
 
-// lockEvents is the recorder.Provider given to leaderelection.NewResourceLock: the lock's
-// Events go to the manager's recorder once Add connected it (mgr.GetEventRecorderFor, as
-// controller-runtime itself does), and are dropped before (the elector records none before
-// the manager starts). Embedding the interface keeps it a recorder.Provider across
-// controller-runtime releases; only GetEventRecorderFor is ever called.
+// lockEvents is the recorder.Provider given to leaderelection.NewResourceLock. The lock's
+// Events ("became leader") go where controller-runtime records them: to the manager's
+// recorder once Add set it (mgr.GetEventRecorderFor), or, with LeaderElectionConfig, to the
+// lease's cluster through a broadcaster made at the first Event and, as controller-runtime's
+// own for that cluster, never stopped. Before, they are dropped: the elector records none
+// before the manager starts. Embedding the interface keeps it a recorder.Provider across
+// controller-runtime releases; only GetEventRecorderFor is called.
 type lockEvents struct {
 	recorder.Provider
-	to atomic.Pointer[record.EventRecorder]
+	to      atomic.Pointer[record.EventRecorder]
+	cluster *rest.Config // LeaderElectionConfig, or nil
+	name    string       // the name the lock asked its recorder for: the Events' source
+	once    sync.Once
+	caster  record.EventBroadcaster
 }
 
-func (p *lockEvents) GetEventRecorderFor(string) record.EventRecorder { return (*lockRecorder)(p) }
+func (p *lockEvents) GetEventRecorderFor(name string) record.EventRecorder {
+	p.name = name // called once, by NewResourceLock, before the lock is shared
+	return (*lockRecorder)(p)
+}
 
-// lockRecorder forwards to the recorder Add connected, if any.
+// lockRecorder forwards to the recorder of its lockEvents, if any.
 type lockRecorder lockEvents
 
 func (r *lockRecorder) get() record.EventRecorder {
+	if r.cluster != nil {
+		r.once.Do(func() {
+			cs, err := kubernetes.NewForConfig(r.cluster)
+			if err != nil {
+				return // not for a config that NewResourceLock accepted
+			}
+			r.caster = record.NewBroadcaster()
+			r.caster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cs.CoreV1().Events("")})
+			var rec record.EventRecorder = r.caster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: r.name})
+			r.to.Store(&rec)
+		})
+	}
 	if p := r.to.Load(); p != nil {
 		return *p
 	}
@@ -336,9 +308,38 @@ func (r *lockRecorder) AnnotatedEventf(obj runtime.Object, annotations map[strin
 
 // used reports whether a write of this replica's ever succeeded through l. Once the manager
 // says it leads (Elected closed), false means its elector holds the lease through another
-// lock: the manager was made before ObserveLease installed l.
+// lock, or none.
 func (l *leaseObserver) used() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.acquired
 }
+
+// electionOff is the lock Setup installs when leader election is off. controller-runtime
+// uses LeaderElectionResourceLockInterface only with leader election on, so a use of it
+// means that leader election was turned on, in the Options given to ctrl.NewManager,
+// after Setup saw it off: nothing would fence this replica's calls. It refuses every call,
+// so that the replica never leads, and makes the Runnable's Start (and so mgr.Start) return
+// errElectionAfterSetup.
+type electionOff struct {
+	r    *Runnable
+	once sync.Once
+}
+
+var errElectionAfterSetup = errors.New("failed to start quiesce runnable: leader election was turned on " +
+	"after runnable.Setup saw it off, so a lost lease would fence nothing: call " +
+	"runnable.Setup(cfg, &mgrOpts, opts) once mgrOpts.LeaderElection is set, and give ctrl.NewManager that same mgrOpts")
+
+func (l *electionOff) refuse() error {
+	l.once.Do(func() { l.r.misuse <- errElectionAfterSetup })
+	return errElectionAfterSetup
+}
+
+func (l *electionOff) Get(context.Context) (*resourcelock.LeaderElectionRecord, []byte, error) {
+	return nil, nil, l.refuse()
+}
+func (l *electionOff) Create(context.Context, resourcelock.LeaderElectionRecord) error { return l.refuse() }
+func (l *electionOff) Update(context.Context, resourcelock.LeaderElectionRecord) error { return l.refuse() }
+func (l *electionOff) RecordEvent(string)                                              {}
+func (l *electionOff) Identity() string                                                { return "quiesce-leader-election-off" }
+func (l *electionOff) Describe() string                                                { return "quiesce: leader election off at runnable.Setup" }

@@ -268,10 +268,11 @@ func (r *Runnable) ReadyzCheck(*http.Request) error {
 // abandoned calls in one line (AbandonedMessage) and returns an error counting them that
 // wraps the *drain.PendingError listing them all.
 //
-// It returns an error at once on a second Start, when ShutdownDelay is set and the
-// manager's context did not come from StopContext, and, as soon as it is seen, when the
-// manager's leader election uses the lock that Setup installed with leader election off
-// (turned on after Setup: nothing would fence), which mgr.Start then returns. A lost lease
+// It returns an error at once on a second Start, and when ShutdownDelay is set but the
+// manager's context did not come from StopContext. It drains and returns an error naming
+// the fix, which mgr.Start returns, as soon as the manager shows it was not made from the
+// Options Setup prepared: it leads without the lock of Setup, or its leader election uses
+// the lock Setup installed with leader election off (turned on after Setup). A lost lease
 // starts the drain early, with every call's context ended.
 func (r *Runnable) Start(ctx context.Context) error {
 	if !r.started.CompareAndSwap(false, true) {
@@ -295,7 +296,9 @@ func (r *Runnable) Start(ctx context.Context) error {
 			done = true
 		case <-elected:
 			elected = nil
-			r.checkLeaseObserved()
+			if l := r.lease.Load(); l != nil && !l.used() {
+				misuse, done = errLeadsWithoutLock, true
+			}
 		case <-ctx.Done():
 			done = true
 		}
@@ -310,20 +313,10 @@ func (r *Runnable) Start(ctx context.Context) error {
 	return r.err
 }
 
-// checkLeaseObserved logs an error when the manager leads but the lock Setup installed
-// never saw this replica acquire the lease: nothing fences when the lease is lost.
-func (r *Runnable) checkLeaseObserved() {
-	if l := r.lease.Load(); l != nil && !l.used() {
-		safely(func() {
-			r.log.Error(errLeaseNotObserved, "Leader election does not use the lock of runnable.Setup: "+
-				"calls are not fenced on a lost lease",
-				"fix", "call runnable.Setup(cfg, &mgrOpts, opts) before ctrl.NewManager(cfg, mgrOpts), with the same mgrOpts")
-		})
-	}
-}
-
-var errLeaseNotObserved = errors.New("the manager leads without the lock that runnable.Setup installed " +
-	"(leader election off in the Options given to ctrl.NewManager, or another lock)")
+var errLeadsWithoutLock = errors.New("failed to start quiesce runnable: the manager leads without the lease " +
+	"lock of runnable.Setup (it was made before Setup, or from a copy of the Options with another lock or with " +
+	"leader election off), so a lost lease would fence nothing: call runnable.Setup(cfg, &mgrOpts, opts) " +
+	"before ctrl.NewManager(cfg, mgrOpts), with the same mgrOpts")
 
 // stopLog is the logger of the stop's lines: at the default verbosity when the stop waits
 // (a ShutdownDelay, or calls pending), at V(1) otherwise, as kopf says nothing when nothing

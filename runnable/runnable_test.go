@@ -13,7 +13,9 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 	"go.uber.org/goleak"
+	"k8s.io/client-go/rest"
 	clocktesting "k8s.io/utils/clock/testing"
+	ctrl "sigs.k8s.io/controller-runtime"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -227,7 +229,11 @@ func TestStartTwiceOrAfterTheDrainFails(t *testing.T) {
 }
 
 func TestAddWithNilManager(t *testing.T) {
-	if _, err := runnable.Add(nil, runnable.Options{}); err == nil {
+	q, err := runnable.Setup(&rest.Config{}, &ctrl.Options{}, runnable.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Add(nil); err == nil {
 		t.Fatal("Add(nil) = nil error")
 	}
 }

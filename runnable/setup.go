@@ -89,7 +89,7 @@ func Setup(cfg *rest.Config, mgrOpts *manager.Options, opts Options) (*Runnable,
 		inner = webhook.NewServer(webhook.Options{}) // controller-runtime's default
 	}
 	ws := &webhookServer{inner: inner, r: r}
-	r.setup = &setupState{mgrOpts: mgrOpts, opts: opts, webhooks: ws, lease: lease}
+	r.setup = &setupState{mgrOpts: mgrOpts, opts: opts, webhooks: ws, lease: lease, lock: lock}
 	mgrOpts.LeaderElectionResourceLockInterface, mgrOpts.WebhookServer = lock, ws
 	return r, nil
 }
@@ -100,6 +100,7 @@ type setupState struct {
 	opts     Options
 	webhooks *webhookServer
 	lease    *leaseObserver // nil with leader election off
+	lock     resourcelock.Interface
 	added    atomic.Bool
 }
 
@@ -156,10 +157,10 @@ func (r *Runnable) Add(mgr manager.Manager) error {
 	case s == nil:
 		return errors.New("failed to add quiesce runnable: it was not made by runnable.Setup " +
 			"(call runnable.Setup before ctrl.NewManager; runnable.New is for use without a manager)")
-	case mgr.GetWebhookServer() != webhook.Server(s.webhooks):
-		return errors.New("failed to add quiesce runnable: the manager was not made from the Options given to " +
-			"runnable.Setup: call q, err := runnable.Setup(cfg, &mgrOpts, opts) before ctrl.NewManager(cfg, mgrOpts), " +
-			"with the same mgrOpts, and set mgrOpts.WebhookServer before Setup")
+	case s.mgrOpts.WebhookServer != webhook.Server(s.webhooks) || s.mgrOpts.LeaderElection != (s.lease != nil) ||
+		s.mgrOpts.LeaderElectionResourceLockInterface != s.lock:
+		return errors.New("failed to add quiesce runnable: the manager's WebhookServer, LeaderElection or " +
+			"LeaderElectionResourceLockInterface changed after runnable.Setup: call Setup once mgrOpts is complete")
 	}
 	if err := checkBudget(s.opts, s.mgrOpts); err != nil {
 		return fmt.Errorf("failed to add quiesce runnable: %w", err)

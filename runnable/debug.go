@@ -19,7 +19,7 @@ import (
 const (
 	defaultDebugLimit = internal.MaxListed
 	maxDebugCalls     = 1000
-	maxDebugBytes     = 512 << 10
+	maxDebugBytes     = 256 << 10
 	debugRate         = 5
 	debugBurst        = 10
 )
@@ -45,7 +45,7 @@ type debugState struct {
 //
 // count is the number of pending calls; calls lists the oldest 20, or the oldest N with
 // ?limit=N, or all with ?limit=all (anything else: 400), but never more than 1,000 calls
-// nor 512 KiB of them: truncated says when the caps cut the list short of what was asked.
+// nor 256 KiB of them: truncated says when the caps cut the list short of what was asked.
 // Names and locations longer than 256 bytes are cut, and say so.
 //
 // What a request costs is bounded: the calls listed are copied under the executor's lock

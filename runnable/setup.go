@@ -193,6 +193,7 @@ func (r *Runnable) attach(mgr manager.Manager) error {
 		if err != nil {
 			return fmt.Errorf("failed to listen on %s for the quiesce debug view: %w", s.opts.name("DebugAddress"), err)
 		}
+		r.log.Info("Serving the debug view on loopback", "address", ln.Addr().String(), "path", DebugPath)
 		mux := http.NewServeMux()
 		mux.Handle(DebugPath, r)
 		timeout := time.Second

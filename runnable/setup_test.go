@@ -2,6 +2,7 @@ package runnable_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"reflect"
@@ -293,5 +294,44 @@ func TestSetupServesDebugFromTheRealMetricsServer(t *testing.T) {
 				t.Fatalf("log = %q, want one V(1) line with %q", logs, tc.v1)
 			}
 		})
+	}
+}
+
+// Options.DebugAddress serves DebugPath on a loopback listener of its own, for operators
+// whose metrics server has no filter (issue 45), from Add until the manager stops.
+func TestDebugAddressServesOnLoopback(t *testing.T) {
+	var logs capture
+	mo := ctrl.Options{}
+	mgr, q := setupManager(t, &mo, runnable.Options{DebugAddress: "127.0.0.1:0", Logger: logs.logger()})
+	var addr string
+	for _, l := range logs.all() {
+		if _, rest, ok := strings.Cut(l, `"msg"="Serving the debug view on loopback" "address"="`); ok {
+			addr, _, _ = strings.Cut(rest, `"`)
+		}
+	}
+	if !strings.HasPrefix(addr, "127.0.0.1:") {
+		t.Fatalf("log %q, want the address served", logs.all())
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(q.StopContext(ctx)) }()
+	// The listener is bound from Add on: the request waits until the manager serves it.
+	client := &http.Client{Timeout: time.Minute}
+	res, err := client.Get("http://" + addr + runnable.DebugPath + "?limit=0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var body struct{ Count *int }
+	if err := json.NewDecoder(res.Body).Decode(&body); err != nil || res.StatusCode != http.StatusOK || body.Count == nil {
+		t.Fatalf("GET %s: %d, %+v, %v; want the debug view", addr, res.StatusCode, body, err)
+	}
+	_ = res.Body.Close()
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	client.CloseIdleConnections()
+	if _, err := client.Get("http://" + addr + runnable.DebugPath); err == nil {
+		t.Fatal("the debug listener still serves after the manager stopped")
 	}
 }

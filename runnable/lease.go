@@ -338,8 +338,12 @@ func (l *electionOff) refuse() error {
 func (l *electionOff) Get(context.Context) (*resourcelock.LeaderElectionRecord, []byte, error) {
 	return nil, nil, l.refuse()
 }
-func (l *electionOff) Create(context.Context, resourcelock.LeaderElectionRecord) error { return l.refuse() }
-func (l *electionOff) Update(context.Context, resourcelock.LeaderElectionRecord) error { return l.refuse() }
-func (l *electionOff) RecordEvent(string)                                              {}
-func (l *electionOff) Identity() string                                                { return "quiesce-leader-election-off" }
-func (l *electionOff) Describe() string                                                { return "quiesce: leader election off at runnable.Setup" }
+func (l *electionOff) Create(context.Context, resourcelock.LeaderElectionRecord) error {
+	return l.refuse()
+}
+func (l *electionOff) Update(context.Context, resourcelock.LeaderElectionRecord) error {
+	return l.refuse()
+}
+func (l *electionOff) RecordEvent(string) {}
+func (l *electionOff) Identity() string   { return "quiesce-leader-election-off" }
+func (l *electionOff) Describe() string   { return "quiesce: leader election off at runnable.Setup" }

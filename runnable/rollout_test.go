@@ -160,4 +160,3 @@ func TestFailedAddLeavesTheManagerAsItWas(t *testing.T) {
 func noFilter(*rest.Config, *http.Client) (metricsserver.Filter, error) {
 	return func(_ logr.Logger, h http.Handler) (http.Handler, error) { return h, nil }, nil
 }
-

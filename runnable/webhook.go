@@ -31,9 +31,9 @@ var _ webhook.Server = (*webhookServer)(nil)
 // requests in flight see it, and keep a live context (liveContext).
 var errServerStopping = errors.New("quiesce webhook server stopping")
 
-func (s *webhookServer) NeedLeaderElection() bool          { return s.inner.NeedLeaderElection() }
-func (s *webhookServer) StartedChecker() healthz.Checker   { return s.inner.StartedChecker() }
-func (s *webhookServer) WebhookMux() *http.ServeMux        { return s.inner.WebhookMux() }
+func (s *webhookServer) NeedLeaderElection() bool        { return s.inner.NeedLeaderElection() }
+func (s *webhookServer) StartedChecker() healthz.Checker { return s.inner.StartedChecker() }
+func (s *webhookServer) WebhookMux() *http.ServeMux      { return s.inner.WebhookMux() }
 func (s *webhookServer) Register(path string, h http.Handler) {
 	s.inner.Register(path, &trackedHook{r: s.r, path: strings.Trim(path, "/"), hook: h})
 }

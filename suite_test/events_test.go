@@ -73,12 +73,11 @@ var _ = Describe("Options.Recorder", func() {
 		func(ctx SpecContext) {
 			cur := goleak.IgnoreCurrent()
 			ns := newNamespace(ctx)
-			mgr := newManager(inNamespace(ns))
 			var logs logLines
-			q, err := addQuiesce(mgr, runnable.Options{
+			mgr, q, err := newQuiesced(runnable.Options{
 				Logger: logs.logger(), SlowAfter: 500 * time.Millisecond, ReportEvery: 500 * time.Millisecond,
 				GracePeriod: 2 * time.Second,
-			})
+			}, inNamespace(ns))
 			Expect(err).NotTo(HaveOccurred())
 			hold, release := releaser()
 			stuck := make(chan struct{}, 1)

@@ -31,12 +31,9 @@ const (
 	defaultLeaseDuration = 15 * time.Second
 )
 
-// observeLease returns the lock that Setup installs with leader election on: the lock
-// controller-runtime would build (leaderelection.NewResourceLock from mo's LeaderElection*
-// fields and RenewDeadline, on a copy of mo.LeaderElectionConfig or else of cfg: neither is
-// changed), or the one mo holds, wrapped. Every read and write of the lease goes through
-// unchanged; quiesce sees each renewal, fences when the lease is lost, and refuses to
-// acquire the lease once the stop began (see Setup).
+// observeLease returns the lock Setup installs with leader election on: the one mo holds, or
+// the one controller-runtime would build (from mo, on a copy of LeaderElectionConfig or else
+// of cfg), wrapped so that quiesce sees each read and write of the lease.
 func observeLease(cfg *rest.Config, mo *manager.Options) (*leaseObserver, error) {
 	l := &leaseObserver{inner: mo.LeaderElectionResourceLockInterface,
 		renewDeadline: orDefault(mo.RenewDeadline, defaultRenewDeadline),
@@ -46,22 +43,17 @@ func observeLease(cfg *rest.Config, mo *manager.Options) (*leaseObserver, error)
 		return l, nil
 	}
 	lcfg := cfg
-	if mo.LeaderElectionConfig != nil {
-		// The lease lives in another cluster: so do its Events, as controller-runtime records them.
+	if mo.LeaderElectionConfig != nil { // the lease, and its Events, in another cluster
 		lcfg, l.events.cluster = mo.LeaderElectionConfig, rest.CopyConfig(mo.LeaderElectionConfig)
 	}
 	if lcfg == nil {
 		return nil, errors.New("failed to observe the lease: nil rest.Config (pass the one given to ctrl.NewManager)")
 	}
-	// A copy, as controller-runtime passes one: NewResourceLock sets the user agent and a
-	// Timeout of RenewDeadline/2 on the config it is given.
+	// A copy, as controller-runtime passes one: NewResourceLock sets a Timeout on it.
 	inner, err := leaderelection.NewResourceLock(rest.CopyConfig(lcfg), &l.events, leaderelection.Options{
-		LeaderElection:             true,
-		LeaderElectionResourceLock: mo.LeaderElectionResourceLock,
-		LeaderElectionID:           mo.LeaderElectionID,
-		LeaderElectionNamespace:    mo.LeaderElectionNamespace,
-		RenewDeadline:              l.renewDeadline,
-		LeaderLabels:               mo.LeaderElectionLabels,
+		LeaderElection: true, LeaderElectionResourceLock: mo.LeaderElectionResourceLock,
+		LeaderElectionID: mo.LeaderElectionID, LeaderElectionNamespace: mo.LeaderElectionNamespace,
+		RenewDeadline: l.renewDeadline, LeaderLabels: mo.LeaderElectionLabels,
 	})
 	switch {
 	case err != nil && mo.LeaderElectionNamespace == "": // outside a cluster (make run)
@@ -74,21 +66,28 @@ func observeLease(cfg *rest.Config, mo *manager.Options) (*leaseObserver, error)
 	return l, nil
 }
 
-// errNotCampaigning is the error of a write that would acquire the lease once the stop began.
-var errNotCampaigning = errors.New("quiesce: this replica is stopping: it does not acquire the lease")
+func orDefault(d *time.Duration, def time.Duration) time.Duration {
+	if d == nil {
+		return def
+	}
+	return *d
+}
 
-// errLeaseLost is the error of every write of the lease once quiesce fenced.
-var errLeaseLost = errors.New("quiesce: the lease was lost: this replica no longer writes it")
+var (
+	errNotCampaigning = errors.New("quiesce: this replica is stopping: it does not acquire the lease")
+	errLeaseLost      = errors.New("quiesce: the lease was lost: this replica no longer writes it")
+)
 
-// leaseObserver is the resourcelock.Interface that Setup installs with leader election on:
-// it passes every call to inner and watches the outcome.
+// leaseObserver passes every call to inner and watches the outcome: it fences when the lease
+// is lost (see fenceAfter), never writes the lease once it did, and refuses to acquire the
+// lease once the stop began.
 type leaseObserver struct {
 	inner         resourcelock.Interface
 	renewDeadline time.Duration
 	retryPeriod   time.Duration // 0 in tests: the fence is at RenewDeadline
 	leaseDuration time.Duration // 0 in tests: no cap
 	events        lockEvents
-	r             atomic.Pointer[Runnable] // set by Setup
+	r             *Runnable // set by Setup, before the lock is shared
 
 	mu          sync.Mutex
 	held        bool        // the last write of ours that succeeded made us the holder
@@ -103,14 +102,13 @@ type leaseObserver struct {
 var _ resourcelock.Interface = (*leaseObserver)(nil)
 
 func (l *leaseObserver) clock() clock.WithTickerAndDelayedExecution {
-	if r := l.r.Load(); r != nil {
-		return r.clock
+	if l.r != nil {
+		return l.r.clock
 	}
 	return clock.RealClock{}
 }
 
-// Get reads the lease; a record held by another identity while this replica held it means
-// the lease is lost.
+// Get reads the lease; another holder while this replica held it means the lease is lost.
 func (l *leaseObserver) Get(ctx context.Context) (*resourcelock.LeaderElectionRecord, []byte, error) {
 	rec, raw, err := l.inner.Get(ctx)
 	if err == nil && rec != nil && rec.HolderIdentity != "" && rec.HolderIdentity != l.inner.Identity() {
@@ -119,78 +117,63 @@ func (l *leaseObserver) Get(ctx context.Context) (*resourcelock.LeaderElectionRe
 	return rec, raw, err
 }
 
-// Create creates the lease, as Update does.
 func (l *leaseObserver) Create(ctx context.Context, ler resourcelock.LeaderElectionRecord) error {
 	return l.write(ctx, ler, l.inner.Create)
 }
 
-// Update writes the lease: a renewal, an acquisition, or a release. Once the stop began a
-// write that would acquire the lease is refused, and once fenced every write of ours is.
 func (l *leaseObserver) Update(ctx context.Context, ler resourcelock.LeaderElectionRecord) error {
 	return l.write(ctx, ler, l.inner.Update)
 }
 
+// write is a renewal, an acquisition or a release; each renewal of ours arms the fence anew.
 func (l *leaseObserver) write(ctx context.Context, ler resourcelock.LeaderElectionRecord,
 	fn func(context.Context, resourcelock.LeaderElectionRecord) error,
 ) error {
 	mine := ler.HolderIdentity == l.inner.Identity()
 	l.mu.Lock()
+	lost, campaigning := l.lost, l.stopping && !l.held
+	l.mu.Unlock()
 	switch {
-	case mine && l.lost:
-		l.mu.Unlock()
+	case mine && lost:
 		return errLeaseLost
-	case mine && l.stopping && !l.held:
-		l.mu.Unlock()
+	case mine && campaigning:
 		return errNotCampaigning
 	}
-	l.mu.Unlock()
-	// Stamped before the write: the holder's renewal counts from no earlier than this.
-	sent := l.clock().Now()
+	sent := l.clock().Now() // the holder's renewal counts from no earlier than this
 	if err := fn(ctx, ler); err != nil {
 		return err
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if !mine { // released (LeaderElectionReleaseOnCancel): a planned end, no fence
+	switch {
+	case !mine: // released (LeaderElectionReleaseOnCancel): a planned end, no fence
 		l.held = false
 		l.stopFence()
-		return nil
-	}
-	if l.lost {
-		return nil // sent before the fence: the elector gives up at its next renewal
-	}
-	l.held, l.acquired = true, true
-	if sent.After(l.lastRenewal) {
-		l.lastRenewal = sent
+	case l.lost: // sent before the fence: the elector gives up at its next renewal
+	case sent.After(l.lastRenewal):
+		l.held, l.acquired, l.lastRenewal = true, true, sent
 		l.stopFence()
 		l.fenceGen++
 		gen := l.fenceGen
-		// The callback only starts a goroutine: a fake clock (k8s.io/utils/clock/testing)
-		// runs it under its own lock, where a call of the clock (the fence's log line reads
-		// it) would deadlock its Step.
+		// Only a goroutine: a fake clock runs the callback under its lock, where the fence's
+		// log line, which reads the clock, would deadlock its Step.
 		l.fence = l.clock().AfterFunc(l.fenceAfter()-l.clock().Since(sent), func() { go l.expire(gen) })
+	default:
+		l.held, l.acquired = true, true
 	}
 	return nil
 }
 
-// fenceAfter is how long after a successful renewal was sent the lease counts as lost with
-// no renewal since: when client-go's elector gives it up, RetryPeriod + RenewDeadline after
-// a renewal (it waits RetryPeriod, then retries for RenewDeadline: LeaderElector.renew), so
-// that quiesce never refuses a renewal the elector would still make, and never later than
-// LeaseDuration, from when another replica may acquire it.
+// fenceAfter is how long after a renewal was sent the lease counts as lost with none since:
+// when client-go's elector gives it up (it waits RetryPeriod, then retries for RenewDeadline:
+// LeaderElector.renew), so that quiesce refuses no renewal the elector would still make, and
+// never later than LeaseDuration, from when another replica may acquire it.
 func (l *leaseObserver) fenceAfter() time.Duration {
 	d := l.retryPeriod + l.renewDeadline
 	if l.leaseDuration > 0 {
 		d = min(d, l.leaseDuration)
 	}
 	return d
-}
-
-func orDefault(d *time.Duration, def time.Duration) time.Duration {
-	if d == nil {
-		return def
-	}
-	return *d
 }
 
 func (l *leaseObserver) stopFence() {
@@ -210,8 +193,8 @@ func (l *leaseObserver) expire(gen uint64) {
 	}
 }
 
-// lose marks the lease lost, once, and has the Runnable fence. expired: RenewDeadline
-// passed since the last renewal; otherwise another identity holds the lease.
+// lose marks the lease lost, once, and has the Runnable fence. expired: no renewal within
+// fenceAfter; otherwise another identity holds the lease.
 func (l *leaseObserver) lose(expired bool) {
 	l.mu.Lock()
 	if !l.held || l.lost {
@@ -222,12 +205,12 @@ func (l *leaseObserver) lose(expired bool) {
 	l.stopFence()
 	last := l.lastRenewal
 	l.mu.Unlock()
-	if r := l.r.Load(); r != nil {
+	if l.r != nil {
 		reason := "another replica holds the lease"
 		if expired {
 			reason = "no renewal within the renew deadline"
 		}
-		r.fence(last, l.fenceAfter(), reason)
+		l.r.fence(last, l.fenceAfter(), reason)
 	}
 }
 
@@ -238,18 +221,23 @@ func (l *leaseObserver) stop() {
 	l.stopping = true
 }
 
-// RecordEvent, Identity and Describe are inner's.
+// used reports whether a write of this replica's ever succeeded through l.
+func (l *leaseObserver) used() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.acquired
+}
+
 func (l *leaseObserver) RecordEvent(s string) { l.inner.RecordEvent(s) }
 func (l *leaseObserver) Identity() string     { return l.inner.Identity() }
 func (l *leaseObserver) Describe() string     { return l.inner.Describe() }
 
 // lockEvents is the recorder.Provider given to leaderelection.NewResourceLock. The lock's
 // Events ("became leader") go where controller-runtime records them: to the manager's
-// recorder once Add set it (mgr.GetEventRecorderFor), or, with LeaderElectionConfig, to the
-// lease's cluster through a broadcaster made at the first Event and, as controller-runtime's
-// own for that cluster, never stopped. Before, they are dropped: the elector records none
-// before the manager starts. Embedding the interface keeps it a recorder.Provider across
-// controller-runtime releases; only GetEventRecorderFor is called.
+// recorder, set by Add, or with LeaderElectionConfig to the lease's cluster, through a
+// broadcaster made at the first Event and, like controller-runtime's for that cluster, never
+// stopped. The elector records none before the manager starts. Embedding the interface keeps
+// it a recorder.Provider across controller-runtime releases.
 type lockEvents struct {
 	recorder.Provider
 	to      atomic.Pointer[record.EventRecorder]
@@ -260,11 +248,10 @@ type lockEvents struct {
 }
 
 func (p *lockEvents) GetEventRecorderFor(name string) record.EventRecorder {
-	p.name = name // called once, by NewResourceLock, before the lock is shared
+	p.name = name // by NewResourceLock, before the lock is shared
 	return (*lockRecorder)(p)
 }
 
-// lockRecorder forwards to the recorder of its lockEvents, if any.
 type lockRecorder lockEvents
 
 func (r *lockRecorder) get() record.EventRecorder {
@@ -272,7 +259,7 @@ func (r *lockRecorder) get() record.EventRecorder {
 		r.once.Do(func() {
 			cs, err := kubernetes.NewForConfig(r.cluster)
 			if err != nil {
-				return // not for a config that NewResourceLock accepted
+				return // not for a config NewResourceLock accepted
 			}
 			r.caster = record.NewBroadcaster()
 			r.caster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cs.CoreV1().Events("")})
@@ -286,41 +273,28 @@ func (r *lockRecorder) get() record.EventRecorder {
 	return nil
 }
 
-func (r *lockRecorder) Event(obj runtime.Object, eventtype, reason, message string) {
+func (r *lockRecorder) Event(obj runtime.Object, typ, reason, msg string) {
 	if to := r.get(); to != nil {
-		to.Event(obj, eventtype, reason, message)
+		to.Event(obj, typ, reason, msg)
 	}
 }
 
-func (r *lockRecorder) Eventf(obj runtime.Object, eventtype, reason, messageFmt string, args ...any) {
+func (r *lockRecorder) Eventf(obj runtime.Object, typ, reason, format string, args ...any) {
 	if to := r.get(); to != nil {
-		to.Eventf(obj, eventtype, reason, messageFmt, args...)
+		to.Eventf(obj, typ, reason, format, args...)
 	}
 }
 
-func (r *lockRecorder) AnnotatedEventf(obj runtime.Object, annotations map[string]string,
-	eventtype, reason, messageFmt string, args ...any,
-) {
+func (r *lockRecorder) AnnotatedEventf(obj runtime.Object, ann map[string]string, typ, reason, format string, args ...any) {
 	if to := r.get(); to != nil {
-		to.AnnotatedEventf(obj, annotations, eventtype, reason, messageFmt, args...)
+		to.AnnotatedEventf(obj, ann, typ, reason, format, args...)
 	}
 }
 
-// used reports whether a write of this replica's ever succeeded through l. Once the manager
-// says it leads (Elected closed), false means its elector holds the lease through another
-// lock, or none.
-func (l *leaseObserver) used() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.acquired
-}
-
-// electionOff is the lock Setup installs when leader election is off. controller-runtime
-// uses LeaderElectionResourceLockInterface only with leader election on, so a use of it
-// means that leader election was turned on, in the Options given to ctrl.NewManager,
-// after Setup saw it off: nothing would fence this replica's calls. It refuses every call,
-// so that the replica never leads, and makes the Runnable's Start (and so mgr.Start) return
-// errElectionAfterSetup.
+// electionOff is the lock Setup installs with leader election off, which controller-runtime
+// reads only with leader election on: a use of it means leader election was turned on after
+// Setup saw it off, and nothing would fence. It refuses every call, so that the replica never
+// leads, and makes Start, and so mgr.Start, return errElectionAfterSetup.
 type electionOff struct {
 	r    *Runnable
 	once sync.Once

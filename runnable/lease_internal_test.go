@@ -93,7 +93,7 @@ func newLeased(t *testing.T, opts Options, renewDeadline time.Duration) *leased 
 	r := newRunnable(withDefaults(opts), false)
 	lock := &fakeLock{id: "me"}
 	l := &leaseObserver{inner: lock, renewDeadline: renewDeadline}
-	l.r.Store(r)
+	l.r = r
 	r.lease.Store(l)
 	return &leased{r: r, l: l, lock: lock, logs: logs}
 }

@@ -81,7 +81,7 @@ func Setup(cfg *rest.Config, mgrOpts *manager.Options, opts Options) (*Runnable,
 	r := newRunnable(withDefaults(opts), true)
 	var lock resourcelock.Interface = &electionOff{r: r}
 	if lease != nil {
-		lease.r.Store(r)
+		lease.r = r
 		lock = lease
 	}
 	inner := mgrOpts.WebhookServer

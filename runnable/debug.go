@@ -13,9 +13,7 @@ import (
 	"github.com/quiesce-dev/quiesce/internal"
 )
 
-// The bounds of ServeHTTP: the calls listed without ?limit, the most listed whatever
-// ?limit asks, the most bytes of calls in one answer, and the requests answered: debugBurst
-// at once, then debugRate a second.
+// The bounds of ServeHTTP (see there).
 const (
 	defaultDebugLimit = internal.MaxListed
 	maxDebugCalls     = 1000
@@ -24,13 +22,12 @@ const (
 	debugBurst        = 10
 )
 
-// debugView is the state of ServeHTTP: its rate limiter, made at the first request.
+// debugView is ServeHTTP's rate limiter, made at the first request.
 type debugView struct {
 	once    sync.Once
 	limiter flowcontrol.PassiveRateLimiter
 }
 
-// debugState is the body of ServeHTTP.
 type debugState struct {
 	Draining  bool             `json:"draining"`
 	Count     int              `json:"count"`
@@ -48,14 +45,10 @@ type debugState struct {
 // nor 256 KiB of them: truncated says when the caps cut the list short of what was asked.
 // Names and locations longer than 256 bytes are cut, and say so.
 //
-// What a request costs is bounded: the calls listed are copied under the executor's lock
-// and rendered outside it; locating them shares one capture of every goroutine's stack a
-// second with every other asker (calls newer than it are listed without "where" and
-// "handler"); beyond 10 requests at once and 5 a second the answer is 429 with Retry-After: 1.
-// ?limit=0, the count alone, captures nothing and is not limited (shutdowntest polls it).
-//
-// Runnable.Add serves it at DebugPath behind the metrics server's FilterProvider, and on
-// Options.DebugAddress; see docs/security.md for who should read it.
+// A request's cost is bounded: the calls are copied under the executor's lock and rendered
+// outside it; one capture of the stacks a second serves every asker (newer calls are listed
+// without "where" and "handler"); beyond 10 requests at once and 5 a second: 429. ?limit=0,
+// the count alone, is free and not limited. See docs/security.md for who should read it.
 func (r *Runnable) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	if req.Method != http.MethodGet {
 		w.Header().Set("Allow", http.MethodGet)
@@ -109,12 +102,8 @@ func debugLimit(req *http.Request) (int, bool) {
 		return -1, true
 	}
 	n, err := strconv.ParseUint(s, 10, 0)
-	switch {
-	case errors.Is(err, strconv.ErrRange) || n > math.MaxInt:
+	if errors.Is(err, strconv.ErrRange) || n > math.MaxInt {
 		return -1, true // larger than any list: all of them
-	case err != nil:
-		return 0, false
-	default:
-		return int(n), true
 	}
+	return int(n), err == nil
 }

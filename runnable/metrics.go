@@ -12,9 +12,8 @@ import (
 	"github.com/quiesce-dev/quiesce/drain"
 )
 
-// The metrics are process-wide, like controller-runtime's own: one set in metrics.Registry,
-// summed over the executors of the Runnables that Add created (a process usually has one).
-// Labels stay low-cardinality: the only label is the controller given to reconcilers.Wrap.
+// The metrics are process-wide, like controller-runtime's: one set in metrics.Registry, summed
+// over the Runnables of Setup. The only label is the controller given to reconcilers.Wrap.
 var (
 	callSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "quiesce_call_duration_seconds",
@@ -51,13 +50,12 @@ var (
 	stats = newStatsCollector()
 )
 
-// otherCalls is the controller label of the calls that belong to no controller given to
-// reconcilers.Wrap. Empty, it cannot clash with a controller's name (controller-runtime
-// refuses empty names), and Prometheus treats it as the label's absence.
+// otherCalls is the controller label of calls outside a wrapped reconciler: no controller's
+// name, and to Prometheus the label's absence.
 const otherCalls = ""
 
-// register puts the metrics in controller-runtime's metrics.Registry, once per process: at
-// the first Add, so that a program that imports quiesce without using it exports nothing.
+// register puts the metrics in metrics.Registry once, at the first Setup: a program that
+// imports quiesce without using it exports nothing.
 var register = sync.OnceValue(func() error {
 	for _, c := range []prometheus.Collector{callSeconds, drainSeconds, stats} {
 		if err := metrics.Registry.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
@@ -67,10 +65,8 @@ var register = sync.OnceValue(func() error {
 	return nil
 })
 
-// observeCall records a call's duration; it is the AfterCall of the executors Add creates.
-// The observer of each controller is looked up once (callObservers): WithLabelValues
-// hashes and validates the label value on every call, about 1% of the throughput of
-// controller-runtime's loop with a trivial wrapped reconcile.
+// observeCall records a call's duration (the AfterCall of Setup's executors), with each
+// controller's observer looked up once: WithLabelValues per call costs about 1% of the loop.
 func observeCall(controller string, took time.Duration, _ error) {
 	o, ok := callObservers.Load(controller)
 	if !ok {
@@ -79,20 +75,12 @@ func observeCall(controller string, took time.Duration, _ error) {
 	o.(prometheus.Observer).Observe(took.Seconds())
 }
 
-// callObservers holds callSeconds' observer of each controller given to reconcilers.Wrap
-// (and of otherCalls): as many as the process has controllers. callSeconds is never reset.
-var callObservers sync.Map // controller → prometheus.Observer
+var callObservers sync.Map // controller → callSeconds' prometheus.Observer; never reset
 
-// statsCollector turns the executors' counters and pending calls into metrics when they are
-// scraped, so that a call touches no Prometheus code but its duration's histogram.
-//
-// It holds the Runnables that Add created until their Start returns. Then it folds the
-// counters of their executor into process-wide totals and forgets them, so that an
-// executor is not kept alive by its metrics: a process (or a test suite) that adds and
-// stops many Runnables holds only the ones still running. The counters stay monotonic
-// across a fold; what a drained executor counts after its Runnable stopped (its abandoned
-// calls ending, calls it refuses) is not counted, and its abandoned calls leave the
-// in-flight and age gauges.
+// statsCollector makes the executors' counters into metrics when scraped: a call touches no
+// Prometheus code but its histogram. It holds each Runnable of Setup until its Start returns,
+// then keeps only its counters (fold), monotonic: a test suite that makes many Runnables
+// holds only those running. What a stopped executor counts later is not counted.
 type statsCollector struct {
 	mu     sync.Mutex
 	live   map[*Runnable]struct{}
@@ -103,15 +91,13 @@ func newStatsCollector() *statsCollector {
 	return &statsCollector{live: make(map[*Runnable]struct{})}
 }
 
-// track adds r's executor to the metrics until fold.
 func (c *statsCollector) track(r *Runnable) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.live[r] = struct{}{}
 }
 
-// fold adds the counters of r's executor to the totals and forgets r. Folding a Runnable
-// not tracked does nothing.
+// fold adds the counters of r's executor to the totals and forgets r, if tracked.
 func (c *statsCollector) fold(r *Runnable) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -127,22 +113,13 @@ func (c *statsCollector) fold(r *Runnable) {
 	c.folded.Abandoned += s.Abandoned
 }
 
-// tracked returns how many Runnables c holds.
 func (c *statsCollector) tracked() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.live)
 }
 
-func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- statsDescs.inFlight
-	ch <- statsDescs.started
-	ch <- statsDescs.refused
-	ch <- statsDescs.panicked
-	ch <- statsDescs.abandoned
-	ch <- statsDescs.oldest
-	ch <- statsDescs.slow
-}
+func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) { prometheus.DescribeByCollect(c, ch) }
 
 func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 	var oldest time.Duration

@@ -18,62 +18,52 @@ import (
 	"github.com/quiesce-dev/quiesce/internal"
 )
 
-// Options configure a Runnable. The zero value is valid: every zero field means the
-// documented default. Setup returns an error naming the field (or its flag, or its path in
-// the config file) for a bad value; New panics on the same values.
+// Options configure a Runnable; the zero value means every documented default. Setup
+// refuses a bad value naming the field (or its flag, or its config path); New panics.
 type Options struct {
-	// Logger receives the drain's reports and the stop's timeline. Zero (or logr.Discard()):
-	// the manager's Logger (Setup), else controller-runtime's log.Log, named "quiesce". To
-	// discard, pass logr.New(log.NullLogSink{}).
+	// Logger receives the reports and the stop's timeline. Zero (logr.Discard() too): the
+	// manager's Logger, else log.Log, named "quiesce"; to discard: logr.New(log.NullLogSink{}).
 	Logger logr.Logger
 
 	// MaxConcurrent bounds the reconciles (and the calls nested in them) running at once;
 	// others wait for a slot. 0: unbounded. Daemons and webhook calls take no slot.
 	MaxConcurrent int
 
-	// ReportAfter is when, in the drain, the first report of the pending calls is logged;
-	// ReportEvery, how often later ones are. 0: 1s and 5s; a positive value below
-	// drain.MinReportAfter (100ms) or drain.MinReportEvery (500ms) is refused: each report
-	// captures every goroutine's stack.
+	// ReportAfter is when the drain's first report of pending calls comes; ReportEvery, how
+	// often later ones do. 0: 1s and 5s; at least drain.MinReportAfter (100ms) and
+	// drain.MinReportEvery (500ms): each report captures every goroutine's stack.
 	ReportAfter, ReportEvery time.Duration
 
-	// SlowAfter: outside a drain, calls running longer are logged as slow. 0: 1m;
-	// negative: never; a positive value below drain.MinSlowAfter (1s) is refused.
+	// SlowAfter: outside a drain, calls running longer are logged as slow. 0: 1m; negative:
+	// never; else at least drain.MinSlowAfter (1s).
 	SlowAfter time.Duration
 
-	// CancelAfter is how long, once the drain began, the contexts of the calls still
-	// running live, so that in-flight reconciles finish and calls that ignore their
-	// context leave time for the last report. 0: 4/5 of GracePeriod; > 0: below
-	// GracePeriod; drain.CancelAtOnce: at once, as controller-runtime alone; negative: never.
+	// CancelAfter is how long, once the drain began, the contexts of running calls live, so
+	// that in-flight reconciles finish. 0: 4/5 of GracePeriod; > 0: below GracePeriod;
+	// drain.CancelAtOnce: at once, as controller-runtime alone; negative: never.
 	CancelAfter time.Duration
 
-	// GracePeriod bounds the drain, counted from the manager's stop (the end of
-	// ShutdownDelay) on real time. 0 or negative: 25s. It must be below the manager's
-	// GracefulShutdownTimeout (30s when unset), so that the abandoned calls are named
-	// before the manager gives up.
+	// GracePeriod bounds the drain, from the manager's stop, on real time. 0 or negative: 25s.
+	// Below the manager's GracefulShutdownTimeout (30s when unset), so that the abandoned
+	// calls are named before the manager gives up.
 	GracePeriod time.Duration
 
-	// ShutdownDelay is how long everything keeps serving once the stop began (SIGTERM)
-	// while readiness fails on every replica, before the manager's stop; default 0 (then
-	// readiness never fails). It needs mgr.Start(q.StopContext(ctx)). Timed on Clock.
-	// ShutdownDelay + GracePeriod must fit in terminationGracePeriodSeconds (see
-	// docs/operating.md).
+	// ShutdownDelay is how long everything keeps serving after SIGTERM, readiness failing on
+	// every replica, before the manager's stop (see StopContext); 0: none, and readiness
+	// never fails. Timed on Clock. See docs/operating.md for the budget.
 	ShutdownDelay time.Duration
 
-	// DebugAddress, if set, serves DebugPath on a listener of its own at this address, which
-	// must be a loopback one ("127.0.0.1:8083", "[::1]:8083", "localhost:8083"): reach it with
-	// kubectl port-forward. For operators whose metrics server has no FilterProvider. Its
-	// flag is --quiesce-debug-address. "": none.
+	// DebugAddress serves DebugPath on a listener of its own at this loopback address
+	// ("127.0.0.1:8083", "[::1]:8083", "localhost:8083"), reached with kubectl port-forward,
+	// for a metrics server without a FilterProvider. Flag: --quiesce-debug-address. "": none.
 	DebugAddress string
 
-	// DebugWithoutFilter serves DebugPath on a metrics server without a FilterProvider, to
-	// anyone who reaches the metrics port.
+	// DebugWithoutFilter serves DebugPath on a metrics server without a FilterProvider.
 	//
-	// Deprecated: use DebugAddress, which serves it on loopback only. Removed in a later release.
+	// Deprecated: use DebugAddress, which serves it on loopback only.
 	DebugWithoutFilter bool
 
-	// Clock stamps the calls and times the reports, CancelAfter and ShutdownDelay (not
-	// GracePeriod). nil: clock.RealClock{}.
+	// Clock stamps calls and times reports, CancelAfter and ShutdownDelay. nil: the real clock.
 	Clock clock.WithTickerAndDelayedExecution
 
 	flagsBound   bool   // BindFlags bound the durations: errors name their flags
@@ -84,12 +74,11 @@ type Options struct {
 // DefaultGracePeriod is the GracePeriod used when Options leave it zero.
 const DefaultGracePeriod = 25 * time.Second
 
-// DebugPath is where the Runnable serves ServeHTTP: on the manager's metrics server, and on
-// Options.DebugAddress.
+// DebugPath is where Add serves ServeHTTP.
 const DebugPath = "/debug/quiesce"
 
 // Runnable is a manager.Runnable that owns a drain.Executor and drains it when the manager
-// stops. Make it with Setup (or New, without a manager); its methods are safe for concurrent use.
+// stops. Make it with Setup, or New without a manager.
 type Runnable struct {
 	ex      *drain.Executor
 	log     logr.Logger
@@ -98,9 +87,9 @@ type Runnable struct {
 	metered bool // made by Setup: in the metrics until the drain is over
 	// eventsBudget bounds how long the Observers (Events) may take over the abandoned calls.
 	eventsBudget time.Duration
-	lease        atomic.Pointer[leaseObserver] // set by Add when leader election is on
-	elected      <-chan struct{}               // the manager's Elected, with the lease set
-	misuse       chan error                    // the lock of Setup saw a misuse: Start returns it
+	lease        atomic.Pointer[leaseObserver] // set by Add with leader election on
+	elected      <-chan struct{}               // the manager's Elected, with lease
+	misuse       chan error                    // a misuse seen by a lock: Start returns it
 
 	stop  *stopState  // see stop.go
 	debug debugView   // see debug.go
@@ -119,13 +108,10 @@ var (
 	_ http.Handler                   = (*Runnable)(nil)
 )
 
-// New returns a Runnable owning a new executor, for unit tests and libraries that have no
-// manager: it drains when the context given to Start ends. In an operator use Setup, which
-// also fences calls on a lost lease, tracks admission and adds the readyz check, metrics and
-// debug view. The contexts of reconciles wrapped with its executor end by its drain, not by
-// their caller's cancellation (see the package documentation, "The shield").
-//
-// New panics on the Options that Setup refuses with an error (ignoring DebugAddress).
+// New returns a Runnable owning a new executor, without a manager (unit tests, libraries):
+// it drains when the context given to Start ends. In an operator use Setup, which also
+// fences, tracks admission and adds readiness, metrics and the debug view. It panics on the
+// Options that Setup refuses (DebugAddress aside).
 func New(opts Options) *Runnable {
 	if err := checkDurations(opts); err != nil {
 		panic("runnable.New: " + err.Error())
@@ -176,12 +162,9 @@ func newRunnable(opts Options, metered bool) *Runnable {
 
 func (r *Runnable) core() internal.Core { return internal.Of(r.ex) }
 
-// checkDurations checks opts before their defaults are filled in, naming what to change.
+// checkDurations checks opts before their defaults are filled in.
 func checkDurations(opts Options) error {
-	grace := opts.GracePeriod
-	if grace <= 0 {
-		grace = DefaultGracePeriod
-	}
+	grace := withDefaults(opts).GracePeriod
 	if opts.ShutdownDelay < 0 {
 		return fmt.Errorf("%s is %v: set it to 0 (no delay) or more", opts.name("ShutdownDelay"), opts.ShutdownDelay)
 	}
@@ -193,11 +176,8 @@ func checkDurations(opts Options) error {
 	for _, b := range []struct {
 		field    string
 		d, least time.Duration
-	}{
-		{"ReportAfter", opts.ReportAfter, drain.MinReportAfter},
-		{"ReportEvery", opts.ReportEvery, drain.MinReportEvery},
-		{"SlowAfter", opts.SlowAfter, drain.MinSlowAfter},
-	} {
+	}{{"ReportAfter", opts.ReportAfter, drain.MinReportAfter}, {"ReportEvery", opts.ReportEvery, drain.MinReportEvery},
+		{"SlowAfter", opts.SlowAfter, drain.MinSlowAfter}} {
 		if b.d > 0 && b.d < b.least {
 			return fmt.Errorf("%s is %v: set it to 0 (the default) or at least %v", opts.name(b.field), b.d, b.least)
 		}
@@ -205,17 +185,18 @@ func checkDurations(opts Options) error {
 	return nil
 }
 
+// shutdownTimeout is the manager's GracefulShutdownTimeout (negative: none), and its source.
+func shutdownTimeout(mo *manager.Options) (time.Duration, string) {
+	if mo.GracefulShutdownTimeout != nil {
+		return *mo.GracefulShutdownTimeout, "from the manager's Options"
+	}
+	return 30 * time.Second, "controller-runtime's default, as the manager's Options set none"
+}
+
 // checkBudget checks GracePeriod against the manager's GracefulShutdownTimeout.
 func checkBudget(opts Options, mo *manager.Options) error {
-	grace, timeout := opts.GracePeriod, defaultGracefulShutdownTimeout
-	if grace <= 0 {
-		grace = DefaultGracePeriod
-	}
-	source := "controller-runtime's default, as the manager's Options set none"
-	if mo.GracefulShutdownTimeout != nil {
-		timeout, source = *mo.GracefulShutdownTimeout, "from the manager's Options"
-	}
-	if timeout >= 0 && grace >= timeout { // negative: the manager waits as long as it takes
+	grace := withDefaults(opts).GracePeriod
+	if timeout, source := shutdownTimeout(mo); timeout >= 0 && grace >= timeout {
 		return fmt.Errorf("%s (%v) must be below the manager's GracefulShutdownTimeout (%v, %s): "+
 			"raise GracefulShutdownTimeout in the manager's Options above %v, or lower %s",
 			opts.name("GracePeriod"), grace, timeout, source, grace, opts.name("GracePeriod"))
@@ -223,37 +204,26 @@ func checkBudget(opts Options, mo *manager.Options) error {
 	return nil
 }
 
-// defaultGracefulShutdownTimeout is controller-runtime's default GracefulShutdownTimeout.
-const defaultGracefulShutdownTimeout = 30 * time.Second
-
-// maxEventsBudget bounds how long the Observers (reconcilers' Events) may take over the
-// abandoned calls: they read each object from the API server.
+// maxEventsBudget bounds how long the Observers (reconcilers' Events, which read each
+// object) may take over the abandoned calls: at most half the time from the end of the grace
+// period to the manager's GracefulShutdownTimeout.
 const maxEventsBudget = 5 * time.Second
 
-// eventsBudget is half the time between the end of the grace period and the manager's
-// GracefulShutdownTimeout, at most maxEventsBudget: Start returns before the manager gives up.
 func eventsBudget(grace time.Duration, mo *manager.Options) time.Duration {
-	timeout := defaultGracefulShutdownTimeout
-	if mo.GracefulShutdownTimeout != nil {
-		timeout = *mo.GracefulShutdownTimeout
+	if timeout, _ := shutdownTimeout(mo); timeout >= 0 {
+		return min(maxEventsBudget, (timeout-grace)/2)
 	}
-	if timeout < 0 {
-		return maxEventsBudget
-	}
-	return min(maxEventsBudget, (timeout-grace)/2)
+	return maxEventsBudget
 }
 
 // Executor returns the executor the Runnable owns and drains. Pass it to reconcilers.Wrap.
 func (r *Runnable) Executor() *drain.Executor { return r.ex }
 
-// NeedLeaderElection is false: the Runnable runs on every replica and controller-runtime
-// stops it first, before the leader-election group. Fencing comes from the lease itself.
+// NeedLeaderElection is false: the Runnable runs on every replica and is stopped first.
 func (r *Runnable) NeedLeaderElection() bool { return false }
 
-// ReadyzCheck is a healthz.Checker that fails from the moment the stop began when there is a
-// ShutdownDelay, on every replica, so that Services stop routing to the pod while it still
-// serves. With no delay it never fails, as without quiesce. controller-runtime logs its
-// error at V(1) only.
+// ReadyzCheck is a healthz.Checker that fails from the stop on when there is a
+// ShutdownDelay, so that Services stop routing to the pod while it still serves.
 func (r *Runnable) ReadyzCheck(*http.Request) error {
 	if r.stop.delay > 0 && r.stop.began() {
 		return fmt.Errorf("quiesce: shutting down: readiness fails for the %v shutdown delay so that "+
@@ -262,18 +232,12 @@ func (r *Runnable) ReadyzCheck(*http.Request) error {
 	return nil
 }
 
-// Start blocks until ctx ends, then drains: it refuses new calls, waits up to GracePeriod
-// for the tracked ones (reconciles of both groups, their calls, daemons, webhook calls)
-// while the executor reports them, and returns nil when all returned. Otherwise it logs the
-// abandoned calls in one line (AbandonedMessage) and returns an error counting them that
-// wraps the *drain.PendingError listing them all.
-//
-// It returns an error at once on a second Start, and when ShutdownDelay is set but the
-// manager's context did not come from StopContext. It drains and returns an error naming
-// the fix, which mgr.Start returns, as soon as the manager shows it was not made from the
-// Options Setup prepared: it leads without the lock of Setup, or its leader election uses
-// the lock Setup installed with leader election off (turned on after Setup). A lost lease
-// starts the drain early, with every call's context ended.
+// Start blocks until ctx ends, then drains (see the package documentation) and returns nil
+// when every call returned, or an error counting the abandoned calls that wraps the
+// *drain.PendingError listing them. It fails at once on a second Start, or with a
+// ShutdownDelay when the manager's context is not StopContext's. It drains and returns an
+// error naming the fix as soon as the manager shows it was not made from the Options Setup
+// prepared: it leads without the lock of Setup, or leader election was turned on after Setup.
 func (r *Runnable) Start(ctx context.Context) error {
 	if !r.started.CompareAndSwap(false, true) {
 		return errors.New("failed to start quiesce runnable: already started")
@@ -318,9 +282,7 @@ var errLeadsWithoutLock = errors.New("failed to start quiesce runnable: the mana
 	"leader election off), so a lost lease would fence nothing: call runnable.Setup(cfg, &mgrOpts, opts) " +
 	"before ctrl.NewManager(cfg, mgrOpts), with the same mgrOpts")
 
-// stopLog is the logger of the stop's lines: at the default verbosity when the stop waits
-// (a ShutdownDelay, or calls pending), at V(1) otherwise, as kopf says nothing when nothing
-// is pending.
+// stopLog logs the stop's lines at V(1) unless the stop waits (a delay, calls pending).
 func (r *Runnable) stopLog() logr.Logger {
 	if r.stop.delay > 0 || r.stop.waited.Load() {
 		return r.log
@@ -336,8 +298,7 @@ func (r *Runnable) drain() error {
 	}
 	log := r.stopLog().WithValues("gracePeriod", r.grace.String())
 
-	// Step 1: refuse new calls and wait for the tracked ones within the grace period; the
-	// executor reports what is pending meanwhile.
+	// Step 1: refuse new calls, wait for the tracked ones (the executor reports them).
 	log.Info("Draining executor", append(r.sinceStop(), "pending", pending)...)
 	ctx, cancel := context.WithTimeout(context.Background(), r.grace)
 	defer cancel()
@@ -364,39 +325,31 @@ func (r *Runnable) drain() error {
 	}
 	log.Error(pe.Err, AbandonedMessage, kv...)
 
-	// Step 3: tell the executor's observers (reconcilers' Events on each abandoned object),
-	// within a budget that leaves the manager time to return.
+	// Step 3: tell the executor's observers (Events on each abandoned object), within budget.
 	ectx, ecancel := context.WithTimeout(context.Background(), r.eventsBudget)
 	defer ecancel()
 	r.core().Abandoned(ectx)
-	return &abandonedError{pending: pe, grace: r.grace, delay: r.stop.delay}
+	after := ""
+	if r.stop.delay > 0 {
+		after = fmt.Sprintf(", after the %v shutdown delay", r.stop.delay)
+	}
+	return &abandonedError{pending: pe, msg: fmt.Sprintf("failed to drain quiesce executor: %v: %d call(s) still "+
+		"running after the grace period of %v%s, listed in quiesce's log", pe.Err, len(pe.Pending), r.grace, after)}
 }
 
-// AbandonedMessage is the message of the error line naming the calls abandoned at the end
-// of the grace period: alert on it (shutdowntest reads it).
+// AbandonedMessage is the message of the line naming the abandoned calls (alert on it).
 const AbandonedMessage = "Abandoned calls still running after the grace period"
 
-// abandonedError is Start's error when calls were abandoned: it counts them (the log lists
-// them) and wraps the *drain.PendingError.
+// abandonedError counts the abandoned calls (the log lists them) and wraps the *drain.PendingError.
 type abandonedError struct {
-	pending      *drain.PendingError
-	grace, delay time.Duration
+	pending *drain.PendingError
+	msg     string
 }
 
-func (e *abandonedError) Error() string {
-	after := ""
-	if e.delay > 0 {
-		after = fmt.Sprintf(", after the %v shutdown delay", e.delay)
-	}
-	return fmt.Sprintf("failed to drain quiesce executor: %v: "+
-		"%d call(s) still running after the grace period of %v%s, listed in quiesce's log",
-		e.pending.Err, len(e.pending.Pending), e.grace, after)
-}
-
+func (e *abandonedError) Error() string { return e.msg }
 func (e *abandonedError) Unwrap() error { return e.pending }
 
-// finish records the drain's result and folds the executor's counters into the metrics'
-// totals, so that they no longer hold it.
+// finish records the drain's result; the metrics keep the executor's counters, not it.
 func (r *Runnable) finish(err error) {
 	r.err = err
 	if r.metered {
@@ -408,12 +361,8 @@ func (r *Runnable) finish(err error) {
 // Done returns a channel closed when the drain is over, as Start returns.
 func (r *Runnable) Done() <-chan struct{} { return r.stopped }
 
-// Err returns the drain's result once Done is closed (nil before): nil when every call
-// returned, or Start's error. controller-runtime does not return a runnable's error from
-// mgr.Start once it is stopping, so main asks Err, e.g. to exit non-zero:
-//
-//	if err := mgr.Start(q.StopContext(ctx)); err != nil { ... }
-//	if err := q.Err(); err != nil { os.Exit(1) }
+// Err returns the drain's result once Done is closed (nil before). mgr.Start does not return
+// a runnable's error once it is stopping: main asks Err, e.g. to exit non-zero.
 func (r *Runnable) Err() error {
 	select {
 	case <-r.stopped:

@@ -10,41 +10,28 @@ import (
 
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
-	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/quiesce-dev/quiesce/internal"
 )
 
-// Setup prepares quiesce for the manager that ctrl.NewManager(cfg, *mgrOpts) makes next and
-// returns its Runnable, to be added with Runnable.Add once the manager exists:
+// Setup prepares quiesce for the manager ctrl.NewManager(cfg, *mgrOpts) makes next, once
+// mgrOpts is complete, and returns its Runnable for Runnable.Add. It changes two fields of
+// *mgrOpts, the seams quiesce needs (docs/design.md, "Seams"):
 //
-//	q, err := runnable.Setup(cfg, &mgrOpts, qopts)
-//	mgr, err := ctrl.NewManager(cfg, mgrOpts)
-//	err = q.Add(mgr)
-//	err = mgr.Start(q.StopContext(ctrl.SetupSignalHandler()))
-//
-// Call it once the manager's Options are complete. It changes two fields of *mgrOpts, the
-// only seams of the manager quiesce touches (docs/design.md, "Seams"):
-//
-//   - LeaderElectionResourceLockInterface, for fencing. With LeaderElection on: the lock
-//     controller-runtime would build (from the LeaderElection* fields, on a copy of cfg or
-//     of LeaderElectionConfig), or the one set, wrapped so that quiesce sees each renewal:
-//     the contexts of tracked calls end ("leader election lost") when client-go's elector
-//     gives the lease up (RetryPeriod + RenewDeadline after the last renewal, at most
+//   - LeaderElectionResourceLockInterface, for fencing. With leader election on: the lock set,
+//     or the one controller-runtime would build (on a copy of cfg or LeaderElectionConfig),
+//     wrapped: the contexts of tracked calls end ("leader election lost") when client-go's
+//     elector gives the lease up (RetryPeriod + RenewDeadline after the last renewal, at most
 //     LeaseDuration) or another holder shows, and a replica whose stop began never acquires
-//     the lease. With LeaderElection off: a lock that controller-runtime ignores, unless
-//     leader election is turned on after Setup; then it refuses the lease and Start returns
-//     an error naming the fix.
-//   - WebhookServer (nil: controller-runtime's default, webhook.NewServer(webhook.Options{})),
-//     wrapped so that admission requests are tracked calls (see Runnable.Add).
+//     the lease. Off: a lock controller-runtime ignores, unless leader election is turned on
+//     after Setup; then it refuses the lease and Start fails, naming the fix.
+//   - WebhookServer (nil: webhook.NewServer(webhook.Options{})), wrapped to track admission
+//     (see Runnable.Add).
 //
-// It returns an error naming what to change, leaving *mgrOpts as it was, for nil mgrOpts,
-// Options given to Setup already, bad opts (negative ShutdownDelay, CancelAfter not below
-// GracePeriod, GracePeriod not below GracefulShutdownTimeout, intervals below drain's
-// minimums, a DebugAddress that is not loopback) and a lease lock controller-runtime
-// cannot build. The Runnable's Executor may be handed to reconcilers.Wrap from now on.
+// It returns an error naming what to change, *mgrOpts unchanged, for nil mgrOpts, Options
+// given to Setup already, bad opts, or a lease lock controller-runtime cannot build.
 func Setup(cfg *rest.Config, mgrOpts *manager.Options, opts Options) (*Runnable, error) {
 	if mgrOpts == nil {
 		return nil, errors.New("failed to set up quiesce: nil manager Options " +
@@ -54,13 +41,7 @@ func Setup(cfg *rest.Config, mgrOpts *manager.Options, opts Options) (*Runnable,
 		return nil, errors.New("failed to set up quiesce: these manager Options were given to runnable.Setup already " +
 			"(call Setup once per manager, on the Options of that manager)")
 	}
-	err := checkDurations(opts)
-	if err == nil {
-		err = checkBudget(opts, mgrOpts)
-	}
-	if err == nil {
-		err = checkDebugAddress(opts)
-	}
+	err := errors.Join(checkDurations(opts), checkBudget(opts, mgrOpts), checkDebugAddress(opts))
 	var lease *leaseObserver
 	if err == nil && mgrOpts.LeaderElection {
 		lease, err = observeLease(cfg, mgrOpts)
@@ -71,12 +52,8 @@ func Setup(cfg *rest.Config, mgrOpts *manager.Options, opts Options) (*Runnable,
 	if err != nil {
 		return nil, fmt.Errorf("failed to set up quiesce: %w", err)
 	}
-	if internal.NoLogger(opts.Logger) {
-		opts.Logger = mgrOpts.Logger
-		if internal.NoLogger(opts.Logger) {
-			opts.Logger = logf.Log
-		}
-		opts.Logger = opts.Logger.WithName("quiesce")
+	if internal.NoLogger(opts.Logger) && !internal.NoLogger(mgrOpts.Logger) {
+		opts.Logger = mgrOpts.Logger.WithName("quiesce") // else withDefaults: log.Log's
 	}
 	r := newRunnable(withDefaults(opts), true)
 	var lock resourcelock.Interface = &electionOff{r: r}
@@ -94,7 +71,6 @@ func Setup(cfg *rest.Config, mgrOpts *manager.Options, opts Options) (*Runnable,
 	return r, nil
 }
 
-// setupState is what Setup prepared, for Runnable.Add.
 type setupState struct {
 	mgrOpts  *manager.Options // as given to Setup, read again at Add
 	opts     Options
@@ -118,37 +94,24 @@ func checkDebugAddress(opts Options) error {
 	return nil
 }
 
-// Add adds the Runnable that Setup returned to mgr, made by ctrl.NewManager(cfg, mgrOpts)
-// from the Options given to Setup, with:
-//   - the readyz check "quiesce" (ReadyzCheck);
-//   - ServeHTTP at DebugPath on the manager's metrics server when, in the Options given to
-//     Setup as they are now, the metrics server is on and has a Metrics.FilterProvider
-//     (authentication and authorization, as for /metrics), or DebugWithoutFilter is set;
-//     otherwise it logs why not, once, at V(1). A copy of the Options that drops the filter
-//     after Setup is not detected: set the filter before Setup;
-//   - a listener of its own at Options.DebugAddress, serving DebugPath, stopped with the
-//     manager's HTTP servers (last);
-//   - process-wide metrics in controller-runtime's metrics.Registry (see the package doc).
+// Add adds the Runnable of Setup to mgr, made by ctrl.NewManager(cfg, mgrOpts), once, before
+// mgr.Start, with the readyz check "quiesce", the metrics, and ServeHTTP at DebugPath: on the
+// metrics server when mgrOpts.Metrics has a FilterProvider (or DebugWithoutFilter), else
+// not, saying so at V(1); and on Options.DebugAddress, stopped with the HTTP servers.
 //
-// The webhook server that Setup wrapped then tracks each admission request as a call named
-// "webhook/<path>/<namespace>/<name>" (the object's generateName when it has no name yet;
-// empty parts left out), read from the AdmissionReview (at most 7 MiB, as
-// controller-runtime reads it; the body is passed on as it came), or "webhook/<path>" for
-// other requests (conversion webhooks). Its calls take no MaxConcurrent slot and keep a
-// context that the server's stop does not cancel (the drain bounds them); from the stop on
-// responses carry "Connection: close" so that the API server's connections move to another
-// replica; it serves until the manager stops the webhooks, after this replica's drain, and
-// a request that arrives once the drain began is served untracked. A handler that panics
-// out of ServeHTTP is logged ("Webhook handler panicked", with the call's name and stack),
-// counted, and answered 500; http.ErrAbortHandler still aborts the response. Handlers
-// added to WebhookMux directly are served untracked.
+// The webhook server of Setup runs each request as a tracked call named
+// "webhook/<path>/<namespace>/<name>" (generateName when it has no name; empty parts left
+// out) from the AdmissionReview it reads (at most 7 MiB, passed on as it came), or
+// "webhook/<path>" for others (conversion). Its calls take no MaxConcurrent slot and keep a
+// context the server's stop does not cancel; from the stop on, responses carry "Connection:
+// close"; it serves until the manager stops the webhooks, after the drain, and serves a
+// request that arrives during the drain untracked. A panic out of a handler is logged
+// ("Webhook handler panicked"), counted and answered 500. It serves one manager.
 //
-// Add returns an error naming the fix when mgr's webhook server is not the one Setup
-// prepared (the manager was made before Setup, or from other Options, or WebhookServer was
-// set after Setup), when GracePeriod is no longer below the GracefulShutdownTimeout of the
-// Options given to Setup, when DebugAddress cannot be listened on, or on a second Add.
-// Call it once, before mgr.Start. A manager made from the same Options without Add fails
-// to start: its webhook server serves one manager.
+// Add fails, naming the fix, when WebhookServer, LeaderElection or the lock of mgrOpts
+// changed since Setup, when GracePeriod is not below its GracefulShutdownTimeout, when
+// DebugAddress cannot be listened on, or on a second Add. What it cannot see (the manager
+// made before Setup, or from a copy) Start reports, with leader election on.
 func (r *Runnable) Add(mgr manager.Manager) error {
 	s := r.setup
 	switch {
@@ -176,7 +139,7 @@ func (r *Runnable) Add(mgr manager.Manager) error {
 	return nil
 }
 
-// attach adds r to mgr: the steps that can fail on a manager not started come first.
+// attach adds r to mgr; what can fail on a manager not started comes first.
 func (r *Runnable) attach(mgr manager.Manager) error {
 	s := r.setup
 	if r.debugOnMetrics() {
@@ -204,8 +167,7 @@ func (r *Runnable) attach(mgr manager.Manager) error {
 		r.elected = mgr.Elected()
 		r.lease.Store(s.lease)
 	}
-	// Tracked before mgr.Add: a drain over before it was tracked would leave it tracked for good.
-	stats.track(r)
+	stats.track(r) // before mgr.Add: a drain over before it would leave r tracked for good
 	if err := mgr.Add(r); err != nil {
 		stats.fold(r)
 		if debug != nil {
@@ -219,16 +181,14 @@ func (r *Runnable) attach(mgr manager.Manager) error {
 			return fmt.Errorf("failed to add quiesce debug server: %w", err)
 		}
 	}
-	if s.lease != nil && s.lease.events.cluster == nil {
-		// The elector's Events ("became leader"), where controller-runtime records them.
+	if s.lease != nil && s.lease.events.cluster == nil { // the elector's Events, as controller-runtime's
 		rec := mgr.GetEventRecorderFor(s.lease.Identity())
 		s.lease.events.to.Store(&rec)
 	}
 	return nil
 }
 
-// debugOnMetrics reports whether Add serves DebugPath on the metrics server, and logs once,
-// at V(1), why not.
+// debugOnMetrics reports whether Add serves DebugPath on the metrics server, or says why not.
 func (r *Runnable) debugOnMetrics() bool {
 	m, s := r.setup.mgrOpts.Metrics, r.setup
 	switch {

@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// stopState is the stop's progress, shared by the Runnable, StopContext and the webhook server.
+// stopState is the stop's progress.
 type stopState struct {
 	delay     time.Duration
 	delayName string // how errors name it: Options.name
@@ -30,8 +30,8 @@ func (s *stopState) began() bool {
 	}
 }
 
-// beginStop marks the beginning of the stop, once: no campaigning for the lease from now
-// on, readiness fails if there is a ShutdownDelay, and webhook responses close their connections.
+// beginStop marks the beginning of the stop, once: no campaigning for the lease, readiness
+// failing with a ShutdownDelay, webhook connections closed.
 func (r *Runnable) beginStop() {
 	r.stop.beginOnce.Do(func() {
 		if l := r.lease.Load(); l != nil {
@@ -49,8 +49,7 @@ func (r *Runnable) beginStop() {
 	})
 }
 
-// sinceStop returns the key and value of the time since the stop began, for the lines of
-// the stop's timeline; nothing before the stop.
+// sinceStop is the key and value of the time since the stop began; nothing before.
 func (r *Runnable) sinceStop() []any {
 	if !r.stop.began() {
 		return nil
@@ -59,13 +58,10 @@ func (r *Runnable) sinceStop() []any {
 }
 
 // StopContext returns the context to start the manager with: mgr.Start(q.StopContext(ctx)).
-// When ctx ends the stop begins (readiness fails when ShutdownDelay > 0, webhook responses
-// carry "Connection: close"), and the returned context ends ShutdownDelay later, with ctx's
-// cause: meanwhile the whole manager keeps serving (webhooks, probes, metrics, controllers
-// with and without leader election), as kube-apiserver's --shutdown-delay-duration does.
-// controller-runtime cancels a whole group of runnables at once, so only the manager's
-// context can keep them all serving. A second SIGTERM still exits at once
-// (ctrl.SetupSignalHandler). Call it once, before mgr.Start; with no delay it is optional.
+// When ctx ends the stop begins, and the returned context ends ShutdownDelay later, with
+// ctx's cause: meanwhile the whole manager keeps serving, as kube-apiserver's
+// --shutdown-delay-duration does (controller-runtime cancels a group of runnables at once:
+// only the manager's context keeps them all). Call it once, before mgr.Start.
 func (r *Runnable) StopContext(ctx context.Context) context.Context {
 	r.stop.delayed.Store(true)
 	out, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
@@ -86,7 +82,7 @@ func (r *Runnable) StopContext(ctx context.Context) context.Context {
 // errLeadershipLost is the cause of the contexts that the fence ends.
 var errLeadershipLost = errors.New("leader election lost")
 
-// startDrain starts the drain once, on a goroutine of its own; r.stopped is closed when it is over.
+// startDrain starts the drain once; r.stopped is closed when it is over.
 func (r *Runnable) startDrain() {
 	r.drainOnce.Do(func() {
 		r.drainStarted.Store(true)
@@ -94,10 +90,8 @@ func (r *Runnable) startDrain() {
 	})
 }
 
-// fence ends the context of every tracked call at once: the lease was lost, another replica
-// may lead already, and controller-runtime gives its runnables no grace. The stop and the
-// drain begin, if they had not: no call is admitted any more, and those running stay
-// tracked and reported.
+// fence ends the context of every tracked call: the lease was lost, and another replica may
+// lead already. The stop and the drain begin; the calls stay tracked and reported.
 func (r *Runnable) fence(lastRenewal time.Time, fenceAfter time.Duration, reason string) {
 	r.beginStop()
 	r.startDrain()
@@ -113,8 +107,8 @@ func (r *Runnable) fence(lastRenewal time.Time, fenceAfter time.Duration, reason
 	})
 }
 
-// safely runs log and contains a panic in it: these lines are logged from quiesce's own
-// goroutines, where a broken Logger must neither crash the process nor stop the stop.
+// safely runs log, containing a panic: on quiesce's own goroutines a broken Logger must not
+// crash the process nor stop the stop.
 func safely(log func()) {
 	defer func() { _ = recover() }()
 	log()

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"path"
 	"strings"
 	"sync/atomic"
 
@@ -17,8 +18,7 @@ import (
 	"github.com/quiesce-dev/quiesce/internal"
 )
 
-// webhookServer is the webhook server Setup installs: it wraps the handlers registered on
-// it (see Runnable.Add) and starts the inner server with a context of its own.
+// webhookServer is the webhook server of Setup: see Runnable.Add.
 type webhookServer struct {
 	inner   webhook.Server
 	r       *Runnable
@@ -27,8 +27,7 @@ type webhookServer struct {
 
 var _ webhook.Server = (*webhookServer)(nil)
 
-// errServerStopping is the cause with which the wrapper cancels the inner server's context:
-// requests in flight see it, and keep a live context (liveContext).
+// errServerStopping ends the inner server's context; requests keep theirs (liveContext).
 var errServerStopping = errors.New("quiesce webhook server stopping")
 
 func (s *webhookServer) NeedLeaderElection() bool        { return s.inner.NeedLeaderElection() }
@@ -38,9 +37,7 @@ func (s *webhookServer) Register(path string, h http.Handler) {
 	s.inner.Register(path, &trackedHook{r: s.r, path: strings.Trim(path, "/"), hook: h})
 }
 
-// Start runs the inner server until ctx ends (the manager stops the webhooks last) and
-// returns once it returned. It fails when the Runnable was not added to a manager, or when
-// a second manager made from the same Options starts it.
+// Start runs the inner server until ctx ends, for one manager, whose Runnable was added.
 func (s *webhookServer) Start(ctx context.Context) error {
 	switch {
 	case !s.r.setup.added.Load():
@@ -60,15 +57,15 @@ func (s *webhookServer) Start(ctx context.Context) error {
 	return err
 }
 
-// trackedHook serves one registered path as tracked calls.
+// trackedHook serves a registered path as tracked calls.
 type trackedHook struct {
 	r    *Runnable
 	path string // without its slashes
 	hook http.Handler
 }
 
-// maxReviewBytes is the most of a request's body read to name its call: controller-runtime's
-// admission webhooks refuse larger bodies (admission/http.go, maxRequestSize).
+// maxReviewBytes is the most read of a body to name its call: controller-runtime's admission
+// webhooks refuse larger ones (admission/http.go, maxRequestSize).
 const maxReviewBytes = 7 << 20
 
 func (h *trackedHook) ServeHTTP(w http.ResponseWriter, req *http.Request) {
@@ -99,11 +96,10 @@ func (h *trackedHook) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 }
 
-// callName names req's call after the AdmissionReview in its body, and puts the body back
-// as it came: what was read, then the rest.
+// callName names req's call after the AdmissionReview in its body, put back as it came.
 func (h *trackedHook) callName(req *http.Request) string {
 	if req.Body == nil || req.Body == http.NoBody {
-		return joinName("webhook", h.path)
+		return path.Join("webhook", h.path)
 	}
 	head, err := io.ReadAll(io.LimitReader(req.Body, maxReviewBytes+1))
 	req.Body = readCloser{io.MultiReader(bytes.NewReader(head), req.Body), req.Body}
@@ -116,14 +112,14 @@ func (h *trackedHook) callName(req *http.Request) string {
 		} `json:"request"`
 	}
 	if err != nil || len(head) > maxReviewBytes || json.Unmarshal(head, &review) != nil || review.Request == nil {
-		return joinName("webhook", h.path)
+		return path.Join("webhook", h.path)
 	}
 	rq := review.Request
 	name := rq.Name
 	if name == "" {
 		name = rq.Object.Metadata.GenerateName
 	}
-	return joinName("webhook", h.path, rq.Namespace, name)
+	return path.Join("webhook", h.path, rq.Namespace, name) // empty parts left out
 }
 
 // readCloser reads from Reader and closes Closer: a body partly read, put back.
@@ -132,22 +128,8 @@ type readCloser struct {
 	io.Closer
 }
 
-// joinName joins the parts that are not empty with "/".
-func joinName(parts ...string) string {
-	var b strings.Builder
-	for _, p := range parts {
-		if p != "" {
-			if b.Len() > 0 {
-				b.WriteByte('/')
-			}
-			b.WriteString(p)
-		}
-	}
-	return b.String()
-}
-
-// closingWriter answers with "Connection: close" when the header is written once the stop
-// began (HTTP/2: a graceful GOAWAY), so that the API server's next request goes to another replica.
+// closingWriter adds "Connection: close" (HTTP/2: a GOAWAY) to a header written once the
+// stop began, so that the API server's next request goes to another replica.
 type closingWriter struct {
 	http.ResponseWriter
 	stop  *stopState
@@ -176,9 +158,8 @@ func (w *closingWriter) mark() {
 // Unwrap returns the ResponseWriter, for http.ResponseController.
 func (w *closingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// liveContext returns a context with parent's values that ends when parent ends, but for the
-// inner server's stop (errServerStopping): a request in flight keeps a live context while
-// the server shuts down (controller-runtime v0.24 on cancels it then), and the drain bounds it.
+// liveContext returns parent's values, ending with parent but not with the server's stop
+// (controller-runtime v0.24 on cancels requests then): the drain bounds them instead.
 func liveContext(parent context.Context) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancelCause(context.WithoutCancel(parent))
 	stop := context.AfterFunc(parent, func() {

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"github.com/quiesce-dev/quiesce/drain"
 	"github.com/quiesce-dev/quiesce/reconcilers"
 	"github.com/quiesce-dev/quiesce/runnable"
 )
@@ -75,7 +76,7 @@ var _ = Describe("Options.Recorder", func() {
 			ns := newNamespace(ctx)
 			var logs logLines
 			mgr, q, err := newQuiesced(runnable.Options{
-				Logger: logs.logger(), SlowAfter: 500 * time.Millisecond, ReportEvery: 500 * time.Millisecond,
+				Logger: logs.logger(), SlowAfter: drain.MinSlowAfter, ReportEvery: drain.MinReportEvery,
 				GracePeriod: 2 * time.Second,
 			}, inNamespace(ns))
 			Expect(err).NotTo(HaveOccurred())

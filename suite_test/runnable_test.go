@@ -259,7 +259,7 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 		cur := goleak.IgnoreCurrent()
 		ns := newNamespace(ctx)
 		var logs logLines
-		mgr, q, err := newQuiesced(runnable.Options{Logger: logs.logger(), ReportAfter: time.Millisecond}, inNamespace(ns))
+		mgr, q, err := newQuiesced(runnable.Options{Logger: logs.logger(), ReportAfter: drain.MinReportAfter}, inNamespace(ns))
 		Expect(err).NotTo(HaveOccurred())
 		reconciled := make(chan struct{}, 1)
 		Expect(ctrl.NewControllerManagedBy(mgr).For(&corev1.ConfigMap{}).Named("quiet").

@@ -5,11 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -232,62 +230,34 @@ func (l *leaseObserver) RecordEvent(s string) { l.inner.RecordEvent(s) }
 func (l *leaseObserver) Identity() string     { return l.inner.Identity() }
 func (l *leaseObserver) Describe() string     { return l.inner.Describe() }
 
-// lockEvents is the recorder.Provider given to leaderelection.NewResourceLock. The lock's
-// Events ("became leader") go where controller-runtime records them: to the manager's
-// recorder, set by Add, or with LeaderElectionConfig to the lease's cluster, through a
-// broadcaster made at the first Event and, like controller-runtime's for that cluster, never
-// stopped. The elector records none before the manager starts. Embedding the interface keeps
-// it a recorder.Provider across controller-runtime releases.
+// lockEvents is the recorder.Provider given to leaderelection.NewResourceLock. Its recorder
+// drops the lock's Events ("became leader") until Add points it where controller-runtime
+// records them: the manager's recorder, or with LeaderElectionConfig a broadcaster to the
+// lease's cluster, never stopped, like controller-runtime's for that cluster. Embedding the
+// interface keeps it a recorder.Provider across controller-runtime releases.
 type lockEvents struct {
 	recorder.Provider
-	to      atomic.Pointer[record.EventRecorder]
-	cluster *rest.Config // LeaderElectionConfig, or nil
-	name    string       // the name the lock asked its recorder for: the Events' source
-	once    sync.Once
+	rec     struct{ record.EventRecorder } // read by the elector, once the manager started
+	name    string                         // the name the lock asked for: the Events' source
+	cluster *rest.Config                   // LeaderElectionConfig, or nil
 	caster  record.EventBroadcaster
 }
 
 func (p *lockEvents) GetEventRecorderFor(name string) record.EventRecorder {
-	p.name = name // by NewResourceLock, before the lock is shared
-	return (*lockRecorder)(p)
+	p.name, p.rec.EventRecorder = name, &record.FakeRecorder{} // before the lock is shared
+	return &p.rec
 }
 
-type lockRecorder lockEvents
-
-func (r *lockRecorder) get() record.EventRecorder {
-	if r.cluster != nil {
-		r.once.Do(func() {
-			cs, err := kubernetes.NewForConfig(r.cluster)
-			if err != nil {
-				return // not for a config NewResourceLock accepted
-			}
-			r.caster = record.NewBroadcaster()
-			r.caster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cs.CoreV1().Events("")})
-			var rec record.EventRecorder = r.caster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: r.name})
-			r.to.Store(&rec)
-		})
+// connect points the lock's Events where controller-runtime records them, before mgr.Start.
+func (p *lockEvents) connect(mgr manager.Manager) {
+	if p.cluster == nil {
+		p.rec.EventRecorder = mgr.GetEventRecorderFor(p.name)
+		return
 	}
-	if p := r.to.Load(); p != nil {
-		return *p
-	}
-	return nil
-}
-
-func (r *lockRecorder) Event(obj runtime.Object, typ, reason, msg string) {
-	if to := r.get(); to != nil {
-		to.Event(obj, typ, reason, msg)
-	}
-}
-
-func (r *lockRecorder) Eventf(obj runtime.Object, typ, reason, format string, args ...any) {
-	if to := r.get(); to != nil {
-		to.Eventf(obj, typ, reason, format, args...)
-	}
-}
-
-func (r *lockRecorder) AnnotatedEventf(obj runtime.Object, ann map[string]string, typ, reason, format string, args ...any) {
-	if to := r.get(); to != nil {
-		to.AnnotatedEventf(obj, ann, typ, reason, format, args...)
+	if cs, err := kubernetes.NewForConfig(p.cluster); err == nil { // NewResourceLock made one already
+		p.caster = record.NewBroadcaster()
+		p.caster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cs.CoreV1().Events("")})
+		p.rec.EventRecorder = p.caster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: p.name})
 	}
 }
 

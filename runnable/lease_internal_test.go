@@ -341,15 +341,14 @@ func TestObserveLease(t *testing.T) {
 	}
 }
 
-// The lock's Events go to the recorder Add connects, and are dropped before.
+// The lock's Events go to the manager's recorder once Add connected it, and are dropped before.
 func TestLockEventsForwarded(t *testing.T) {
 	var events lockEvents
 	rec := events.GetEventRecorderFor("id")
 	pod := &corev1.Pod{}
 	rec.Eventf(pod, corev1.EventTypeNormal, "LeaderElection", "dropped %d", 1)
 	fake := record.NewFakeRecorder(2)
-	var to record.EventRecorder = fake
-	events.to.Store(&to)
+	events.connect(stubManager{events: fake})
 	rec.Eventf(pod, corev1.EventTypeNormal, "LeaderElection", "id %s", "became leader")
 	rec.Event(pod, corev1.EventTypeNormal, "LeaderElection", "plain")
 	if got := []string{<-fake.Events, <-fake.Events}; got[0] != "Normal LeaderElection id became leader" || got[1] != "Normal LeaderElection plain" {

@@ -13,6 +13,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/record"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -24,7 +25,11 @@ import (
 // stubManager is the part of a manager that Runnable.Add uses; it keeps nothing.
 type stubManager struct {
 	manager.Manager // nil: calling anything else panics
+	events          record.EventRecorder
 }
+
+func (m stubManager) GetEventRecorderFor(string) record.EventRecorder { return m.events }
+func (stubManager) Elected() <-chan struct{}                          { return nil }
 
 // addedRunnable is a Runnable of Setup, added to a stubManager.
 func addedRunnable(t *testing.T, opts Options) *Runnable {

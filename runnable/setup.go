@@ -181,9 +181,8 @@ func (r *Runnable) attach(mgr manager.Manager) error {
 			return fmt.Errorf("failed to add quiesce debug server: %w", err)
 		}
 	}
-	if s.lease != nil && s.lease.events.cluster == nil { // the elector's Events, as controller-runtime's
-		rec := mgr.GetEventRecorderFor(s.lease.Identity())
-		s.lease.events.to.Store(&rec)
+	if s.lease != nil {
+		s.lease.events.connect(mgr)
 	}
 	return nil
 }

@@ -105,7 +105,11 @@ func TestLeaseEventsInTheLeaseCluster(t *testing.T) {
 	defer srv.Close()
 	mo := manager.Options{LeaderElection: true, LeaderElectionID: "x", LeaderElectionNamespace: "ns",
 		LeaderElectionConfig: &rest.Config{Host: srv.URL}}
-	if _, err := Setup(&rest.Config{Host: "http://127.0.0.1:1"}, &mo, Options{}); err != nil {
+	q, err := Setup(&rest.Config{Host: "http://127.0.0.1:1"}, &mo, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Add(stubManager{}); err != nil {
 		t.Fatal(err)
 	}
 	lock := mo.LeaderElectionResourceLockInterface.(*leaseObserver)

@@ -28,23 +28,15 @@ var (
 		Buckets: []float64{.001, .01, .1, .5, 1, 2.5, 5, 10, 20, 30, 60},
 	})
 
-	statsDescs = struct {
-		inFlight, started, refused, panicked, abandoned, oldest, slow *prometheus.Desc
-	}{
-		inFlight: prometheus.NewDesc("quiesce_calls_in_flight",
-			"Tracked calls admitted and not yet returned.", nil, nil),
-		started: prometheus.NewDesc("quiesce_calls_started_total",
-			"Tracked calls started.", nil, nil),
-		refused: prometheus.NewDesc("quiesce_calls_refused_total",
-			"Calls refused because the executor was draining.", nil, nil),
-		panicked: prometheus.NewDesc("quiesce_calls_panicked_total",
-			"Tracked calls that panicked.", nil, nil),
-		abandoned: prometheus.NewDesc("quiesce_calls_abandoned_total",
-			"Tracked calls still running when the grace period ended.", nil, nil),
-		oldest: prometheus.NewDesc("quiesce_oldest_call_age_seconds",
-			"Age of the oldest tracked call still running; 0 when none runs.", nil, nil),
-		slow: prometheus.NewDesc("quiesce_calls_slow",
-			"Tracked calls running for longer than their executor's SlowAfter.", nil, nil),
+	// statsDescs: quiesce_calls_in_flight, then 4 counters, then 2 gauges (see Collect).
+	statsDescs = [...]*prometheus.Desc{
+		prometheus.NewDesc("quiesce_calls_in_flight", "Tracked calls admitted and not yet returned.", nil, nil),
+		prometheus.NewDesc("quiesce_calls_started_total", "Tracked calls started.", nil, nil),
+		prometheus.NewDesc("quiesce_calls_refused_total", "Calls refused because the executor was draining.", nil, nil),
+		prometheus.NewDesc("quiesce_calls_panicked_total", "Tracked calls that panicked.", nil, nil),
+		prometheus.NewDesc("quiesce_calls_abandoned_total", "Tracked calls still running when the grace period ended.", nil, nil),
+		prometheus.NewDesc("quiesce_oldest_call_age_seconds", "Age of the oldest tracked call still running; 0 when none runs.", nil, nil),
+		prometheus.NewDesc("quiesce_calls_slow", "Tracked calls running for longer than their executor's SlowAfter.", nil, nil),
 	}
 
 	stats = newStatsCollector()
@@ -105,12 +97,14 @@ func (c *statsCollector) fold(r *Runnable) {
 		return
 	}
 	delete(c.live, r)
-	s := r.ex.Stats()
-	c.folded.Started += s.Started
-	c.folded.Finished += s.Finished
-	c.folded.Refused += s.Refused
-	c.folded.Panicked += s.Panicked
-	c.folded.Abandoned += s.Abandoned
+	addCounters(&c.folded, r.ex.Stats())
+}
+
+func addCounters(to *drain.Stats, s drain.Stats) {
+	to.Started += s.Started
+	to.Refused += s.Refused
+	to.Panicked += s.Panicked
+	to.Abandoned += s.Abandoned
 }
 
 func (c *statsCollector) tracked() int {
@@ -128,22 +122,20 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 	sum := c.folded
 	for r := range c.live {
 		s := r.ex.Stats()
+		addCounters(&sum, s)
 		sum.InFlight += s.InFlight
-		sum.Started += s.Started
-		sum.Refused += s.Refused
-		sum.Panicked += s.Panicked
-		sum.Abandoned += s.Abandoned
 		if !s.Oldest.IsZero() {
 			oldest = max(oldest, r.clock.Since(s.Oldest))
 		}
 		slow += s.Slow
 	}
 	c.mu.Unlock()
-	ch <- prometheus.MustNewConstMetric(statsDescs.inFlight, prometheus.GaugeValue, float64(sum.InFlight))
-	ch <- prometheus.MustNewConstMetric(statsDescs.started, prometheus.CounterValue, float64(sum.Started))
-	ch <- prometheus.MustNewConstMetric(statsDescs.refused, prometheus.CounterValue, float64(sum.Refused))
-	ch <- prometheus.MustNewConstMetric(statsDescs.panicked, prometheus.CounterValue, float64(sum.Panicked))
-	ch <- prometheus.MustNewConstMetric(statsDescs.abandoned, prometheus.CounterValue, float64(sum.Abandoned))
-	ch <- prometheus.MustNewConstMetric(statsDescs.oldest, prometheus.GaugeValue, oldest.Seconds())
-	ch <- prometheus.MustNewConstMetric(statsDescs.slow, prometheus.GaugeValue, float64(slow))
+	for i, v := range []float64{float64(sum.InFlight), float64(sum.Started), float64(sum.Refused),
+		float64(sum.Panicked), float64(sum.Abandoned), oldest.Seconds(), float64(slow)} {
+		typ := prometheus.CounterValue
+		if i == 0 || i > 4 {
+			typ = prometheus.GaugeValue
+		}
+		ch <- prometheus.MustNewConstMetric(statsDescs[i], typ, v)
+	}
 }

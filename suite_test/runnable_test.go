@@ -367,7 +367,7 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 	})
 })
 
-var _ = Describe("runnable.Add", func() {
+var _ = Describe("Runnable.Add", func() {
 	It("should refuse a manager that already stopped, with a clear error", func(ctx SpecContext) {
 		cur := goleak.IgnoreCurrent()
 		ns := newNamespace(ctx)

@@ -96,30 +96,84 @@ func (h *trackedHook) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 }
 
-// callName names req's call after the AdmissionReview in its body, put back as it came.
+// callName names req's call after the AdmissionReview in its body, put back as it came. It
+// reads no further than it needs: the API server sends request.name and namespace before
+// the object (only a create without a name reads on, into its metadata.generateName).
 func (h *trackedHook) callName(req *http.Request) string {
 	if req.Body == nil || req.Body == http.NoBody {
 		return path.Join("webhook", h.path)
 	}
-	head, err := io.ReadAll(io.LimitReader(req.Body, maxReviewBytes+1))
-	req.Body = readCloser{io.MultiReader(bytes.NewReader(head), req.Body), req.Body}
-	var review struct {
-		Request *struct {
-			Namespace, Name string
-			Object          struct {
-				Metadata struct{ GenerateName string } `json:"metadata"`
-			} `json:"object"`
-		} `json:"request"`
+	var seen bytes.Buffer
+	dec := json.NewDecoder(io.TeeReader(io.LimitReader(req.Body, maxReviewBytes), &seen))
+	var ns, name string
+	object := func(key string) int {
+		if key != "metadata" {
+			return skip
+		}
+		walk(dec, func(key string) int {
+			if key != "generateName" {
+				return skip
+			}
+			_ = dec.Decode(&name)
+			return stop
+		})
+		return stop
 	}
-	if err != nil || len(head) > maxReviewBytes || json.Unmarshal(head, &review) != nil || review.Request == nil {
-		return path.Join("webhook", h.path)
+	walk(dec, func(key string) int {
+		if key != "request" {
+			return skip
+		}
+		walk(dec, func(key string) int {
+			switch {
+			case key == "namespace":
+				_ = dec.Decode(&ns)
+			case key == "name":
+				_ = dec.Decode(&name)
+			case key == "object" && name == "":
+				walk(dec, object)
+				return stop
+			case key == "object" || key == "oldObject":
+				return stop
+			default:
+				return skip
+			}
+			return read
+		})
+		return stop
+	})
+	req.Body = readCloser{io.MultiReader(&seen, req.Body), req.Body}
+	return path.Join("webhook", h.path, ns, name) // empty parts left out
+}
+
+// What walk's visit did with a key's value: left it to walk to skip, read it, or read what
+// it needed and ends the walk.
+const (
+	skip = iota
+	read
+	stop
+)
+
+// walk reads the JSON object next in dec key by key, calling visit on each, until visit
+// says stop, the object ends, or dec fails.
+func walk(dec *json.Decoder, visit func(key string) int) {
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return
 	}
-	rq := review.Request
-	name := rq.Name
-	if name == "" {
-		name = rq.Object.Metadata.GenerateName
+	for dec.More() {
+		t, err := dec.Token()
+		key, ok := t.(string)
+		if err != nil || !ok {
+			return
+		}
+		switch visit(key) {
+		case skip:
+			if dec.Decode(&json.RawMessage{}) != nil {
+				return
+			}
+		case stop:
+			return
+		}
 	}
-	return path.Join("webhook", h.path, rq.Namespace, name) // empty parts left out
 }
 
 // readCloser reads from Reader and closes Closer: a body partly read, put back.

@@ -309,7 +309,7 @@ func TestLeaseLostDuringTheDrainFences(t *testing.T) {
 }
 
 func TestObserveLease(t *testing.T) {
-	cfg := &rest.Config{Host: "http://127.0.0.1:1"}
+	cfg := &rest.Config{Host: noServer}
 	own := &fakeLock{id: "mine"}
 	l, err := observeLease(cfg, &manager.Options{LeaderElection: true, LeaderElectionResourceLockInterface: own,
 		RenewDeadline: ptr.To(7 * time.Second)})

@@ -34,9 +34,12 @@ var (
 		prometheus.NewDesc("quiesce_calls_started_total", "Tracked calls started.", nil, nil),
 		prometheus.NewDesc("quiesce_calls_refused_total", "Calls refused because the executor was draining.", nil, nil),
 		prometheus.NewDesc("quiesce_calls_panicked_total", "Tracked calls that panicked.", nil, nil),
-		prometheus.NewDesc("quiesce_calls_abandoned_total", "Tracked calls still running when the grace period ended.", nil, nil),
-		prometheus.NewDesc("quiesce_oldest_call_age_seconds", "Age of the oldest tracked call still running; 0 when none runs.", nil, nil),
-		prometheus.NewDesc("quiesce_calls_slow", "Tracked calls running for longer than their executor's SlowAfter.", nil, nil),
+		prometheus.NewDesc("quiesce_calls_abandoned_total",
+			"Tracked calls still running when the grace period ended.", nil, nil),
+		prometheus.NewDesc("quiesce_oldest_call_age_seconds",
+			"Age of the oldest tracked call still running; 0 when none runs.", nil, nil),
+		prometheus.NewDesc("quiesce_calls_slow",
+			"Tracked calls running for longer than their executor's SlowAfter.", nil, nil),
 	}
 
 	stats = newStatsCollector()

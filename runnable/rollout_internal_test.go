@@ -531,6 +531,7 @@ func TestDefaultCancelAfter(t *testing.T) {
 }
 
 func TestValidate(t *testing.T) {
+	const notLoopback = "set a loopback host:port"
 	for _, tc := range []struct {
 		opts Options
 		mo   managerOptions
@@ -561,10 +562,10 @@ func TestValidate(t *testing.T) {
 		{Options{DebugAddress: "[::1]:8083"}, managerOptions{}, ""},
 		{Options{DebugAddress: "localhost:8083"}, managerOptions{}, ""},
 		{Options{DebugAddress: ":8083"}, managerOptions{}, `DebugAddress is ":8083": set a loopback host:port`},
-		{Options{DebugAddress: "0.0.0.0:8083"}, managerOptions{}, "set a loopback host:port"},
-		{Options{DebugAddress: "10.0.0.1:8083"}, managerOptions{}, "set a loopback host:port"},
-		{Options{DebugAddress: "pod.example.com:8083"}, managerOptions{}, "set a loopback host:port"},
-		{Options{DebugAddress: "127.0.0.1"}, managerOptions{}, "set a loopback host:port"},
+		{Options{DebugAddress: "0.0.0.0:8083"}, managerOptions{}, notLoopback},
+		{Options{DebugAddress: "10.0.0.1:8083"}, managerOptions{}, notLoopback},
+		{Options{DebugAddress: "pod.example.com:8083"}, managerOptions{}, notLoopback},
+		{Options{DebugAddress: "127.0.0.1"}, managerOptions{}, notLoopback},
 		// Bound by BindFlags: the errors name the flags, which the user set.
 		{Options{ShutdownDelay: -time.Second, flagsBound: true}, managerOptions{},
 			"--quiesce-shutdown-delay (ShutdownDelay) is -1s: set it to 0"},

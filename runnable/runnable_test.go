@@ -69,8 +69,8 @@ func (c *capture) all() []string {
 func messages(lines []string) []string {
 	out := make([]string, len(lines))
 	for i, l := range lines {
-		_, rest, _ := strings.Cut(l, `"msg"="`)
-		out[i], _, _ = strings.Cut(rest, `"`)
+		_, after, _ := strings.Cut(l, `"msg"="`)
+		out[i], _, _ = strings.Cut(after, `"`)
 	}
 	return out
 }

@@ -18,6 +18,9 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 )
 
+// noServer is the host of an API server nothing listens on.
+const noServer = "http://127.0.0.1:1"
+
 // restartableServer is a webhook.Server that any number of Starts may run, one after another.
 type restartableServer struct {
 	mux     *http.ServeMux
@@ -39,7 +42,7 @@ func (s *restartableServer) Start(ctx context.Context) error {
 // served its webhooks through the first manager's wrapper, tracked by a Runnable that
 // drained already (issue 42). Fails on the code before: the second mgr.Start returns nil.
 func TestOneSetupServesOneManager(t *testing.T) {
-	cfg := &rest.Config{Host: "http://127.0.0.1:1"}
+	cfg := &rest.Config{Host: noServer}
 	inner := &restartableServer{mux: http.NewServeMux(), started: make(chan struct{}, 2)}
 	mo := manager.Options{WebhookServer: inner, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0"}
 	q, err := Setup(cfg, &mo, Options{})
@@ -105,7 +108,7 @@ func TestLeaseEventsInTheLeaseCluster(t *testing.T) {
 	defer srv.Close()
 	mo := manager.Options{LeaderElection: true, LeaderElectionID: "x", LeaderElectionNamespace: "ns",
 		LeaderElectionConfig: &rest.Config{Host: srv.URL}}
-	q, err := Setup(&rest.Config{Host: "http://127.0.0.1:1"}, &mo, Options{})
+	q, err := Setup(&rest.Config{Host: noServer}, &mo, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

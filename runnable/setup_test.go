@@ -305,8 +305,8 @@ func TestDebugAddressServesOnLoopback(t *testing.T) {
 	mgr, q := setupManager(t, &mo, runnable.Options{DebugAddress: "127.0.0.1:0", Logger: logs.logger()})
 	var addr string
 	for _, l := range logs.all() {
-		if _, rest, ok := strings.Cut(l, `"msg"="Serving the debug view on loopback" "address"="`); ok {
-			addr, _, _ = strings.Cut(rest, `"`)
+		if _, after, ok := strings.Cut(l, `"msg"="Serving the debug view on loopback" "address"="`); ok {
+			addr, _, _ = strings.Cut(after, `"`)
 		}
 	}
 	if !strings.HasPrefix(addr, "127.0.0.1:") {

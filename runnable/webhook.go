@@ -33,8 +33,8 @@ var errServerStopping = errors.New("quiesce webhook server stopping")
 func (s *webhookServer) NeedLeaderElection() bool        { return s.inner.NeedLeaderElection() }
 func (s *webhookServer) StartedChecker() healthz.Checker { return s.inner.StartedChecker() }
 func (s *webhookServer) WebhookMux() *http.ServeMux      { return s.inner.WebhookMux() }
-func (s *webhookServer) Register(path string, h http.Handler) {
-	s.inner.Register(path, &trackedHook{r: s.r, path: strings.Trim(path, "/"), hook: h})
+func (s *webhookServer) Register(at string, h http.Handler) {
+	s.inner.Register(at, &trackedHook{r: s.r, path: strings.Trim(at, "/"), hook: h})
 }
 
 // Start runs the inner server until ctx ends, for one manager, whose Runnable was added.

@@ -284,9 +284,9 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 	It("should stay ready through a drain without ShutdownDelay, and export metrics that match the calls", func(ctx SpecContext) {
 		cur := goleak.IgnoreCurrent()
 		ns := newNamespace(ctx)
-		probeAddr, metricsAddr := freeAddr(), freeAddr()
-		// The spec reads /debug/quiesce over plain HTTP.
-		mgr, q, err := newQuiesced(runnable.Options{GracePeriod: 2 * time.Second, DebugWithoutFilter: true}, inNamespace(ns), func(o *manager.Options) {
+		probeAddr, metricsAddr, debugAddr := freeAddr(), freeAddr(), freeAddr()
+		// The spec reads /debug/quiesce over plain HTTP, on the loopback listener of DebugAddress.
+		mgr, q, err := newQuiesced(runnable.Options{GracePeriod: 2 * time.Second, DebugAddress: debugAddr}, inNamespace(ns), func(o *manager.Options) {
 			o.HealthProbeBindAddress = probeAddr
 			o.Metrics = metricsserver.Options{BindAddress: metricsAddr}
 		})
@@ -335,7 +335,7 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 		Expect(metricValue(during, "quiesce_oldest_call_age_seconds")).To(BeNumerically(">", 0))
 
 		By("listing the pending calls at /debug/quiesce, on the metrics server")
-		debugCode, debugBody, err := httpGet("http://" + metricsAddr + "/debug/quiesce?limit=1")
+		debugCode, debugBody, err := httpGet("http://" + debugAddr + "/debug/quiesce?limit=1")
 		Expect(err).NotTo(HaveOccurred())
 		Expect(debugCode).To(Equal(http.StatusOK))
 		var debug struct {

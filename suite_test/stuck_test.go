@@ -38,11 +38,11 @@ var _ = Describe("A stuck reconcile", func() {
 		func(ctx SpecContext) {
 			cur := goleak.IgnoreCurrent()
 			ns := newNamespace(ctx)
-			metricsAddr := freeAddr()
+			metricsAddr, debugAddr := freeAddr(), freeAddr()
 			var logs logLines
 			mgr, q, err := newQuiesced(runnable.Options{
 				Logger: logs.logger(), SlowAfter: time.Second, ReportEvery: time.Second,
-				DebugWithoutFilter: true, // the spec reads /debug/quiesce over plain HTTP
+				DebugAddress: debugAddr, // the spec reads /debug/quiesce over plain HTTP, on loopback
 			}, inNamespace(ns), func(o *manager.Options) {
 				o.Metrics = metricsserver.Options{BindAddress: metricsAddr}
 			})
@@ -80,7 +80,7 @@ var _ = Describe("A stuck reconcile", func() {
 			Expect(slowLine).To(ContainSubstring(`"slow"=1`))
 
 			By("listing it at /debug/quiesce, with the reconciler's own line")
-			code, body, err := httpGet("http://" + metricsAddr + "/debug/quiesce")
+			code, body, err := httpGet("http://" + debugAddr + "/debug/quiesce")
 			Expect(err).NotTo(HaveOccurred())
 			Expect(code).To(Equal(http.StatusOK))
 			_, _ = fmt.Fprintln(GinkgoWriter, "GET /debug/quiesce:", body)

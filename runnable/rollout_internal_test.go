@@ -601,7 +601,7 @@ func wrapServer(r *Runnable, inner webhook.Server) *webhookServer {
 		r.setup = &setupState{}
 	}
 	r.setup.added.Store(true)
-	return &webhookServer{inner: inner, r: r}
+	return &webhookServer{Server: inner, r: r}
 }
 
 // A Logger that panics on the timeline's lines neither crashes the process nor holds the

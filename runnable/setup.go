@@ -65,7 +65,7 @@ func Setup(cfg *rest.Config, mgrOpts *manager.Options, opts Options) (*Runnable,
 	if internal.IsNil(inner) {
 		inner = webhook.NewServer(webhook.Options{}) // controller-runtime's default
 	}
-	ws := &webhookServer{inner: inner, r: r}
+	ws := &webhookServer{Server: inner, r: r}
 	r.setup = &setupState{mgrOpts: mgrOpts, opts: opts, webhooks: ws, lease: lease, lock: lock}
 	mgrOpts.LeaderElectionResourceLockInterface, mgrOpts.WebhookServer = lock, ws
 	return r, nil

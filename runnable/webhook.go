@@ -11,7 +11,6 @@ import (
 	"strings"
 	"sync/atomic"
 
-	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/quiesce-dev/quiesce/drain"
@@ -20,9 +19,9 @@ import (
 
 // webhookServer is the webhook server of Setup: see Runnable.Add.
 type webhookServer struct {
-	inner   webhook.Server
-	r       *Runnable
-	started atomic.Bool
+	webhook.Server // the inner server, whose other methods it keeps
+	r              *Runnable
+	started        atomic.Bool
 }
 
 var _ webhook.Server = (*webhookServer)(nil)
@@ -30,11 +29,8 @@ var _ webhook.Server = (*webhookServer)(nil)
 // errServerStopping ends the inner server's context; requests keep theirs (liveContext).
 var errServerStopping = errors.New("quiesce webhook server stopping")
 
-func (s *webhookServer) NeedLeaderElection() bool        { return s.inner.NeedLeaderElection() }
-func (s *webhookServer) StartedChecker() healthz.Checker { return s.inner.StartedChecker() }
-func (s *webhookServer) WebhookMux() *http.ServeMux      { return s.inner.WebhookMux() }
 func (s *webhookServer) Register(at string, h http.Handler) {
-	s.inner.Register(at, &trackedHook{r: s.r, path: strings.Trim(at, "/"), hook: h})
+	s.Server.Register(at, &trackedHook{r: s.r, path: strings.Trim(at, "/"), hook: h})
 }
 
 // Start runs the inner server until ctx ends, for one manager, whose Runnable was added.
@@ -50,7 +46,7 @@ func (s *webhookServer) Start(ctx context.Context) error {
 	innerCtx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer cancel(nil)
 	defer context.AfterFunc(ctx, func() { cancel(errServerStopping) })()
-	err := s.inner.Start(innerCtx)
+	err := s.Server.Start(innerCtx)
 	if s.r.stop.began() {
 		s.r.stopLog().Info("Webhook server stopped", s.r.sinceStop()...)
 	}

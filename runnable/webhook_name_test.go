@@ -160,7 +160,7 @@ func TestOtherHandlerCallIsNamedAfterThePath(t *testing.T) {
 			t.Errorf("%d bytes: got %d in the call %q, body as sent %v, closed %v; want 418 in webhook/convert, "+
 				"the body as sent, closed", size, rec.Code, name, got == sent, body.closed)
 		}
-		ws.inner.(*fakeServer).mux = http.NewServeMux()
+		ws.Server.(*fakeServer).mux = http.NewServeMux()
 	}
 }
 

@@ -102,40 +102,23 @@ func (h *trackedHook) callName(req *http.Request) string {
 	var seen bytes.Buffer
 	dec := json.NewDecoder(io.TeeReader(io.LimitReader(req.Body, maxReviewBytes), &seen))
 	var ns, name string
-	object := func(key string) int {
-		if key != "metadata" {
-			return skip
-		}
+	walkTo(dec, "request", func() {
 		walk(dec, func(key string) int {
-			if key != "generateName" {
-				return skip
-			}
-			_ = dec.Decode(&name)
-			return stop
-		})
-		return stop
-	}
-	walk(dec, func(key string) int {
-		if key != "request" {
-			return skip
-		}
-		walk(dec, func(key string) int {
-			switch {
-			case key == "namespace":
+			switch key {
+			case "namespace":
 				_ = dec.Decode(&ns)
-			case key == "name":
+			case "name":
 				_ = dec.Decode(&name)
-			case key == "object" && name == "":
-				walk(dec, object)
-				return stop
-			case key == "object" || key == "oldObject":
+			case "object", "oldObject":
+				if key == "object" && name == "" {
+					walkTo(dec, "metadata", func() { walkTo(dec, "generateName", func() { _ = dec.Decode(&name) }) })
+				}
 				return stop
 			default:
 				return skip
 			}
 			return read
 		})
-		return stop
 	})
 	req.Body = readCloser{io.MultiReader(&seen, req.Body), req.Body}
 	return path.Join("webhook", h.path, ns, name) // empty parts left out
@@ -148,6 +131,17 @@ const (
 	read
 	stop
 )
+
+// walkTo reads the JSON object next in dec up to key, and has fn read its value.
+func walkTo(dec *json.Decoder, key string, fn func()) {
+	walk(dec, func(k string) int {
+		if k != key {
+			return skip
+		}
+		fn()
+		return stop
+	})
+}
 
 // walk reads the JSON object next in dec key by key, calling visit on each, until visit
 // says stop, the object ends, or dec fails.

@@ -356,6 +356,7 @@ func TestNewPanicsOnMisuse(t *testing.T) {
 	}{
 		{runnable.Options{ShutdownDelay: -time.Second}, "runnable.New: ShutdownDelay is -1s"},
 		{runnable.Options{CancelAfter: 30 * time.Second}, "runnable.New: CancelAfter (30s) must be below GracePeriod (25s)"},
+		{runnable.Options{SlowAfter: time.Millisecond}, "runnable.New: SlowAfter is 1ms: set it to 0 (the default) or at least 1s"},
 	} {
 		v := func() (v any) {
 			defer func() { v = recover() }()

@@ -96,22 +96,20 @@ func checkDebugAddress(opts Options) error {
 
 // Add adds the Runnable of Setup to mgr, made by ctrl.NewManager(cfg, mgrOpts), once, before
 // mgr.Start, with the readyz check "quiesce", the metrics, and ServeHTTP at DebugPath: on the
-// metrics server when mgrOpts.Metrics has a FilterProvider (or DebugWithoutFilter), else
-// not, saying so at V(1); and on Options.DebugAddress, stopped with the HTTP servers.
+// metrics server when mgrOpts.Metrics has a FilterProvider (or DebugWithoutFilter), else not,
+// saying so at V(1); and on Options.DebugAddress, stopped with the HTTP servers.
 //
-// The webhook server of Setup runs each request as a tracked call named
-// "webhook/<path>/<namespace>/<name>" (generateName when it has no name; empty parts left
-// out) from the AdmissionReview it reads (at most 7 MiB, passed on as it came), or
-// "webhook/<path>" for others (conversion). Its calls take no MaxConcurrent slot and keep a
-// context the server's stop does not cancel; from the stop on, responses carry "Connection:
-// close"; it serves until the manager stops the webhooks, after the drain, and serves a
-// request that arrives during the drain untracked. A panic out of a handler is logged
-// ("Webhook handler panicked"), counted and answered 500. It serves one manager.
+// The webhook server of Setup serves one manager. Each request is a tracked call named
+// "webhook/<path>/<namespace>/<name>" (generateName when it has no name) after the head of
+// its AdmissionReview, or "webhook/<path>"; it takes no MaxConcurrent slot, keeps a context
+// the server's stop does not cancel, and from the stop on answers "Connection: close". The
+// server stops after the drain; a request during the drain is served untracked. A panic out
+// of a handler is logged ("Webhook handler panicked"), counted and answered 500.
 //
 // Add fails, naming the fix, when WebhookServer, LeaderElection or the lock of mgrOpts
 // changed since Setup, when GracePeriod is not below its GracefulShutdownTimeout, when
-// DebugAddress cannot be listened on, or on a second Add. What it cannot see (the manager
-// made before Setup, or from a copy) Start reports, with leader election on.
+// DebugAddress cannot be listened on, or on a second Add. A manager not made from mgrOpts
+// is seen by Start, once it leads.
 func (r *Runnable) Add(mgr manager.Manager) error {
 	s := r.setup
 	switch {

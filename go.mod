@@ -2,6 +2,8 @@ module github.com/quiesce-dev/quiesce
 
 go 1.25.0
 
+retract v0.2.0 // its setup capped every request of a leader-elected manager at 5 s (ObserveLease set a Timeout on the caller's rest.Config)
+
 require (
 	github.com/go-logr/logr v1.4.2
 	github.com/go-logr/zapr v1.3.0

@@ -63,7 +63,7 @@ END {
 	w16 = median("BenchmarkReconcileLoopInterleaved/workers=16" SUBSEP "wrapped/unwrapped-throughput")
 	row("the same, 16 workers on one executor (no lower than 0.85)", ">= 0.85", sprintf("%.2f", w16), w16 >= 0.85)
 	wm = median("BenchmarkReconcileLoopInterleaved/workers=2,metrics" SUBSEP "wrapped/unwrapped-throughput")
-	row("the same, 2 workers, executor of runnable.Add (durations observed)", "reported", sprintf("%.2f", wm), 1)
+	row("the same, 2 workers, executor of runnable.Setup (durations observed)", "reported", sprintf("%.2f", wm), 1)
 	wf = median("BenchmarkReconcileLoopInterleaved/workers=2,floor" SUBSEP "wrapped/unwrapped-throughput")
 	row("the same, 2 workers, the floor (alloc, clock, locked list) for Wrap", "reported", sprintf("%.2f", wf), 1)
 	rep = median("BenchmarkReportInterleaved" SUBSEP "report/floor")

@@ -241,16 +241,20 @@ func (f *floorReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 	return res, err
 }
 
-// meteredExecutor returns the executor of a Runnable made by runnable.Add, as the README's
+// meteredExecutor returns the executor of a Runnable made by runnable.Setup, as the README's
 // main.go makes it: driven, and observing each call's duration in the metrics. The manager
 // is never started: nothing reaches the address it is given.
 func meteredExecutor(b *testing.B) *drain.Executor {
+	cfg := &rest.Config{Host: "https://127.0.0.1:1"}
 	mgrOpts := manager.Options{Metrics: server.Options{BindAddress: "0"}}
-	mgr, err := manager.New(&rest.Config{Host: "https://127.0.0.1:1"}, mgrOpts)
+	r, err := runnable.Setup(cfg, &mgrOpts, runnable.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
-	r, err := runnable.Add(mgr, runnable.Options{ManagerOptions: &mgrOpts})
+	mgr, err := manager.New(cfg, mgrOpts)
+	if err == nil {
+		err = r.Add(mgr)
+	}
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -13,55 +13,42 @@ import (
 	"github.com/quiesce-dev/quiesce/internal"
 )
 
-// defaultDebugLimit is how many calls ServeHTTP lists without ?limit: the oldest ones.
-const defaultDebugLimit = internal.MaxListed
-
-// debugRate and debugBurst bound the requests ServeHTTP answers: debugBurst at once, then
-// debugRate a second; the others are answered 429 Too Many Requests with Retry-After: 1.
+// The bounds of ServeHTTP (see there).
 const (
-	debugRate  = 5
-	debugBurst = 10
+	defaultDebugLimit = internal.MaxListed
+	maxDebugCalls     = 1000
+	maxDebugBytes     = 256 << 10
+	debugRate         = 5
+	debugBurst        = 10
 )
 
-// debugView is the state of ServeHTTP: its rate limiter, made at the first request.
+// debugView is ServeHTTP's rate limiter, made at the first request.
 type debugView struct {
 	once    sync.Once
 	limiter flowcontrol.PassiveRateLimiter
 }
 
-// debugState is the body of ServeHTTP.
 type debugState struct {
-	Draining bool             `json:"draining"`
-	Count    int              `json:"count"`
-	Calls    []internal.Entry `json:"calls"`
+	Draining  bool             `json:"draining"`
+	Count     int              `json:"count"`
+	Truncated bool             `json:"truncated"`
+	Calls     []internal.Entry `json:"calls"`
 }
 
 // ServeHTTP serves the executor's pending calls as JSON, for GET only (405 otherwise):
 //
-//	{"draining": false, "count": 2, "calls": [{"name": "memcached/ns/a", "age": "3s",
-//	  "detached": false, "where": "...", "handler": "..."}, ...]}
+//	{"draining": false, "count": 2, "truncated": false, "calls": [{"name": "memcached/ns/a",
+//	  "age": "3s", "detached": false, "where": "...", "handler": "..."}, ...]}
 //
-// count is the number of pending calls; calls lists the oldest 20 of them,
-// oldest first, or the oldest N with the query ?limit=N (N >= 0; beyond any int: all), or
-// all of them with ?limit=all; anything else gives 400. Names and locations longer than
-// 256 bytes are cut, and say so.
+// count is the number of pending calls; calls lists the oldest 20, or the oldest N with
+// ?limit=N, or all with ?limit=all (anything else: 400), but never more than 1,000 calls
+// nor 256 KiB of them: truncated says when the caps cut the list short of what was asked.
+// Names and locations longer than 256 bytes are cut, and say so.
 //
-// What a request costs is bounded, whoever sends it and however many calls begin meanwhile:
-//   - The calls listed are copied under the executor's lock (for the default limit, 20
-//     pointers) and rendered outside it, so a request delays admitting calls by no more
-//     than that copy.
-//   - Finding where each call waits captures every goroutine's stack; one capture serves
-//     every request (and every other asker) for a second. Calls that began after it are
-//     listed with an empty "where" and "handler" instead of paying for a capture of their
-//     own: at most one capture a second, however many requests come.
-//   - Beyond 10 requests at once and 5 a second, the answer is 429 Too
-//     Many Requests with Retry-After: 1, before anything is listed. ?limit=0, the count
-//     alone, lists nothing and captures nothing: it is not limited, so that a harness
-//     (shutdowntest.Operator.PendingCount) may poll it.
-//
-// Add serves it at DebugPath on the manager's metrics server, behind the server's
-// FilterProvider (authentication and authorization when SecureServing is set); see
-// docs/security.md for who should be allowed to read it.
+// A request's cost is bounded: the calls are copied under the executor's lock and rendered
+// outside it; one capture of the stacks a second serves every asker (newer calls are listed
+// without "where" and "handler"); beyond 10 requests at once and 5 a second: 429. ?limit=0,
+// the count alone, is free and not limited. See docs/security.md for who should read it.
 func (r *Runnable) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	if req.Method != http.MethodGet {
 		w.Header().Set("Allow", http.MethodGet)
@@ -82,7 +69,23 @@ func (r *Runnable) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	state := debugState{Draining: r.draining()}
-	state.Calls, state.Count = r.core().Listing(limit)
+	n := limit
+	if n < 0 || n > maxDebugCalls {
+		n = maxDebugCalls
+	}
+	state.Calls, state.Count = r.core().Listing(n)
+	if limit < 0 || limit > state.Count {
+		limit = state.Count
+	}
+	state.Truncated = len(state.Calls) < limit
+	size := 0
+	for i, c := range state.Calls {
+		b, _ := json.Marshal(c)
+		if size += len(b) + 1; size > maxDebugBytes {
+			state.Calls, state.Truncated = state.Calls[:i], true
+			break
+		}
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	_ = json.NewEncoder(w).Encode(state) // an error here is the client's going away
@@ -99,22 +102,8 @@ func debugLimit(req *http.Request) (int, bool) {
 		return -1, true
 	}
 	n, err := strconv.ParseUint(s, 10, 0)
-	switch {
-	case errors.Is(err, strconv.ErrRange) || n > math.MaxInt:
+	if errors.Is(err, strconv.ErrRange) || n > math.MaxInt {
 		return -1, true // larger than any list: all of them
-	case err != nil:
-		return 0, false
-	default:
-		return int(n), true
 	}
-}
-
-// draining reports whether the executor's drain began.
-func (r *Runnable) draining() bool {
-	select {
-	case <-r.ex.Draining():
-		return true
-	default:
-		return false
-	}
+	return int(n), err == nil
 }

@@ -28,9 +28,10 @@ type debugCall struct {
 }
 
 type debugBody struct {
-	Draining bool        `json:"draining"`
-	Count    int         `json:"count"`
-	Calls    []debugCall `json:"calls"`
+	Draining  bool        `json:"draining"`
+	Count     int         `json:"count"`
+	Truncated bool        `json:"truncated"`
+	Calls     []debugCall `json:"calls"`
 }
 
 // serve runs a request against r and returns the response; body is decoded on 200.
@@ -330,4 +331,53 @@ func TestServeHTTPRateLimit(t *testing.T) {
 			t.Fatalf("GET ?limit=0 beyond the rate: status %d, want 200", res.StatusCode)
 		}
 	}
+}
+
+// Whatever ?limit asks, an answer lists at most 1,000 calls and 256 KiB of them, and says
+// when it was cut short (issue 43: ?limit=all answered every pending call, 9 MB for 20,000).
+// Fails on the code before: 1,500 calls listed, and no "truncated".
+func TestServeHTTPAnswersAreBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		for _, tc := range []struct {
+			name      string
+			nameBytes int
+			limit     string
+			calls     int // -1: fewer than 1,000, by the byte cap
+			truncated bool
+		}{
+			{"short names, all", 10, "all", runnable.DebugMaxCallsForTest, true},
+			{"short names, a large limit", 10, "100000", runnable.DebugMaxCallsForTest, true},
+			{"short names, 5", 10, "5", 5, false},
+			{"long names, all", 250, "all", -1, true},
+		} {
+			r := runnable.New(runnable.Options{CancelAfter: -1})
+			release := make(chan struct{})
+			const pending = 1500
+			for i := range pending {
+				name := fmt.Sprintf("%0*d", tc.nameBytes, i)
+				if err := r.Executor().Go(context.Background(), name, func(context.Context) error { <-release; return nil }); err != nil {
+					t.Fatal(err)
+				}
+			}
+			synctest.Wait()
+			rec := httptest.NewRecorder()
+			r.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/debug/quiesce?limit="+tc.limit, nil))
+			size := rec.Body.Len()
+			var body debugBody
+			if err := json.NewDecoder(rec.Body).Decode(&body); err != nil {
+				t.Fatal(err)
+			}
+			n := len(body.Calls)
+			if body.Count != pending || body.Truncated != tc.truncated || (tc.calls >= 0 && n != tc.calls) ||
+				(tc.calls < 0 && (n >= runnable.DebugMaxCallsForTest || n < 100)) || size > runnable.DebugMaxBytesForTest+1024 {
+				t.Errorf("%s: count %d, %d calls, truncated %v, %d bytes; want count %d, %d calls (-1: cut by bytes), "+
+					"truncated %v, at most %d bytes", tc.name, body.Count, n, body.Truncated, size, pending, tc.calls,
+					tc.truncated, runnable.DebugMaxBytesForTest)
+			}
+			close(release)
+			if err := r.Executor().Drain(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
 }

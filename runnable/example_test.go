@@ -13,22 +13,25 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 	ctrl "sigs.k8s.io/controller-runtime"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
-	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/quiesce-dev/quiesce/runnable"
 )
 
-// Add the runnable to a manager in main.go; wrap reconcilers with its executor; after
-// mgr.Start returned, Err says whether calls had to be abandoned.
-func ExampleAdd() {
+// Set quiesce up in main.go: Setup on the manager's Options, Add once the manager exists,
+// and start the manager on StopContext; wrap reconcilers with its executor. After mgr.Start
+// returned, Err says whether calls had to be abandoned.
+func ExampleSetup() {
 	// In an operator: ctrl.GetConfigOrDie() and your usual options.
 	cfg := &rest.Config{Host: "http://127.0.0.1:1"}
 	mgrOpts := ctrl.Options{
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
 	}
-	// With leader election on, quiesce watches the lease: calls end with the leadership.
-	if err := runnable.ObserveLease(cfg, &mgrOpts); err != nil {
+	q, err := runnable.Setup(cfg, &mgrOpts, runnable.Options{
+		GracePeriod: 25 * time.Second, // below GracefulShutdownTimeout
+		CancelAfter: 20 * time.Second, // let reconciles finish
+	})
+	if err != nil {
 		fmt.Println(err)
 		return
 	}
@@ -37,12 +40,7 @@ func ExampleAdd() {
 		fmt.Println(err)
 		return
 	}
-	q, err := runnable.Add(mgr, runnable.Options{
-		ManagerOptions: &mgrOpts,         // as given to ctrl.NewManager
-		GracePeriod:    25 * time.Second, // below GracefulShutdownTimeout
-		CancelAfter:    20 * time.Second, // let reconciles finish
-	})
-	if err != nil {
+	if err := q.Add(mgr); err != nil {
 		fmt.Println(err)
 		return
 	}
@@ -50,7 +48,7 @@ func ExampleAdd() {
 
 	ctx, stop := context.WithCancel(context.Background()) // ctrl.SetupSignalHandler()
 	stop()                                                // as if SIGTERM came at once
-	if err := mgr.Start(ctx); err != nil {
+	if err := mgr.Start(q.StopContext(ctx)); err != nil {
 		fmt.Println(err)
 	}
 	fmt.Println("abandoned calls:", q.Err() != nil)
@@ -94,49 +92,35 @@ func ExampleRunnable_ServeHTTP() {
 	// backup 3s detached: true
 }
 
-// For rolling updates: wrap the webhook server, give Add the manager's options and a
-// ShutdownDelay, and start the manager with StopContext, which delays its stop. Add checks
-// the time budget and names the value to change.
-func ExampleWebhookServer() {
-	mgrOpts := ctrl.Options{
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		WebhookServer:          runnable.WebhookServer(webhook.NewServer(webhook.Options{})),
-	}
-	// In an operator: ctrl.GetConfigOrDie().
-	mgr, err := ctrl.NewManager(&rest.Config{Host: "http://127.0.0.1:1"}, mgrOpts)
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	opts := runnable.Options{
-		ManagerOptions: &mgrOpts,
-		ShutdownDelay:  5 * time.Second,
-		GracePeriod:    30 * time.Second,
-		Logger:         logr.Discard(),
-	}
-	if _, err := runnable.Add(mgr, opts); err != nil {
+// For rolling updates: a ShutdownDelay, and the manager started on StopContext, which
+// delays its stop. Setup checks the time budget and names the value to change.
+func ExampleSetup_shutdownDelay() {
+	mgrOpts := ctrl.Options{Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0"}
+	opts := runnable.Options{ShutdownDelay: 5 * time.Second, GracePeriod: 30 * time.Second, Logger: logr.Discard()}
+	cfg := &rest.Config{Host: "http://127.0.0.1:1"} // in an operator: ctrl.GetConfigOrDie()
+	if _, err := runnable.Setup(cfg, &mgrOpts, opts); err != nil {
 		fmt.Println(err)
 	}
 
 	timeout := 40 * time.Second
-	mgrOpts.GracefulShutdownTimeout = &timeout // as given to ctrl.NewManager
-	q, err := runnable.Add(mgr, opts)
+	mgrOpts.GracefulShutdownTimeout = &timeout
+	q, err := runnable.Setup(cfg, &mgrOpts, opts)
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	fmt.Println("added")
+	fmt.Println("set up")
 	// In main: the first SIGTERM begins the stop, the manager serves 5s more, then stops.
-	start := func(ctx context.Context) error { return mgr.Start(q.StopContext(ctx)) }
-	_ = start // start(ctrl.SetupSignalHandler())
+	//	mgr, err := ctrl.NewManager(cfg, mgrOpts); err = q.Add(mgr)
+	//	err = mgr.Start(q.StopContext(ctrl.SetupSignalHandler()))
+	_ = q
 	// Output:
-	// failed to add quiesce runnable: GracePeriod (30s) must be below the manager's GracefulShutdownTimeout (30s, controller-runtime's default, as ManagerOptions set none): raise GracefulShutdownTimeout in the manager's Options above 30s, or lower GracePeriod
-	// added
+	// failed to set up quiesce: GracePeriod (30s) must be below the manager's GracefulShutdownTimeout (30s, controller-runtime's default, as the manager's Options set none): raise GracefulShutdownTimeout in the manager's Options above 30s, or lower GracePeriod
+	// set up
 }
 
-// New makes a Runnable that is not added to a manager: start it yourself, and its Start
-// drains the executor when ctx ends. Add is what a manager's main uses.
+// New makes a Runnable without a manager, for unit tests and libraries: start it yourself,
+// and its Start drains the executor when ctx ends. A manager's main uses Setup.
 func ExampleNew() {
 	q := runnable.New(runnable.Options{GracePeriod: 5 * time.Second})
 	ctx, stop := context.WithCancel(context.Background())

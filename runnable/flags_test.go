@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/quiesce-dev/quiesce/runnable"
@@ -39,7 +40,7 @@ func TestBindFlags(t *testing.T) {
 	}
 }
 
-// With the durations bound to flags, Add's errors name the flag the user set.
+// With the durations bound to flags, Setup's errors name the flag the user set.
 func TestBoundFlagsInErrors(t *testing.T) {
 	fs := flag.NewFlagSet("operator", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
@@ -48,13 +49,10 @@ func TestBoundFlagsInErrors(t *testing.T) {
 	if err := fs.Parse([]string{"--quiesce-grace-period=40s"}); err != nil {
 		t.Fatal(err)
 	}
-	var mgrOpts ctrl.Options
-	mgr := newManager(t, &mgrOpts)
-	opts.ManagerOptions = &mgrOpts
-	_, err := runnable.Add(mgr, opts)
+	_, err := runnable.Setup(&rest.Config{}, &ctrl.Options{}, opts)
 	want := "--quiesce-grace-period (GracePeriod) (40s) must be below the manager's GracefulShutdownTimeout"
 	if err == nil || !strings.Contains(err.Error(), want) {
-		t.Fatalf("Add = %v, want an error with %q", err, want)
+		t.Fatalf("Setup = %v, want an error with %q", err, want)
 	}
 }
 

@@ -93,9 +93,7 @@ func newLeased(t *testing.T, opts Options, renewDeadline time.Duration) *leased 
 	r := newRunnable(withDefaults(opts), false)
 	lock := &fakeLock{id: "me"}
 	l := &leaseObserver{inner: lock, renewDeadline: renewDeadline}
-	if !l.connect(r) {
-		t.Fatal("connect failed")
-	}
+	l.r = r
 	r.lease.Store(l)
 	return &leased{r: r, l: l, lock: lock, logs: logs}
 }
@@ -311,71 +309,46 @@ func TestLeaseLostDuringTheDrainFences(t *testing.T) {
 }
 
 func TestObserveLease(t *testing.T) {
-	cfg := &rest.Config{Host: "http://127.0.0.1:1"}
-	off := manager.Options{}
-	if err := ObserveLease(cfg, &off); err != nil || off.LeaderElectionResourceLockInterface != nil {
-		t.Errorf("leader election off: ObserveLease = %v, lock %v; want nothing done", err, off.LeaderElectionResourceLockInterface)
-	}
-	if err := ObserveLease(cfg, nil); err == nil {
-		t.Error("ObserveLease(nil Options) = nil, want an error")
-	}
-
+	cfg := &rest.Config{Host: noServer}
 	own := &fakeLock{id: "mine"}
-	wrapped := manager.Options{LeaderElection: true, LeaderElectionResourceLockInterface: own, RenewDeadline: ptr.To(7 * time.Second)}
-	if err := ObserveLease(cfg, &wrapped); err != nil {
-		t.Fatal(err)
+	l, err := observeLease(cfg, &manager.Options{LeaderElection: true, LeaderElectionResourceLockInterface: own,
+		RenewDeadline: ptr.To(7 * time.Second)})
+	if err != nil || l.inner != own || l.renewDeadline != 7*time.Second || l.Identity() != "mine" {
+		t.Fatalf("observeLease = %+v, %v; want the user's lock with RenewDeadline 7s", l, err)
 	}
-	l, ok := wrapped.LeaderElectionResourceLockInterface.(*leaseObserver)
-	if !ok || l.inner != own || l.renewDeadline != 7*time.Second || l.Identity() != "mine" {
-		t.Fatalf("ObserveLease wrapped %+v, want the user's lock with RenewDeadline 7s", wrapped.LeaderElectionResourceLockInterface)
+	l, err = observeLease(cfg, &manager.Options{LeaderElection: true, LeaderElectionID: leaseID, LeaderElectionNamespace: "ns"})
+	if err != nil || l.renewDeadline != defaultRenewDeadline || !strings.Contains(l.Describe(), "ns/x.example.com") || l.Identity() == "" {
+		t.Fatalf("observeLease = %+v, %v; want controller-runtime's lease lock for ns/x.example.com", l, err)
 	}
-	if err := ObserveLease(cfg, &wrapped); err != nil || wrapped.LeaderElectionResourceLockInterface != l {
-		t.Errorf("a second ObserveLease = %v, wrapped again: %t", err, wrapped.LeaderElectionResourceLockInterface != l)
-	}
-
-	built := manager.Options{LeaderElection: true, LeaderElectionID: leaseID, LeaderElectionNamespace: "ns"}
-	if err := ObserveLease(cfg, &built); err != nil {
-		t.Fatal(err)
-	}
-	l, ok = built.LeaderElectionResourceLockInterface.(*leaseObserver)
-	if !ok || l.renewDeadline != defaultRenewDeadline || !strings.Contains(l.Describe(), "ns/x.example.com") || l.Identity() == "" {
-		t.Fatalf("ObserveLease built %+v, want controller-runtime's lease lock for ns/x.example.com", built.LeaderElectionResourceLockInterface)
-	}
-
 	// A typed-nil lock is nil (quiesce's rule for plug-ins): controller-runtime's own lock.
-	typedNil := manager.Options{LeaderElection: true, LeaderElectionID: leaseID, LeaderElectionNamespace: "ns",
-		LeaderElectionResourceLockInterface: (*fakeLock)(nil)}
-	if err := ObserveLease(cfg, &typedNil); err != nil {
-		t.Fatal(err)
+	l, err = observeLease(cfg, &manager.Options{LeaderElection: true, LeaderElectionID: leaseID, LeaderElectionNamespace: "ns",
+		LeaderElectionResourceLockInterface: (*fakeLock)(nil)})
+	if err != nil || !strings.Contains(l.Describe(), "ns/x.example.com") {
+		t.Fatalf("observeLease of a typed-nil lock = %+v, %v; want controller-runtime's lease lock", l, err)
 	}
-	if l, ok = typedNil.LeaderElectionResourceLockInterface.(*leaseObserver); !ok || !strings.Contains(l.Describe(), "ns/x.example.com") {
-		t.Fatalf("ObserveLease of a typed-nil lock built %+v, want controller-runtime's lease lock", typedNil.LeaderElectionResourceLockInterface)
-	}
-
-	noID := manager.Options{LeaderElection: true, LeaderElectionNamespace: "ns"}
-	if err := ObserveLease(cfg, &noID); err == nil || !strings.Contains(err.Error(), "failed to observe the lease: LeaderElectionID must be configured") {
-		t.Errorf("ObserveLease without LeaderElectionID = %v, want controller-runtime's error", err)
+	if _, err := observeLease(cfg, &manager.Options{LeaderElection: true, LeaderElectionNamespace: "ns"}); err == nil ||
+		!strings.Contains(err.Error(), "failed to observe the lease: LeaderElectionID must be configured") {
+		t.Errorf("observeLease without LeaderElectionID = %v, want controller-runtime's error", err)
 	}
 	// Outside a cluster (make run), controller-runtime's lock needs a namespace: the error
 	// says where to set it.
-	noNS := manager.Options{LeaderElection: true, LeaderElectionID: leaseID}
-	if err := ObserveLease(cfg, &noNS); err == nil || !strings.Contains(err.Error(), "set LeaderElectionNamespace") {
-		t.Errorf("ObserveLease outside a cluster without LeaderElectionNamespace = %v, want an error naming it", err)
+	if _, err := observeLease(cfg, &manager.Options{LeaderElection: true, LeaderElectionID: leaseID}); err == nil ||
+		!strings.Contains(err.Error(), "set LeaderElectionNamespace") {
+		t.Errorf("observeLease outside a cluster without LeaderElectionNamespace = %v, want an error naming it", err)
 	}
-	if err := ObserveLease(nil, &manager.Options{LeaderElection: true, LeaderElectionID: "x"}); err == nil {
-		t.Error("ObserveLease with no rest.Config = nil, want an error")
+	if _, err := observeLease(nil, &manager.Options{LeaderElection: true, LeaderElectionID: "x"}); err == nil {
+		t.Error("observeLease with no rest.Config = nil, want an error")
 	}
 }
 
-// The lock's Events go to the recorder Add connects, and are dropped before.
+// The lock's Events go to the manager's recorder once Add connected it, and are dropped before.
 func TestLockEventsForwarded(t *testing.T) {
 	var events lockEvents
 	rec := events.GetEventRecorderFor("id")
 	pod := &corev1.Pod{}
 	rec.Eventf(pod, corev1.EventTypeNormal, "LeaderElection", "dropped %d", 1)
 	fake := record.NewFakeRecorder(2)
-	var to record.EventRecorder = fake
-	events.to.Store(&to)
+	events.connect(stubManager{events: fake})
 	rec.Eventf(pod, corev1.EventTypeNormal, "LeaderElection", "id %s", "became leader")
 	rec.Event(pod, corev1.EventTypeNormal, "LeaderElection", "plain")
 	if got := []string{<-fake.Events, <-fake.Events}; got[0] != "Normal LeaderElection id became leader" || got[1] != "Normal LeaderElection plain" {
@@ -386,14 +359,14 @@ func TestLockEventsForwarded(t *testing.T) {
 	}
 }
 
-// A manager made before ObserveLease ran leads through a lock of its own: once it says it
-// leads (Elected), the Runnable logs that nothing fences, naming the fix; a manager that
-// acquired the lease through the observer gets no such line.
-func TestLeaseNotObservedIsLogged(t *testing.T) {
+// A manager that leads without the lock of Setup (made before Setup, or from a copy of the
+// Options with another lock) makes Start return an error naming the fix, once it says it
+// leads (Elected); a manager that acquired the lease through the lock of Setup does not.
+func TestLeadingWithoutTheLockOfSetupFails(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		acquired bool
-	}{{"another lock", false}, {"the observer", true}} {
+	}{{"another lock", false}, {"the lock of Setup", true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				x := newLeased(t, Options{}, 3*time.Second)
@@ -405,22 +378,23 @@ func TestLeaseNotObservedIsLogged(t *testing.T) {
 					}
 				}
 				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
 				done := make(chan error, 1)
 				go func() { done <- x.r.Start(ctx) }()
 				synctest.Wait()
-				const msg = "Leader election does not use the lock of ObserveLease: calls are not fenced on a lost lease"
-				if l := x.logs.line(msg); l != "" {
-					t.Fatalf("logged before the manager led: %s", l)
+				select {
+				case err := <-done:
+					t.Fatalf("Start returned %v before the manager led", err)
+				default:
 				}
 				close(elected)
 				synctest.Wait()
-				l := x.logs.line(msg)
-				if got := l != ""; got == tc.acquired || (got && !strings.Contains(l, "before ctrl.NewManager")) {
-					t.Errorf("line = %q, want one naming the fix: %t", l, !tc.acquired)
+				if tc.acquired {
+					cancel()
 				}
-				cancel()
-				if err := <-done; err != nil {
-					t.Errorf("Start = %v", err)
+				err := <-done
+				if got := err != nil; got == tc.acquired || (got && !strings.Contains(err.Error(), "before ctrl.NewManager(cfg, mgrOpts), with the same mgrOpts")) {
+					t.Errorf("Start = %v, want an error naming the fix: %t", err, !tc.acquired)
 				}
 			})
 		})

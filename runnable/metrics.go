@@ -12,9 +12,8 @@ import (
 	"github.com/quiesce-dev/quiesce/drain"
 )
 
-// The metrics are process-wide, like controller-runtime's own: one set in metrics.Registry,
-// summed over the executors of the Runnables that Add created (a process usually has one).
-// Labels stay low-cardinality: the only label is the controller given to reconcilers.Wrap.
+// The metrics are process-wide, like controller-runtime's: one set in metrics.Registry, summed
+// over the Runnables of Setup. The only label is the controller given to reconcilers.Wrap.
 var (
 	callSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "quiesce_call_duration_seconds",
@@ -29,35 +28,29 @@ var (
 		Buckets: []float64{.001, .01, .1, .5, 1, 2.5, 5, 10, 20, 30, 60},
 	})
 
-	statsDescs = struct {
-		inFlight, started, refused, panicked, abandoned, oldest, slow *prometheus.Desc
-	}{
-		inFlight: prometheus.NewDesc("quiesce_calls_in_flight",
-			"Tracked calls admitted and not yet returned.", nil, nil),
-		started: prometheus.NewDesc("quiesce_calls_started_total",
-			"Tracked calls started.", nil, nil),
-		refused: prometheus.NewDesc("quiesce_calls_refused_total",
-			"Calls refused because the executor was draining.", nil, nil),
-		panicked: prometheus.NewDesc("quiesce_calls_panicked_total",
-			"Tracked calls that panicked.", nil, nil),
-		abandoned: prometheus.NewDesc("quiesce_calls_abandoned_total",
+	// statsDescs: quiesce_calls_in_flight, then 4 counters, then 2 gauges (see Collect).
+	statsDescs = [...]*prometheus.Desc{
+		prometheus.NewDesc("quiesce_calls_in_flight", "Tracked calls admitted and not yet returned.", nil, nil),
+		prometheus.NewDesc("quiesce_calls_started_total", "Tracked calls started.", nil, nil),
+		prometheus.NewDesc("quiesce_calls_refused_total", "Calls refused because the executor was draining.", nil, nil),
+		prometheus.NewDesc("quiesce_calls_panicked_total", "Tracked calls that panicked.", nil, nil),
+		prometheus.NewDesc("quiesce_calls_abandoned_total",
 			"Tracked calls still running when the grace period ended.", nil, nil),
-		oldest: prometheus.NewDesc("quiesce_oldest_call_age_seconds",
+		prometheus.NewDesc("quiesce_oldest_call_age_seconds",
 			"Age of the oldest tracked call still running; 0 when none runs.", nil, nil),
-		slow: prometheus.NewDesc("quiesce_calls_slow",
+		prometheus.NewDesc("quiesce_calls_slow",
 			"Tracked calls running for longer than their executor's SlowAfter.", nil, nil),
 	}
 
 	stats = newStatsCollector()
 )
 
-// otherCalls is the controller label of the calls that belong to no controller given to
-// reconcilers.Wrap. Empty, it cannot clash with a controller's name (controller-runtime
-// refuses empty names), and Prometheus treats it as the label's absence.
+// otherCalls is the controller label of calls outside a wrapped reconciler: no controller's
+// name, and to Prometheus the label's absence.
 const otherCalls = ""
 
-// register puts the metrics in controller-runtime's metrics.Registry, once per process: at
-// the first Add, so that a program that imports quiesce without using it exports nothing.
+// register puts the metrics in metrics.Registry once, at the first Setup: a program that
+// imports quiesce without using it exports nothing.
 var register = sync.OnceValue(func() error {
 	for _, c := range []prometheus.Collector{callSeconds, drainSeconds, stats} {
 		if err := metrics.Registry.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
@@ -67,10 +60,8 @@ var register = sync.OnceValue(func() error {
 	return nil
 })
 
-// observeCall records a call's duration; it is the AfterCall of the executors Add creates.
-// The observer of each controller is looked up once (callObservers): WithLabelValues
-// hashes and validates the label value on every call, about 1% of the throughput of
-// controller-runtime's loop with a trivial wrapped reconcile.
+// observeCall records a call's duration (the AfterCall of Setup's executors), with each
+// controller's observer looked up once: WithLabelValues per call costs about 1% of the loop.
 func observeCall(controller string, took time.Duration, _ error) {
 	o, ok := callObservers.Load(controller)
 	if !ok {
@@ -79,20 +70,12 @@ func observeCall(controller string, took time.Duration, _ error) {
 	o.(prometheus.Observer).Observe(took.Seconds())
 }
 
-// callObservers holds callSeconds' observer of each controller given to reconcilers.Wrap
-// (and of otherCalls): as many as the process has controllers. callSeconds is never reset.
-var callObservers sync.Map // controller → prometheus.Observer
+var callObservers sync.Map // controller → callSeconds' prometheus.Observer; never reset
 
-// statsCollector turns the executors' counters and pending calls into metrics when they are
-// scraped, so that a call touches no Prometheus code but its duration's histogram.
-//
-// It holds the Runnables that Add created until their Start returns. Then it folds the
-// counters of their executor into process-wide totals and forgets them, so that an
-// executor is not kept alive by its metrics: a process (or a test suite) that adds and
-// stops many Runnables holds only the ones still running. The counters stay monotonic
-// across a fold; what a drained executor counts after its Runnable stopped (its abandoned
-// calls ending, calls it refuses) is not counted, and its abandoned calls leave the
-// in-flight and age gauges.
+// statsCollector makes the executors' counters into metrics when scraped: a call touches no
+// Prometheus code but its histogram. It holds each Runnable of Setup until its Start returns,
+// then keeps only its counters (fold), monotonic: a test suite that makes many Runnables
+// holds only those running. What a stopped executor counts later is not counted.
 type statsCollector struct {
 	mu     sync.Mutex
 	live   map[*Runnable]struct{}
@@ -103,15 +86,13 @@ func newStatsCollector() *statsCollector {
 	return &statsCollector{live: make(map[*Runnable]struct{})}
 }
 
-// track adds r's executor to the metrics until fold.
 func (c *statsCollector) track(r *Runnable) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.live[r] = struct{}{}
 }
 
-// fold adds the counters of r's executor to the totals and forgets r. Folding a Runnable
-// not tracked does nothing.
+// fold adds the counters of r's executor to the totals and forgets r, if tracked.
 func (c *statsCollector) fold(r *Runnable) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -119,30 +100,23 @@ func (c *statsCollector) fold(r *Runnable) {
 		return
 	}
 	delete(c.live, r)
-	s := r.ex.Stats()
-	c.folded.Started += s.Started
-	c.folded.Finished += s.Finished
-	c.folded.Refused += s.Refused
-	c.folded.Panicked += s.Panicked
-	c.folded.Abandoned += s.Abandoned
+	addCounters(&c.folded, r.ex.Stats())
 }
 
-// tracked returns how many Runnables c holds.
+func addCounters(to *drain.Stats, s drain.Stats) {
+	to.Started += s.Started
+	to.Refused += s.Refused
+	to.Panicked += s.Panicked
+	to.Abandoned += s.Abandoned
+}
+
 func (c *statsCollector) tracked() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.live)
 }
 
-func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- statsDescs.inFlight
-	ch <- statsDescs.started
-	ch <- statsDescs.refused
-	ch <- statsDescs.panicked
-	ch <- statsDescs.abandoned
-	ch <- statsDescs.oldest
-	ch <- statsDescs.slow
-}
+func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) { prometheus.DescribeByCollect(c, ch) }
 
 func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 	var oldest time.Duration
@@ -151,22 +125,20 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 	sum := c.folded
 	for r := range c.live {
 		s := r.ex.Stats()
+		addCounters(&sum, s)
 		sum.InFlight += s.InFlight
-		sum.Started += s.Started
-		sum.Refused += s.Refused
-		sum.Panicked += s.Panicked
-		sum.Abandoned += s.Abandoned
 		if !s.Oldest.IsZero() {
 			oldest = max(oldest, r.clock.Since(s.Oldest))
 		}
 		slow += s.Slow
 	}
 	c.mu.Unlock()
-	ch <- prometheus.MustNewConstMetric(statsDescs.inFlight, prometheus.GaugeValue, float64(sum.InFlight))
-	ch <- prometheus.MustNewConstMetric(statsDescs.started, prometheus.CounterValue, float64(sum.Started))
-	ch <- prometheus.MustNewConstMetric(statsDescs.refused, prometheus.CounterValue, float64(sum.Refused))
-	ch <- prometheus.MustNewConstMetric(statsDescs.panicked, prometheus.CounterValue, float64(sum.Panicked))
-	ch <- prometheus.MustNewConstMetric(statsDescs.abandoned, prometheus.CounterValue, float64(sum.Abandoned))
-	ch <- prometheus.MustNewConstMetric(statsDescs.oldest, prometheus.GaugeValue, oldest.Seconds())
-	ch <- prometheus.MustNewConstMetric(statsDescs.slow, prometheus.GaugeValue, float64(slow))
+	for i, v := range []float64{float64(sum.InFlight), float64(sum.Started), float64(sum.Refused),
+		float64(sum.Panicked), float64(sum.Abandoned), oldest.Seconds(), float64(slow)} {
+		typ := prometheus.CounterValue
+		if i == 0 || i > 4 {
+			typ = prometheus.GaugeValue
+		}
+		ch <- prometheus.MustNewConstMetric(statsDescs[i], typ, v)
+	}
 }

@@ -12,6 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/record"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -20,9 +22,26 @@ import (
 	"github.com/quiesce-dev/quiesce/reconcilers"
 )
 
-// stubManager is the part of a manager that Add uses; it keeps nothing.
+// stubManager is the part of a manager that Runnable.Add uses; it keeps nothing.
 type stubManager struct {
 	manager.Manager // nil: calling anything else panics
+	events          record.EventRecorder
+}
+
+func (m stubManager) GetEventRecorderFor(string) record.EventRecorder { return m.events }
+func (stubManager) Elected() <-chan struct{}                          { return nil }
+
+// addedRunnable is a Runnable of Setup, added to a stubManager.
+func addedRunnable(t *testing.T, opts Options) *Runnable {
+	t.Helper()
+	r, err := Setup(&rest.Config{}, &manager.Options{}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Add(stubManager{}); err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
 
 func (stubManager) Add(manager.Runnable) error                              { return nil }
@@ -82,10 +101,7 @@ func TestStoppedRunnablesAreFoldedAndReleased(t *testing.T) {
 	// Half of the Runnables stop as usual; the others find their executor drained
 	// already, and refuse a call first.
 	run := func(i int) {
-		r, err := Add(stubManager{}, Options{ManagerOptions: &manager.Options{}, Logger: logr.New(log.NullLogSink{})})
-		if err != nil {
-			t.Fatal(err)
-		}
+		r := addedRunnable(t, Options{Logger: logr.New(log.NullLogSink{})})
 		for range callsEach {
 			if err := r.Executor().Call(context.Background(), "call", nop); err != nil {
 				t.Fatal(err)
@@ -201,10 +217,7 @@ func histogramCount(t *testing.T, controller string) uint64 {
 }
 
 func TestCallDurationByController(t *testing.T) {
-	r, err := Add(stubManager{}, Options{ManagerOptions: &manager.Options{}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := addedRunnable(t, Options{})
 	wrapped := reconcilers.Wrap(r.Executor(), "memcached", reconcile.Func(func(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
 		return reconcile.Result{}, reconcilers.Call(ctx, "backup", func(context.Context) error { return nil })
 	}), reconcilers.WrapOptions{})

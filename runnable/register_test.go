@@ -6,20 +6,21 @@ import (
 	"strings"
 	"testing"
 
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/quiesce-dev/quiesce/runnable"
 )
 
-// metricsChild is set in the environment of the process TestMetricsRegisteredAtAdd starts:
-// a fresh process, where no Add ran yet.
+// metricsChild is set in the environment of the process TestMetricsRegisteredAtSetup starts:
+// a fresh process, where no Setup ran yet.
 const metricsChild = "QUIESCE_METRICS_CHILD"
 
-// Importing quiesce registers no metric; the first Add does.
-func TestMetricsRegisteredAtAdd(t *testing.T) {
+// Importing quiesce registers no metric; the first Setup does.
+func TestMetricsRegisteredAtSetup(t *testing.T) {
 	if os.Getenv(metricsChild) == "" {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestMetricsRegisteredAtAdd$")
+		cmd := exec.Command(os.Args[0], "-test.run=^TestMetricsRegisteredAtSetup$")
 		cmd.Env = append(os.Environ(), metricsChild+"=1")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("the child process failed: %v\n%s", err, out)
@@ -40,13 +41,12 @@ func TestMetricsRegisteredAtAdd(t *testing.T) {
 		return false
 	}
 	if registered() {
-		t.Fatal("quiesce metrics are in metrics.Registry before any Add")
+		t.Fatal("quiesce metrics are in metrics.Registry before any Setup")
 	}
-	var opts ctrl.Options
-	if _, err := runnable.Add(newManager(t, &opts), runnable.Options{ManagerOptions: &opts}); err != nil {
+	if _, err := runnable.Setup(&rest.Config{}, &ctrl.Options{}, runnable.Options{}); err != nil {
 		t.Fatal(err)
 	}
 	if !registered() {
-		t.Fatal("quiesce metrics are not in metrics.Registry after Add")
+		t.Fatal("quiesce metrics are not in metrics.Registry after Setup")
 	}
 }

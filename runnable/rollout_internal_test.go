@@ -7,15 +7,12 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
-	"unsafe"
-	"weak"
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
@@ -149,11 +146,8 @@ func newReplica(t *testing.T, opts Options) *replica {
 	opts.Logger = logs.logger()
 	rp := &replica{inner: newFakeServer(), logs: logs, stopped: make(chan struct{}),
 		others: make(chan error, 1), elected: make(chan error, 1), webhooks: make(chan error, 1)}
-	rp.ws = WebhookServer(rp.inner).(*webhookServer)
 	rp.r = newRunnable(withDefaults(opts), false)
-	if !rp.ws.connect(rp.r) {
-		t.Fatal("connect failed")
-	}
+	rp.ws = wrapServer(rp.r, rp.inner)
 	sig, sigterm := context.WithCancel(context.Background())
 	rp.sigterm = sigterm
 	mgrCtx := rp.r.StopContext(sig)
@@ -217,8 +211,8 @@ func TestShutdownDelayOnTheLeader(t *testing.T) {
 		recB, cancelB, doneB := rp.inner.serve("/validate", review("ns", "b"))
 		defer cancelB()
 		synctest.Wait()
-		if p := rp.r.Executor().Pending(); len(p) != 1 || p[0].Name != "webhook/validate" {
-			t.Fatalf("Pending = %+v, want the call webhook/validate", p)
+		if p := rp.r.Executor().Pending(); len(p) != 1 || p[0].Name != "webhook/validate/ns/b" {
+			t.Fatalf("Pending = %+v, want the call webhook/validate/ns/b", p)
 		}
 		if err := rp.r.ReadyzCheck(nil); err != nil {
 			t.Fatalf("ReadyzCheck before the stop = %v", err)
@@ -307,13 +301,13 @@ func TestStandbyDrainsItsWebhookCalls(t *testing.T) {
 		}
 		err := rp.r.Err()
 		var pe *drain.PendingError
-		if !errors.As(err, &pe) || len(pe.Pending) != 1 || pe.Pending[0].Name != "webhook/mutate" {
-			t.Fatalf("Err = %v, want the abandoned webhook/mutate", err)
+		if !errors.As(err, &pe) || len(pe.Pending) != 1 || pe.Pending[0].Name != "webhook/mutate/cluster-scoped" {
+			t.Fatalf("Err = %v, want the abandoned webhook/mutate/cluster-scoped", err)
 		}
 		if !strings.Contains(err.Error(), "after the grace period of 4s, after the 1s shutdown delay") {
 			t.Errorf("Err = %q, want it to say what the grace period counts from", err)
 		}
-		if l := rp.logs.line(AbandonedMessage); !strings.Contains(l, `"name"="webhook/mutate"`) || !strings.Contains(l, `"sinceStop"="5s"`) {
+		if l := rp.logs.line(AbandonedMessage); !strings.Contains(l, `"name"="webhook/mutate/cluster-scoped"`) || !strings.Contains(l, `"sinceStop"="5s"`) {
 			t.Errorf("abandoned line %q lacks the call or sinceStop", l)
 		}
 		release <- struct{}{}
@@ -417,8 +411,7 @@ func TestWebhookContextEndsWhenTheClientGoesAway(t *testing.T) {
 func TestWebhookPanicIsNamedAndAnswered(t *testing.T) {
 	logs := &lines{}
 	r := newRunnable(withDefaults(Options{Logger: logs.logger()}), false)
-	ws := WebhookServer(newFakeServer()).(*webhookServer)
-	ws.connect(r)
+	ws := wrapServer(r, newFakeServer())
 	ws.Register("/p", http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("boom") }))
 	ws.Register("/abort", http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic(http.ErrAbortHandler) }))
 	rec := httptest.NewRecorder()
@@ -427,7 +420,7 @@ func TestWebhookPanicIsNamedAndAnswered(t *testing.T) {
 	if rec.Code != http.StatusInternalServerError {
 		t.Errorf("a panicking handler's response = %d, want 500", rec.Code)
 	}
-	if l := logs.line("Webhook handler panicked"); !strings.Contains(l, `"name"="webhook/p"`) || !strings.Contains(l, "boom") ||
+	if l := logs.line("Webhook handler panicked"); !strings.Contains(l, `"name"="webhook/p/ns/x"`) || !strings.Contains(l, "boom") ||
 		!strings.Contains(l, "rollout_internal_test.go") {
 		t.Errorf("panic line %q lacks the call's name, the value or the stack", l)
 	}
@@ -448,8 +441,7 @@ func TestWebhookPanicIsNamedAndAnswered(t *testing.T) {
 
 func TestWebhookServedOnceTheDrainBegan(t *testing.T) {
 	r := newRunnable(withDefaults(Options{}), false)
-	ws := WebhookServer(newFakeServer()).(*webhookServer)
-	ws.connect(r)
+	ws := wrapServer(r, newFakeServer())
 	ws.Register("/v", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusTeapot) }))
 	if err := r.ex.Drain(context.Background()); err != nil {
 		t.Fatal(err)
@@ -459,23 +451,6 @@ func TestWebhookServedOnceTheDrainBegan(t *testing.T) {
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v", strings.NewReader(review("ns", "x"))))
 	if rec.Code != http.StatusTeapot {
 		t.Errorf("a request after the drain began got %d, want the handler's answer", rec.Code)
-	}
-}
-
-func TestWebhookServerNotConnected(t *testing.T) {
-	ws := WebhookServer(newFakeServer())
-	if err := ws.Start(context.Background()); !errors.Is(err, errNotConnected) || !strings.Contains(err.Error(), "ManagerOptions") {
-		t.Fatalf("Start = %v, want the not-connected error naming ManagerOptions", err)
-	}
-	for name, inner := range map[string]webhook.Server{"nil": nil, "typed nil": (*fakeServer)(nil)} {
-		func() {
-			defer func() {
-				if v := recover(); v == nil || !strings.Contains(fmt.Sprint(v), "nil inner server") {
-					t.Errorf("WebhookServer(%s) panicked with %v", name, v)
-				}
-			}()
-			WebhookServer(inner)
-		}()
 	}
 }
 
@@ -556,46 +531,62 @@ func TestDefaultCancelAfter(t *testing.T) {
 }
 
 func TestValidate(t *testing.T) {
+	const notLoopback = "set a loopback host:port"
 	for _, tc := range []struct {
 		opts Options
+		mo   managerOptions
 		want string // in the error; "" for none
 	}{
-		{Options{}, ""},
-		{Options{ShutdownDelay: -time.Second}, "ShutdownDelay is -1s: set it to 0"},
-		{Options{GracePeriod: 10 * time.Second, CancelAfter: 10 * time.Second},
+		{Options{}, managerOptions{}, ""},
+		{Options{ShutdownDelay: -time.Second}, managerOptions{}, "ShutdownDelay is -1s: set it to 0"},
+		{Options{GracePeriod: 10 * time.Second, CancelAfter: 10 * time.Second}, managerOptions{},
 			"CancelAfter (10s) must be below GracePeriod (10s): lower CancelAfter, or raise GracePeriod"},
-		{Options{CancelAfter: 30 * time.Second}, "CancelAfter (30s) must be below GracePeriod (25s)"},
-		{Options{CancelAfter: -1}, ""},
-		{Options{GracePeriod: 40 * time.Second}, "GracePeriod (40s) must be below the manager's " +
-			"GracefulShutdownTimeout (30s, controller-runtime's default, as ManagerOptions set none): " +
+		{Options{CancelAfter: 30 * time.Second}, managerOptions{}, "CancelAfter (30s) must be below GracePeriod (25s)"},
+		{Options{CancelAfter: -1}, managerOptions{}, ""},
+		{Options{GracePeriod: 40 * time.Second}, managerOptions{}, "GracePeriod (40s) must be below the manager's " +
+			"GracefulShutdownTimeout (30s, controller-runtime's default, as the manager's Options set none): " +
 			"raise GracefulShutdownTimeout in the manager's Options above 40s"},
-		{Options{GracePeriod: 30 * time.Second}, "GracePeriod (30s) must be below"},
+		{Options{GracePeriod: 30 * time.Second}, managerOptions{}, "GracePeriod (30s) must be below"},
 		// The delay comes before the manager's stop (StopContext): not in its budget.
-		{Options{ShutdownDelay: 10 * time.Second}, ""},
-		{Options{GracePeriod: 8 * time.Second, ManagerOptions: &managerOptions{GracefulShutdownTimeout: ptr.To(4 * time.Second)}},
-			"GracefulShutdownTimeout (4s, from ManagerOptions)"},
-		{Options{GracePeriod: time.Hour, ManagerOptions: &managerOptions{GracefulShutdownTimeout: ptr.To(time.Duration(-1))}}, ""},
-		{Options{ManagerOptions: &managerOptions{LeaderElection: true}},
-			"call runnable.ObserveLease(cfg, &mgrOpts) before ctrl.NewManager(cfg, mgrOpts)"},
-		{Options{ManagerOptions: &managerOptions{LeaderElection: true, LeaderElectionResourceLockInterface: &leaseObserver{}}}, ""},
+		{Options{ShutdownDelay: 10 * time.Second}, managerOptions{}, ""},
+		{Options{GracePeriod: 8 * time.Second}, managerOptions{GracefulShutdownTimeout: ptr.To(4 * time.Second)},
+			"GracefulShutdownTimeout (4s, from the manager's Options)"},
+		{Options{GracePeriod: time.Hour}, managerOptions{GracefulShutdownTimeout: ptr.To(time.Duration(-1))}, ""},
+		// The least intervals (issue 43): each report captures every goroutine's stack.
+		{Options{ReportAfter: time.Nanosecond}, managerOptions{}, "ReportAfter is 1ns: set it to 0 (the default) or at least 100ms"},
+		{Options{ReportEvery: 499 * time.Millisecond}, managerOptions{}, "ReportEvery is 499ms: set it to 0 (the default) or at least 500ms"},
+		{Options{SlowAfter: time.Millisecond}, managerOptions{}, "SlowAfter is 1ms: set it to 0 (the default) or at least 1s"},
+		{Options{ReportAfter: drain.MinReportAfter, ReportEvery: drain.MinReportEvery, SlowAfter: drain.MinSlowAfter}, managerOptions{}, ""},
+		{Options{SlowAfter: -1}, managerOptions{}, ""}, // never
+		{Options{DebugAddress: "127.0.0.1:8083"}, managerOptions{}, ""},
+		{Options{DebugAddress: "[::1]:8083"}, managerOptions{}, ""},
+		{Options{DebugAddress: "localhost:8083"}, managerOptions{}, ""},
+		{Options{DebugAddress: ":8083"}, managerOptions{}, `DebugAddress is ":8083": set a loopback host:port`},
+		{Options{DebugAddress: "0.0.0.0:8083"}, managerOptions{}, notLoopback},
+		{Options{DebugAddress: "10.0.0.1:8083"}, managerOptions{}, notLoopback},
+		{Options{DebugAddress: "pod.example.com:8083"}, managerOptions{}, notLoopback},
+		{Options{DebugAddress: "127.0.0.1"}, managerOptions{}, notLoopback},
 		// Bound by BindFlags: the errors name the flags, which the user set.
-		{Options{ShutdownDelay: -time.Second, flagsBound: true},
+		{Options{ShutdownDelay: -time.Second, flagsBound: true}, managerOptions{},
 			"--quiesce-shutdown-delay (ShutdownDelay) is -1s: set it to 0"},
-		{Options{GracePeriod: 10 * time.Second, CancelAfter: 10 * time.Second, flagsBound: true},
+		{Options{GracePeriod: 10 * time.Second, CancelAfter: 10 * time.Second, flagsBound: true}, managerOptions{},
 			"--quiesce-cancel-after (CancelAfter) (10s) must be below --quiesce-grace-period (GracePeriod) (10s): " +
 				"lower --quiesce-cancel-after (CancelAfter), or raise --quiesce-grace-period (GracePeriod)"},
-		{Options{GracePeriod: 30 * time.Second, flagsBound: true}, "--quiesce-grace-period (GracePeriod) (30s) must be " +
+		{Options{GracePeriod: 30 * time.Second, flagsBound: true}, managerOptions{}, "--quiesce-grace-period (GracePeriod) (30s) must be " +
 			"below the manager's GracefulShutdownTimeout"},
 	} {
-		if tc.opts.ManagerOptions == nil {
-			tc.opts.ManagerOptions = &managerOptions{}
+		err := checkDurations(tc.opts)
+		if err == nil {
+			err = checkBudget(tc.opts, &tc.mo)
 		}
-		err := validate(tc.opts)
+		if err == nil {
+			err = checkDebugAddress(tc.opts)
+		}
 		switch {
 		case tc.want == "" && err != nil:
-			t.Errorf("validate(%+v) = %v, want nil", tc.opts, err)
+			t.Errorf("%+v: %v, want nil", tc.opts, err)
 		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
-			t.Errorf("validate(%+v) = %v, want an error with %q", tc.opts, err, tc.want)
+			t.Errorf("%+v: %v, want an error with %q", tc.opts, err, tc.want)
 		}
 	}
 }
@@ -604,40 +595,13 @@ var _ webhook.Server = (*fakeServer)(nil)
 
 type managerOptions = manager.Options
 
-// claimTwice claims a new manager twice, and returns its key in added and a channel closed
-// once it is collected.
-func claimTwice(t *testing.T) (weak.Pointer[byte], chan struct{}) {
-	m := &ptrManager{}
-	if !added.claim(m) {
-		t.Fatal("first claim of a manager = false")
+// wrapServer wraps inner for r, as Setup does, and marks r added, as Runnable.Add does.
+func wrapServer(r *Runnable, inner webhook.Server) *webhookServer {
+	if r.setup == nil {
+		r.setup = &setupState{}
 	}
-	if added.claim(m) {
-		t.Fatal("second claim of a manager = true")
-	}
-	collected := make(chan struct{})
-	runtime.AddCleanup(m, func(ch chan struct{}) { close(ch) }, collected)
-	return weak.Make((*byte)(unsafe.Pointer(m))), collected
-}
-
-// ptrManager is a manager that is a pointer, as controller-runtime's is.
-type ptrManager struct{ manager.Manager }
-
-func TestAddedDoesNotKeepManagersAlive(t *testing.T) {
-	key, collected := claimTwice(t)
-	runtime.GC()
-	select {
-	case <-collected:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the claimed manager was not collected: added keeps it alive")
-	}
-	if !added.claim(&ptrManager{}) { // prunes
-		t.Fatal("claim of a new manager = false")
-	}
-	added.mu.Lock()
-	defer added.mu.Unlock()
-	if _, ok := added.m[key]; ok {
-		t.Error("the collected manager's entry was not pruned")
-	}
+	r.setup.added.Store(true)
+	return &webhookServer{Server: inner, r: r}
 }
 
 // A Logger that panics on the timeline's lines neither crashes the process nor holds the

@@ -13,7 +13,9 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 	"go.uber.org/goleak"
+	"k8s.io/client-go/rest"
 	clocktesting "k8s.io/utils/clock/testing"
+	ctrl "sigs.k8s.io/controller-runtime"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -67,8 +69,8 @@ func (c *capture) all() []string {
 func messages(lines []string) []string {
 	out := make([]string, len(lines))
 	for i, l := range lines {
-		_, rest, _ := strings.Cut(l, `"msg"="`)
-		out[i], _, _ = strings.Cut(rest, `"`)
+		_, after, _ := strings.Cut(l, `"msg"="`)
+		out[i], _, _ = strings.Cut(after, `"`)
 	}
 	return out
 }
@@ -227,7 +229,11 @@ func TestStartTwiceOrAfterTheDrainFails(t *testing.T) {
 }
 
 func TestAddWithNilManager(t *testing.T) {
-	if _, err := runnable.Add(nil, runnable.Options{}); err == nil {
+	q, err := runnable.Setup(&rest.Config{}, &ctrl.Options{}, runnable.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Add(nil); err == nil {
 		t.Fatal("Add(nil) = nil error")
 	}
 }
@@ -350,6 +356,7 @@ func TestNewPanicsOnMisuse(t *testing.T) {
 	}{
 		{runnable.Options{ShutdownDelay: -time.Second}, "runnable.New: ShutdownDelay is -1s"},
 		{runnable.Options{CancelAfter: 30 * time.Second}, "runnable.New: CancelAfter (30s) must be below GracePeriod (25s)"},
+		{runnable.Options{SlowAfter: time.Millisecond}, "runnable.New: SlowAfter is 1ms: set it to 0 (the default) or at least 1s"},
 	} {
 		v := func() (v any) {
 			defer func() { v = recover() }()

@@ -1,6 +1,9 @@
 package runnable_test
 
 import (
+	"context"
+	"encoding/json"
+	"fmt"
 	"net/http"
 	"reflect"
 	"strings"
@@ -46,55 +49,52 @@ func setupManager(t *testing.T, mo *ctrl.Options, opts runnable.Options) (ctrl.M
 	return mgr, q
 }
 
-// The config handed to Setup and ObserveLease stays as it was: the lock gets a copy
+// The config handed to Setup stays as it was: the lock gets a copy
 // (leaderelection.NewResourceLock sets a 5s Timeout and a user agent on what it is given).
-func TestSetupAndObserveLeaseLeaveTheConfigAsItWas(t *testing.T) {
-	for name, observe := range map[string]func(*rest.Config, *ctrl.Options) error{
-		"Setup": func(c *rest.Config, o *ctrl.Options) error {
-			_, err := runnable.Setup(c, o, runnable.Options{})
-			return err
-		},
-		"ObserveLease": runnable.ObserveLease,
-	} {
-		t.Run(name, func(t *testing.T) {
-			cfg := &rest.Config{Host: noAPIServer, QPS: 7}
-			want := rest.CopyConfig(cfg)
-			mo := leaderOptions()
-			if err := observe(cfg, &mo); err != nil {
-				t.Fatal(err)
-			}
-			if !reflect.DeepEqual(cfg, want) {
-				t.Fatalf("config after %s = %+v, want it unchanged: %+v", name, cfg, want)
-			}
-			// The manager made from it next has no client timeout (was 5s: RenewDeadline/2).
-			mgr, err := ctrl.NewManager(cfg, mo)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if d := mgr.GetHTTPClient().Timeout; d != 0 {
-				t.Fatalf("the manager's HTTP client times out after %v, want no timeout, as without quiesce", d)
-			}
-		})
+func TestSetupLeavesTheConfigAsItWas(t *testing.T) {
+	cfg := &rest.Config{Host: noAPIServer, QPS: 7}
+	want := rest.CopyConfig(cfg)
+	mo := leaderOptions()
+	if _, err := runnable.Setup(cfg, &mo, runnable.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(cfg, want) {
+		t.Fatalf("config after Setup = %+v, want it unchanged: %+v", cfg, want)
+	}
+	// The manager made from it next has no client timeout (was 5s: RenewDeadline/2).
+	mgr, err := ctrl.NewManager(cfg, mo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := mgr.GetHTTPClient().Timeout; d != 0 {
+		t.Fatalf("the manager's HTTP client times out after %v, want no timeout, as without quiesce", d)
 	}
 }
 
-// Setup changes only the fields it documents, each to something that calls what it held.
+// Setup changes only the two seams it documents, the lease lock and the webhook server,
+// with leader election on and off; NewClient and the metrics filter stay the caller's.
 func TestSetupChangesOnlyItsDocumentedFields(t *testing.T) {
-	mo := leaderOptions()
-	mo.GracefulShutdownTimeout = ptr.To(40 * time.Second)
-	before := mo
-	if _, err := runnable.Setup(&rest.Config{Host: noAPIServer}, &mo, runnable.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	if mo.LeaderElectionResourceLockInterface == nil || mo.WebhookServer == nil || mo.NewClient == nil {
-		t.Fatalf("Setup left lock %v, webhook server %v, NewClient set: %v", mo.LeaderElectionResourceLockInterface,
-			mo.WebhookServer, mo.NewClient != nil)
-	}
-	after := mo
-	after.LeaderElectionResourceLockInterface, after.WebhookServer, after.NewClient =
-		before.LeaderElectionResourceLockInterface, before.WebhookServer, before.NewClient
-	if !reflect.DeepEqual(after, before) {
-		t.Fatalf("Setup changed undocumented fields:\n%+v\nwant\n%+v", after, before)
+	for _, elect := range []bool{true, false} {
+		mo := leaderOptions()
+		mo.LeaderElection = elect
+		mo.GracefulShutdownTimeout = ptr.To(40 * time.Second)
+		mo.Metrics.FilterProvider = noFilter
+		before := mo
+		if _, err := runnable.Setup(&rest.Config{Host: noAPIServer}, &mo, runnable.Options{}); err != nil {
+			t.Fatal(err)
+		}
+		if mo.LeaderElectionResourceLockInterface == nil || mo.WebhookServer == nil {
+			t.Fatalf("Setup left lock %v, webhook server %v", mo.LeaderElectionResourceLockInterface, mo.WebhookServer)
+		}
+		after := mo
+		after.LeaderElectionResourceLockInterface, after.WebhookServer = before.LeaderElectionResourceLockInterface, before.WebhookServer
+		if fmt.Sprintf("%p", after.Metrics.FilterProvider) != fmt.Sprintf("%p", before.Metrics.FilterProvider) {
+			t.Fatal("Setup changed Metrics.FilterProvider")
+		}
+		after.Metrics.FilterProvider, before.Metrics.FilterProvider = nil, nil
+		if !reflect.DeepEqual(after, before) {
+			t.Fatalf("Setup changed undocumented fields:\n%+v\nwant\n%+v", after, before)
+		}
 	}
 }
 
@@ -109,6 +109,8 @@ func TestFailedSetupLeavesTheOptionsAsTheyWere(t *testing.T) {
 		{"grace at the default budget", runnable.Options{GracePeriod: 30 * time.Second}, leaderOptions,
 			"raise GracefulShutdownTimeout in the manager's Options above 30s"},
 		{"negative delay", runnable.Options{ShutdownDelay: -time.Second}, leaderOptions, "ShutdownDelay is -1s"},
+		{"reports every 1ns", runnable.Options{ReportEvery: time.Nanosecond}, leaderOptions, "ReportEvery is 1ns: set it to 0 (the default) or at least 500ms"},
+		{"debug on the pod's network", runnable.Options{DebugAddress: ":8083"}, leaderOptions, "set a loopback host:port"},
 		{"no lease namespace", runnable.Options{}, func() ctrl.Options {
 			mo := leaderOptions()
 			mo.LeaderElectionNamespace = ""
@@ -121,7 +123,7 @@ func TestFailedSetupLeavesTheOptionsAsTheyWere(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(err.Error(), "failed to set up quiesce: ") {
 				t.Fatalf("Setup = %v, want an error with %q", err, tc.want)
 			}
-			if mo.LeaderElectionResourceLockInterface != nil || mo.WebhookServer != nil || mo.NewClient != nil {
+			if mo.LeaderElectionResourceLockInterface != nil || mo.WebhookServer != nil {
 				t.Fatal("a failed Setup changed the manager's Options")
 			}
 		})
@@ -131,102 +133,87 @@ func TestFailedSetupLeavesTheOptionsAsTheyWere(t *testing.T) {
 	}
 }
 
-// Every order mistake the two calls leave possible is an error at Add naming the fix, and a
-// refused Add leaves the manager without quiesce.
+// The order mistakes that the Options given to Setup show at Add are errors naming the fix.
 func TestRunnableAddRefusesOrderMistakes(t *testing.T) {
 	cfg := &rest.Config{Host: noAPIServer}
 	for _, tc := range []struct {
-		name string
-		run  func(t *testing.T) error
-		want string
+		name  string
+		after func(*ctrl.Options) // between Setup and NewManager
+		want  string
 	}{
-		{"NewManager before Setup", func(t *testing.T) error {
-			mo := leaderOptions()
-			mgr, err := ctrl.NewManager(cfg, mo)
-			if err != nil {
-				t.Fatal(err)
-			}
-			q, err := runnable.Setup(cfg, &mo, runnable.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return q.Add(mgr)
-		}, "call q, err := runnable.Setup(cfg, &mgrOpts, opts) before ctrl.NewManager(cfg, mgrOpts)"},
-		{"NewManager on other Options", func(t *testing.T) error {
-			mo := leaderOptions()
-			q, err := runnable.Setup(cfg, &mo, runnable.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			mgr, err := ctrl.NewManager(cfg, leaderOptions())
-			if err != nil {
-				t.Fatal(err)
-			}
-			return q.Add(mgr)
-		}, "the manager was not made from the Options given to runnable.Setup"},
-		{"webhook server set after Setup", func(t *testing.T) error {
-			mo := leaderOptions()
-			q, err := runnable.Setup(cfg, &mo, runnable.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			mo.WebhookServer = webhook.NewServer(webhook.Options{Port: 9443})
-			mgr, err := ctrl.NewManager(cfg, mo)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return q.Add(mgr)
-		}, "set mgrOpts.WebhookServer before calling Setup"},
-		{"leader election turned on after Setup", func(t *testing.T) error {
-			mo := leaderOptions()
-			mo.LeaderElection = false
-			q, err := runnable.Setup(cfg, &mo, runnable.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			mo.LeaderElection = true
-			mgr, err := ctrl.NewManager(cfg, mo)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return q.Add(mgr)
-		}, "call Setup once the manager's Options are complete"},
-		{"timeout lowered after Setup", func(t *testing.T) error {
-			mo := leaderOptions()
-			q, err := runnable.Setup(cfg, &mo, runnable.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			mo.GracefulShutdownTimeout = ptr.To(10 * time.Second)
-			mgr, err := ctrl.NewManager(cfg, mo)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return q.Add(mgr)
-		}, "must be below the manager's GracefulShutdownTimeout (10s"},
-		{"a Runnable of New", func(t *testing.T) error {
-			return runnable.New(runnable.Options{}).Add(newManager(t, &ctrl.Options{}))
-		}, "it was not made by runnable.Setup"},
-		{"Setup twice", func(t *testing.T) error {
-			mo := leaderOptions()
-			if _, err := runnable.Setup(cfg, &mo, runnable.Options{}); err != nil {
-				t.Fatal(err)
-			}
-			_, err := runnable.Setup(cfg, &mo, runnable.Options{})
-			return err
-		}, "given to runnable.Setup already"},
-		{"Add twice", func(t *testing.T) error {
-			mo := leaderOptions()
-			mgr, q := setupManager(t, &mo, runnable.Options{})
-			return q.Add(mgr)
-		}, "call q.Add(mgr) once"},
+		{"webhook server set after Setup", func(o *ctrl.Options) { o.WebhookServer = webhook.NewServer(webhook.Options{Port: 9443}) },
+			"changed after runnable.Setup: call Setup once mgrOpts is complete"},
+		{"leader election turned off after Setup", func(o *ctrl.Options) { o.LeaderElection = false },
+			"changed after runnable.Setup"},
+		{"lock set after Setup", func(o *ctrl.Options) { o.LeaderElectionResourceLockInterface = nil }, "changed after runnable.Setup"},
+		{"timeout lowered after Setup", func(o *ctrl.Options) { o.GracefulShutdownTimeout = ptr.To(10 * time.Second) },
+			"must be below the manager's GracefulShutdownTimeout (10s"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := tc.run(t)
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("got %v, want an error with %q", err, tc.want)
+			mo := leaderOptions()
+			q, err := runnable.Setup(cfg, &mo, runnable.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.after(&mo)
+			mgr, err := ctrl.NewManager(cfg, mo)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := q.Add(mgr); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Add = %v, want an error with %q", err, tc.want)
 			}
 		})
+	}
+	if err := runnable.New(runnable.Options{}).Add(newManager(t, &ctrl.Options{})); err == nil ||
+		!strings.Contains(err.Error(), "it was not made by runnable.Setup") {
+		t.Fatalf("Add of a Runnable of New = %v", err)
+	}
+	mo := leaderOptions()
+	if _, err := runnable.Setup(cfg, &mo, runnable.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := runnable.Setup(cfg, &mo, runnable.Options{}); err == nil || !strings.Contains(err.Error(), "given to runnable.Setup already") {
+		t.Fatalf("Setup twice = %v", err)
+	}
+	mo = leaderOptions()
+	mgr, q := setupManager(t, &mo, runnable.Options{})
+	if err := q.Add(mgr); err == nil || !strings.Contains(err.Error(), "call q.Add(mgr) once") {
+		t.Fatalf("Add twice = %v", err)
+	}
+}
+
+// Leader election turned on in a copy of the Options after Setup saw it off (issue 42: Add
+// returned nil, nothing was fenced, nothing logged): the manager never leads, and
+// mgr.Start returns the Runnable's error naming the fix. Fails on v0.2.0's Setup: mgr.Start
+// runs until its context ends, then returns nil.
+func TestLeaderElectionTurnedOnAfterSetupFailsTheManager(t *testing.T) {
+	mo := leaderOptions()
+	mo.LeaderElection = false
+	q, err := runnable.Setup(&rest.Config{Host: noAPIServer}, &mo, runnable.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp := mo
+	cp.LeaderElection = true
+	mgr, err := ctrl.NewManager(&rest.Config{Host: noAPIServer}, cp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Add(mgr); err != nil { // q.Add sees mo, unchanged: the copy shows at Start
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err = mgr.Start(q.StopContext(ctx))
+	if err == nil || !strings.Contains(err.Error(), "leader election was turned on after runnable.Setup saw it off") ||
+		!strings.Contains(err.Error(), "call runnable.Setup(cfg, &mgrOpts, opts) once mgrOpts.LeaderElection is set") {
+		t.Fatalf("mgr.Start = %v, want the error naming the fix", err)
+	}
+	select {
+	case <-mgr.Elected():
+		t.Fatal("the manager led through the lock of Setup")
+	default:
 	}
 }
 
@@ -249,9 +236,9 @@ func TestSetupConnectsTheManager(t *testing.T) {
 	}
 }
 
-// DebugPath is served from what the manager's metrics server really does: behind a
-// FilterProvider only when the server called it, never on a server that authenticates no
-// one unless asked, and the reason it is not served is said at V(1) only.
+// DebugPath is served on the metrics server only behind a FilterProvider of the Options given
+// to Setup, as they are at Add, never on a server that authenticates no one unless asked,
+// and the reason it is not served is said at V(1) only.
 func TestSetupServesDebugFromTheRealMetricsServer(t *testing.T) {
 	filter := func(*rest.Config, *http.Client) (metricsserver.Filter, error) {
 		return func(_ logr.Logger, h http.Handler) (http.Handler, error) { return h, nil }, nil
@@ -267,9 +254,9 @@ func TestSetupServesDebugFromTheRealMetricsServer(t *testing.T) {
 		{"behind the filter", func(o *ctrl.Options) { o.Metrics.FilterProvider = filter }, nil, runnable.Options{}, true, ""},
 		{"no filter", nil, nil, runnable.Options{}, false, "the metrics server authenticates no one"},
 		{"no filter, asked for", nil, nil, runnable.Options{DebugWithoutFilter: true}, true, ""},
-		{"filter replaced after Setup", func(o *ctrl.Options) { o.Metrics.FilterProvider = filter },
+		{"filter dropped after Setup", func(o *ctrl.Options) { o.Metrics.FilterProvider = filter },
 			func(o *ctrl.Options) { o.Metrics.FilterProvider = nil }, runnable.Options{}, false,
-			"did not use the FilterProvider"},
+			"the metrics server authenticates no one"},
 		{"metrics off", func(o *ctrl.Options) { o.Metrics.BindAddress = "0" }, nil, runnable.Options{}, false,
 			"the manager's metrics server is off"},
 	} {
@@ -307,5 +294,44 @@ func TestSetupServesDebugFromTheRealMetricsServer(t *testing.T) {
 				t.Fatalf("log = %q, want one V(1) line with %q", logs, tc.v1)
 			}
 		})
+	}
+}
+
+// Options.DebugAddress serves DebugPath on a loopback listener of its own, for operators
+// whose metrics server has no filter (issue 45), from Add until the manager stops.
+func TestDebugAddressServesOnLoopback(t *testing.T) {
+	var logs capture
+	mo := ctrl.Options{}
+	mgr, q := setupManager(t, &mo, runnable.Options{DebugAddress: "127.0.0.1:0", Logger: logs.logger()})
+	var addr string
+	for _, l := range logs.all() {
+		if _, after, ok := strings.Cut(l, `"msg"="Serving the debug view on loopback" "address"="`); ok {
+			addr, _, _ = strings.Cut(after, `"`)
+		}
+	}
+	if !strings.HasPrefix(addr, "127.0.0.1:") {
+		t.Fatalf("log %q, want the address served", logs.all())
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(q.StopContext(ctx)) }()
+	// The listener is bound from Add on: the request waits until the manager serves it.
+	client := &http.Client{Timeout: time.Minute}
+	res, err := client.Get("http://" + addr + runnable.DebugPath + "?limit=0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var body struct{ Count *int }
+	if err := json.NewDecoder(res.Body).Decode(&body); err != nil || res.StatusCode != http.StatusOK || body.Count == nil {
+		t.Fatalf("GET %s: %d, %+v, %v; want the debug view", addr, res.StatusCode, body, err)
+	}
+	_ = res.Body.Close()
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	client.CloseIdleConnections()
+	if _, err := client.Get("http://" + addr + runnable.DebugPath); err == nil {
+		t.Fatal("the debug listener still serves after the manager stopped")
 	}
 }

@@ -88,13 +88,15 @@ func runSignalChild() {
 	log := funcr.New(func(_, args string) { fmt.Println(args) }, funcr.Options{})
 	opts := ctrl.Options{GracefulShutdownTimeout: ptr.To(time.Hour),
 		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0"}
-	mgr, err := ctrl.NewManager(&rest.Config{Host: noAPIServer}, opts)
+	q, err := runnable.Setup(&rest.Config{Host: noAPIServer}, &opts, runnable.Options{Logger: log, ShutdownDelay: 10 * time.Minute})
 	if err != nil {
 		fmt.Println(err)
 		os.Exit(3)
 	}
-	q, err := runnable.Add(mgr, runnable.Options{Logger: log,
-		ShutdownDelay: 10 * time.Minute, ManagerOptions: &opts})
+	mgr, err := ctrl.NewManager(&rest.Config{Host: noAPIServer}, opts)
+	if err == nil {
+		err = q.Add(mgr)
+	}
 	if err != nil {
 		fmt.Println(err)
 		os.Exit(3)

@@ -3,22 +3,17 @@ package runnable
 import (
 	"context"
 	"errors"
-	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
-	"weak"
-
-	"sigs.k8s.io/controller-runtime/pkg/manager"
 )
 
-// stopState is the stop's progress, shared by the Runnable (its readiness and drain), its
-// stop procedure, StopContext and the webhook server.
+// stopState is the stop's progress.
 type stopState struct {
 	delay     time.Duration
 	delayName string // how errors name it: Options.name
 
-	delayed atomic.Bool // StopContext was called: the manager's stop comes after the delay
+	delayed atomic.Bool // StopContext was called
 	waited  atomic.Bool // calls were pending when the stop or the drain began
 
 	beginOnce sync.Once
@@ -26,7 +21,6 @@ type stopState struct {
 	stopping  chan struct{} // closed when the stop began
 }
 
-// began reports whether the stop began.
 func (s *stopState) began() bool {
 	select {
 	case <-s.stopping:
@@ -36,12 +30,12 @@ func (s *stopState) began() bool {
 	}
 }
 
-// beginStop marks the beginning of the stop, once: readiness fails from now on if there is
-// a ShutdownDelay, and webhook responses close their connections.
+// beginStop marks the beginning of the stop, once: no campaigning for the lease, readiness
+// failing with a ShutdownDelay, webhook connections closed.
 func (r *Runnable) beginStop() {
 	r.stop.beginOnce.Do(func() {
 		if l := r.lease.Load(); l != nil {
-			l.stop() // no campaigning from now on
+			l.stop()
 		}
 		r.stop.at = time.Now()
 		if r.ex.Stats().InFlight > 0 {
@@ -55,8 +49,7 @@ func (r *Runnable) beginStop() {
 	})
 }
 
-// sinceStop returns the key and value giving the time since the stop began, for the lines
-// of the stop's timeline; nothing before the stop.
+// sinceStop is the key and value of the time since the stop began; nothing before.
 func (r *Runnable) sinceStop() []any {
 	if !r.stop.began() {
 		return nil
@@ -65,19 +58,10 @@ func (r *Runnable) sinceStop() []any {
 }
 
 // StopContext returns the context to start the manager with: mgr.Start(q.StopContext(ctx)).
-// It ends ShutdownDelay after ctx ends, with ctx's cause. When ctx ends, the stop begins:
-// ReadyzCheck fails (when ShutdownDelay > 0), a WebhookServer answers with
-// "Connection: close", and the manager, which still has a live context, keeps serving
-// everything for the delay: webhooks, probes, metrics, and every controller, with or
-// without leader election. Then the manager's own stop procedure begins, and quiesce's drain
-// with it. This is how kube-apiserver delays its own stop (--shutdown-delay-duration):
-// controller-runtime cancels a whole group of runnables at once, so only the manager's
-// context can keep them all serving.
-//
-// A second SIGTERM during the delay still exits at once (ctrl.SetupSignalHandler). With
-// ShutdownDelay > 0, the Runnable refuses to start unless the manager's context
-// came from StopContext; with no delay it is optional (the stop's timeline then counts
-// from ctx's end). Call it once, before mgr.Start.
+// When ctx ends the stop begins, and the returned context ends ShutdownDelay later, with
+// ctx's cause: meanwhile the whole manager keeps serving, as kube-apiserver's
+// --shutdown-delay-duration does (controller-runtime cancels a group of runnables at once:
+// only the manager's context keeps them all). Call it once, before mgr.Start.
 func (r *Runnable) StopContext(ctx context.Context) context.Context {
 	r.stop.delayed.Store(true)
 	out, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
@@ -98,8 +82,7 @@ func (r *Runnable) StopContext(ctx context.Context) context.Context {
 // errLeadershipLost is the cause of the contexts that the fence ends.
 var errLeadershipLost = errors.New("leader election lost")
 
-// startDrain starts the drain, once, on a goroutine of its own; r.stopped is closed when it
-// is over.
+// startDrain starts the drain once; r.stopped is closed when it is over.
 func (r *Runnable) startDrain() {
 	r.drainOnce.Do(func() {
 		r.drainStarted.Store(true)
@@ -107,11 +90,8 @@ func (r *Runnable) startDrain() {
 	})
 }
 
-// fence ends the contexts of every tracked call at once: the lease was lost (the lease
-// observer saw it, see ObserveLease), so another replica may lead already, and
-// controller-runtime gives its runnables no grace. The stop begins, if it had not, and the
-// drain with it: no call is admitted any more, and the calls still running stay tracked
-// and reported.
+// fence ends the context of every tracked call: the lease was lost, and another replica may
+// lead already. The stop and the drain begin; the calls stay tracked and reported.
 func (r *Runnable) fence(lastRenewal time.Time, fenceAfter time.Duration, reason string) {
 	r.beginStop()
 	r.startDrain()
@@ -127,55 +107,9 @@ func (r *Runnable) fence(lastRenewal time.Time, fenceAfter time.Duration, reason
 	})
 }
 
-// safely runs log, a call of the Logger, and contains a panic in it: these lines are logged
-// from goroutines of quiesce's own, where a broken Logger must not crash the process nor
-// stop the manager's stop.
+// safely runs log, containing a panic: on quiesce's own goroutines a broken Logger must not
+// crash the process nor stop the stop.
 func safely(log func()) {
 	defer func() { _ = recover() }()
 	log()
-}
-
-// added remembers the managers given to Add, so that a second Add on one manager fails,
-// without keeping them alive: a map with weak keys, as the weak package describes. A weak
-// pointer maps to an object, not to an address: a manager allocated where a collected one
-// was gets a key of its own. The key points at the manager's first byte because Add only
-// knows it as an interface; a manager that is not a pointer cannot be told apart from
-// others without holding it, and is not recorded.
-var added = managers{m: map[weak.Pointer[byte]]struct{}{}}
-
-type managers struct {
-	mu sync.Mutex
-	m  map[weak.Pointer[byte]]struct{}
-}
-
-// claim records mgr; false if it was recorded already.
-func (ms *managers) claim(mgr manager.Manager) bool {
-	v := reflect.ValueOf(mgr)
-	if v.Kind() != reflect.Pointer || v.IsNil() {
-		return true
-	}
-	key := weak.Make((*byte)(v.UnsafePointer()))
-	ms.mu.Lock()
-	defer ms.mu.Unlock()
-	for k := range ms.m {
-		if k.Value() == nil {
-			delete(ms.m, k) // its manager is gone
-		}
-	}
-	if _, ok := ms.m[key]; ok {
-		return false
-	}
-	ms.m[key] = struct{}{}
-	return true
-}
-
-// release forgets mgr, for an Add that failed before it added anything.
-func (ms *managers) release(mgr manager.Manager) {
-	v := reflect.ValueOf(mgr)
-	if v.Kind() != reflect.Pointer || v.IsNil() {
-		return
-	}
-	ms.mu.Lock()
-	defer ms.mu.Unlock()
-	delete(ms.m, weak.Make((*byte)(v.UnsafePointer())))
 }

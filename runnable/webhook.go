@@ -1,150 +1,78 @@
 package runnable
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
+	"path"
+	"strings"
 	"sync/atomic"
 
-	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/quiesce-dev/quiesce/drain"
 	"github.com/quiesce-dev/quiesce/internal"
 )
 
-// WebhookServer wraps the manager's webhook server: pass it as ctrl.Options.WebhookServer,
-// and the same ctrl.Options as Options.ManagerOptions to Add, which connects it to the
-// Runnable. Handlers registered on it (by ctrl.NewWebhookManagedBy, or by Register) then:
-//
-//   - run each request as a tracked call of the Runnable's executor: reports,
-//     /debug/quiesce and the metrics show it. For an *admission.Webhook (what
-//     ctrl.NewWebhookManagedBy registers), the call is its Handler's Handle (Register
-//     wraps the Handler field in place), named "webhook/<path>/<namespace>/<name>" after
-//     the admission.Request that controller-runtime decoded (the object's generateName
-//     when it has no name yet; the parts that are empty left out): the wrapper reads no
-//     body and decodes nothing more. Any other handler (a conversion webhook, a handler
-//     of your own) runs as a call named "webhook/<path>", its body untouched;
-//   - get a context that the server's stop does not cancel (controller-runtime v0.24 and
-//     later cancel it when the webhook server stops), only the client going away, or the
-//     drain at CancelAfter;
-//   - never wait for nor hold a MaxConcurrent slot (it bounds reconciles and their calls);
-//   - from the moment the stop begins, answer with "Connection: close" (HTTP/2: a graceful
-//     GOAWAY), so that the API server's keep-alive connections move to a ready replica.
-//
-// The webhooks stop last, as controller-runtime orders them ("they might be still serving
-// some requests"): the wrapper serves until the manager stops the webhook group, after the
-// drain of this replica's reconciles and calls, and the caches; then the inner server
-// closes its listener and waits for the requests in flight, whose contexts stay live. The
-// drain waits for the admission calls that began before it (on standbys too); a request
-// that arrives once the drain began is served untracked: the executor refuses new calls,
-// and failing an admission would fail the API server's request (a reconcile of this
-// replica that writes an object its own webhook validates is still admitted).
-//
-// A handler that panics is logged ("Webhook handler panicked", with the call's name and
-// stack) and counted; then an *admission.Webhook answers as it does itself (with
-// RecoverPanic, its default: an AdmissionReview with code 500, and its panic metric), and
-// any other handler, or an admission.Webhook without RecoverPanic, gets an HTTP 500;
-// http.ErrAbortHandler still aborts the response. Handlers added to
-// WebhookMux directly are served, but not tracked. A wrapper that Add did
-// not connect fails to start ("not connected"), so that the manager does not start.
-// WebhookServer panics if inner is nil.
-func WebhookServer(inner webhook.Server) webhook.Server {
-	if internal.IsNil(inner) {
-		panic("runnable.WebhookServer: nil inner server (pass webhook.NewServer(...))")
-	}
-	return &webhookServer{inner: inner}
-}
-
-// errNotConnected is what the Start of a WebhookServer that Add did not connect returns.
-var errNotConnected = errors.New("failed to start quiesce webhook server: not connected to a quiesce Runnable: " +
-	"pass the ctrl.Options holding it to runnable.Add as Options.ManagerOptions")
-
-// errServerStopping is the cause with which the wrapper cancels the inner server's
-// context: requests in flight see it, and keep a live context.
-var errServerStopping = errors.New("quiesce webhook server stopping")
-
+// webhookServer is the webhook server of Setup: see Runnable.Add.
 type webhookServer struct {
-	inner     webhook.Server
-	r         atomic.Pointer[Runnable]
-	fromSetup bool // installed by Setup, before the server is shared
+	webhook.Server // the inner server, whose other methods it keeps
+	r              *Runnable
+	started        atomic.Bool
 }
 
 var _ webhook.Server = (*webhookServer)(nil)
 
-// connect connects s to r; false if s is connected to another Runnable.
-func (s *webhookServer) connect(r *Runnable) bool { return s.r.CompareAndSwap(nil, r) }
+// errServerStopping ends the inner server's context; requests keep theirs (liveContext).
+var errServerStopping = errors.New("quiesce webhook server stopping")
 
-// disconnect undoes connect(r), for an Add that failed.
-func (s *webhookServer) disconnect(r *Runnable) {
-	if s != nil {
-		s.r.CompareAndSwap(r, nil)
-	}
+func (s *webhookServer) Register(at string, h http.Handler) {
+	s.Server.Register(at, &trackedHook{r: s.r, path: strings.Trim(at, "/"), hook: h})
 }
 
-// NeedLeaderElection is the inner server's (false for controller-runtime's).
-func (s *webhookServer) NeedLeaderElection() bool { return s.inner.NeedLeaderElection() }
-
-// Register registers hook at path on the inner server, wrapped as the WebhookServer doc says.
-func (s *webhookServer) Register(path string, hook http.Handler) {
-	s.inner.Register(path, newTrackedHook(s, path, hook))
-}
-
-// StartedChecker is the inner server's.
-func (s *webhookServer) StartedChecker() healthz.Checker { return s.inner.StartedChecker() }
-
-// WebhookMux is the inner server's: handlers added to it directly are not tracked.
-func (s *webhookServer) WebhookMux() *http.ServeMux { return s.inner.WebhookMux() }
-
-// Start runs the inner server until ctx ends (the manager stops the webhooks last), and
-// returns once the inner server returned. The inner server gets a context of its own, that
-// ends with ctx: its requests in flight keep a live context (see liveContext).
+// Start runs the inner server until ctx ends, for one manager, whose Runnable was added.
 func (s *webhookServer) Start(ctx context.Context) error {
-	r := s.r.Load()
-	if r == nil {
-		return errNotConnected
+	switch {
+	case !s.r.setup.added.Load():
+		return errors.New("failed to start quiesce webhook server: q.Add(mgr) was not called " +
+			"for the manager made from the Options given to runnable.Setup")
+	case !s.started.CompareAndSwap(false, true):
+		return errors.New("failed to start quiesce webhook server: it serves another manager already: " +
+			"call runnable.Setup on each manager's own Options")
 	}
 	innerCtx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer cancel(nil)
-	stop := context.AfterFunc(ctx, func() { cancel(errServerStopping) })
-	defer stop()
-
-	err := s.inner.Start(innerCtx)
-	if r.stop.began() {
-		r.stopLog().Info("Webhook server stopped", r.sinceStop()...)
+	defer context.AfterFunc(ctx, func() { cancel(errServerStopping) })()
+	err := s.Server.Start(innerCtx)
+	if s.r.stop.began() {
+		s.r.stopLog().Info("Webhook server stopped", s.r.sinceStop()...)
 	}
 	return err
 }
 
-// trackedHook serves one registered path.
+// trackedHook serves a registered path as tracked calls.
 type trackedHook struct {
-	s    *webhookServer
-	name string // the path without its slashes
-	call string // "webhook/<path>": the name of a call that no admission.Request names
+	r    *Runnable
+	path string // without its slashes
 	hook http.Handler
-	// admission: hook is an *admission.Webhook whose Handler a trackedHandler wraps, and
-	// so runs the tracked call itself; ServeHTTP starts none.
-	admission bool
 }
 
+// maxReviewBytes is the most read of a body to name its call: controller-runtime's admission
+// webhooks refuse larger ones (admission/http.go, maxRequestSize).
+const maxReviewBytes = 7 << 20
+
 func (h *trackedHook) ServeHTTP(w http.ResponseWriter, req *http.Request) {
-	r := h.s.r.Load()
-	if r == nil { // not connected: Start fails, so this serves only tests of the hook itself
-		h.hook.ServeHTTP(w, req)
-		return
-	}
+	r := h.r
 	w = &closingWriter{ResponseWriter: w, stop: r.stop}
 	ctx, cancel := liveContext(req.Context())
 	defer cancel()
-	if h.admission {
-		// The Webhook decodes the review once; its wrapped Handler runs the tracked call,
-		// named after the decoded request.
-		defer h.recoverAdmission(w, r)
-		h.hook.ServeHTTP(w, req.WithContext(ctx))
-		return
-	}
+	req = req.WithContext(ctx)
+	name := h.callName(req)
 	ran := false
-	err := r.core().Run(ctx, internal.CallOptions{Name: h.call, NoSlot: true}, func(ctx context.Context) error {
+	err := r.core().Run(ctx, internal.CallOptions{Name: name, NoSlot: true}, func(ctx context.Context) error {
 		ran = true
 		h.hook.ServeHTTP(w, req.WithContext(ctx))
 		return nil
@@ -152,21 +80,100 @@ func (h *trackedHook) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	var pe *drain.PanicError
 	switch {
 	case !ran && errors.Is(err, drain.ErrDraining):
-		h.hook.ServeHTTP(w, req.WithContext(ctx))
+		h.hook.ServeHTTP(w, req) // refusing would fail the API server's request
 	case errors.As(err, &pe):
 		if pe.Value == http.ErrAbortHandler { //nolint:errorlint // the sentinel itself, as net/http compares it
-			panic(http.ErrAbortHandler) // the handler aborts the response: net/http closes the connection quietly
+			panic(http.ErrAbortHandler) // net/http closes the connection quietly
 		}
-		// As controller-runtime's admission webhooks do with RecoverPanic: log it (here
-		// named after the request, with its stack) and answer with an error.
 		r.log.Error(pe, "Webhook handler panicked", "name", internal.Cut(pe.Name), "stack", string(pe.Stack))
 		http.Error(w, "webhook handler panicked", http.StatusInternalServerError)
+	case !ran && err != nil: // the client went away before the call began
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
 	}
 }
 
-// closingWriter answers with "Connection: close" when the response's header is written
-// once the stop began: a request that was in flight when the stop began closes its
-// connection too, so that the API server's next request goes to another replica.
+// callName names req's call after the AdmissionReview in its body, put back as it came. It
+// reads no further than it needs: the API server sends request.name and namespace before
+// the object (only a create without a name reads on, into its metadata.generateName).
+func (h *trackedHook) callName(req *http.Request) string {
+	if req.Body == nil || req.Body == http.NoBody {
+		return path.Join("webhook", h.path)
+	}
+	var seen bytes.Buffer
+	dec := json.NewDecoder(io.TeeReader(io.LimitReader(req.Body, maxReviewBytes), &seen))
+	var ns, name string
+	walkTo(dec, "request", func() {
+		walk(dec, func(key string) int {
+			switch key {
+			case "namespace":
+				_ = dec.Decode(&ns)
+			case "name":
+				_ = dec.Decode(&name)
+			case "object", "oldObject":
+				if key == "object" && name == "" {
+					walkTo(dec, "metadata", func() { walkTo(dec, "generateName", func() { _ = dec.Decode(&name) }) })
+				}
+				return stop
+			default:
+				return skip
+			}
+			return read
+		})
+	})
+	req.Body = readCloser{io.MultiReader(&seen, req.Body), req.Body}
+	return path.Join("webhook", h.path, ns, name) // empty parts left out
+}
+
+// What walk's visit did with a key's value: left it to walk to skip, read it, or read what
+// it needed and ends the walk.
+const (
+	skip = iota
+	read
+	stop
+)
+
+// walkTo reads the JSON object next in dec up to key, and has fn read its value.
+func walkTo(dec *json.Decoder, key string, fn func()) {
+	walk(dec, func(k string) int {
+		if k != key {
+			return skip
+		}
+		fn()
+		return stop
+	})
+}
+
+// walk reads the JSON object next in dec key by key, calling visit on each, until visit
+// says stop, the object ends, or dec fails.
+func walk(dec *json.Decoder, visit func(key string) int) {
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return
+	}
+	for dec.More() {
+		t, err := dec.Token()
+		key, ok := t.(string)
+		if err != nil || !ok {
+			return
+		}
+		switch visit(key) {
+		case skip:
+			if dec.Decode(&json.RawMessage{}) != nil {
+				return
+			}
+		case stop:
+			return
+		}
+	}
+}
+
+// readCloser reads from Reader and closes Closer: a body partly read, put back.
+type readCloser struct {
+	io.Reader
+	io.Closer
+}
+
+// closingWriter adds "Connection: close" (HTTP/2: a GOAWAY) to a header written once the
+// stop began, so that the API server's next request goes to another replica.
 type closingWriter struct {
 	http.ResponseWriter
 	stop  *stopState
@@ -195,9 +202,8 @@ func (w *closingWriter) mark() {
 // Unwrap returns the ResponseWriter, for http.ResponseController.
 func (w *closingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// liveContext returns a context with parent's values that ends when parent ends, but for
-// the inner server's stop (errServerStopping): a request in flight keeps a live context
-// while the server shuts down, and the drain bounds it.
+// liveContext returns parent's values, ending with parent but not with the server's stop
+// (controller-runtime v0.24 on cancels requests then): the drain bounds them instead.
 func liveContext(parent context.Context) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancelCause(context.WithoutCancel(parent))
 	stop := context.AfterFunc(parent, func() {
@@ -209,16 +215,4 @@ func liveContext(parent context.Context) (context.Context, context.CancelFunc) {
 		stop()
 		cancel(nil)
 	}
-}
-
-// webhookCallName is the name of an admission request's call: "webhook/<path>/<namespace>/<name>",
-// leaving out the parts the request does not have.
-func webhookCallName(path, namespace, name string) string {
-	out := "webhook"
-	for _, p := range []string{path, namespace, name} {
-		if p != "" {
-			out += "/" + p
-		}
-	}
-	return out
 }

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"github.com/quiesce-dev/quiesce/drain"
 	"github.com/quiesce-dev/quiesce/reconcilers"
 	"github.com/quiesce-dev/quiesce/runnable"
 )
@@ -73,12 +74,11 @@ var _ = Describe("Options.Recorder", func() {
 		func(ctx SpecContext) {
 			cur := goleak.IgnoreCurrent()
 			ns := newNamespace(ctx)
-			mgr := newManager(inNamespace(ns))
 			var logs logLines
-			q, err := addQuiesce(mgr, runnable.Options{
-				Logger: logs.logger(), SlowAfter: time.Second, ReportEvery: 500 * time.Millisecond,
+			mgr, q, err := newQuiesced(runnable.Options{
+				Logger: logs.logger(), SlowAfter: drain.MinSlowAfter, ReportEvery: drain.MinReportEvery,
 				GracePeriod: 2 * time.Second,
-			})
+			}, inNamespace(ns))
 			Expect(err).NotTo(HaveOccurred())
 			hold, release := releaser()
 			stuck := make(chan struct{}, 1)

@@ -114,20 +114,25 @@ func runFenceCell(ctx context.Context, c fenceCell, withQuiesce bool) fenceRun {
 	lock := &breakableLock{Interface: inner}
 
 	logs := &logLines{}
-	makeMgr := newPlainManager
-	if withQuiesce {
-		makeMgr = newManager
-	}
-	mgr := makeMgr(inNamespace(ns), func(o *manager.Options) {
+	logsOpt := runnable.Options{Logger: logs.logger(), GracePeriod: fenceGrace, ShutdownDelay: c.delay}
+	leaderElection := func(o *manager.Options) {
 		o.LeaderElection = true
-		o.LeaderElectionResourceLockInterface = lock // ObserveLease (newManager) wraps it
+		o.LeaderElectionResourceLockInterface = lock // Setup (newQuiesced) wraps it
 		o.LeaderElectionReleaseOnCancel = true
 		o.LeaseDuration = ptr.To(fenceLeaseDuration)
 		o.RenewDeadline = ptr.To(fenceRenewDeadline)
 		o.RetryPeriod = ptr.To(fenceRetryPeriod)
 		o.GracefulShutdownTimeout = ptr.To(fenceGrace + 4*time.Second)
-	})
+	}
+	var mgr manager.Manager
 	var q *runnable.Runnable
+	if withQuiesce {
+		var err error
+		mgr, q, err = newQuiesced(logsOpt, inNamespace(ns), leaderElection)
+		Expect(err).NotTo(HaveOccurred())
+	} else {
+		mgr = newPlainManager(inNamespace(ns), leaderElection)
+	}
 	type outcome struct {
 		at    time.Time
 		cause error
@@ -152,8 +157,6 @@ func runFenceCell(ctx context.Context, c fenceCell, withQuiesce bool) fenceRun {
 		}
 	})
 	if withQuiesce {
-		q, err = addQuiesce(mgr, runnable.Options{Logger: logs.logger(), GracePeriod: fenceGrace, ShutdownDelay: c.delay})
-		Expect(err).NotTo(HaveOccurred())
 		rec = reconcilers.Wrap(q.Executor(), "fence", rec, reconcilers.WrapOptions{})
 	}
 	Expect(ctrl.NewControllerManagedBy(mgr).For(&corev1.ConfigMap{}).Named("fence").Complete(rec)).To(Succeed())
@@ -236,13 +239,11 @@ var _ = Describe("Fencing on a lost lease", func() {
 		cur := goleak.IgnoreCurrent()
 		ns := newNamespace(ctx)
 		logs := &logLines{}
-		mgr := newManager(inNamespace(ns), func(o *manager.Options) {
-			o.GracefulShutdownTimeout = ptr.To(3 * time.Second)
-		})
-		// GracefulShutdownTimeout below GracePeriod is refused at Add, naming the fix.
-		_, err := addQuiesce(mgr, runnable.Options{Logger: logs.logger(), GracePeriod: 4 * time.Second})
+		timeout := func(o *manager.Options) { o.GracefulShutdownTimeout = ptr.To(3 * time.Second) }
+		// GracefulShutdownTimeout below GracePeriod is refused at Setup, naming the fix.
+		_, _, err := newQuiesced(runnable.Options{Logger: logs.logger(), GracePeriod: 4 * time.Second}, inNamespace(ns), timeout)
 		Expect(err).To(MatchError(ContainSubstring("raise GracefulShutdownTimeout in the manager's Options above 4s")))
-		q, err := addQuiesce(mgr, runnable.Options{Logger: logs.logger(), GracePeriod: 2 * time.Second})
+		mgr, q, err := newQuiesced(runnable.Options{Logger: logs.logger(), GracePeriod: 2 * time.Second}, inNamespace(ns), timeout)
 		Expect(err).NotTo(HaveOccurred())
 		release, releaseAll := releaser()
 		Expect(ctrl.NewControllerManagedBy(mgr).For(&corev1.ConfigMap{}).Named("planned").Complete(

@@ -96,8 +96,7 @@ var _ = Describe("The progress of Handlers, written by a user who may edit the o
 			runs.add(strconv.FormatInt(d.Generation, 10))
 			return nil
 		}}
-		mgr := newManager(handlersCacheIn(ns))
-		q, err := addQuiesce(mgr, runnable.Options{GracePeriod: 20 * time.Second})
+		mgr, q, err := newQuiesced(runnable.Options{GracePeriod: 20 * time.Second}, handlersCacheIn(ns))
 		Expect(err).NotTo(HaveOccurred())
 		r, err := lifecycle.Handlers(q.Executor(), mgr.GetClient(), "forge", nil, []lifecycle.Handler[*appsv1.StatefulSet]{h},
 			lifecycle.HandlersOptions{
@@ -186,8 +185,7 @@ var _ = Describe("The progress of Handlers, written by a user who may edit the o
 		// start runs h in a manager whose Handlers sign with progressKey.
 		start := func(progressKey string) (context.CancelFunc, <-chan error) {
 			GinkgoHelper()
-			mgr := newManager(handlersCacheIn(ns))
-			q, err := addQuiesce(mgr, runnable.Options{GracePeriod: 20 * time.Second})
+			mgr, q, err := newQuiesced(runnable.Options{GracePeriod: 20 * time.Second}, handlersCacheIn(ns))
 			Expect(err).NotTo(HaveOccurred())
 			r, err := lifecycle.Handlers(q.Executor(), mgr.GetClient(), "rotated", nil, []lifecycle.Handler[*appsv1.StatefulSet]{h},
 				lifecycle.HandlersOptions{ProgressKey: []byte(progressKey), Recorder: broadcaster.NewRecorder(scheme.Scheme, "rotated")})
@@ -242,8 +240,7 @@ var _ = Describe("The progress of Handlers, written by a user who may edit the o
 		}
 		// w, whose progress nobody forges, shows that the controller reconciled a generation.
 		hs := []lifecycle.Handler[*appsv1.StatefulSet]{run("h"), run("w")}
-		mgr := newManager(handlersCacheIn(ns))
-		q, err := addQuiesce(mgr, runnable.Options{GracePeriod: 20 * time.Second})
+		mgr, q, err := newQuiesced(runnable.Options{GracePeriod: 20 * time.Second}, handlersCacheIn(ns))
 		Expect(err).NotTo(HaveOccurred())
 
 		By("refusing options that choose neither")

@@ -84,8 +84,7 @@ func startHandlers(ns, name string, hs []lifecycle.Handler[*corev1.ConfigMap], o
 // newHandlers is startHandlers without the start.
 func newHandlers(ns, name string, hs []lifecycle.Handler[*corev1.ConfigMap], opts lifecycle.HandlersOptions) (manager.Manager, *runnable.Runnable) {
 	GinkgoHelper()
-	mgr := newManager(handlersCacheIn(ns))
-	q, err := addQuiesce(mgr, runnable.Options{GracePeriod: 20 * time.Second})
+	mgr, q, err := newQuiesced(runnable.Options{GracePeriod: 20 * time.Second}, handlersCacheIn(ns))
 	Expect(err).NotTo(HaveOccurred())
 	opts.Recorder = broadcaster.NewRecorder(scheme.Scheme, name)
 	r, err := lifecycle.Handlers(q.Executor(), mgr.GetClient(), name, nil, hs, opts)

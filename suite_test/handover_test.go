@@ -31,7 +31,7 @@ var _ = Describe("A rolling update of three replicas", func() {
 		cur := goleak.IgnoreCurrent()
 		ns := newNamespace(ctx)
 		replica := func() (manager.Manager, *runnable.Runnable) {
-			mgr := newManager(inNamespace(ns), func(o *manager.Options) {
+			mgr, q, err := newQuiesced(runnable.Options{GracePeriod: 5 * time.Second, ShutdownDelay: 2 * time.Second}, inNamespace(ns), func(o *manager.Options) {
 				o.LeaderElection = true
 				o.LeaderElectionID = "quiesce-handover"
 				o.LeaderElectionNamespace = ns
@@ -41,7 +41,6 @@ var _ = Describe("A rolling update of three replicas", func() {
 				o.RetryPeriod = ptr.To(100 * time.Millisecond)
 				o.GracefulShutdownTimeout = ptr.To(10 * time.Second)
 			})
-			q, err := addQuiesce(mgr, runnable.Options{GracePeriod: 5 * time.Second, ShutdownDelay: 2 * time.Second})
 			Expect(err).NotTo(HaveOccurred())
 			return mgr, q
 		}
@@ -183,11 +182,12 @@ var _ = Describe("An API server that stops answering", func() {
 			GracefulShutdownTimeout: ptr.To(timeout),
 		}
 		inNamespace(ns)(&mgrOpts)
+		var logs logLines
+		q, err := runnable.Setup(proxied, &mgrOpts, runnable.Options{Logger: logs.logger(), GracePeriod: time.Second})
+		Expect(err).NotTo(HaveOccurred())
 		mgr, err := ctrl.NewManager(proxied, mgrOpts)
 		Expect(err).NotTo(HaveOccurred())
-		var logs logLines
-		q, err := runnable.Add(mgr, runnable.Options{Logger: logs.logger(), GracePeriod: time.Second, ManagerOptions: &mgrOpts})
-		Expect(err).NotTo(HaveOccurred())
+		Expect(q.Add(mgr)).To(Succeed())
 		hold, release := releaser()
 		stuck := make(chan struct{}, 1)
 		rec, stopRecorder := newRecorder("blackholed")

@@ -143,9 +143,8 @@ func startHeartbeats(ns string, logs *logLines, hold <-chan struct{}, opts runna
 	h *heartbeats, q *runnable.Runnable, stop context.CancelFunc, done <-chan error,
 ) {
 	GinkgoHelper()
-	mgr := newManager(inNamespace(ns))
 	opts.Logger = logs.logger()
-	q, err := addQuiesce(mgr, opts)
+	mgr, q, err := newQuiesced(opts, inNamespace(ns))
 	Expect(err).NotTo(HaveOccurred())
 	h = &heartbeats{
 		Client:  mgr.GetClient(),

@@ -30,20 +30,9 @@ func newNamespace(ctx context.Context) string {
 	return ns.Name
 }
 
-// newManager makes a manager on the suite's control plane with no metrics or probe listeners
-// unless opts set them; the last opts' fields win. With leader election on, quiesce
-// observes its lease (runnable.ObserveLease), as an operator's main.go does; without a
-// Runnable connected, the observer passes every call through.
-func newManager(mutate ...func(*manager.Options)) manager.Manager {
-	return makeManager(true, mutate...)
-}
-
-// newPlainManager is newManager without quiesce's lease observer: plain controller-runtime.
-func newPlainManager(mutate ...func(*manager.Options)) manager.Manager {
-	return makeManager(false, mutate...)
-}
-
-func makeManager(observeLease bool, mutate ...func(*manager.Options)) manager.Manager {
+// managerOptions are the Options of newManager and newQuiesced: no metrics or probe
+// listeners unless mutate sets them; the last mutate's fields win.
+func managerOptions(mutate ...func(*manager.Options)) manager.Options {
 	opts := manager.Options{
 		Scheme:                 scheme.Scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
@@ -54,27 +43,30 @@ func makeManager(observeLease bool, mutate ...func(*manager.Options)) manager.Ma
 	for _, m := range mutate {
 		m(&opts)
 	}
-	if observeLease {
-		Expect(runnable.ObserveLease(cfg, &opts)).To(Succeed())
-	}
-	mgr, err := ctrl.NewManager(cfg, opts)
+	return opts
+}
+
+// newManager makes a manager on the suite's control plane without quiesce: plain controller-runtime.
+func newManager(mutate ...func(*manager.Options)) manager.Manager {
+	mgr, err := ctrl.NewManager(cfg, managerOptions(mutate...))
 	Expect(err).NotTo(HaveOccurred())
-	managerOptions.Store(mgr, &opts)
 	return mgr
 }
 
-// managerOptions holds the Options each manager of newManager was made with.
-var managerOptions sync.Map
+// newPlainManager is newManager: plain controller-runtime.
+func newPlainManager(mutate ...func(*manager.Options)) manager.Manager { return newManager(mutate...) }
 
-// addQuiesce is runnable.Add with o.ManagerOptions, when nil, set to the Options
-// newManager made mgr with, as main.go passes them.
-func addQuiesce(mgr manager.Manager, o runnable.Options) (*runnable.Runnable, error) {
-	if o.ManagerOptions == nil {
-		if mo, ok := managerOptions.Load(mgr); ok {
-			o.ManagerOptions = mo.(*manager.Options)
-		}
+// newQuiesced sets quiesce up as an operator's main.go does: runnable.Setup(cfg, &mgrOpts, o)
+// on the Options of newManager, ctrl.NewManager, q.Add. err is Setup's or Add's.
+func newQuiesced(o runnable.Options, mutate ...func(*manager.Options)) (manager.Manager, *runnable.Runnable, error) {
+	opts := managerOptions(mutate...)
+	q, err := runnable.Setup(cfg, &opts, o)
+	if err != nil {
+		return nil, nil, err
 	}
-	return runnable.Add(mgr, o)
+	mgr, err := ctrl.NewManager(cfg, opts)
+	Expect(err).NotTo(HaveOccurred())
+	return mgr, q, q.Add(mgr)
 }
 
 // inNamespace restricts a manager's cache to ns, so that its controllers see only the

@@ -34,7 +34,8 @@ var _ = Describe("Leader election with two managers", func() {
 		var runs []run
 		handlerStarted := make(chan string, 2)
 		newLeaderCandidate := func(id string) (manager.Manager, *runnable.Runnable) {
-			mgr := newManager(inNamespace(ns), func(o *manager.Options) {
+			// CancelAfter: the handler may finish its 2 s of work after the stop.
+			mgr, q, err := newQuiesced(runnable.Options{CancelAfter: 10 * time.Second, GracePeriod: 15 * time.Second}, inNamespace(ns), func(o *manager.Options) {
 				o.LeaderElection = true
 				o.LeaderElectionID = "quiesce-leader-spec"
 				o.LeaderElectionNamespace = ns
@@ -43,8 +44,6 @@ var _ = Describe("Leader election with two managers", func() {
 				o.RenewDeadline = ptr.To(3 * time.Second)
 				o.RetryPeriod = ptr.To(200 * time.Millisecond)
 			})
-			// CancelAfter: the handler may finish its 2 s of work after the stop.
-			q, err := addQuiesce(mgr, runnable.Options{CancelAfter: 10 * time.Second, GracePeriod: 15 * time.Second})
 			Expect(err).NotTo(HaveOccurred())
 			Expect(ctrl.NewControllerManagedBy(mgr).For(&corev1.ConfigMap{}).Named("leader").
 				Complete(reconcilers.Wrap(q.Executor(), "leader", reconcile.Func(

@@ -7,18 +7,18 @@ import (
 	. "github.com/onsi/gomega"
 	"go.uber.org/goleak"
 	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/quiesce-dev/quiesce/runnable"
 )
 
-// ObserveLease must run before ctrl.NewManager: the manager copies its Options, so a lock
-// installed afterwards is never used and nothing would fence. Add cannot see that; the
-// Runnable observes it once the manager leads.
-var _ = Describe("ObserveLease called after ctrl.NewManager", func() {
-	const msg = "Leader election does not use the lock of ObserveLease: calls are not fenced on a lost lease"
-	lead := func(ns, id string, after bool) *logLines {
-		leaderElection := func(o *manager.Options) {
+// runnable.Setup must run before ctrl.NewManager, on the Options given to it: a manager
+// made first leads with a lock of its own, and nothing would fence. q.Add cannot see that;
+// the Runnable sees it once the manager leads, and mgr.Start returns its error.
+var _ = Describe("A manager made before runnable.Setup", func() {
+	leaderElection := func(ns, id string) func(*manager.Options) {
+		return func(o *manager.Options) {
 			o.LeaderElection = true
 			o.LeaderElectionID = id
 			o.LeaderElectionNamespace = ns
@@ -27,39 +27,29 @@ var _ = Describe("ObserveLease called after ctrl.NewManager", func() {
 			o.RenewDeadline = ptr.To(3 * time.Second)
 			o.RetryPeriod = ptr.To(200 * time.Millisecond)
 		}
-		var mgr manager.Manager
-		var opts *manager.Options
-		if after { // the mistake: the manager is made first, with its own lock
-			mgr = newPlainManager(inNamespace(ns), leaderElection)
-			mo, _ := managerOptions.Load(mgr)
-			opts = mo.(*manager.Options)
-			Expect(runnable.ObserveLease(cfg, opts)).To(Succeed())
-		} else {
-			mgr = newManager(inNamespace(ns), leaderElection)
-		}
-		logs := &logLines{}
-		q, err := addQuiesce(mgr, runnable.Options{Logger: logs.logger(), GracePeriod: 2 * time.Second})
-		Expect(err).NotTo(HaveOccurred(), "Add cannot tell")
-		stop, done := startManager(mgr, q)
-		Eventually(mgr.Elected(), 20*time.Second).Should(BeClosed())
-		if after {
-			Eventually(logs.messages).Should(ContainElement(msg))
-		}
-		stop()
-		Expect(<-done).To(Succeed())
-		return logs
 	}
 
-	It("should log, once the manager leads, that nothing fences, and name the fix", func(ctx SpecContext) {
+	It("should fail mgr.Start once the manager leads, naming the fix", func(ctx SpecContext) {
 		cur := goleak.IgnoreCurrent()
 		ns := newNamespace(ctx)
-		logs := lead(ns, "quiesce-late-observe", true)
-		Expect(logs.messages()).To(ContainElement(msg))
-		Expect(logs.all()).To(ContainElement(ContainSubstring("before ctrl.NewManager(cfg, mgrOpts)")))
+		opts := managerOptions(inNamespace(ns), leaderElection(ns, "quiesce-late-setup"))
+		mgr, err := ctrl.NewManager(cfg, opts) // the mistake: the manager first, with its own lock
+		Expect(err).NotTo(HaveOccurred())
+		q, err := runnable.Setup(cfg, &opts, runnable.Options{GracePeriod: 2 * time.Second})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(q.Add(mgr)).To(Succeed(), "Add cannot tell")
+		_, done := startManager(mgr, q)
+		Eventually(done, 20*time.Second).Should(Receive(MatchError(ContainSubstring(
+			"the manager leads without the lease lock of runnable.Setup"))))
 
-		By("a manager made after ObserveLease, in the same way otherwise, logs no such line")
-		logs = lead(ns, "quiesce-observed", false)
-		Expect(logs.messages()).NotTo(ContainElement(msg))
+		By("a manager made after Setup, in the same way otherwise, leads and stops cleanly")
+		mgr, q, err = newQuiesced(runnable.Options{GracePeriod: 2 * time.Second},
+			inNamespace(ns), leaderElection(ns, "quiesce-setup-first"))
+		Expect(err).NotTo(HaveOccurred())
+		stop, done := startManager(mgr, q)
+		Eventually(mgr.Elected(), 20*time.Second).Should(BeClosed())
+		stop()
+		Eventually(done, 20*time.Second).Should(Receive(BeNil()))
 		expectNoLeaks(cur)
 	})
 })

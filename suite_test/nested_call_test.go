@@ -40,9 +40,8 @@ func stopMidCall(ctx context.Context, ns string, withQuiesce bool) nestedOutcome
 		q   *runnable.Runnable
 	)
 	if withQuiesce {
-		mgr = newManager(inNamespace(ns))
 		var err error
-		q, err = addQuiesce(mgr, runnable.Options{CancelAfter: 10 * time.Second, GracePeriod: 15 * time.Second})
+		mgr, q, err = newQuiesced(runnable.Options{CancelAfter: 10 * time.Second, GracePeriod: 15 * time.Second}, inNamespace(ns))
 		Expect(err).NotTo(HaveOccurred())
 	} else {
 		mgr = newPlainManager(inNamespace(ns))

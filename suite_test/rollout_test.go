@@ -29,7 +29,7 @@ var _ = Describe("A rolling update", func() {
 		cur := goleak.IgnoreCurrent()
 		ns := newNamespace(ctx)
 		candidate := func() (manager.Manager, *runnable.Runnable) {
-			mgr := newManager(inNamespace(ns), func(o *manager.Options) {
+			mgr, q, err := newQuiesced(runnable.Options{GracePeriod: 5 * time.Second, ShutdownDelay: 2 * time.Second}, inNamespace(ns), func(o *manager.Options) {
 				o.LeaderElection = true
 				o.LeaderElectionID = "quiesce-rollout-spec"
 				o.LeaderElectionNamespace = ns
@@ -39,7 +39,6 @@ var _ = Describe("A rolling update", func() {
 				o.RetryPeriod = ptr.To(200 * time.Millisecond)
 				o.GracefulShutdownTimeout = ptr.To(20 * time.Second)
 			})
-			q, err := addQuiesce(mgr, runnable.Options{GracePeriod: 5 * time.Second, ShutdownDelay: 2 * time.Second})
 			Expect(err).NotTo(HaveOccurred())
 			return mgr, q
 		}
@@ -76,14 +75,13 @@ var _ = Describe("A rolling update", func() {
 		DeferCleanup(certs.Cleanup)
 		addr := net.JoinHostPort(certs.LocalServingHost, strconv.Itoa(certs.LocalServingPort))
 
-		ws := runnable.WebhookServer(webhook.NewServer(webhook.Options{
+		ws := webhook.NewServer(webhook.Options{
 			Host: certs.LocalServingHost, Port: certs.LocalServingPort, CertDir: certs.LocalServingCertDir,
-		}))
-		mgr := newManager(func(o *manager.Options) {
+		})
+		mgr, q, err := newQuiesced(runnable.Options{GracePeriod: 10 * time.Second, ShutdownDelay: 2 * time.Second}, func(o *manager.Options) {
 			o.WebhookServer = ws
 			o.GracefulShutdownTimeout = ptr.To(20 * time.Second)
 		})
-		q, err := addQuiesce(mgr, runnable.Options{GracePeriod: 10 * time.Second, ShutdownDelay: 2 * time.Second})
 		Expect(err).NotTo(HaveOccurred())
 
 		release, releaseAll := releaser()
@@ -157,20 +155,15 @@ var _ = Describe("A rolling update", func() {
 		expectNoLeaks(cur)
 	})
 
-	It("should refuse bad options at Add, naming the value to change", func() {
-		mgr := newManager()
-		_, err := addQuiesce(mgr, runnable.Options{ShutdownDelay: -time.Second})
+	It("should refuse bad options at Setup, naming the value to change", func() {
+		_, _, err := newQuiesced(runnable.Options{ShutdownDelay: -time.Second})
 		Expect(err).To(MatchError(ContainSubstring("ShutdownDelay is -1s")))
-		_, err = addQuiesce(mgr, runnable.Options{GracePeriod: 30 * time.Second})
+		_, _, err = newQuiesced(runnable.Options{GracePeriod: 30 * time.Second})
 		Expect(err).To(MatchError(ContainSubstring("raise GracefulShutdownTimeout in the manager's Options above 30s")))
-		_, err = addQuiesce(mgr, runnable.Options{GracePeriod: 10 * time.Second, CancelAfter: 12 * time.Second})
+		_, _, err = newQuiesced(runnable.Options{GracePeriod: 10 * time.Second, CancelAfter: 12 * time.Second})
 		Expect(err).To(MatchError(ContainSubstring("CancelAfter (12s) must be below GracePeriod (10s)")))
-		_, err = addQuiesce(mgr, runnable.Options{})
+		mgr, q, err := newQuiesced(runnable.Options{})
 		Expect(err).NotTo(HaveOccurred())
-		_, err = addQuiesce(mgr, runnable.Options{})
-		Expect(err).To(MatchError(ContainSubstring("once per manager")))
-
-		ws := runnable.WebhookServer(webhook.NewServer(webhook.Options{}))
-		Expect(ws.Start(context.Background())).To(MatchError(ContainSubstring("not connected to a quiesce Runnable")))
+		Expect(q.Add(mgr)).To(MatchError(ContainSubstring("call q.Add(mgr) once")))
 	})
 })

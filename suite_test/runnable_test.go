@@ -144,11 +144,10 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 	It("should let an in-flight reconcile finish with a live context when the manager stops", func(ctx SpecContext) {
 		cur := goleak.IgnoreCurrent()
 		ns := newNamespace(ctx)
-		mgr := newManager(inNamespace(ns))
-		q, err := addQuiesce(mgr, runnable.Options{
+		mgr, q, err := newQuiesced(runnable.Options{
 			CancelAfter: 10 * time.Second,
 			GracePeriod: 15 * time.Second,
-		})
+		}, inNamespace(ns))
 		Expect(err).NotTo(HaveOccurred())
 
 		started := make(chan struct{}, 1)
@@ -190,14 +189,13 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 	It("should report a hanging handler while it waits and name it when the grace period ends", func(ctx SpecContext) {
 		cur := goleak.IgnoreCurrent()
 		ns := newNamespace(ctx)
-		mgr := newManager(inNamespace(ns), func(o *manager.Options) { o.GracefulShutdownTimeout = ptr.To(30 * time.Second) })
 		var logs logLines
-		q, err := addQuiesce(mgr, runnable.Options{
+		mgr, q, err := newQuiesced(runnable.Options{
 			Logger: logs.logger(), ReportAfter: 500 * time.Millisecond, ReportEvery: time.Second,
 			GracePeriod: 3 * time.Second,
 			// At once: the reconcile returns and only the executor waits for the call (detached).
 			CancelAfter: drain.CancelAtOnce,
-		})
+		}, inNamespace(ns), func(o *manager.Options) { o.GracefulShutdownTimeout = ptr.To(30 * time.Second) })
 		Expect(err).NotTo(HaveOccurred())
 
 		hold, release := releaser()
@@ -260,9 +258,8 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 	It("should log no report when nothing is pending at stop", func(ctx SpecContext) {
 		cur := goleak.IgnoreCurrent()
 		ns := newNamespace(ctx)
-		mgr := newManager(inNamespace(ns))
 		var logs logLines
-		q, err := addQuiesce(mgr, runnable.Options{Logger: logs.logger(), ReportAfter: drain.MinReportAfter})
+		mgr, q, err := newQuiesced(runnable.Options{Logger: logs.logger(), ReportAfter: drain.MinReportAfter}, inNamespace(ns))
 		Expect(err).NotTo(HaveOccurred())
 		reconciled := make(chan struct{}, 1)
 		Expect(ctrl.NewControllerManagedBy(mgr).For(&corev1.ConfigMap{}).Named("quiet").
@@ -287,13 +284,12 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 	It("should stay ready through a drain without ShutdownDelay, and export metrics that match the calls", func(ctx SpecContext) {
 		cur := goleak.IgnoreCurrent()
 		ns := newNamespace(ctx)
-		probeAddr, metricsAddr := freeAddr(), freeAddr()
-		mgr := newManager(inNamespace(ns), func(o *manager.Options) {
+		probeAddr, metricsAddr, debugAddr := freeAddr(), freeAddr(), freeAddr()
+		// The spec reads /debug/quiesce over plain HTTP, on the loopback listener of DebugAddress.
+		mgr, q, err := newQuiesced(runnable.Options{GracePeriod: 2 * time.Second, DebugAddress: debugAddr}, inNamespace(ns), func(o *manager.Options) {
 			o.HealthProbeBindAddress = probeAddr
 			o.Metrics = metricsserver.Options{BindAddress: metricsAddr}
 		})
-		// The spec reads /debug/quiesce over plain HTTP.
-		q, err := addQuiesce(mgr, runnable.Options{GracePeriod: 2 * time.Second, DebugWithoutFilter: true})
 		Expect(err).NotTo(HaveOccurred())
 
 		hold, release := releaser()
@@ -339,7 +335,7 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 		Expect(metricValue(during, "quiesce_oldest_call_age_seconds")).To(BeNumerically(">", 0))
 
 		By("listing the pending calls at /debug/quiesce, on the metrics server")
-		debugCode, debugBody, err := httpGet("http://" + metricsAddr + "/debug/quiesce?limit=1")
+		debugCode, debugBody, err := httpGet("http://" + debugAddr + "/debug/quiesce?limit=1")
 		Expect(err).NotTo(HaveOccurred())
 		Expect(debugCode).To(Equal(http.StatusOK))
 		var debug struct {
@@ -371,16 +367,20 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 	})
 })
 
-var _ = Describe("runnable.Add", func() {
+var _ = Describe("Runnable.Add", func() {
 	It("should refuse a manager that already stopped, with a clear error", func(ctx SpecContext) {
 		cur := goleak.IgnoreCurrent()
 		ns := newNamespace(ctx)
-		mgr := newManager(inNamespace(ns))
+		opts := managerOptions(inNamespace(ns))
+		q, err := runnable.Setup(cfg, &opts, runnable.Options{})
+		Expect(err).NotTo(HaveOccurred())
+		mgr, err := ctrl.NewManager(cfg, opts)
+		Expect(err).NotTo(HaveOccurred())
 		stop, done := startManager(mgr)
 		stop()
 		Eventually(done).Should(Receive(BeNil()))
 
-		_, err := addQuiesce(mgr, runnable.Options{})
+		err = q.Add(mgr)
 		Expect(err).To(MatchError(ContainSubstring("failed to add quiesce")))
 		expectNoLeaks(cur)
 	})

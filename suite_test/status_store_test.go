@@ -100,8 +100,7 @@ var _ = Describe("The progress of Handlers beside a user who may edit the object
 			runs.add(strconv.FormatInt(w.GetGeneration(), 10))
 			return nil
 		}}
-		mgr := newManager(handlersCacheIn(ns))
-		q, err := addQuiesce(mgr, runnable.Options{GracePeriod: 20 * time.Second})
+		mgr, q, err := newQuiesced(runnable.Options{GracePeriod: 20 * time.Second}, handlersCacheIn(ns))
 		Expect(err).NotTo(HaveOccurred())
 		opts.Recorder = broadcaster.NewRecorder(scheme.Scheme, name)
 		r, err := lifecycle.Handlers(q.Executor(), mgr.GetClient(), name, newWidget, []lifecycle.Handler[*unstructured.Unstructured]{h}, opts)

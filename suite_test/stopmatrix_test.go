@@ -165,15 +165,7 @@ func newMatrixReplica(ctx context.Context, c stopCell, ns, id string, withQuiesc
 	ws := webhook.NewServer(webhook.Options{
 		Host: certs.LocalServingHost, Port: certs.LocalServingPort, CertDir: certs.LocalServingCertDir,
 	})
-	if withQuiesce {
-		ws = runnable.WebhookServer(ws)
-	}
-
-	makeMgr := newPlainManager
-	if withQuiesce {
-		makeMgr = newManager
-	}
-	r.mgr = makeMgr(inNamespace(ns), func(o *manager.Options) {
+	mutate := func(o *manager.Options) {
 		o.WebhookServer = ws
 		o.GracefulShutdownTimeout = ptr.To(matrixShutdownTimeout)
 		if c.leaderElection {
@@ -185,14 +177,16 @@ func newMatrixReplica(ctx context.Context, c stopCell, ns, id string, withQuiesc
 			o.RenewDeadline = ptr.To(matrixRenewDeadline)
 			o.RetryPeriod = ptr.To(matrixRetryPeriod)
 		}
-	})
-	if withQuiesce {
+	}
+	if !withQuiesce {
+		r.mgr = newPlainManager(inNamespace(ns), mutate)
+	} else {
 		var err error
-		r.q, err = addQuiesce(r.mgr, runnable.Options{
+		r.mgr, r.q, err = newQuiesced(runnable.Options{
 			Logger:        r.logs.logger().WithName(id),
 			GracePeriod:   matrixGrace,
 			ShutdownDelay: c.delay,
-		})
+		}, inNamespace(ns), mutate)
 		Expect(err).NotTo(HaveOccurred())
 	}
 

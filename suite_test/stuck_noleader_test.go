@@ -33,10 +33,19 @@ type stuckRun struct {
 func runStuck(ctx context.Context, withQuiesce bool) stuckRun {
 	GinkgoHelper()
 	run := stuckRun{ns: newNamespace(ctx), logs: &logLines{}}
-	mgr := newManager(inNamespace(run.ns), func(o *manager.Options) {
+	mutate := func(o *manager.Options) {
 		o.Logger = run.logs.logger()
 		o.GracefulShutdownTimeout = ptr.To(4 * time.Second)
-	})
+	}
+	var mgr manager.Manager
+	if withQuiesce {
+		var err error
+		mgr, run.q, err = newQuiesced(runnable.Options{GracePeriod: 2 * time.Second,
+			ReportAfter: 500 * time.Millisecond, ReportEvery: time.Second}, inNamespace(run.ns), mutate)
+		Expect(err).NotTo(HaveOccurred())
+	} else {
+		mgr = newManager(inNamespace(run.ns), mutate)
+	}
 	hold, release := releaser()
 	stuck := make(chan struct{}, 1)
 	var r reconcile.Reconciler = reconcile.Func(func(_ context.Context, req reconcile.Request) (reconcile.Result, error) {
@@ -48,10 +57,6 @@ func runStuck(ctx context.Context, withQuiesce bool) stuckRun {
 		return reconcile.Result{}, nil
 	})
 	if withQuiesce {
-		var err error
-		run.q, err = addQuiesce(mgr, runnable.Options{GracePeriod: 2 * time.Second,
-			ReportAfter: 500 * time.Millisecond, ReportEvery: time.Second})
-		Expect(err).NotTo(HaveOccurred())
 		r = reconcilers.Wrap(run.q.Executor(), "inline", r, reconcilers.WrapOptions{})
 	}
 	Expect(ctrl.NewControllerManagedBy(mgr).For(&corev1.ConfigMap{}).Named("inline").

@@ -38,14 +38,13 @@ var _ = Describe("A stuck reconcile", func() {
 		func(ctx SpecContext) {
 			cur := goleak.IgnoreCurrent()
 			ns := newNamespace(ctx)
-			metricsAddr := freeAddr()
-			mgr := newManager(inNamespace(ns), func(o *manager.Options) {
-				o.Metrics = metricsserver.Options{BindAddress: metricsAddr}
-			})
+			metricsAddr, debugAddr := freeAddr(), freeAddr()
 			var logs logLines
-			q, err := addQuiesce(mgr, runnable.Options{
+			mgr, q, err := newQuiesced(runnable.Options{
 				Logger: logs.logger(), SlowAfter: time.Second, ReportEvery: time.Second,
-				DebugWithoutFilter: true, // the spec reads /debug/quiesce over plain HTTP
+				DebugAddress: debugAddr, // the spec reads /debug/quiesce over plain HTTP, on loopback
+			}, inNamespace(ns), func(o *manager.Options) {
+				o.Metrics = metricsserver.Options{BindAddress: metricsAddr}
 			})
 			Expect(err).NotTo(HaveOccurred())
 			hold, release := releaser()
@@ -81,7 +80,7 @@ var _ = Describe("A stuck reconcile", func() {
 			Expect(slowLine).To(ContainSubstring(`"slow"=1`))
 
 			By("listing it at /debug/quiesce, with the reconciler's own line")
-			code, body, err := httpGet("http://" + metricsAddr + "/debug/quiesce")
+			code, body, err := httpGet("http://" + debugAddr + "/debug/quiesce")
 			Expect(err).NotTo(HaveOccurred())
 			Expect(code).To(Equal(http.StatusOK))
 			_, _ = fmt.Fprintln(GinkgoWriter, "GET /debug/quiesce:", body)
@@ -117,13 +116,12 @@ var _ = Describe("A stuck reconcile", func() {
 		cur := goleak.IgnoreCurrent()
 		ns := newNamespace(ctx)
 		var logs logLines
-		mgr := newManager(inNamespace(ns), func(o *manager.Options) {
-			o.Logger = logs.logger()
-			o.GracefulShutdownTimeout = ptr.To(5 * time.Second)
-		})
-		q, err := addQuiesce(mgr, runnable.Options{
+		mgr, q, err := newQuiesced(runnable.Options{
 			ReportAfter: 500 * time.Millisecond, ReportEvery: time.Second,
 			GracePeriod: 2 * time.Second,
+		}, inNamespace(ns), func(o *manager.Options) {
+			o.Logger = logs.logger()
+			o.GracefulShutdownTimeout = ptr.To(5 * time.Second)
 		})
 		Expect(err).NotTo(HaveOccurred())
 		hold, release := releaser()
@@ -197,14 +195,13 @@ var _ = Describe("/debug/quiesce", func() {
 		cur := goleak.IgnoreCurrent()
 		ns := newNamespace(ctx)
 		metricsAddr := freeAddr()
-		mgr := newManager(inNamespace(ns), func(o *manager.Options) {
+		mgr, _, err := newQuiesced(runnable.Options{}, inNamespace(ns), func(o *manager.Options) {
 			o.Metrics = metricsserver.Options{
 				BindAddress:    metricsAddr,
 				SecureServing:  true,
 				FilterProvider: bearerTokenFilter,
 			}
 		})
-		_, err := addQuiesce(mgr, runnable.Options{})
 		Expect(err).NotTo(HaveOccurred())
 		stop, done := startManager(mgr)
 

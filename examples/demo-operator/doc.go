@@ -1,5 +1,5 @@
 // Command demo-operator is a small operator that uses quiesce the way a kubebuilder
-// project would: runnable.Add in main, its reconciler wrapped with reconcilers.Wrap, and
+// project would: runnable.Setup and q.Add in main, its reconciler wrapped with reconcilers.Wrap, and
 // each blocking handler run with reconcilers.Call.
 //
 // It reconciles the ConfigMaps labelled demo=quiesce. For each one it runs one handler or a daemon:

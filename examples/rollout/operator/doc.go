@@ -12,9 +12,9 @@
 // also checks the reconciles' writes (DoneAnnotation must name a replica) and logs each one
 // it admits, "Admitted own write": the single-replica case of the runner counts them.
 //
-// --quiesce=true (the default) wires quiesce in: runnable.Add with ShutdownDelay and
-// GracePeriod, runnable.WebhookServer around the webhook server, reconcilers.Wrap around
-// the reconciler. --quiesce=false is plain controller-runtime with the same settings
+// --quiesce=true (the default) wires quiesce in: runnable.Setup with ShutdownDelay and
+// GracePeriod (it wraps the webhook server and observes the lease), q.Add, reconcilers.Wrap
+// around the reconciler. --quiesce=false is plain controller-runtime with the same settings
 // otherwise: leader election with LeaderElectionReleaseOnCancel, a readyz check that
 // passes while the probe server runs.
 //

@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
+	"github.com/quiesce-dev/quiesce/reconcilers"
 	"github.com/quiesce-dev/quiesce/runnable"
 )
 
@@ -110,11 +111,6 @@ func run(setupLog logr.Logger, c config) int {
 		whOpts.TLSOpts = []func(*tls.Config){func(t *tls.Config) { t.NextProtos = []string{"http/1.1"} }}
 	}
 	whs := webhook.NewServer(whOpts)
-	if c.quiesce {
-		// quiesce: webhook requests are tracked calls; from SIGTERM on, responses close their
-		// connections, and the webhooks serve until the drain is over (controller-runtime stops them last).
-		whs = runnable.WebhookServer(whs)
-	}
 	retry := c.retryPeriod
 	mgrOpts := ctrl.Options{
 		Scheme:                        scheme.Scheme,
@@ -134,11 +130,13 @@ func run(setupLog logr.Logger, c config) int {
 			},
 		},
 	}
+	var q *runnable.Runnable
 	if c.quiesce {
-		// quiesce: the contexts it keeps alive end with the lease (fencing), and a replica
-		// whose stop began never acquires it.
-		if err := runnable.ObserveLease(restCfg, &mgrOpts); err != nil {
-			setupLog.Error(err, "Failed to observe the lease")
+		// quiesce: webhook requests are tracked calls; the contexts it keeps alive end with the
+		// lease (fencing); a replica whose stop began never acquires it.
+		var err error
+		if q, err = setupQuiesce(restCfg, &mgrOpts, c); err != nil {
+			setupLog.Error(err, "Failed to set up quiesce")
 			return 1
 		}
 	}
@@ -149,12 +147,12 @@ func run(setupLog logr.Logger, c config) int {
 	}
 
 	var r reconcile.Reconciler = &Reconciler{Client: mgr.GetClient(), ID: c.id, Work: c.work}
-	var q *runnable.Runnable
-	if c.quiesce {
-		if q, r, err = addQuiesce(mgr, &mgrOpts, c, r); err != nil {
+	if q != nil {
+		if err := q.Add(mgr); err != nil {
 			setupLog.Error(err, "Failed to add quiesce")
 			return 1
 		}
+		r = reconcilers.Wrap(q.Executor(), "rollout", r, reconcilers.WrapOptions{})
 	} else if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
 		setupLog.Error(err, "Failed to add readyz check")
 		return 1

@@ -68,8 +68,9 @@ func main() {
 		}},
 	}
 	cfg := ctrl.GetConfigOrDie()
-	if err := runnable.ObserveLease(cfg, &mgrOpts); err != nil {
-		log.Error(err, "Failed to observe the lease")
+	q, err := runnable.Setup(cfg, &mgrOpts, qopts)
+	if err != nil {
+		log.Error(err, "Failed to set up quiesce")
 		os.Exit(1)
 	}
 	mgr, err := ctrl.NewManager(cfg, mgrOpts)
@@ -77,9 +78,7 @@ func main() {
 		log.Error(err, "Failed to create manager")
 		os.Exit(1)
 	}
-	qopts.ManagerOptions = &mgrOpts
-	q, err := runnable.Add(mgr, qopts)
-	if err != nil {
+	if err := q.Add(mgr); err != nil {
 		log.Error(err, "Failed to add quiesce")
 		os.Exit(1)
 	}

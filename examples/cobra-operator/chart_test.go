@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"strings"
@@ -77,7 +78,7 @@ func checkBudget(d *appsv1.Deployment) error {
 	if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/readyz" {
 		return fmt.Errorf("the readiness probe must GET /readyz, where quiesce's check fails during the shutdown delay")
 	}
-	period, failures := max(p.PeriodSeconds, 10), max(p.FailureThreshold, 3) // the API server's defaults for 0
+	period, failures := cmp.Or(p.PeriodSeconds, 10), cmp.Or(p.FailureThreshold, 3) // unset: the API server's defaults
 	if notReady := time.Duration(period*failures) * time.Second; delay > 0 && notReady > delay {
 		return fmt.Errorf("the readiness probe's periodSeconds × failureThreshold (%d × %d) must not exceed "+
 			"--quiesce-shutdown-delay (%v)", period, failures, delay)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"net"
 	"path"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -21,6 +23,8 @@ import (
 	"github.com/quiesce-dev/quiesce/examples/internal/helmtest"
 	"github.com/quiesce-dev/quiesce/runnable"
 )
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // tgps is the key of terminationGracePeriodSeconds in values.yaml.
 const tgps = "terminationGracePeriodSeconds"
@@ -95,7 +99,7 @@ func checkContainer(pod corev1.PodSpec, ctr corev1.Container, probeAddr string, 
 	if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/readyz" {
 		return fmt.Errorf("the readiness probe must GET /readyz, where quiesce's check fails during the shutdown delay")
 	}
-	period, failures := max(p.PeriodSeconds, 10), max(p.FailureThreshold, 3) // the API server's defaults for 0
+	period, failures := cmp.Or(p.PeriodSeconds, 10), cmp.Or(p.FailureThreshold, 3) // unset: the API server's defaults
 	if notReady := time.Duration(period*failures) * time.Second; delay > 0 && notReady > delay {
 		return fmt.Errorf("the readiness probe's periodSeconds × failureThreshold (%d × %d) must not exceed "+
 			"quiesce.shutdownDelay (%v): Services would still route here when the delay ends", period, failures, delay)

@@ -8,7 +8,9 @@ package helmtest
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path"
@@ -136,7 +138,7 @@ func WithoutSchema(t testing.TB, chart string) string {
 	if err := os.CopyFS(dst, os.DirFS(chart)); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Remove(filepath.Join(dst, "values.schema.json")); err != nil {
+	if err := os.Remove(filepath.Join(dst, "values.schema.json")); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		t.Fatal(err)
 	}
 	return dst

@@ -51,7 +51,7 @@ func TestHelp(t *testing.T) {
 	if strings.Contains(out, "(default 0s)") {
 		t.Errorf("--help shows a default of 0s:\n%s", out)
 	}
-	if strings.Index(out, "Quiesce flags:") > strings.Index(out, "--quiesce-shutdown-delay") {
+	if strings.Index(out, "Quiesce flags:") > strings.Index(out, "--quiesce-shutdown-delay duration") {
 		t.Errorf("quiesce's flags are not in their section:\n%s", out)
 	}
 }

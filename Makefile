@@ -75,6 +75,7 @@ lint: ## go.mod tidy, gofmt, go vet, golangci-lint (.golangci.yml), actionlint (
 	lint="$$($(GO) tool -modfile=hack/tools/go.mod -n golangci-lint)"; GOFLAGS="$(LINT_GOFLAGS)" "$$lint" run ./...
 	cd hack/tools/apidiff && $(GO) mod tidy -diff
 	cd hack/tools/actionlint && $(GO) mod tidy -diff
+	cd hack/tools/helm && $(GO) mod tidy -diff
 	$(ACTIONLINT)
 	$(GO) run ./hack/linkcheck README.md CONTRIBUTING.md CHANGELOG.md VERSIONING.md examples/README.md $$(find docs -name '*.md')
 
@@ -85,6 +86,7 @@ lint-fix: ## go mod tidy, and the fixes golangci-lint can make itself (gofmt, go
 	$(GOLANGCI_LINT) run --fix ./...
 	cd hack/tools/apidiff && $(GO) mod tidy
 	cd hack/tools/actionlint && $(GO) mod tidy
+	cd hack/tools/helm && $(GO) mod tidy
 
 .PHONY: help
 help:

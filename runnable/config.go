@@ -13,9 +13,9 @@ import (
 // file rather than by flags (component-config style): embed it in the operator's own
 // config struct, decode the file strictly (sigs.k8s.io/yaml.UnmarshalStrict refuses
 // unknown and duplicate fields; Config itself refuses, whatever the decoder, a field whose
-// name differs from one of its own only in case: see UnmarshalJSON), then Apply it. Durations are written as Go durations
-// ("25s", "1m30s"). A field left out keeps the value Options already has (the zero Options:
-// the documented defaults).
+// name differs from one of its own only in case: see UnmarshalJSON), then Apply it.
+// Durations are written as Go durations ("25s", "1m30s"). A field left out keeps the value
+// Options already has (the zero Options: the documented defaults).
 //
 //	type OperatorConfig struct {
 //		MetricsAddr string          `json:"metricsAddr"`

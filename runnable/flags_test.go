@@ -137,7 +137,7 @@ func ExampleOptions_BindPFlags() {
 	var qopts runnable.Options
 	cmd := &cobra.Command{
 		Use: "operator",
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: func(*cobra.Command, []string) error {
 			// Here: q, err := runnable.Setup(cfg, &mgrOpts, qopts), then the manager.
 			fmt.Println("shutdown delay", qopts.ShutdownDelay, "grace period", qopts.GracePeriod)
 			return nil

@@ -21,6 +21,9 @@ import (
 // The chart's directory, and the release it is rendered for.
 const chart, releaseName, releaseNamespace = "chart", "cobra-operator", "operators"
 
+// noAPIServer is the host of a rest.Config that reaches no API server: nothing here needs one.
+const noAPIServer = "http://127.0.0.1:1"
+
 // render renders the chart with the real helm (values.schema.json checked), its values
 // overridden by values (a nil value removes the key), and returns its Deployment, or helm's
 // error. A manifest that is no Deployment fails t.
@@ -72,7 +75,7 @@ func checkBudget(d *appsv1.Deployment) error {
 	}
 	delay, timeout := o.quiesce.ShutdownDelay, o.gracefulShutdownTimeout
 	mgrOpts := ctrl.Options{GracefulShutdownTimeout: &timeout}
-	if _, err := runnable.Setup(&rest.Config{Host: "http://127.0.0.1:1"}, &mgrOpts, o.quiesce); err != nil {
+	if _, err := runnable.Setup(&rest.Config{Host: noAPIServer}, &mgrOpts, o.quiesce); err != nil {
 		return err // naming the flag: "--quiesce-grace-period (GracePeriod) ..."
 	}
 	p := ctr.ReadinessProbe

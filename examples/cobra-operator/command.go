@@ -58,7 +58,8 @@ func newCommand(run func(ctx context.Context, o *options) error) *cobra.Command 
 	}
 	var fss cliflag.NamedFlagSets
 	fs := fss.FlagSet("generic")
-	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "The address the metrics endpoint binds to; 0 disables it.")
+	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080",
+		"The address the metrics endpoint binds to; 0 disables it.")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "The address the probe endpoint binds to.")
 	fs.BoolVar(&o.leaderElect, "leader-elect", false, "Elect one leader among the replicas to run the controller.")
 	fs.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "",
@@ -156,7 +157,8 @@ func (o *options) setup(cfg *rest.Config) (ctrl.Manager, *runnable.Runnable, err
 	if err := (&controller.Mirror{Client: mgr.GetClient(), Executor: q.Executor()}).SetupWithManager(mgr); err != nil {
 		return nil, nil, fmt.Errorf("failed to set up controller %s: %w", controller.Name, err)
 	}
-	if err := errors.Join(mgr.AddHealthzCheck("healthz", healthz.Ping), mgr.AddReadyzCheck("readyz", healthz.Ping)); err != nil {
+	err = errors.Join(mgr.AddHealthzCheck("healthz", healthz.Ping), mgr.AddReadyzCheck("readyz", healthz.Ping))
+	if err != nil {
 		return nil, nil, fmt.Errorf("failed to set up health checks: %w", err)
 	}
 	return mgr, q, nil

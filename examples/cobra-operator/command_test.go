@@ -101,7 +101,7 @@ func TestSetupErrorsNameTheFlags(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, _, err = o.setup(&rest.Config{Host: "http://127.0.0.1:1"})
+		_, _, err = o.setup(&rest.Config{Host: noAPIServer})
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: setup = %v, want an error with %q", tc.args, err, tc.want)
 		}
@@ -115,7 +115,7 @@ func TestSetup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mgr, q, err := o.setup(&rest.Config{Host: "http://127.0.0.1:1"})
+	mgr, q, err := o.setup(&rest.Config{Host: noAPIServer})
 	if err != nil {
 		t.Fatal(err)
 	}

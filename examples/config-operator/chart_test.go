@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"net"
 	"path"
 	"strconv"
@@ -151,7 +152,6 @@ func TestChart(t *testing.T) {
 	if err := helmtest.Lint(t, chart, nil); err != nil {
 		t.Fatalf("the chart's values: %v", err)
 	}
-	cfg := func(kv ...any) map[string]any { return map[string]any{"config": nest(kv...)} }
 	for _, tc := range []struct {
 		name   string
 		values map[string]any
@@ -164,7 +164,7 @@ func TestChart(t *testing.T) {
 		{name: "no margin", values: map[string]any{tgps: 40},
 			want: "terminationGracePeriodSeconds (40s) must exceed"},
 		{name: "gracefulShutdownTimeout left out: the default 30s counts",
-			values: map[string]any{"config": nest("gracefulShutdownTimeout", nil), tgps: 35},
+			values: merged(cfg("gracefulShutdownTimeout", nil), map[string]any{tgps: 35}),
 			want:   "+ gracefulShutdownTimeout (30s)"},
 		{name: "longer shutdown delay", values: cfg("quiesce", nest("shutdownDelay", "20s")),
 			want: "must exceed quiesce.shutdownDelay (20s)"},
@@ -207,13 +207,13 @@ var hostile = []struct {
 	{"replicas", "/replicas", map[string]any{"replicas": "2\n  paused: true"}},
 	{"terminationGracePeriodSeconds", "/terminationGracePeriodSeconds",
 		map[string]any{tgps: "45\n      hostPID: true\n      hostNetwork: true"}},
-	{"webhook port", "/config/webhook/port", map[string]any{"config": nest("webhook", nest("port", "9443, hostPort: 9443"))}},
+	{"webhook port", "/config/webhook/port", cfg("webhook", nest("port", "9443, hostPort: 9443"))},
 	{"image", "/image", map[string]any{"image": "evil:1\"\n          securityContext: {privileged: true}\n          x: \""}},
 	{"a config key in another case", "/config/quiesce",
-		map[string]any{"config": nest("quiesce", nest("debugwithoutfilter", true))}},
+		cfg("quiesce", nest("debugwithoutfilter", true))},
 	{"a duration with a line of its own", "/config/quiesce/gracePeriod",
-		map[string]any{"config": nest("quiesce", nest("gracePeriod", "20s\n    debugWithoutFilter: true"))}},
-	{"an unknown key", "/config", map[string]any{"config": nest("webhookk", nest("port", 1))}},
+		cfg("quiesce", nest("gracePeriod", "20s\n    debugWithoutFilter: true"))},
+	{"an unknown key", "/config", cfg("webhookk", nest("port", 1))},
 }
 
 // Hostile values are refused by helm lint and helm template (values.schema.json), naming
@@ -262,6 +262,18 @@ func TestChartHostileValues(t *testing.T) {
 			}
 		})
 	}
+}
+
+// cfg makes the values of config, the operator's config file, from key, value pairs.
+func cfg(kv ...any) map[string]any { return map[string]any{"config": nest(kv...)} }
+
+// merged is the union of maps whose keys differ.
+func merged(ms ...map[string]any) map[string]any {
+	out := map[string]any{}
+	for _, m := range ms {
+		maps.Copy(out, m)
+	}
+	return out
 }
 
 // nest makes a map of key, value pairs.

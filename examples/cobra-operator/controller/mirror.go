@@ -70,10 +70,11 @@ func ownerReference(cm *corev1.ConfigMap) *metav1ac.OwnerReferenceApplyConfigura
 // as a validating webhook for ConfigMaps on mgr's webhook server (configured in code).
 func (r *Mirror) SetupWithManager(mgr ctrl.Manager) error {
 	labelled := predicate.NewPredicateFuncs(func(o client.Object) bool { return o.GetLabels()[MirrorLabel] == "true" })
-	if err := ctrl.NewControllerManagedBy(mgr).
+	err := ctrl.NewControllerManagedBy(mgr).
 		For(&corev1.ConfigMap{}, builder.WithPredicates(labelled)).
 		Named(Name).
-		Complete(reconcilers.Wrap(r.Executor, Name, r, reconcilers.WrapOptions{})); err != nil { // quiesce: track each reconcile
+		Complete(reconcilers.Wrap(r.Executor, Name, r, reconcilers.WrapOptions{})) // quiesce: track each reconcile
+	if err != nil {
 		return err
 	}
 	return ctrl.NewWebhookManagedBy(mgr).For(&corev1.ConfigMap{}).WithValidator(Validator{}).Complete()

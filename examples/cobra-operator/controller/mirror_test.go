@@ -18,21 +18,24 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+// ns is the namespace of the tests' ConfigMaps.
+const ns = "default"
+
 // A reconcile done twice, as after a stop that cut it or on the next leader, leaves the
 // mirror as one reconcile does; a change of the data reaches the mirror.
 func TestMirrorIsIdempotent(t *testing.T) {
 	src := &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Name: "settings", Namespace: "default", UID: "uid-1",
+		ObjectMeta: metav1.ObjectMeta{Name: "settings", Namespace: ns, UID: "uid-1",
 			Labels: map[string]string{controller.MirrorLabel: "true"}},
 		Data: map[string]string{"a": "1"},
 	}
 	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(src).Build()
 	r := &controller.Mirror{Client: c} // no Executor: untracked
-	req := ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "default", Name: "settings"}}
-	key := types.NamespacedName{Namespace: "default", Name: controller.MirrorName("settings")}
+	req := ctrl.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: "settings"}}
+	key := types.NamespacedName{Namespace: ns, Name: controller.MirrorName("settings")}
 	ctx := context.Background()
 
-	var versions []string
+	versions := make([]string, 0, 2)
 	for range 2 {
 		if _, err := r.Reconcile(ctx, req); err != nil {
 			t.Fatal(err)
@@ -65,7 +68,7 @@ func TestMirrorIsIdempotent(t *testing.T) {
 
 func TestValidator(t *testing.T) {
 	cm := func(name string, labelled bool) *corev1.ConfigMap {
-		c := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"}}
+		c := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}
 		if labelled {
 			c.Labels = map[string]string{controller.MirrorLabel: "true"}
 		}

@@ -56,7 +56,8 @@ func Binary(t testing.TB) string {
 		cmd.Stderr = &stderr
 		out, err := cmd.Output()
 		if err != nil {
-			build.err = fmt.Errorf("failed to build helm (go tool -modfile=hack/tools/helm/go.mod helm): %w: %s", err, stderr.Bytes())
+			build.err = fmt.Errorf("failed to build helm (go tool -modfile=hack/tools/helm/go.mod helm): %w: %s",
+				err, stderr.Bytes())
 			return
 		}
 		build.path = strings.TrimSpace(string(out))
@@ -82,7 +83,8 @@ func Run(t testing.TB, args ...string) (string, error) {
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
-		return stdout.String(), fmt.Errorf("helm %s: %w: %s%s", strings.Join(args, " "), err, stderr.String(), stdout.String())
+		return stdout.String(), fmt.Errorf("helm %s: %w: %s%s", strings.Join(args, " "), err, stderr.String(),
+			stdout.String())
 	}
 	return stdout.String(), nil
 }

@@ -19,6 +19,9 @@ LINT_GOFLAGS = $$($(GO) env GOFLAGS) -race
 # dependencies clash with golangci-lint's). shellcheck and pyflakes are off so that the result
 # does not depend on what the machine has installed.
 ACTIONLINT = $(GO) tool -modfile=hack/tools/actionlint/go.mod actionlint -shellcheck= -pyflakes=
+# helm, for the examples' chart tests (examples/internal/helmtest), from its own tools module:
+# printing its path builds it into the go command's cache (minutes, once).
+HELM = $(GO) tool -modfile=hack/tools/helm/go.mod -n helm
 
 .PHONY: all
 all: lint test
@@ -29,6 +32,7 @@ envtest: ## Print the directory holding kube-apiserver and etcd (building them i
 
 .PHONY: test
 test: ## Unit tests, the envtest suite, then the adoption check (docs/adoption.md diff, README quickstart, example's tests), with -race.
+	$(HELM) >/dev/null # the examples' chart tests run it: built here, cold, outside go test's timeout
 	assets="$$($(ENVTEST))"; \
 	KUBEBUILDER_ASSETS="$$assets" $(GO) test -race -timeout 30m ./...; \
 	KUBEBUILDER_ASSETS="$$assets" GO=$(GO) hack/check-adoption.sh
@@ -75,6 +79,7 @@ lint: ## go.mod tidy, gofmt, go vet, golangci-lint (.golangci.yml), actionlint (
 	lint="$$($(GO) tool -modfile=hack/tools/go.mod -n golangci-lint)"; GOFLAGS="$(LINT_GOFLAGS)" "$$lint" run ./...
 	cd hack/tools/apidiff && $(GO) mod tidy -diff
 	cd hack/tools/actionlint && $(GO) mod tidy -diff
+	cd hack/tools/helm && $(GO) mod tidy -diff
 	$(ACTIONLINT)
 	$(GO) run ./hack/linkcheck README.md CONTRIBUTING.md CHANGELOG.md VERSIONING.md examples/README.md $$(find docs -name '*.md')
 
@@ -85,6 +90,7 @@ lint-fix: ## go mod tidy, and the fixes golangci-lint can make itself (gofmt, go
 	$(GOLANGCI_LINT) run --fix ./...
 	cd hack/tools/apidiff && $(GO) mod tidy
 	cd hack/tools/actionlint && $(GO) mod tidy
+	cd hack/tools/helm && $(GO) mod tidy
 
 .PHONY: help
 help:

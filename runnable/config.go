@@ -2,17 +2,20 @@ package runnable
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kjson "sigs.k8s.io/json"
 )
 
 // Config is the part of Options that a config file holds, for operators configured by a
 // file rather than by flags (component-config style): embed it in the operator's own
 // config struct, decode the file strictly (sigs.k8s.io/yaml.UnmarshalStrict refuses
-// unknown and duplicate fields), then Apply it. Durations are written as Go durations
-// ("25s", "1m30s"). A field left out keeps the value Options already has (the zero Options:
-// the documented defaults).
+// unknown and duplicate fields; Config itself refuses, whatever the decoder, a field whose
+// name differs from one of its own only in case: see UnmarshalJSON), then Apply it.
+// Durations are written as Go durations ("25s", "1m30s"). A field left out keeps the value
+// Options already has (the zero Options: the documented defaults).
 //
 //	type OperatorConfig struct {
 //		MetricsAddr string          `json:"metricsAddr"`
@@ -39,10 +42,38 @@ type Config struct {
 
 // configNames are the JSON names of Config's fields, by Options field.
 var configNames = map[string]string{
-	"ShutdownDelay": "shutdownDelay",
-	"GracePeriod":   "gracePeriod",
-	"CancelAfter":   "cancelAfter",
-	"MaxConcurrent": "maxConcurrent",
+	"ShutdownDelay":      "shutdownDelay",
+	"GracePeriod":        "gracePeriod",
+	"CancelAfter":        "cancelAfter",
+	"SlowAfter":          "slowAfter",
+	"ReportAfter":        "reportAfter",
+	"ReportEvery":        "reportEvery",
+	"MaxConcurrent":      "maxConcurrent",
+	"DebugWithoutFilter": "debugWithoutFilter",
+}
+
+// UnmarshalJSON decodes c strictly and case-sensitively (sigs.k8s.io/json.UnmarshalStrict):
+// an unknown field, a duplicate one, or one whose name differs from a field's only in case
+// ("graceperiod", "debugwithoutfilter") is an error naming it. encoding/json, and so
+// sigs.k8s.io/yaml, matches names regardless of case, the last one winning: a
+// "graceperiod: 1ns" written beside "gracePeriod: 25s" (Helm's toYaml sorts keys) would
+// override it. On an error c is as it was.
+func (c *Config) UnmarshalJSON(data []byte) error {
+	type plain Config // Config without this method
+	var p plain
+	strict, err := kjson.UnmarshalStrict(data, &p)
+	if err != nil {
+		return fmt.Errorf("failed to decode quiesce config: %w", err)
+	}
+	if len(strict) > 0 {
+		msgs := make([]string, len(strict))
+		for i, e := range strict {
+			msgs[i] = e.Error()
+		}
+		return fmt.Errorf("failed to decode quiesce config: %s (field names are case-sensitive)", strings.Join(msgs, ", "))
+	}
+	*c = Config(p)
+	return nil
 }
 
 // Apply sets the fields of opts that c sets and checks them, as Setup and Add would, with

@@ -111,6 +111,29 @@ func TestConfigDecodedStrictly(t *testing.T) {
 	}
 }
 
+// Keys that differ from a field's name only in case are refused, naming the key, whatever
+// the decoder: sigs.k8s.io/yaml (encoding/json) alone matches them to the field, the last
+// one winning (Helm's toYaml sorts keys: "debugwithoutfilter" comes after "debugWithoutFilter").
+func TestConfigDecodedCaseSensitively(t *testing.T) {
+	for _, tc := range []struct{ file, want string }{
+		{"quiesce: {debugWithoutFilter: false, debugwithoutfilter: true}", `unknown field "debugwithoutfilter"`},
+		{"quiesce: {gracePeriod: 25s, graceperiod: 1ns}", `unknown field "graceperiod"`},
+		{"quiesce: {GracePeriod: 1ns}", `unknown field "GracePeriod"`},
+	} {
+		for name, decode := range map[string]func([]byte, any) error{
+			"yaml.UnmarshalStrict": func(b []byte, v any) error { return yaml.UnmarshalStrict(b, v) },
+			"yaml.Unmarshal":       func(b []byte, v any) error { return yaml.Unmarshal(b, v) },
+		} {
+			var c operatorConfig
+			err := decode([]byte(tc.file), &c)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%s(%s) = %v (gracePeriod %v, debugWithoutFilter %v), want an error with %q",
+					name, tc.file, err, c.Quiesce.GracePeriod, ptr.Deref(c.Quiesce.DebugWithoutFilter, false), tc.want)
+			}
+		}
+	}
+}
+
 func ExampleConfig_Apply() {
 	file := []byte(`
 metricsAddr: ":8443"

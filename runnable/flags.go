@@ -1,52 +1,123 @@
 package runnable
 
-import "flag"
+import (
+	"flag"
+	"time"
 
-// BindFlags binds the durations of o to flags of fs, with o's values as their defaults, the
-// way kubebuilder's main.go binds its own settings (the standard flag package; pflag users
-// add fs with pflag.CommandLine.AddGoFlagSet). Call it before fs is parsed:
+	"github.com/spf13/pflag"
+)
+
+// BindFlags binds quiesce's settings to flags of fs, the standard flag package as
+// kubebuilder's main.go uses it (cobra and pflag: BindPFlags). Call it before fs is parsed:
 //
 //	var qopts runnable.Options
 //	qopts.BindFlags(flag.CommandLine)
 //	flag.Parse()
 //
-// The flags, with the zero Options' defaults (suited to `make run`: no delay), are:
+// The flags, each bound to the Options field of the same name, are:
 //
-//	--quiesce-shutdown-delay  ShutdownDelay (0)
-//	--quiesce-grace-period    GracePeriod (0: 25s)
-//	--quiesce-cancel-after    CancelAfter (0: 4/5 of the grace period; 1ns: at once)
-//	--quiesce-debug-without-filter  DebugWithoutFilter (false)
+//	--quiesce-shutdown-delay        ShutdownDelay
+//	--quiesce-grace-period          GracePeriod
+//	--quiesce-cancel-after          CancelAfter
+//	--quiesce-report-every          ReportEvery
+//	--quiesce-slow-after            SlowAfter
+//	--quiesce-debug-without-filter  DebugWithoutFilter
 //
-// A Deployment passes its production values as container args, e.g.
-// --quiesce-shutdown-delay=5s. Add checks the values as it checks any Options; its errors
-// then name the flags, e.g. "--quiesce-grace-period (GracePeriod) (30s) must be below ...".
-func (o *Options) BindFlags(fs *flag.FlagSet) {
-	o.flagsBound = true
-	fs.DurationVar(&o.ShutdownDelay, flagNames["ShutdownDelay"], o.ShutdownDelay,
-		"How long the operator keeps serving after SIGTERM, with readiness failing, before it stops "+
-			"(needs mgr.Start(q.StopContext(ctx))). 0: no delay.")
-	fs.DurationVar(&o.GracePeriod, flagNames["GracePeriod"], o.GracePeriod,
-		"How long, from the manager's stop (the end of the shutdown delay), quiesce waits for in-flight "+
-			"reconciles and calls before it names the ones it abandons. 0: 25s.")
-	fs.DurationVar(&o.CancelAfter, flagNames["CancelAfter"], o.CancelAfter,
-		"When, from the manager's stop (the end of the shutdown delay), the contexts of calls still running "+
-			"are cancelled. "+
-			"0: 4/5 of the grace period; 1ns: at once, as controller-runtime alone; negative: never.")
-	fs.BoolVar(&o.DebugWithoutFilter, "quiesce-debug-without-filter", o.DebugWithoutFilter,
-		"Serve /debug/quiesce (object names, code lines) on a metrics server without authentication "+
-			"(--metrics-secure=false). Off by default: it is served only behind the metrics server's filter.")
+// Each flag's default is the field's value when BindFlags is called, and a field left zero
+// is bound to the default that zero stands for (GracePeriod: 25s, ReportEvery: 5s,
+// SlowAfter: 1m), so that --help shows what the operator will really use; CancelAfter,
+// whose default follows the grace period, stays 0. The help texts speak to whoever runs the
+// operator. A Deployment passes its values as container args, e.g.
+// --quiesce-shutdown-delay=10s. From then on the errors of Setup (and q.Add) about these
+// fields name the flag beside the field, e.g. "--quiesce-grace-period (GracePeriod) (30s)
+// must be below ...": the value may come from the flag or from the code.
+func (o *Options) BindFlags(fs *flag.FlagSet) { o.bind(fs) }
+
+// BindPFlags binds the flags of BindFlags (the same names, defaults and help texts) to a
+// pflag.FlagSet, for operators whose command line is cobra's. With component-base's named
+// flag sets, --help shows them in a section of their own:
+//
+//	var qopts runnable.Options
+//	var fss cliflag.NamedFlagSets // k8s.io/component-base/cli/flag
+//	qopts.BindPFlags(fss.FlagSet("quiesce"))
+//	for _, fs := range fss.FlagSets {
+//		cmd.Flags().AddFlagSet(fs)
+//	}
+//	cliflag.SetUsageAndHelpFunc(cmd, fss, 80)
+//
+// then, in cmd's RunE (its flags parsed), q, err := runnable.Setup(cfg, &mgrOpts, qopts).
+// pflag reports a bad value naming the flag, e.g. invalid argument "soon" for
+// "--quiesce-grace-period" flag. examples/cobra-operator is such an operator.
+func (o *Options) BindPFlags(fs *pflag.FlagSet) { o.bind(fs) }
+
+// flagSet is the part of *flag.FlagSet and *pflag.FlagSet that bind uses: the one
+// definition of quiesce's flags serves both.
+type flagSet interface {
+	DurationVar(p *time.Duration, name string, value time.Duration, usage string)
+	BoolVar(p *bool, name string, value bool, usage string)
+	StringVar(p *string, name string, value string, usage string)
 }
 
-// flagNames are the flags BindFlags binds the durations to, by field.
+var (
+	_ flagSet = (*flag.FlagSet)(nil)
+	_ flagSet = (*pflag.FlagSet)(nil)
+)
+
+// flagNames are the flags bound to the fields, by field.
 var flagNames = map[string]string{
-	"ShutdownDelay": "quiesce-shutdown-delay",
-	"GracePeriod":   "quiesce-grace-period",
-	"CancelAfter":   "quiesce-cancel-after",
+	"ShutdownDelay":      "quiesce-shutdown-delay",
+	"GracePeriod":        "quiesce-grace-period",
+	"CancelAfter":        "quiesce-cancel-after",
+	"ReportEvery":        "quiesce-report-every",
+	"SlowAfter":          "quiesce-slow-after",
+	"DebugWithoutFilter": "quiesce-debug-without-filter",
+}
+
+// Defaults of the fields (drain's, for the intervals) that a flag shows, and binds, for zero.
+const (
+	defaultReportEvery = 5 * time.Second
+	defaultSlowAfter   = time.Minute
+)
+
+func (o *Options) bind(fs flagSet) {
+	o.flagsBound = true
+	orDefault := func(d, def time.Duration) time.Duration {
+		if d == 0 {
+			return def
+		}
+		return d
+	}
+	fs.DurationVar(&o.ShutdownDelay, flagNames["ShutdownDelay"], o.ShutdownDelay,
+		"How long the operator keeps serving after SIGTERM, its readiness check failing so that Services "+
+			"route elsewhere, before it stops. Set it to at least the readiness probe's periodSeconds × "+
+			"failureThreshold. 0: no delay.")
+	fs.DurationVar(&o.GracePeriod, flagNames["GracePeriod"], orDefault(o.GracePeriod, DefaultGracePeriod),
+		"How long in-flight reconciles and webhook calls get to finish once the operator stops (after the "+
+			"shutdown delay); those still running are then logged by name and abandoned. It must be below the "+
+			"operator's graceful shutdown timeout (30s unless the operator sets another), and the pod's "+
+			"terminationGracePeriodSeconds above the shutdown delay plus that timeout.")
+	fs.DurationVar(&o.CancelAfter, flagNames["CancelAfter"], o.CancelAfter,
+		"When, within the grace period, the calls still running are asked to stop (their contexts cancelled). "+
+			"0: at 4/5 of the grace period; 1ns: at once, as without quiesce; negative: never.")
+	fs.DurationVar(&o.ReportEvery, flagNames["ReportEvery"], orDefault(o.ReportEvery, defaultReportEvery),
+		"How often, while the operator waits for calls at its stop, it logs those still running and where.")
+	fs.DurationVar(&o.SlowAfter, flagNames["SlowAfter"], orDefault(o.SlowAfter, defaultSlowAfter),
+		"Calls running longer than this are logged as slow. Negative: never.")
+	fs.BoolVar(&o.DebugWithoutFilter, flagNames["DebugWithoutFilter"], o.DebugWithoutFilter,
+		"Serve /debug/quiesce (the objects in flight, the code lines they wait on) on the metrics port even "+
+			"when the metrics server authenticates no one: anyone who reaches the port can read it. "+
+			"Off: it is served only behind the metrics server's authentication.")
+	// TODO(lead): once Options.DebugAddress (the loopback debug listener) exists, bind it,
+	// and add "DebugAddress": "quiesce-debug-address" to flagNames:
+	//
+	//	fs.StringVar(&o.DebugAddress, flagNames["DebugAddress"], o.DebugAddress,
+	//		"Serve /debug/quiesce on this loopback address (e.g. 127.0.0.1:8082), to be reached with "+
+	//			"kubectl port-forward. Empty: not served there.")
 }
 
 // name is how errors name a field: the field, after its path in the config file when
-// Config.Apply set the Options, or after its flag when BindFlags bound it (the value may come
-// from the flag or from the code: both are named).
+// Config.Apply set the Options, or after its flag when BindFlags or BindPFlags bound it (the
+// value may come from the flag or from the code: both are named).
 func (o *Options) name(field string) string {
 	if json, ok := configNames[field]; ok && o.fromConfig {
 		return o.configPrefix + json + " (" + field + ")"

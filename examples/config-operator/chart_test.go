@@ -1,28 +1,31 @@
 package main
 
 import (
-	"bytes"
+	"cmp"
 	"fmt"
+	"maps"
 	"net"
-	"os"
 	"path"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
-	"text/template"
 	"time"
 
+	"go.uber.org/goleak"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
 
 	"github.com/quiesce-dev/quiesce/examples/config-operator/config"
+	"github.com/quiesce-dev/quiesce/examples/internal/helmtest"
 	"github.com/quiesce-dev/quiesce/runnable"
 )
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // tgps is the key of terminationGracePeriodSeconds in values.yaml.
 const tgps = "terminationGracePeriodSeconds"
@@ -30,64 +33,18 @@ const tgps = "terminationGracePeriodSeconds"
 // The release the chart is rendered for.
 const releaseName, releaseNamespace = "config-operator", "operators"
 
-// helmFuncs are the few Helm template functions the chart uses, as Helm defines them.
-var helmFuncs = template.FuncMap{
-	"toYaml": func(v any) (string, error) {
-		b, err := yaml.Marshal(v)
-		return strings.TrimSuffix(string(b), "\n"), err
-	},
-	"nindent": func(n int, s string) string {
-		pad := strings.Repeat(" ", n)
-		return "\n" + pad + strings.ReplaceAll(s, "\n", "\n"+pad)
-	},
-	"quote": func(v any) string { return strconv.Quote(fmt.Sprint(v)) },
-}
+// chart is the chart's directory.
+const chart = "chart"
 
-// render renders chart/templates/*.yaml with chart/values.yaml, overridden by overrides
-// (merged key by key; a nil value removes the key), by file name.
+// render renders the chart with the real helm (helm template, values.schema.json checked),
+// its values overridden by overrides (a nil value removes the key), by template file name.
 func render(t *testing.T, overrides map[string]any) map[string]string {
 	t.Helper()
-	var values map[string]any
-	b, err := os.ReadFile(filepath.Join("chart", "values.yaml"))
-	if err == nil {
-		err = yaml.Unmarshal(b, &values) // as Helm reads values: numbers as float64
-	}
+	files, err := helmtest.Template(t, chart, releaseName, releaseNamespace, overrides)
 	if err != nil {
 		t.Fatal(err)
 	}
-	merge(values, overrides)
-	data := map[string]any{"Values": values, "Release": map[string]any{"Name": releaseName, "Namespace": releaseNamespace}}
-	files, err := filepath.Glob(filepath.Join("chart", "templates", "*.yaml"))
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no templates: %v", err)
-	}
-	out := map[string]string{}
-	for _, f := range files {
-		tmpl, err := template.New(filepath.Base(f)).Funcs(helmFuncs).Option("missingkey=error").ParseFiles(f)
-		var buf bytes.Buffer
-		if err == nil {
-			err = tmpl.Execute(&buf, data)
-		}
-		if err != nil {
-			t.Fatalf("failed to render %s: %v", f, err)
-		}
-		out[filepath.Base(f)] = buf.String()
-	}
-	return out
-}
-
-func merge(dst, src map[string]any) {
-	for k, v := range src {
-		sub, ok := v.(map[string]any)
-		switch d, isMap := dst[k].(map[string]any); {
-		case v == nil:
-			delete(dst, k)
-		case ok && isMap:
-			merge(d, sub)
-		default:
-			dst[k] = v
-		}
-	}
+	return files
 }
 
 // checkChart returns what is wrong with the rendered chart for quiesce: the config file it
@@ -131,15 +88,22 @@ func checkChart(files map[string]string) error {
 	if len(pod.Containers) != 1 {
 		return fmt.Errorf("the pod has %d containers, want 1", len(pod.Containers))
 	}
-	return checkContainer(pod, pod.Containers[0], mgrOpts.HealthProbeBindAddress, &cm)
+	return checkContainer(pod, pod.Containers[0], mgrOpts.HealthProbeBindAddress, qopts.ShutdownDelay, &cm)
 }
 
-// checkContainer checks the readiness probe (/readyz, on the port of probeAddr) and that the
-// file named by --config is the ConfigMap's.
-func checkContainer(pod corev1.PodSpec, ctr corev1.Container, probeAddr string, cm *corev1.ConfigMap) error {
+// checkContainer checks the readiness probe (/readyz, on the port of probeAddr, failing
+// within the shutdown delay: periodSeconds × failureThreshold ≤ delay) and that the file
+// named by --config is the ConfigMap's.
+func checkContainer(pod corev1.PodSpec, ctr corev1.Container, probeAddr string, delay time.Duration,
+	cm *corev1.ConfigMap) error {
 	p := ctr.ReadinessProbe
 	if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/readyz" {
 		return fmt.Errorf("the readiness probe must GET /readyz, where quiesce's check fails during the shutdown delay")
+	}
+	period, failures := cmp.Or(p.PeriodSeconds, 10), cmp.Or(p.FailureThreshold, 3) // unset: the API server's defaults
+	if notReady := time.Duration(period*failures) * time.Second; delay > 0 && notReady > delay {
+		return fmt.Errorf("the readiness probe's periodSeconds × failureThreshold (%d × %d) must not exceed "+
+			"quiesce.shutdownDelay (%v): Services would still route here when the delay ends", period, failures, delay)
 	}
 	_, want, err := net.SplitHostPort(probeAddr)
 	if err != nil {
@@ -182,10 +146,12 @@ func ptrString(p *int64) string {
 	return fmt.Sprintf("%ds", *p)
 }
 
-// TestChart renders the chart with its values, then with values and templates that are
-// wrong for quiesce, each of which must fail the check.
+// TestChart renders the chart with the real helm, with its values, then with values and
+// templates that are wrong for quiesce, each of which must fail the check.
 func TestChart(t *testing.T) {
-	cfg := func(kv ...any) map[string]any { return map[string]any{"config": nest(kv...)} }
+	if err := helmtest.Lint(t, chart, nil); err != nil {
+		t.Fatalf("the chart's values: %v", err)
+	}
 	for _, tc := range []struct {
 		name   string
 		values map[string]any
@@ -202,12 +168,12 @@ func TestChart(t *testing.T) {
 			want:   "+ gracefulShutdownTimeout (30s)"},
 		{name: "longer shutdown delay", values: cfg("quiesce", nest("shutdownDelay", "20s")),
 			want: "must exceed quiesce.shutdownDelay (20s)"},
+		{name: "shutdown delay shorter than the probe's failures", values: cfg("quiesce", nest("shutdownDelay", "5s")),
+			want: "periodSeconds × failureThreshold (2 × 3) must not exceed quiesce.shutdownDelay (5s)"},
 		{name: "grace period not below the manager's", values: cfg("quiesce", nest("gracePeriod", "30s")),
 			want: "quiesce.gracePeriod (GracePeriod) (30s) must be below the manager's GracefulShutdownTimeout"},
 		{name: "cancelAfter not below gracePeriod", values: cfg("quiesce", nest("cancelAfter", "25s")),
 			want: "quiesce.cancelAfter (CancelAfter) (25s) must be below quiesce.gracePeriod"},
-		{name: "misspelt field", values: cfg("quiesce", nest("gracePeriode", "20s")),
-			want: `unknown field "gracePeriode"`},
 		{name: "probe port", values: cfg("probeAddr", ":9090"), want: "the readiness probe's port is 8081, probeAddr's is 9090"},
 		{name: "readiness on /healthz", edit: func(f map[string]string) {
 			f["deployment.yaml"] = strings.Replace(f["deployment.yaml"], "path: /readyz", "path: /healthz", 1)
@@ -232,19 +198,89 @@ func TestChart(t *testing.T) {
 	}
 }
 
-// nest makes a map of key, value pairs; merged, the union of maps (the later win).
+// hostile are values that would add fields to the pod spec, or settings to the config
+// file, if the templates inserted them as text; at is where values.schema.json refuses each.
+var hostile = []struct {
+	name, at string
+	values   map[string]any
+}{
+	{"replicas", "/replicas", map[string]any{"replicas": "2\n  paused: true"}},
+	{"terminationGracePeriodSeconds", "/terminationGracePeriodSeconds",
+		map[string]any{tgps: "45\n      hostPID: true\n      hostNetwork: true"}},
+	{"webhook port", "/config/webhook/port", cfg("webhook", nest("port", "9443, hostPort: 9443"))},
+	{"image", "/image", map[string]any{"image": "evil:1\"\n          securityContext: {privileged: true}\n          x: \""}},
+	{"a config key in another case", "/config/quiesce",
+		cfg("quiesce", nest("debugwithoutfilter", true))},
+	{"a duration with a line of its own", "/config/quiesce/gracePeriod",
+		cfg("quiesce", nest("gracePeriod", "20s\n    debugWithoutFilter: true"))},
+	{"an unknown key", "/config", cfg("webhookk", nest("port", 1))},
+}
+
+// Hostile values are refused by helm lint and helm template (values.schema.json), naming
+// where; and the templates alone, without the schema, render them inert: the Deployment is
+// the chart's own but for the value's own field, and a config file the operator would not
+// load.
+func TestChartHostileValues(t *testing.T) {
+	baseline := render(t, nil)
+	var want appsv1.Deployment
+	if err := yaml.UnmarshalStrict([]byte(baseline["deployment.yaml"]), &want); err != nil {
+		t.Fatal(err)
+	}
+	noSchema := helmtest.WithoutSchema(t, chart)
+	for _, tc := range hostile {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := helmtest.Lint(t, chart, tc.values); err == nil || !strings.Contains(err.Error(), tc.at) {
+				t.Errorf("helm lint --strict = %v, want an error at %s", err, tc.at)
+			}
+			if _, err := helmtest.Template(t, chart, releaseName, releaseNamespace, tc.values); err == nil ||
+				!strings.Contains(err.Error(), tc.at) {
+				t.Errorf("helm template = %v, want an error at %s", err, tc.at)
+			}
+
+			files, err := helmtest.Template(t, noSchema, releaseName, releaseNamespace, tc.values)
+			if err != nil {
+				return // refused by the templates: inert
+			}
+			var got appsv1.Deployment
+			if err := yaml.UnmarshalStrict([]byte(files["deployment.yaml"]), &got); err != nil {
+				t.Fatalf("without the schema, the Deployment is not one: %v\n%s", err, files["deployment.yaml"])
+			}
+			// The fields the values set, as the chart's own values set them.
+			got.Spec.Replicas = want.Spec.Replicas
+			pod, wantPod := &got.Spec.Template.Spec, want.Spec.Template.Spec
+			pod.TerminationGracePeriodSeconds = wantPod.TerminationGracePeriodSeconds
+			if len(pod.Containers) == 1 && len(pod.Containers[0].Ports) > 0 {
+				pod.Containers[0].Image = wantPod.Containers[0].Image
+				pod.Containers[0].Ports[0].ContainerPort = wantPod.Containers[0].Ports[0].ContainerPort
+			}
+			if !equality.Semantic.DeepEqual(got, want) {
+				t.Errorf("without the schema, the value changed the Deployment beyond its own field:\n%s",
+					files["deployment.yaml"])
+			}
+			if files["configmap.yaml"] != baseline["configmap.yaml"] && checkChart(files) == nil {
+				t.Errorf("without the schema, the operator would load the config file:\n%s", files["configmap.yaml"])
+			}
+		})
+	}
+}
+
+// cfg makes the values of config, the operator's config file, from key, value pairs.
+func cfg(kv ...any) map[string]any { return map[string]any{"config": nest(kv...)} }
+
+// merged is the union of maps whose keys differ.
+func merged(ms ...map[string]any) map[string]any {
+	out := map[string]any{}
+	for _, m := range ms {
+		maps.Copy(out, m)
+	}
+	return out
+}
+
+// nest makes a map of key, value pairs.
 func nest(kv ...any) map[string]any {
 	m := map[string]any{}
 	for i := 0; i+1 < len(kv); i += 2 {
 		m[kv[i].(string)] = kv[i+1]
 	}
 	return m
-}
-
-func merged(ms ...map[string]any) map[string]any {
-	out := map[string]any{}
-	for _, m := range ms {
-		merge(out, m)
-	}
-	return out
 }

@@ -26,15 +26,23 @@
 // lost") when client-go's elector gives the lease up, and a replica whose stop began never
 // acquires it (see Setup).
 //
-// Misuse: Setup and Runnable.Add return errors naming what to change (the field, its flag or
+// Setup misuse, one rule in every quiesce package: a function that can report an error (an
+// error result, a test's TestingT, a Gomega matcher's error) reports every misuse of its
+// arguments and options that way, naming what to change; a function that cannot (a
+// constructor used inline, as reconcilers.Wrap in SetupWithManager) panics on misuse, at
+// the call, with a message naming the function and what to change: a programming error,
+// found at setup, as regexp.MustCompile finds one. Nothing found at setup is left for run
+// time. A typed nil (a nil *events.FakeRecorder as a Recorder, a nil *FakeClock as a Clock,
+// a Logger whose sink is a nil pointer) is nil: it means what leaving it unset means.
+//
+// Here: Setup and Runnable.Add return errors naming what to change (the field, its flag or
 // its config path); New panics on the same values; a Start that finds the manager not made
-// from the Options of Setup returns such an error, and mgr.Start with it. A typed nil (a nil
-// *FakeClock as Clock, a Logger whose sink is a nil pointer) means what leaving it unset means.
+// from the Options of Setup returns such an error, and mgr.Start with it.
 //
 // Add registers a readyz check "quiesce", /debug/quiesce (ServeHTTP) and process-wide
 // metrics in controller-runtime's metrics.Registry: quiesce_calls_in_flight,
 // quiesce_calls_started_total, quiesce_calls_refused_total, quiesce_calls_panicked_total,
-// quiesce_calls_abandoned_total, quiesce_oldest_call_age_seconds, quiesce_calls_slow,
+// quiesce_calls_abandoned_total, quiesce_calls_cancelled_total, quiesce_oldest_call_age_seconds, quiesce_calls_slow,
 // quiesce_call_duration_seconds{controller} and quiesce_drain_duration_seconds. They sum
 // the executors of the Runnables that Setup made, each until its Start returned, then its
 // counters only. All methods are safe for concurrent use; none blocks but Start.

@@ -115,7 +115,7 @@ func ExampleSetup_shutdownDelay() {
 	//	err = mgr.Start(q.StopContext(ctrl.SetupSignalHandler()))
 	_ = q
 	// Output:
-	// failed to set up quiesce: GracePeriod (30s) must be below the manager's GracefulShutdownTimeout (30s, controller-runtime's default, as the manager's Options set none): raise GracefulShutdownTimeout in the manager's Options above 30s, or lower GracePeriod
+	// failed to set up quiesce: GracePeriod (30s) must be below the manager's GracefulShutdownTimeout (30s, controller-runtime's default, as the manager's Options set none): raise the manager's GracefulShutdownTimeout above 30s (ctrl.Options.GracefulShutdownTimeout, or the operator's own flag or setting for it), or lower GracePeriod
 	// set up
 }
 

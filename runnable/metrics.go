@@ -28,7 +28,7 @@ var (
 		Buckets: []float64{.001, .01, .1, .5, 1, 2.5, 5, 10, 20, 30, 60},
 	})
 
-	// statsDescs: quiesce_calls_in_flight, then 4 counters, then 2 gauges (see Collect).
+	// statsDescs: quiesce_calls_in_flight, then 5 counters, then 2 gauges (see Collect).
 	statsDescs = [...]*prometheus.Desc{
 		prometheus.NewDesc("quiesce_calls_in_flight", "Tracked calls admitted and not yet returned.", nil, nil),
 		prometheus.NewDesc("quiesce_calls_started_total", "Tracked calls started.", nil, nil),
@@ -36,6 +36,9 @@ var (
 		prometheus.NewDesc("quiesce_calls_panicked_total", "Tracked calls that panicked.", nil, nil),
 		prometheus.NewDesc("quiesce_calls_abandoned_total",
 			"Tracked calls still running when the grace period ended.", nil, nil),
+		prometheus.NewDesc("quiesce_calls_cancelled_total",
+			"Tracked calls whose contexts the drain cancelled while they ran (CancelAfter, or a controller's "+
+				"reconcilers.CancelAtStop).", nil, nil),
 		prometheus.NewDesc("quiesce_oldest_call_age_seconds",
 			"Age of the oldest tracked call still running; 0 when none runs.", nil, nil),
 		prometheus.NewDesc("quiesce_calls_slow",
@@ -108,6 +111,7 @@ func addCounters(to *drain.Stats, s drain.Stats) {
 	to.Refused += s.Refused
 	to.Panicked += s.Panicked
 	to.Abandoned += s.Abandoned
+	to.Cancelled += s.Cancelled
 }
 
 func (c *statsCollector) tracked() int {
@@ -134,9 +138,9 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	c.mu.Unlock()
 	for i, v := range []float64{float64(sum.InFlight), float64(sum.Started), float64(sum.Refused),
-		float64(sum.Panicked), float64(sum.Abandoned), oldest.Seconds(), float64(slow)} {
+		float64(sum.Panicked), float64(sum.Abandoned), float64(sum.Cancelled), oldest.Seconds(), float64(slow)} {
 		typ := prometheus.CounterValue
-		if i == 0 || i > 4 {
+		if i == 0 || i > 5 {
 			typ = prometheus.GaugeValue
 		}
 		ch <- prometheus.MustNewConstMetric(statsDescs[i], typ, v)

@@ -243,3 +243,27 @@ func TestCallDurationByController(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A call the drain cancels while it runs is counted in quiesce_calls_cancelled_total.
+func TestCancelledCallsCounted(t *testing.T) {
+	before := collect(t, stats)["quiesce_calls_cancelled_total"]
+	r := addedRunnable(t, Options{Logger: logr.New(log.NullLogSink{}), CancelAfter: time.Nanosecond})
+	running := make(chan struct{})
+	if err := r.Executor().Go(context.Background(), "waits", func(ctx context.Context) error {
+		close(running)
+		<-ctx.Done()
+		return ctx.Err()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	<-running
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := r.Executor().Drain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := collect(t, stats)["quiesce_calls_cancelled_total"] - before; got != 1 {
+		t.Fatalf("quiesce_calls_cancelled_total rose by %v, want 1", got)
+	}
+	stats.fold(r)
+}

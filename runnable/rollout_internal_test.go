@@ -545,7 +545,7 @@ func TestValidate(t *testing.T) {
 		{Options{CancelAfter: -1}, managerOptions{}, ""},
 		{Options{GracePeriod: 40 * time.Second}, managerOptions{}, "GracePeriod (40s) must be below the manager's " +
 			"GracefulShutdownTimeout (30s, controller-runtime's default, as the manager's Options set none): " +
-			"raise GracefulShutdownTimeout in the manager's Options above 40s"},
+			"raise the manager's GracefulShutdownTimeout above 40s"},
 		{Options{GracePeriod: 30 * time.Second}, managerOptions{}, "GracePeriod (30s) must be below"},
 		// The delay comes before the manager's stop (StopContext): not in its budget.
 		{Options{ShutdownDelay: 10 * time.Second}, managerOptions{}, ""},

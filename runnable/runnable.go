@@ -198,7 +198,8 @@ func checkBudget(opts Options, mo *manager.Options) error {
 	grace := withDefaults(opts).GracePeriod
 	if timeout, source := shutdownTimeout(mo); timeout >= 0 && grace >= timeout {
 		return fmt.Errorf("%s (%v) must be below the manager's GracefulShutdownTimeout (%v, %s): "+
-			"raise GracefulShutdownTimeout in the manager's Options above %v, or lower %s",
+			"raise the manager's GracefulShutdownTimeout above %v (ctrl.Options.GracefulShutdownTimeout, or the "+
+			"operator's own flag or setting for it), or lower %s",
 			opts.name("GracePeriod"), grace, timeout, source, grace, opts.name("GracePeriod"))
 	}
 	return nil
@@ -308,7 +309,11 @@ func (r *Runnable) drain() error {
 		drainSeconds.Observe(time.Since(start).Seconds())
 	}
 	if err == nil {
-		log.Info("All calls returned", r.sinceStop()...)
+		if n := r.ex.Stats().Cancelled; n > 0 {
+			log.Info("All calls returned after being cancelled", append(r.sinceStop(), "cancelled", n)...)
+		} else {
+			log.Info("All calls returned", r.sinceStop()...)
+		}
 		return nil
 	}
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -393,6 +394,43 @@ func TestShieldedFromCreation(t *testing.T) {
 		stop()
 		if err := r.Start(ctx); err != nil {
 			t.Fatal(err)
+		}
+	})
+}
+
+// A drain that had to cancel calls says so: the executor's line naming them, then a final line
+// that is not "All calls returned" but counts the cancelled calls.
+func TestStartSaysWhenCallsReturnedAfterBeingCancelled(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs capture
+		r := runnable.New(runnable.Options{Logger: logs.logger(), CancelAfter: time.Second, GracePeriod: 4 * time.Second})
+		ctx, stop := context.WithCancel(context.Background())
+		started := make(chan error, 1)
+		go func() { started <- r.Start(ctx) }()
+		synctest.Wait()
+		if err := r.Executor().Go(context.Background(), "ctrl/ns/a", func(ctx context.Context) error {
+			<-ctx.Done() // honours its context: returns once the drain cancels it
+			return ctx.Err()
+		}); err != nil {
+			t.Fatal(err)
+		}
+		stop()
+		if err := <-started; err != nil {
+			t.Fatalf("Start = %v, want nil: the call returned within the grace period", err)
+		}
+		if got := r.Executor().Stats().Cancelled; got != 1 {
+			t.Errorf("Stats().Cancelled = %d, want 1", got)
+		}
+		all := logs.all()
+		got := messages(all)
+		if len(got) == 0 || got[len(got)-1] != "All calls returned after being cancelled" {
+			t.Fatalf("log messages = %q, want the last to be %q", got, "All calls returned after being cancelled")
+		}
+		if !slices.Contains(got, "Cancelling calls still running") {
+			t.Errorf("log messages = %q, want the line naming the cancelled calls", got)
+		}
+		if last := all[len(all)-1]; !strings.Contains(last, `"cancelled"=1`) {
+			t.Errorf("last line = %s, want cancelled=1", last)
 		}
 	})
 }

@@ -107,7 +107,7 @@ func TestFailedSetupLeavesTheOptionsAsTheyWere(t *testing.T) {
 		want string
 	}{
 		{"grace at the default budget", runnable.Options{GracePeriod: 30 * time.Second}, leaderOptions,
-			"raise GracefulShutdownTimeout in the manager's Options above 30s"},
+			"raise the manager's GracefulShutdownTimeout above 30s"},
 		{"negative delay", runnable.Options{ShutdownDelay: -time.Second}, leaderOptions, "ShutdownDelay is -1s"},
 		{"reports every 1ns", runnable.Options{ReportEvery: time.Nanosecond}, leaderOptions, "ReportEvery is 1ns: set it to 0 (the default) or at least 500ms"},
 		{"debug on the pod's network", runnable.Options{DebugAddress: ":8083"}, leaderOptions, "set a loopback host:port"},

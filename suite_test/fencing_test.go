@@ -242,7 +242,7 @@ var _ = Describe("Fencing on a lost lease", func() {
 		timeout := func(o *manager.Options) { o.GracefulShutdownTimeout = ptr.To(3 * time.Second) }
 		// GracefulShutdownTimeout below GracePeriod is refused at Setup, naming the fix.
 		_, _, err := newQuiesced(runnable.Options{Logger: logs.logger(), GracePeriod: 4 * time.Second}, inNamespace(ns), timeout)
-		Expect(err).To(MatchError(ContainSubstring("raise GracefulShutdownTimeout in the manager's Options above 4s")))
+		Expect(err).To(MatchError(ContainSubstring("raise the manager's GracefulShutdownTimeout above 4s")))
 		mgr, q, err := newQuiesced(runnable.Options{Logger: logs.logger(), GracePeriod: 2 * time.Second}, inNamespace(ns), timeout)
 		Expect(err).NotTo(HaveOccurred())
 		release, releaseAll := releaser()

@@ -159,7 +159,7 @@ var _ = Describe("A rolling update", func() {
 		_, _, err := newQuiesced(runnable.Options{ShutdownDelay: -time.Second})
 		Expect(err).To(MatchError(ContainSubstring("ShutdownDelay is -1s")))
 		_, _, err = newQuiesced(runnable.Options{GracePeriod: 30 * time.Second})
-		Expect(err).To(MatchError(ContainSubstring("raise GracefulShutdownTimeout in the manager's Options above 30s")))
+		Expect(err).To(MatchError(ContainSubstring("raise the manager's GracefulShutdownTimeout above 30s")))
 		_, _, err = newQuiesced(runnable.Options{GracePeriod: 10 * time.Second, CancelAfter: 12 * time.Second})
 		Expect(err).To(MatchError(ContainSubstring("CancelAfter (12s) must be below GracePeriod (10s)")))
 		mgr, q, err := newQuiesced(runnable.Options{})

@@ -274,7 +274,7 @@ func (u *untrackedReconciler[R]) Reconcile(ctx context.Context, req R) (reconcil
 		log.FromContext(ctx).Info(
 			"Reconciler wrapped without an executor: its reconciles and calls are not tracked (logged once)",
 			"controller", u.controller,
-			"howToTrack", "pass the executor of runnable.Add (q.Executor()) to reconcilers.Wrap")
+			"howToTrack", "pass the executor of runnable.Setup (q.Executor()) to reconcilers.Wrap")
 	})
 	return u.r.Reconcile(ctx, req)
 }

@@ -70,7 +70,7 @@ func TestWrapWithNilExecutorRunsUntracked(t *testing.T) {
 				t.Errorf("Call ran fn %d times, want 4", calls)
 			}
 			if len(lines) != 2 || !strings.Contains(lines[0], "Reconciler wrapped without an executor") ||
-				!strings.Contains(lines[0], `"controller"="cm"`) || !strings.Contains(lines[0], "runnable.Add") ||
+				!strings.Contains(lines[0], `"controller"="cm"`) || !strings.Contains(lines[0], "runnable.Setup") ||
 				lines[1] != lines[0] {
 				t.Fatalf("log = %q, want one line per wrapped reconciler, naming the controller and what to set", lines)
 			}

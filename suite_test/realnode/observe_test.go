@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -28,21 +29,23 @@ type observer struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu   sync.Mutex
-	pods map[string]*podRecord
+	mu      sync.Mutex
+	pods    map[string]*podRecord
+	holders []string // the lease's holders in turn (pod names)
 }
 
 // podRecord is one pod's story; times are when the observer saw each change.
 type podRecord struct {
 	Name       string
 	ReadyAt    time.Time // first Ready=True
-	SigtermAt  time.Time // deletionTimestamp − terminationGracePeriodSeconds: the kubelet's SIGTERM
+	SigtermAt  time.Time // when the deletion was seen: the kubelet sends SIGTERM on the same update
 	NotReadyAt time.Time // first Ready=False after SigtermAt, while the container still ran
-	NotServing time.Time // first EndpointSlice entry with serving=false after SigtermAt
+	NotServing time.Time // first EndpointSlice entry with serving=false after SigtermAt, the container still running
 	Terminated *corev1.ContainerStateTerminated
 	Gone       bool // deleted from the API
 
 	following bool
+	logErr    error // why the log could not be followed
 	logDone   chan struct{}
 	lines     []map[string]any
 }
@@ -67,6 +70,11 @@ func observe(ns string) *observer {
 	_, _ = slices.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { o.slice(obj) },
 		UpdateFunc: func(_, obj any) { o.slice(obj) },
+	})
+	leases := f.Coordination().V1().Leases().Informer()
+	_, _ = leases.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { o.lease(obj) },
+		UpdateFunc: func(_, obj any) { o.lease(obj) },
 	})
 	o.wg.Go(func() { f.Start(ctx.Done()); <-ctx.Done(); f.Shutdown() })
 	return o
@@ -94,12 +102,9 @@ func (o *observer) pod(ctx context.Context, obj any, deleted bool) {
 	if ready && r.ReadyAt.IsZero() {
 		r.ReadyAt = now
 	}
+	// deletionTimestamp has whole seconds only: the time it was seen is closer.
 	if p.DeletionTimestamp != nil && r.SigtermAt.IsZero() {
-		grace := int64(0)
-		if p.DeletionGracePeriodSeconds != nil {
-			grace = *p.DeletionGracePeriodSeconds
-		}
-		r.SigtermAt = p.DeletionTimestamp.Add(-time.Duration(grace) * time.Second)
+		r.SigtermAt = now
 	}
 	for _, s := range p.Status.ContainerStatuses {
 		if s.State.Terminated != nil {
@@ -118,6 +123,28 @@ func (o *observer) pod(ctx context.Context, obj any, deleted bool) {
 	}
 }
 
+// lease records each new holder of the operator's lease (controller-runtime's identity is
+// "<pod name>_<uuid>").
+func (o *observer) lease(obj any) {
+	l, ok := obj.(*coordinationv1.Lease)
+	if !ok || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
+		return
+	}
+	pod, _, _ := strings.Cut(*l.Spec.HolderIdentity, "_")
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if len(o.holders) == 0 || o.holders[len(o.holders)-1] != pod {
+		o.holders = append(o.holders, pod)
+	}
+}
+
+// leaseHolders returns the lease's holders in turn.
+func (o *observer) leaseHolders() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return slices.Clone(o.holders)
+}
+
 func (o *observer) slice(obj any) {
 	s, ok := obj.(*discoveryv1.EndpointSlice)
 	if !ok {
@@ -131,7 +158,7 @@ func (o *observer) slice(obj any) {
 			continue
 		}
 		r := o.record(e.TargetRef.Name)
-		if !r.SigtermAt.IsZero() && r.NotServing.IsZero() && e.Conditions.Serving != nil && !*e.Conditions.Serving {
+		if !r.SigtermAt.IsZero() && r.Terminated == nil && r.NotServing.IsZero() && e.Conditions.Serving != nil && !*e.Conditions.Serving {
 			r.NotServing = now
 		}
 	}
@@ -142,12 +169,16 @@ func (o *observer) slice(obj any) {
 func (o *observer) follow(ctx context.Context, r *podRecord) {
 	defer close(r.logDone)
 	var stream io.ReadCloser
-	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		var err error
-		stream, err = cs.CoreV1().Pods(o.ns).GetLogs(r.Name, &corev1.PodLogOptions{Container: appName, Follow: true}).Stream(ctx)
-		return err == nil, nil
+	var last error
+	// The stream lives on the observer's context, not the poll's (which ends when it returns).
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		stream, last = cs.CoreV1().Pods(o.ns).GetLogs(r.Name, &corev1.PodLogOptions{Container: appName, Follow: true}).Stream(ctx)
+		return last == nil, nil
 	})
 	if err != nil {
+		o.mu.Lock()
+		r.logErr = errors.Join(err, last)
+		o.mu.Unlock()
 		return
 	}
 	defer func() { _ = stream.Close() }()

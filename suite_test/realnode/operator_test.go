@@ -38,14 +38,14 @@ type deployment struct {
 	Delay, Grace, Work time.Duration
 	// TerminationGrace is the Pod's terminationGracePeriodSeconds.
 	TerminationGrace int64
-	// Bare runs one Pod of its own (no Deployment, no leader election).
+	// Bare runs one Pod of its own, named appName (no Deployment to replace it).
 	Bare bool
 }
 
 func (d deployment) args() []string {
 	return []string{
 		"--id=$(POD_NAME)", "--namespace=" + d.Namespace, "--cert-dir=/certs",
-		"--quiesce=" + strconv.FormatBool(d.Quiesce), "--leader-elect=" + strconv.FormatBool(!d.Bare),
+		"--quiesce=" + strconv.FormatBool(d.Quiesce), "--leader-elect=true",
 		"--shutdown-delay=" + d.Delay.String(), "--grace-period=" + d.Grace.String(), "--work=" + d.Work.String(),
 		"--max-concurrent-reconciles=50", "--health-probe-bind-address=:8081",
 	}
@@ -192,6 +192,12 @@ func (d deployment) install(ctx context.Context) {
 	}
 	Eventually(func(ctx context.Context) (int, error) { return d.readyPods(ctx) }).WithContext(ctx).
 		WithTimeout(2*time.Minute).Should(Equal(want), "the operator's pods never became Ready")
+	// A Ready pod is not yet behind its Service: the EndpointSlice, then kube-proxy's rules
+	// follow. Until then the API server's calls to the webhook are refused.
+	Eventually(func(ctx context.Context) error {
+		_, err := cs.CoreV1().ConfigMaps(ns).Create(ctx, newConfigMap("webhook-reachable"), metav1.CreateOptions{})
+		return err
+	}).WithContext(ctx).Should(Succeed(), "the webhook never answered through its Service")
 }
 
 // readyPods counts the operator's pods whose Ready condition is True.

@@ -91,9 +91,9 @@ type rollResult struct {
 	Leaderless       time.Duration
 	Handover         time.Duration // from the old leader's SIGTERM to the next leader's first reconcile
 	ExitCodes        []int         // the old pods'
-	Leaders          []string // the pods that reconciled, in turn
-	Holders          []string // the lease's holders, in turn
-	NotServingBefore int // old pods whose endpoint turned not serving before their container ended
+	Leaders          []string      // the pods that reconciled, in turn
+	Holders          []string      // the lease's holders, in turn
+	NotServingBefore int           // old pods whose endpoint turned not serving before their container ended
 }
 
 var _ = Describe("a rolling update of two replicas with leader election and a webhook", func() {

@@ -42,7 +42,8 @@ type podRecord struct {
 	NotReadyAt time.Time // first Ready=False after SigtermAt, while the container still ran
 	NotServing time.Time // first EndpointSlice entry with serving=false after SigtermAt, the container still running
 	Terminated *corev1.ContainerStateTerminated
-	Gone       bool // deleted from the API
+	EndedAt    time.Time // when Terminated was first seen (its finishedAt has whole seconds only)
+	Gone       bool      // deleted from the API
 
 	following bool
 	logErr    error // why the log could not be followed
@@ -109,6 +110,9 @@ func (o *observer) pod(ctx context.Context, obj any, deleted bool) {
 	for _, s := range p.Status.ContainerStatuses {
 		if s.State.Terminated != nil {
 			r.Terminated = s.State.Terminated.DeepCopy()
+			if r.EndedAt.IsZero() {
+				r.EndedAt = now
+			}
 		}
 		if !r.SigtermAt.IsZero() && !ready && s.State.Running != nil && r.NotReadyAt.IsZero() && !r.ReadyAt.IsZero() {
 			r.NotReadyAt = now

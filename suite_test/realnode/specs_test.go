@@ -63,7 +63,7 @@ var _ = Describe("the operator as a real pod", func() {
 
 		r := obs.snapshot()[pod.Name]
 		AddReportEntry("pod stop", fmt.Sprintf("SIGTERM→not Ready (kubelet probe) %s, SIGTERM→endpoint not serving %s, SIGTERM→exit %s, exit code %d",
-			since(r.SigtermAt, r.NotReadyAt), since(r.SigtermAt, r.NotServing), since(r.SigtermAt, r.Terminated.FinishedAt.Time), r.exitCode()))
+			since(r.SigtermAt, r.NotReadyAt), since(r.SigtermAt, r.NotServing), since(r.SigtermAt, r.EndedAt), r.exitCode()))
 		Expect(r.exitCode()).To(Equal(0), "the operator's exit code")
 		Expect(r.has("Stop began")).To(BeTrue(), "quiesce's stop began on the kubelet's SIGTERM")
 		Expect(r.NotReadyAt).NotTo(BeZero(), "the kubelet's readiness probe never saw the pod fail while its container ran")
@@ -362,7 +362,7 @@ var _ = Describe("a terminationGracePeriodSeconds below what quiesce's settings 
 					WithContext(ctx).ShouldNot(BeNil())
 				r := obs.snapshot()[appName]
 				g := graceResult{Mode: mode(q), Working: r.count("Reconcile working"), Exit: r.exitCode(),
-					Reported: r.has("Waiting for pending calls"), ExitAfter: since(r.SigtermAt, r.Terminated.FinishedAt.Time)}
+					Reported: r.has("Waiting for pending calls"), ExitAfter: since(r.SigtermAt, r.EndedAt)}
 				for _, x := range r.reconciles() {
 					if x.worked {
 						g.Ended++

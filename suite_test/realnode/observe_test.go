@@ -269,6 +269,7 @@ type reconcile struct {
 	pod          string
 	start, end   time.Time
 	worked, done bool
+	err          string
 }
 
 func (r podRecord) reconciles() []reconcile {
@@ -286,7 +287,8 @@ func (r podRecord) reconciles() []reconcile {
 		}
 		w, _ := e["worked"].(bool)
 		d, _ := e["done"].(bool)
-		out = append(out, reconcile{pod: r.Name, start: start, end: end, worked: w, done: d})
+		msg, _ := e["error"].(string)
+		out = append(out, reconcile{pod: r.Name, start: start, end: end, worked: w, done: d, err: msg})
 	}
 	return out
 }

@@ -85,7 +85,8 @@ type rollResult struct {
 	Creates, Failed  int
 	Errors           []string
 	InFlight         int // the old leader's reconciles working at its SIGTERM
-	Cut              int // reconciles that worked and did not finish (context canceled)
+	Cut              int // reconciles whose work ended with its context (context canceled)
+	WriteFailed      int // reconciles that did the work and whose write failed otherwise (its admission, say)
 	Lost             int // ConfigMaps never reconciled
 	Overlaps         int // reconciles of a leader that began before its predecessor's last ended
 	Leaderless       time.Duration
@@ -115,6 +116,7 @@ var _ = Describe("a rolling update of two replicas with leader election and a we
 		Expect(q.InFlight).To(BeNumerically(">=", 5), "quiesce: too few reconciles in flight at the leader's SIGTERM: the run proves nothing")
 		Expect(q.Failed).To(Equal(0), "quiesce: creates failed: %v", q.Errors)
 		Expect(q.Cut).To(Equal(0), "quiesce: reconciles cut")
+		Expect(q.WriteFailed).To(Equal(0), "quiesce: reconciles' writes refused")
 		Expect(q.Lost).To(Equal(0), "quiesce: ConfigMaps never reconciled")
 		Expect(q.Overlaps).To(Equal(0), "quiesce: two leaders reconciled at once")
 		Expect(q.ExitCodes).To(HaveEach(0), "quiesce: old pods' exit codes")
@@ -216,8 +218,12 @@ func (res *rollResult) measure(pods map[string]podRecord, oldPods []string) {
 		}
 		t := tenure{pod: name, first: rs[0].start, last: rs[0].end, sigterm: r.SigtermAt}
 		for _, x := range rs {
-			if x.worked && !x.done {
+			switch {
+			case !x.worked || x.done:
+			case strings.Contains(x.err, "context canceled"):
 				res.Cut++
+			default:
+				res.WriteFailed++
 			}
 			if x.start.Before(t.first) {
 				t.first = x.start
@@ -275,6 +281,7 @@ func rollTable(runs []*rollResult) string {
 	row("admission errors (failed creates)", func(r *rollResult) string { return fmt.Sprintf("%d %v", r.Failed, r.Errors) })
 	row("reconciles in flight at the old pods' SIGTERM", func(r *rollResult) string { return fmt.Sprint(r.InFlight) })
 	row("reconciles cut (context canceled)", func(r *rollResult) string { return fmt.Sprint(r.Cut) })
+	row("reconciles' own writes refused (redone later)", func(r *rollResult) string { return fmt.Sprint(r.WriteFailed) })
 	row("writes lost (ConfigMaps never reconciled)", func(r *rollResult) string { return fmt.Sprint(r.Lost) })
 	row("overlapping reconciles of two leaders", func(r *rollResult) string { return fmt.Sprint(r.Overlaps) })
 	row("lease holders in turn (of them reconciled)", func(r *rollResult) string {

@@ -143,7 +143,8 @@ func runIsolated() (int, error) {
 		return 1, errors.Join(cleanErr, err)
 	}
 	if diff := diffState(before, after); len(diff) > 0 {
-		cleanErr = errors.Join(cleanErr, fmt.Errorf("the host differs from before the node ran:\n  %s", strings.Join(diff, "\n  ")))
+		cleanErr = errors.Join(cleanErr,
+			fmt.Errorf("the host differs from before the node ran:\n  %s", strings.Join(diff, "\n  ")))
 	}
 	if cleanErr != nil {
 		return 1, cleanErr
@@ -186,14 +187,15 @@ func enterNode(dir string) error {
 			return fmt.Errorf("failed to mount a private copy of %s: %w", path, err)
 		}
 	}
-	for _, args := range [][]string{
-		{"link", "set", "lo", "up"},
-		{"link", "add", "node0", "type", "veth", "peer", "name", "node0-peer"},
-		{"link", "set", "node0-peer", "up"},
-		{"addr", "add", nodeIP + "/24", "dev", "node0"},
-		{"link", "set", "node0", "up"},
-		{"route", "add", "default", "via", gatewayIP, "dev", "node0"},
+	for _, cmd := range []string{
+		"link set lo up",
+		"link add node0 type veth peer name node0-peer",
+		"link set node0-peer up",
+		"addr add " + nodeIP + "/24 dev node0",
+		"link set node0 up",
+		"route add default via " + gatewayIP + " dev node0",
 	} {
+		args := strings.Fields(cmd)
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
 			return fmt.Errorf("failed to run ip %s: %w: %s", strings.Join(args, " "), err, out)
 		}
@@ -254,8 +256,8 @@ func cleanupHost(netns uint64, dir string) error {
 	}
 	if len(leftovers) > 0 {
 		slices.Sort(leftovers)
-		errs = append(errs, fmt.Errorf("processes of the node outlived the tests (Node.Stop not called, or failed), killed: %s",
-			strings.Join(slices.Compact(leftovers), ", ")))
+		errs = append(errs, fmt.Errorf("processes of the node outlived the tests (Node.Stop not called, or failed), "+
+			"killed: %s", strings.Join(slices.Compact(leftovers), ", ")))
 	}
 	cgroups, _ := kubepodsCgroups()
 	for _, c := range cgroups {

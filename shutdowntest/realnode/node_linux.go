@@ -34,6 +34,8 @@ const (
 	// PauseImage is the sandbox image, built by Start.
 	PauseImage = "localhost/pause:realnode"
 
+	kubelet = "kubelet" // the process, its binary, its directory, its kubeconfig
+
 	apiserverPort = 16443
 	kubeletPort   = 10250
 	podCIDR       = "10.88.0.0/16"
@@ -102,21 +104,22 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 	if opts.ControlPlaneAssets == "" {
 		opts.ControlPlaneAssets = os.Getenv("KUBEBUILDER_ASSETS")
 	}
+	const nodeField, cpField = "NodeAssets (REALNODE_ASSETS)", "ControlPlaneAssets (KUBEBUILDER_ASSETS)"
 	var missing []string
 	for _, b := range []struct{ dir, name, field string }{
-		{opts.NodeAssets, "kubelet", "NodeAssets (REALNODE_ASSETS)"},
-		{opts.NodeAssets, "kube-controller-manager", "NodeAssets (REALNODE_ASSETS)"},
-		{opts.NodeAssets, "kube-proxy", "NodeAssets (REALNODE_ASSETS)"},
-		{opts.ControlPlaneAssets, "etcd", "ControlPlaneAssets (KUBEBUILDER_ASSETS)"},
-		{opts.ControlPlaneAssets, "kube-apiserver", "ControlPlaneAssets (KUBEBUILDER_ASSETS)"},
+		{opts.NodeAssets, kubelet, nodeField},
+		{opts.NodeAssets, "kube-controller-manager", nodeField},
+		{opts.NodeAssets, "kube-proxy", nodeField},
+		{opts.ControlPlaneAssets, "etcd", cpField},
+		{opts.ControlPlaneAssets, "kube-apiserver", cpField},
 	} {
 		if st, err := os.Stat(filepath.Join(b.dir, b.name)); b.dir == "" || err != nil || st.IsDir() {
 			missing = append(missing, fmt.Sprintf("%s in Options.%s=%q", b.name, b.field, b.dir))
 		}
 	}
 	if len(missing) > 0 {
-		return nil, fmt.Errorf("failed to start a node: missing %s (hack/setup-realnode.sh and hack/setup-envtest.sh print the directories)",
-			strings.Join(missing, ", "))
+		return nil, fmt.Errorf("failed to start a node: missing %s "+
+			"(hack/setup-realnode.sh and hack/setup-envtest.sh print the directories)", strings.Join(missing, ", "))
 	}
 	if opts.StartTimeout <= 0 {
 		opts.StartTimeout = 3 * time.Minute
@@ -138,7 +141,7 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 
 // run is Start's sequence, one step at a time.
 func (n *Node) run(ctx context.Context, opts Options) error {
-	for _, d := range []string{"run", "log/pods", "etc", "pki", "etcd", "containerd", "kubelet", "cni/net.d", "images"} {
+	for _, d := range []string{"run", "log/pods", "etc", "pki", "etcd", "containerd", kubelet, "cni/net.d", "images"} {
 		if err := os.MkdirAll(filepath.Join(n.dir, d), 0o755); err != nil {
 			return err
 		}
@@ -158,8 +161,7 @@ func (n *Node) run(ctx context.Context, opts Options) error {
 		built <- err
 	}()
 	if err := n.startContainerd(ctx); err != nil {
-		<-built
-		return err
+		return errors.Join(err, <-built)
 	}
 	n.say("containerd up")
 	if err := <-built; err != nil {
@@ -237,7 +239,7 @@ func (n *Node) writePKI() error {
 	if n.admin, err = n.ca.client("realnode-admin", "system:masters"); err != nil {
 		return err
 	}
-	kubelet, err := n.ca.client("system:node:"+NodeName, "system:nodes")
+	kubeletClient, err := n.ca.client("system:node:"+NodeName, "system:nodes")
 	if err != nil {
 		return err
 	}
@@ -271,7 +273,7 @@ func (n *Node) writePKI() error {
 		},
 		QPS: 100, Burst: 200,
 	}
-	for name, kp := range map[string]*keyPair{"admin": n.admin, "kubelet": kubelet} {
+	for name, kp := range map[string]*keyPair{"admin": n.admin, kubelet: kubeletClient} {
 		kc := clientcmdapi.NewConfig()
 		kc.Clusters["node"] = &clientcmdapi.Cluster{Server: n.cfg.Host, CertificateAuthorityData: n.ca.certPEM}
 		kc.AuthInfos[name] = &clientcmdapi.AuthInfo{ClientCertificateData: kp.certPEM, ClientKeyData: kp.keyPEM}
@@ -322,9 +324,10 @@ func (n *Node) buildImages(ctx context.Context, images []Image) ([]string, error
 				return nil, err
 			}
 			img.Package, img.Dir = ".", filepath.Join(work, "pause")
+			gomod := []byte("module realnode.local/pause\n\ngo 1.22\n")
 			if err := errors.Join(os.MkdirAll(img.Dir, 0o755),
 				os.WriteFile(filepath.Join(img.Dir, "main.go"), src, 0o644),
-				os.WriteFile(filepath.Join(img.Dir, "go.mod"), []byte("module realnode.local/pause\n\ngo 1.22\n"), 0o644)); err != nil {
+				os.WriteFile(filepath.Join(img.Dir, "go.mod"), gomod, 0o644)); err != nil {
 				return nil, err
 			}
 		}
@@ -430,10 +433,11 @@ func (n *Node) startKubelet(ctx context.Context, cs kubernetes.Interface) error 
 	if err := n.render("kubelet.yaml", n.path("etc", "kubelet.yaml")); err != nil {
 		return err
 	}
-	p, err := n.spawn("kubelet", filepath.Join(n.nodeAssets, "kubelet"),
+	p, err := n.spawn(kubelet, filepath.Join(n.nodeAssets, kubelet),
 		"--config="+n.path("etc", "kubelet.yaml"), "--kubeconfig="+n.path("etc", "kubelet.kubeconfig"),
-		"--root-dir="+n.path("kubelet"),
-		"--tls-cert-file="+n.path("pki", "kubelet-serving.crt"), "--tls-private-key-file="+n.path("pki", "kubelet-serving.key"),
+		"--root-dir="+n.path(kubelet),
+		"--tls-cert-file="+n.path("pki", "kubelet-serving.crt"),
+		"--tls-private-key-file="+n.path("pki", "kubelet-serving.key"),
 		"--hostname-override="+NodeName, "--node-ip="+nodeIP, "--v=2")
 	if err != nil {
 		return err
@@ -468,7 +472,8 @@ func (n *Node) startControllerManager(ctx context.Context, cs kubernetes.Interfa
 	if err != nil {
 		return err
 	}
-	return n.until(ctx, p, "the default ServiceAccount and kube-root-ca.crt exist", func(ctx context.Context) (bool, error) {
+	const what = "the default ServiceAccount and kube-root-ca.crt exist"
+	return n.until(ctx, p, what, func(ctx context.Context) (bool, error) {
 		if _, err := cs.CoreV1().ServiceAccounts("default").Get(ctx, "default", metav1.GetOptions{}); err != nil {
 			return false, nil
 		}
@@ -579,7 +584,7 @@ func (n *Node) Stop() error {
 	}
 	stop("kube-controller-manager")
 	stop("kube-proxy")
-	stop("kubelet")
+	stop(kubelet)
 	if p := byName["containerd"]; p != nil && !exited(p) {
 		errs = append(errs, n.removeContainers())
 	}

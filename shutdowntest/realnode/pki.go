@@ -34,8 +34,8 @@ func newCA(name string) (*keyPair, error) {
 	})
 }
 
-// serving returns a serving certificate for names (IP addresses or DNS names) signed by ca.
-func (ca *keyPair) serving(names ...string) (*keyPair, error) {
+// serving returns a serving certificate for names (IP addresses or DNS names) signed by kp.
+func (kp *keyPair) serving(names ...string) (*keyPair, error) {
 	t := &x509.Certificate{
 		Subject:     pkix.Name{CommonName: names[0]},
 		KeyUsage:    x509.KeyUsageDigitalSignature,
@@ -48,13 +48,13 @@ func (ca *keyPair) serving(names ...string) (*keyPair, error) {
 			t.DNSNames = append(t.DNSNames, n)
 		}
 	}
-	return sign(ca, t)
+	return sign(kp, t)
 }
 
-// client returns a client certificate for user in groups, signed by ca: the API server
+// client returns a client certificate for user in groups, signed by kp: the API server
 // authenticates it as that user.
-func (ca *keyPair) client(user string, groups ...string) (*keyPair, error) {
-	return sign(ca, &x509.Certificate{
+func (kp *keyPair) client(user string, groups ...string) (*keyPair, error) {
+	return sign(kp, &x509.Certificate{
 		Subject:     pkix.Name{CommonName: user, Organization: groups},
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},

@@ -67,8 +67,8 @@ func observe(ns string) *observer {
 			o.pod(ctx, obj, true)
 		},
 	})
-	slices := f.Discovery().V1().EndpointSlices().Informer()
-	_, _ = slices.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	eps := f.Discovery().V1().EndpointSlices().Informer()
+	_, _ = eps.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { o.slice(obj) },
 		UpdateFunc: func(_, obj any) { o.slice(obj) },
 	})

@@ -195,8 +195,9 @@ func roll(ctx context.Context, quiesce bool) *rollResult {
 
 // names are the pods the observer saw, sorted.
 func names(o *observer) []string {
-	var out []string
-	for n := range o.snapshot() {
+	pods := o.snapshot()
+	out := make([]string, 0, len(pods))
+	for n := range pods {
 		out = append(out, n)
 	}
 	slices.Sort(out)
@@ -269,7 +270,8 @@ func rollTable(runs []*rollResult) string {
 	var b strings.Builder
 	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 	row := func(name string, f func(r *rollResult) string) {
-		cells := []string{name}
+		cells := make([]string, 0, 1+len(runs))
+		cells = append(cells, name)
 		for _, r := range runs {
 			cells = append(cells, f(r))
 		}

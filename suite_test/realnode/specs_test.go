@@ -27,49 +27,69 @@ func mode(quiesce bool) string {
 
 var _ = Describe("the operator as a real pod", func() {
 	It("should serve its webhook through its Service, reconcile with in-cluster config, and fail readiness on the kubelet's probe before it exits", func(ctx SpecContext) {
-		d := deployment{Namespace: "pod-quiesce", Quiesce: true, Bare: true,
-			Delay: 3 * time.Second, Grace: 10 * time.Second, Work: 100 * time.Millisecond, TerminationGrace: 30}
-		obs := observe(d.Namespace)
-		defer obs.stop()
-		d.install(ctx)
-
-		By("admitting a create through the webhook Service (kube-proxy → the pod) and reconciling it through the kubernetes Service's ClusterIP with the ServiceAccount's token")
-		_, err := cs.CoreV1().ConfigMaps(d.Namespace).Create(ctx, newConfigMap("first"), metav1.CreateOptions{})
-		Expect(err).NotTo(HaveOccurred())
-		pods, err := cs.CoreV1().Pods(d.Namespace).List(ctx, metav1.ListOptions{LabelSelector: appLabel + "=" + appName})
-		Expect(err).NotTo(HaveOccurred())
-		Expect(pods.Items).To(HaveLen(1))
-		pod := pods.Items[0]
-		Eventually(func(ctx context.Context) (string, error) {
-			cm, err := cs.CoreV1().ConfigMaps(d.Namespace).Get(ctx, "first", metav1.GetOptions{})
-			return cm.Annotations[doneAnnotation], err
-		}).WithContext(ctx).Should(Equal(pod.Name), "the operator never reconciled the ConfigMap")
-		lease, err := cs.CoordinationV1().Leases(d.Namespace).Get(ctx, "rollout-operator", metav1.GetOptions{})
-		Expect(err).NotTo(HaveOccurred())
-		Expect(lease.Spec.HolderIdentity).NotTo(BeNil())
-		Expect(*lease.Spec.HolderIdentity).To(HavePrefix(pod.Name), "the pod leads through its ServiceAccount's Role")
-
-		By("deleting the pod: the kubelet's SIGTERM; quiesce's readiness fails during the shutdown delay")
-		Expect(cs.CoreV1().Pods(d.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{})).To(Succeed())
-		Expect(obs.waitLogs(ctx, pod.Name)).To(Succeed())
-		Eventually(func() *corev1.ContainerStateTerminated { return obs.snapshot()[pod.Name].Terminated }).
-			WithContext(ctx).ShouldNot(BeNil(), "the kubelet never reported the container's end")
-
-		By("admitting no create once no pod serves the webhook (failurePolicy Fail: the webhook is on the path)")
-		Eventually(func(ctx context.Context) error {
-			_, err := cs.CoreV1().ConfigMaps(d.Namespace).Create(ctx, newConfigMap(fmt.Sprintf("late-%d", time.Now().UnixNano())), metav1.CreateOptions{})
-			return err
-		}).WithContext(ctx).Should(MatchError(ContainSubstring("failed calling webhook")))
-
-		r := obs.snapshot()[pod.Name]
-		AddReportEntry("pod stop", fmt.Sprintf("SIGTERM→not Ready (kubelet probe) %s, SIGTERM→endpoint not serving %s, SIGTERM→exit %s, exit code %d",
-			since(r.SigtermAt, r.NotReadyAt), since(r.SigtermAt, r.NotServing), since(r.SigtermAt, r.EndedAt), r.exitCode()))
-		Expect(r.exitCode()).To(Equal(0), "the operator's exit code")
-		Expect(r.has("Stop began")).To(BeTrue(), "quiesce's stop began on the kubelet's SIGTERM")
-		Expect(r.NotReadyAt).NotTo(BeZero(), "the kubelet's readiness probe never saw the pod fail while its container ran")
-		Expect(r.NotServing).NotTo(BeZero(), "the EndpointSlice never marked the terminating pod not serving while its container ran")
+		res := make([]podRecord, 2)
+		var wg sync.WaitGroup
+		for i, q := range []bool{true, false} {
+			wg.Go(func() {
+				defer GinkgoRecover()
+				res[i] = realPod(ctx, q)
+			})
+		}
+		wg.Wait()
+		var b strings.Builder
+		for i, r := range res {
+			fmt.Fprintf(&b, "%s: SIGTERM→not Ready (kubelet probe) %s, SIGTERM→endpoint not serving %s, SIGTERM→exit %s, exit code %d\n",
+				mode(i == 0), since(r.SigtermAt, r.NotReadyAt), since(r.SigtermAt, r.NotServing), since(r.SigtermAt, r.EndedAt), r.exitCode())
+		}
+		AddReportEntry("pod stop", b.String())
+		GinkgoWriter.Print(b.String())
+		q := res[0]
+		Expect(q.has("Stop began")).To(BeTrue(), "quiesce's stop began on the kubelet's SIGTERM")
+		Expect(q.NotReadyAt).NotTo(BeZero(), "quiesce: the kubelet's readiness probe never saw the pod fail while its container ran")
+		Expect(q.NotServing).NotTo(BeZero(), "quiesce: the EndpointSlice never marked the terminating pod not serving while its container ran")
 	}, SpecTimeout(4*time.Minute))
 })
+
+// realPod runs the operator as one Pod: its webhook admits a create through the Service,
+// it reconciles through the kubernetes Service with its ServiceAccount, it leads; then it is
+// deleted, exits 0, and creates are refused once no pod serves the webhook. It returns the
+// pod's record.
+func realPod(ctx context.Context, quiesce bool) podRecord {
+	GinkgoHelper()
+	d := deployment{Namespace: "pod-" + mode(quiesce), Quiesce: quiesce, Bare: true,
+		Delay: 3 * time.Second, Grace: 10 * time.Second, Work: 100 * time.Millisecond, TerminationGrace: 30}
+	obs := observe(d.Namespace)
+	defer obs.stop()
+	d.install(ctx)
+
+	By(mode(quiesce) + ": admitting a create through the webhook Service (kube-proxy → the pod) and reconciling it " +
+		"through the kubernetes Service's ClusterIP with the ServiceAccount's token")
+	_, err := cs.CoreV1().ConfigMaps(d.Namespace).Create(ctx, newConfigMap("first"), metav1.CreateOptions{})
+	Expect(err).NotTo(HaveOccurred())
+	Eventually(func(ctx context.Context) (string, error) {
+		cm, err := cs.CoreV1().ConfigMaps(d.Namespace).Get(ctx, "first", metav1.GetOptions{})
+		return cm.Annotations[doneAnnotation], err
+	}).WithContext(ctx).Should(Equal(appName), "%s: the operator never reconciled the ConfigMap", mode(quiesce))
+	lease, err := cs.CoordinationV1().Leases(d.Namespace).Get(ctx, "rollout-operator", metav1.GetOptions{})
+	Expect(err).NotTo(HaveOccurred())
+	Expect(lease.Spec.HolderIdentity).NotTo(BeNil())
+	Expect(*lease.Spec.HolderIdentity).To(HavePrefix(appName+"_"), "%s: the pod leads through its ServiceAccount's Role", mode(quiesce))
+
+	By(mode(quiesce) + ": deleting the pod: the kubelet's SIGTERM")
+	Expect(cs.CoreV1().Pods(d.Namespace).Delete(ctx, appName, metav1.DeleteOptions{})).To(Succeed())
+	Expect(obs.waitLogs(ctx, appName)).To(Succeed())
+	Eventually(func() *corev1.ContainerStateTerminated { return obs.snapshot()[appName].Terminated }).
+		WithContext(ctx).ShouldNot(BeNil(), "%s: the kubelet never reported the container's end", mode(quiesce))
+
+	By(mode(quiesce) + ": admitting no create once no pod serves the webhook (failurePolicy Fail: the webhook is on the path)")
+	Eventually(func(ctx context.Context) error {
+		_, err := cs.CoreV1().ConfigMaps(d.Namespace).Create(ctx, newConfigMap(fmt.Sprintf("late-%d", time.Now().UnixNano())), metav1.CreateOptions{})
+		return err
+	}).WithContext(ctx).Should(MatchError(ContainSubstring("failed calling webhook")))
+	r := obs.snapshot()[appName]
+	Expect(r.exitCode()).To(Equal(0), "%s: the operator's exit code", mode(quiesce))
+	return r
+}
 
 // since formats b−a, or "never".
 func since(a, b time.Time) string {

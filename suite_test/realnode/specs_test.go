@@ -107,6 +107,7 @@ type rollResult struct {
 	InFlight         int // the old leader's reconciles working at its SIGTERM
 	Cut              int // reconciles whose work ended with its context (context canceled)
 	WriteFailed      int // reconciles that did the work and whose write failed otherwise (its admission, say)
+	WriteErrors      []string
 	Lost             int // ConfigMaps never reconciled
 	Overlaps         int // reconciles of a leader that began before its predecessor's last ended
 	Leaderless       time.Duration
@@ -245,6 +246,9 @@ func (res *rollResult) measure(pods map[string]podRecord, oldPods []string) {
 				res.Cut++
 			default:
 				res.WriteFailed++
+				if len(res.WriteErrors) < 2 && !slices.Contains(res.WriteErrors, x.err) {
+					res.WriteErrors = append(res.WriteErrors, x.err)
+				}
 			}
 			if x.start.Before(t.first) {
 				t.first = x.start
@@ -303,7 +307,9 @@ func rollTable(runs []*rollResult) string {
 	row("admission errors (failed creates)", func(r *rollResult) string { return fmt.Sprintf("%d %v", r.Failed, r.Errors) })
 	row("reconciles in flight at the old pods' SIGTERM", func(r *rollResult) string { return fmt.Sprint(r.InFlight) })
 	row("reconciles cut (context canceled)", func(r *rollResult) string { return fmt.Sprint(r.Cut) })
-	row("reconciles' own writes refused (redone later)", func(r *rollResult) string { return fmt.Sprint(r.WriteFailed) })
+	row("reconciles' own writes refused (redone later)", func(r *rollResult) string {
+		return fmt.Sprintf("%d %v", r.WriteFailed, r.WriteErrors)
+	})
 	row("writes lost (ConfigMaps never reconciled)", func(r *rollResult) string { return fmt.Sprint(r.Lost) })
 	row("overlapping reconciles of two leaders", func(r *rollResult) string { return fmt.Sprint(r.Overlaps) })
 	row("lease holders in turn (of them reconciled)", func(r *rollResult) string {

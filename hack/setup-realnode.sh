@@ -13,8 +13,9 @@
 #      proxy, the way hack/setup-envtest.sh builds kube-apiserver (same wrapper module, same
 #      flags: the Go build cache is shared with it), into the same cache, one level beside it:
 #      ${XDG_DATA_HOME:-$HOME/.local/share}/kubebuilder-envtest/node/<version>-<os>-<arch>.
-#      With kube-apiserver's build cache warm: ~4 min on 2 cores at the lowest CPU priority
-#      (kubelet ~2.5 min, kube-controller-manager ~1 min, kube-proxy ~0.5 min).
+#      With kube-apiserver's build cache warm, at the lowest CPU priority on 2 cores: ~4 min
+#      when the machine is not shared (kubelet ~2.5 min, kube-controller-manager ~1 min,
+#      kube-proxy ~0.5 min), 22 min measured beside six other builds.
 #
 # REALNODE_ASSETS, when set and holding the three binaries, is used as is. The binaries land
 # one by one by atomic renames; a lock keeps concurrent runs apart. Progress goes to stderr, the

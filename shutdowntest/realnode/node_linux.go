@@ -134,7 +134,7 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 	ctx, cancel := context.WithTimeout(ctx, opts.StartTimeout)
 	defer cancel()
 	if err := n.run(ctx, opts); err != nil {
-		return n, fmt.Errorf("failed to start a node (logs in %s): %w", filepath.Join(n.dir, "log"), err)
+		return n, fmt.Errorf("failed to start a node: %w", err)
 	}
 	return n, nil
 }
@@ -544,6 +544,9 @@ func (n *Node) until(ctx context.Context, p *process, what string, cond func(con
 		}
 		return cond(ctx)
 	})
+	if err != nil && !exited(p) { // Stop removes the logs: keep the end of this one in the error
+		return fmt.Errorf("failed to wait until %s: %w; the end of %s's log:\n%s", what, err, p.name, tail(p.log))
+	}
 	if err != nil {
 		return fmt.Errorf("failed to wait until %s: %w", what, err)
 	}

@@ -563,9 +563,13 @@ func tail(path string) string {
 // Stop stops the node, in the reverse order of its start: the controller-manager, kube-proxy,
 // kubelet, every container (through containerd), containerd, kube-apiserver, etcd; each gets
 // SIGTERM, then SIGKILL after 10s. Then it unmounts what the node mounted under its
-// directory and removes kubelet's cgroups and the directory. Stop is idempotent; Main checks,
-// after the tests, that nothing of the node is left on the host.
+// directory and removes kubelet's cgroups and the directory. Stop is idempotent, and does
+// nothing on a nil Node (what Start returns when it started nothing); Main checks, after the
+// tests, that nothing of the node is left on the host.
 func (n *Node) Stop() error {
+	if n == nil {
+		return nil
+	}
 	n.mu.Lock()
 	if n.stopped {
 		n.mu.Unlock()

@@ -150,9 +150,12 @@ func TestStartNamesTheMissingAssets(t *testing.T) {
 	t.Setenv(envDir, t.TempDir())
 	t.Setenv("REALNODE_ASSETS", "")
 	cp := t.TempDir()
-	_, err := Start(context.Background(), Options{ControlPlaneAssets: cp})
+	n, err := Start(context.Background(), Options{ControlPlaneAssets: cp})
 	if err == nil {
 		t.Fatal("Start without binaries succeeded")
+	}
+	if err := n.Stop(); err != nil { // as a suite's DeferCleanup calls it
+		t.Errorf("Stop after a failed Start = %v, want nil", err)
 	}
 	for _, want := range []string{"kubelet in Options.NodeAssets (REALNODE_ASSETS)", "kube-proxy", "etcd in Options.ControlPlaneAssets", "kube-apiserver"} {
 		if !strings.Contains(err.Error(), want) {

@@ -38,6 +38,12 @@ test: ## Unit tests, the envtest suite, then the adoption check (docs/adoption.m
 	KUBEBUILDER_ASSETS="$$assets" GO=$(GO) hack/check-adoption.sh
 	hack/check-go-get.sh
 
+.PHONY: test-realnode
+test-realnode: ## Specs on a real single node (kubelet, containerd, kube-proxy; root, offline), quiesce and plain controller-runtime side by side (docs/realnode.md).
+	assets="$$($(ENVTEST))"; node="$$(hack/setup-realnode.sh)"; \
+	KUBEBUILDER_ASSETS="$$assets" REALNODE_ASSETS="$$node" \
+		$(GO) test -race -v -tags realnode -count=1 -timeout 20m ./suite_test/realnode/ -args -ginkgo.v
+
 .PHONY: check-adoption
 check-adoption: ## docs/adoption.md diff applied to kubebuilder's scaffold equals examples/memcached-operator; its tests.
 	hack/check-adoption.sh

@@ -235,12 +235,14 @@ var _ = Describe("runnable.Runnable in a manager", func() {
 
 		msgs := logs.messages()
 		Expect(msgs[:2]).To(Equal(stopBegins()))
+		Expect(msgs[2]).To(Equal("Cancelling calls still running"), "CancelAtOnce: the drain names what it cancels")
 		Expect(msgs[len(msgs)-1]).To(Equal("Abandoned calls still running after the grace period"))
-		reports := msgs[2 : len(msgs)-1]
+		reports := msgs[3 : len(msgs)-1]
 		Expect(len(reports)).To(BeNumerically(">=", 2), "a report at 0.5s, then every second until 3s")
 		Expect(reports).To(HaveEach("Waiting for pending calls"))
 		lines := logs.all()
-		for _, report := range lines[2 : len(lines)-1] {
+		Expect(lines[2]).To(ContainSubstring(`"cancelled"=2`))
+		for _, report := range lines[3 : len(lines)-1] {
 			Expect(report).To(ContainSubstring(`"name"="` + name + `"`))
 			Expect(report).To(ContainSubstring(`"detached"=true`))
 			Expect(report).To(ContainSubstring(blockedAt))

@@ -58,11 +58,6 @@ type Options struct {
 	// for a metrics server without a FilterProvider. Flag: --quiesce-debug-address. "": none.
 	DebugAddress string
 
-	// DebugWithoutFilter serves DebugPath on a metrics server without a FilterProvider.
-	//
-	// Deprecated: use DebugAddress, which serves it on loopback only.
-	DebugWithoutFilter bool
-
 	// Clock stamps calls and times reports, CancelAfter and ShutdownDelay. nil: the real clock.
 	Clock clock.WithTickerAndDelayedExecution
 

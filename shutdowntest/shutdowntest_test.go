@@ -97,14 +97,15 @@ const (
 const stubborn = "./testdata/stubborn"
 
 // demoOptions run examples/demo-operator, which has no --metrics-secure flag: its metrics
-// server always serves plain HTTP.
+// server always serves plain HTTP, and /debug/quiesce on its debug listener.
 func demoOptions(env *envtest.Environment, args ...string) shutdowntest.Options {
 	return shutdowntest.Options{
 		Package: "./examples/demo-operator",
 		Dir:     "..",
 		Env:     env,
 		Flags: func(e shutdowntest.Endpoints) []string {
-			return []string{"--metrics-bind-address=" + e.Metrics, "--health-probe-bind-address=" + e.Probe}
+			return []string{"--metrics-bind-address=" + e.Metrics, "--health-probe-bind-address=" + e.Probe,
+				"--quiesce-debug-address=" + e.Debug}
 		},
 		Args:        args,
 		StopTimeout: 30 * time.Second,

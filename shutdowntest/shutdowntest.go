@@ -805,8 +805,9 @@ func (o *Operator) waitLines(ctx context.Context, what string, n int, match func
 
 // PendingCount returns how many calls quiesce tracks in the operator right now: the count of
 // GET /debug/quiesce (on Endpoints.Debug, or with Options.MetricsSecure on the metrics
-// server; an error until the server listens). It captures no stacks, so it is cheap to poll. Wait for a state with it, e.g. in Gomega (whose default
-// timeout, 1s, is short for an operator's start):
+// server; an error until the server listens). It captures no stacks, so it is cheap to
+// poll. Wait for a state with it, e.g. in Gomega (whose default timeout, 1s, is short for an
+// operator's start):
 //
 //	Eventually(op.PendingCount).WithContext(ctx).WithTimeout(time.Minute).Should(BeNumerically(">=", 3))
 func (o *Operator) PendingCount(ctx context.Context) (int, error) {

@@ -1,6 +1,7 @@
 package runnable
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -36,25 +37,25 @@ type Config struct {
 	ReportEvery   *metav1.Duration `json:"reportEvery,omitempty"`
 	// MaxConcurrent is Options.MaxConcurrent: 0 unbounded; negative is an error.
 	MaxConcurrent *int `json:"maxConcurrent,omitempty"`
-	// DebugWithoutFilter is Options.DebugWithoutFilter.
-	DebugWithoutFilter *bool `json:"debugWithoutFilter,omitempty"`
+	// DebugAddress is Options.DebugAddress: a loopback host:port; "" none.
+	DebugAddress *string `json:"debugAddress,omitempty"`
 }
 
 // configNames are the JSON names of Config's fields, by Options field.
 var configNames = map[string]string{
-	"ShutdownDelay":      "shutdownDelay",
-	"GracePeriod":        "gracePeriod",
-	"CancelAfter":        "cancelAfter",
-	"SlowAfter":          "slowAfter",
-	"ReportAfter":        "reportAfter",
-	"ReportEvery":        "reportEvery",
-	"MaxConcurrent":      "maxConcurrent",
-	"DebugWithoutFilter": "debugWithoutFilter",
+	"ShutdownDelay": "shutdownDelay",
+	"GracePeriod":   "gracePeriod",
+	"CancelAfter":   "cancelAfter",
+	"SlowAfter":     "slowAfter",
+	"ReportAfter":   "reportAfter",
+	"ReportEvery":   "reportEvery",
+	"MaxConcurrent": "maxConcurrent",
+	"DebugAddress":  "debugAddress",
 }
 
 // UnmarshalJSON decodes c strictly and case-sensitively (sigs.k8s.io/json.UnmarshalStrict):
 // an unknown field, a duplicate one, or one whose name differs from a field's only in case
-// ("graceperiod", "debugwithoutfilter") is an error naming it. encoding/json, and so
+// ("graceperiod", "debugaddress") is an error naming it. encoding/json, and so
 // sigs.k8s.io/yaml, matches names regardless of case, the last one winning: a
 // "graceperiod: 1ns" written beside "gracePeriod: 25s" (Helm's toYaml sorts keys) would
 // override it. On an error c is as it was.
@@ -97,8 +98,8 @@ func (c Config) Apply(path string, opts *Options) error {
 	if c.MaxConcurrent != nil {
 		o.MaxConcurrent = *c.MaxConcurrent
 	}
-	if c.DebugWithoutFilter != nil {
-		o.DebugWithoutFilter = *c.DebugWithoutFilter
+	if c.DebugAddress != nil {
+		o.DebugAddress = *c.DebugAddress
 	}
 	o.fromConfig, o.configPrefix = true, ""
 	if path != "" {
@@ -108,7 +109,7 @@ func (c Config) Apply(path string, opts *Options) error {
 		return fmt.Errorf("failed to apply quiesce config: %s is %d: set it to 0 (unbounded) or more",
 			o.name("MaxConcurrent"), o.MaxConcurrent)
 	}
-	if err := checkDurations(o); err != nil {
+	if err := errors.Join(checkDurations(o), checkDebugAddress(o)); err != nil {
 		return fmt.Errorf("failed to apply quiesce config: %w", err)
 	}
 	*opts = o

@@ -40,7 +40,7 @@ quiesce:
   reportAfter: 2s
   reportEvery: 10s
   maxConcurrent: 4
-  debugWithoutFilter: true
+  debugAddress: 127.0.0.1:8083
 `)
 	opts := runnable.Options{SlowAfter: time.Hour}
 	if err := c.Quiesce.Apply("quiesce", &opts); err != nil {
@@ -48,11 +48,11 @@ quiesce:
 	}
 	want := runnable.Options{ShutdownDelay: 5 * time.Second, GracePeriod: time.Minute, CancelAfter: 50 * time.Second,
 		SlowAfter: 2 * time.Minute, ReportAfter: 2 * time.Second, ReportEvery: 10 * time.Second, MaxConcurrent: 4,
-		DebugWithoutFilter: true}
+		DebugAddress: "127.0.0.1:8083"}
 	if got := fmt.Sprint(opts.ShutdownDelay, opts.GracePeriod, opts.CancelAfter, opts.SlowAfter, opts.ReportAfter,
-		opts.ReportEvery, opts.MaxConcurrent, opts.DebugWithoutFilter); got != fmt.Sprint(want.ShutdownDelay,
+		opts.ReportEvery, opts.MaxConcurrent, opts.DebugAddress); got != fmt.Sprint(want.ShutdownDelay,
 		want.GracePeriod, want.CancelAfter, want.SlowAfter, want.ReportAfter, want.ReportEvery, want.MaxConcurrent,
-		want.DebugWithoutFilter) {
+		want.DebugAddress) {
 		t.Fatalf("Options = %s, want %+v", got, want)
 	}
 
@@ -73,13 +73,14 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"quiesce: {shutdownDelay: -1s}", "quiesce.shutdownDelay (ShutdownDelay) is -1s"},
 		{"quiesce: {gracePeriod: 10s, cancelAfter: 10s}", "quiesce.cancelAfter (CancelAfter) (10s) must be below quiesce.gracePeriod (GracePeriod) (10s)"},
 		{"quiesce: {maxConcurrent: -2}", "quiesce.maxConcurrent (MaxConcurrent) is -2"},
+		{"quiesce: {debugAddress: '0.0.0.0:8083'}", `quiesce.debugAddress (DebugAddress) is "0.0.0.0:8083": set a loopback host:port`},
 	} {
 		opts := runnable.Options{GracePeriod: time.Second}
 		err := decode(t, tc.file).Quiesce.Apply("quiesce", &opts)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: Apply = %v, want an error with %q", tc.file, err, tc.want)
 		}
-		if opts.GracePeriod != time.Second || opts.ShutdownDelay != 0 || opts.MaxConcurrent != 0 {
+		if opts.GracePeriod != time.Second || opts.ShutdownDelay != 0 || opts.MaxConcurrent != 0 || opts.DebugAddress != "" {
 			t.Errorf("%s: a failed Apply changed Options: %+v", tc.file, opts)
 		}
 	}
@@ -113,10 +114,10 @@ func TestConfigDecodedStrictly(t *testing.T) {
 
 // Keys that differ from a field's name only in case are refused, naming the key, whatever
 // the decoder: sigs.k8s.io/yaml (encoding/json) alone matches them to the field, the last
-// one winning (Helm's toYaml sorts keys: "debugwithoutfilter" comes after "debugWithoutFilter").
+// one winning (Helm's toYaml sorts keys: "debugaddress" comes after "debugAddress").
 func TestConfigDecodedCaseSensitively(t *testing.T) {
 	for _, tc := range []struct{ file, want string }{
-		{"quiesce: {debugWithoutFilter: false, debugwithoutfilter: true}", `unknown field "debugwithoutfilter"`},
+		{"quiesce: {debugAddress: '127.0.0.1:8083', debugaddress: '0.0.0.0:8083'}", `unknown field "debugaddress"`},
 		{"quiesce: {gracePeriod: 25s, graceperiod: 1ns}", `unknown field "graceperiod"`},
 		{"quiesce: {GracePeriod: 1ns}", `unknown field "GracePeriod"`},
 	} {
@@ -127,8 +128,8 @@ func TestConfigDecodedCaseSensitively(t *testing.T) {
 			var c operatorConfig
 			err := decode([]byte(tc.file), &c)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Errorf("%s(%s) = %v (gracePeriod %v, debugWithoutFilter %v), want an error with %q",
-					name, tc.file, err, c.Quiesce.GracePeriod, ptr.Deref(c.Quiesce.DebugWithoutFilter, false), tc.want)
+				t.Errorf("%s(%s) = %v (gracePeriod %v, debugAddress %q), want an error with %q",
+					name, tc.file, err, c.Quiesce.GracePeriod, ptr.Deref(c.Quiesce.DebugAddress, ""), tc.want)
 			}
 		}
 	}

@@ -16,12 +16,12 @@ import (
 //
 // The flags, each bound to the Options field of the same name, are:
 //
-//	--quiesce-shutdown-delay        ShutdownDelay
-//	--quiesce-grace-period          GracePeriod
-//	--quiesce-cancel-after          CancelAfter
-//	--quiesce-report-every          ReportEvery
-//	--quiesce-slow-after            SlowAfter
-//	--quiesce-debug-without-filter  DebugWithoutFilter
+//	--quiesce-shutdown-delay  ShutdownDelay
+//	--quiesce-grace-period    GracePeriod
+//	--quiesce-cancel-after    CancelAfter
+//	--quiesce-report-every    ReportEvery
+//	--quiesce-slow-after      SlowAfter
+//	--quiesce-debug-address   DebugAddress
 //
 // Each flag's default is the field's value when BindFlags is called, and a field left zero
 // is bound to the default that zero stands for (GracePeriod: 25s, ReportEvery: 5s,
@@ -54,7 +54,6 @@ func (o *Options) BindPFlags(fs *pflag.FlagSet) { o.bind(fs) }
 // definition of quiesce's flags serves both.
 type flagSet interface {
 	DurationVar(p *time.Duration, name string, value time.Duration, usage string)
-	BoolVar(p *bool, name string, value bool, usage string)
 	StringVar(p *string, name string, value string, usage string)
 }
 
@@ -65,12 +64,12 @@ var (
 
 // flagNames are the flags bound to the fields, by field.
 var flagNames = map[string]string{
-	"ShutdownDelay":      "quiesce-shutdown-delay",
-	"GracePeriod":        "quiesce-grace-period",
-	"CancelAfter":        "quiesce-cancel-after",
-	"ReportEvery":        "quiesce-report-every",
-	"SlowAfter":          "quiesce-slow-after",
-	"DebugWithoutFilter": "quiesce-debug-without-filter",
+	"ShutdownDelay": "quiesce-shutdown-delay",
+	"GracePeriod":   "quiesce-grace-period",
+	"CancelAfter":   "quiesce-cancel-after",
+	"ReportEvery":   "quiesce-report-every",
+	"SlowAfter":     "quiesce-slow-after",
+	"DebugAddress":  "quiesce-debug-address",
 }
 
 // Defaults of the fields (drain's, for the intervals) that a flag shows, and binds, for zero.
@@ -103,16 +102,9 @@ func (o *Options) bind(fs flagSet) {
 		"How often, while the operator waits for calls at its stop, it logs those still running and where.")
 	fs.DurationVar(&o.SlowAfter, flagNames["SlowAfter"], orDefault(o.SlowAfter, defaultSlowAfter),
 		"Calls running longer than this are logged as slow. Negative: never.")
-	fs.BoolVar(&o.DebugWithoutFilter, flagNames["DebugWithoutFilter"], o.DebugWithoutFilter,
-		"Serve /debug/quiesce (the objects in flight, the code lines they wait on) on the metrics port even "+
-			"when the metrics server authenticates no one: anyone who reaches the port can read it. "+
-			"Off: it is served only behind the metrics server's authentication.")
-	// TODO(lead): once Options.DebugAddress (the loopback debug listener) exists, bind it,
-	// and add "DebugAddress": "quiesce-debug-address" to flagNames:
-	//
-	//	fs.StringVar(&o.DebugAddress, flagNames["DebugAddress"], o.DebugAddress,
-	//		"Serve /debug/quiesce on this loopback address (e.g. 127.0.0.1:8082), to be reached with "+
-	//			"kubectl port-forward. Empty: not served there.")
+	fs.StringVar(&o.DebugAddress, flagNames["DebugAddress"], o.DebugAddress,
+		"Serve /debug/quiesce (the objects in flight, the code lines they wait on) on this loopback address "+
+			"(e.g. 127.0.0.1:8083), to be reached with kubectl port-forward. Empty: not served there.")
 }
 
 // name is how errors name a field: the field, after its path in the config file when

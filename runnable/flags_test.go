@@ -54,14 +54,14 @@ func TestBindFlags(t *testing.T) {
 			}
 			// Zero fields are bound to the defaults they stand for; others keep their value.
 			if opts.ShutdownDelay != 0 || opts.GracePeriod != 20*time.Second || opts.CancelAfter != 0 ||
-				opts.ReportEvery != 5*time.Second || opts.SlowAfter != time.Minute || opts.DebugWithoutFilter {
+				opts.ReportEvery != 5*time.Second || opts.SlowAfter != time.Minute || opts.DebugAddress != "" {
 				t.Fatalf("with no flags: %+v, want the values given, or the defaults, as defaults", opts)
 			}
 			if err := parse("--quiesce-shutdown-delay=5s", "--quiesce-grace-period=25s", "--quiesce-cancel-after=-1s",
-				"--quiesce-report-every=10s", "--quiesce-slow-after=-1s", "--quiesce-debug-without-filter"); err != nil {
+				"--quiesce-report-every=10s", "--quiesce-slow-after=-1s", "--quiesce-debug-address=127.0.0.1:8083"); err != nil {
 				t.Fatal(err)
 			}
-			if !opts.DebugWithoutFilter || opts.ShutdownDelay != 5*time.Second || opts.GracePeriod != 25*time.Second ||
+			if opts.DebugAddress != "127.0.0.1:8083" || opts.ShutdownDelay != 5*time.Second || opts.GracePeriod != 25*time.Second ||
 				opts.CancelAfter != -time.Second || opts.ReportEvery != 10*time.Second || opts.SlowAfter != -time.Second {
 				t.Fatalf("after the flags: %+v", opts)
 			}
@@ -105,6 +105,7 @@ func TestBoundFlagsInErrors(t *testing.T) {
 				{"--quiesce-cancel-after=30s",
 					"--quiesce-cancel-after (CancelAfter) (30s) must be below --quiesce-grace-period (GracePeriod) (25s)"},
 				{"--quiesce-shutdown-delay=-1s", "--quiesce-shutdown-delay (ShutdownDelay) is -1s"},
+				{"--quiesce-debug-address=:8083", `--quiesce-debug-address (DebugAddress) is ":8083": set a loopback host:port`},
 			} {
 				var opts runnable.Options
 				parse, _ := k.bind(&opts)

@@ -55,13 +55,9 @@ type Options struct {
 
 	// DebugAddress serves DebugPath on a listener of its own at this loopback address
 	// ("127.0.0.1:8083", "[::1]:8083", "localhost:8083"), reached with kubectl port-forward,
-	// for a metrics server without a FilterProvider. Flag: --quiesce-debug-address. "": none.
+	// for a metrics server without a FilterProvider. Flag: --quiesce-debug-address; config key:
+	// debugAddress. "": none.
 	DebugAddress string
-
-	// DebugWithoutFilter serves DebugPath on a metrics server without a FilterProvider.
-	//
-	// Deprecated: use DebugAddress, which serves it on loopback only.
-	DebugWithoutFilter bool
 
 	// Clock stamps calls and times reports, CancelAfter and ShutdownDelay. nil: the real clock.
 	Clock clock.WithTickerAndDelayedExecution

@@ -96,7 +96,7 @@ func checkDebugAddress(opts Options) error {
 
 // Add adds the Runnable of Setup to mgr, made by ctrl.NewManager(cfg, mgrOpts), once, before
 // mgr.Start, with the readyz check "quiesce", the metrics, and ServeHTTP at DebugPath: on the
-// metrics server when mgrOpts.Metrics has a FilterProvider (or DebugWithoutFilter), else not,
+// metrics server when mgrOpts.Metrics has a FilterProvider, else not,
 // saying so at V(1); and on Options.DebugAddress, stopped with the HTTP servers.
 //
 // The webhook server of Setup serves one manager. Each request is a tracked call named
@@ -187,13 +187,13 @@ func (r *Runnable) attach(mgr manager.Manager) error {
 
 // debugOnMetrics reports whether Add serves DebugPath on the metrics server, or says why not.
 func (r *Runnable) debugOnMetrics() bool {
-	m, s := r.setup.mgrOpts.Metrics, r.setup
+	m := r.setup.mgrOpts.Metrics
 	switch {
 	case m.BindAddress == "0":
 		r.log.V(1).Info("Not serving /debug/quiesce: the manager's metrics server is off", "path", DebugPath,
 			"howToServe", "set Options.DebugAddress (--quiesce-debug-address) to a loopback address")
 		return false
-	case m.FilterProvider == nil && !s.opts.DebugWithoutFilter:
+	case m.FilterProvider == nil:
 		r.log.V(1).Info("Not serving /debug/quiesce: the metrics server authenticates no one", "path", DebugPath,
 			"howToServe", "set Metrics.FilterProvider (kubebuilder: --metrics-secure), "+
 				"or Options.DebugAddress (--quiesce-debug-address) to a loopback address for kubectl port-forward")

@@ -237,7 +237,7 @@ func TestSetupConnectsTheManager(t *testing.T) {
 }
 
 // DebugPath is served on the metrics server only behind a FilterProvider of the Options given
-// to Setup, as they are at Add, never on a server that authenticates no one unless asked,
+// to Setup, as they are at Add, never on a server that authenticates no one,
 // and the reason it is not served is said at V(1) only.
 func TestSetupServesDebugFromTheRealMetricsServer(t *testing.T) {
 	filter := func(*rest.Config, *http.Client) (metricsserver.Filter, error) {
@@ -253,7 +253,6 @@ func TestSetupServesDebugFromTheRealMetricsServer(t *testing.T) {
 	}{
 		{"behind the filter", func(o *ctrl.Options) { o.Metrics.FilterProvider = filter }, nil, runnable.Options{}, true, ""},
 		{"no filter", nil, nil, runnable.Options{}, false, "the metrics server authenticates no one"},
-		{"no filter, asked for", nil, nil, runnable.Options{DebugWithoutFilter: true}, true, ""},
 		{"filter dropped after Setup", func(o *ctrl.Options) { o.Metrics.FilterProvider = filter },
 			func(o *ctrl.Options) { o.Metrics.FilterProvider = nil }, runnable.Options{}, false,
 			"the metrics server authenticates no one"},

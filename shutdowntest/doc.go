@@ -20,10 +20,11 @@
 // loopback ports (see Options.Flags) against one cluster: the suite's envtest control plane
 // (Options.Env: a user of its own), or any cluster given as a rest.Config or a kubeconfig; it
 // returns once its /readyz answers 200. PendingCount and PendingCalls read quiesce's
-// /debug/quiesce on the metrics server, over plain HTTP or, with Options.MetricsSecure, over
-// HTTPS with a bearer token; WaitLines waits for lines of the operator's log (n reconciles
-// working), WaitLeader for the leader-election lease (Options.LeaderElection). Stop sends
-// SIGTERM and waits for the exit; its Result reads the log in the formats controller-runtime
+// /debug/quiesce on a loopback listener of quiesce's own (Endpoints.Debug) or, with
+// Options.MetricsSecure, on the metrics server over HTTPS with a bearer token; WaitLines
+// waits for lines of the operator's log (n reconciles working), WaitLeader for the
+// leader-election lease (Options.LeaderElection). Stop sends SIGTERM and waits for the
+// exit; its Result reads the log in the formats controller-runtime
 // operators write (zap's console and JSON, slog's text and JSON), and Stop fails, naming
 // them, when it could read none of the operator's lines. For several replicas with webhooks, NewService stands for
 // the Kubernetes Service in front of them (Options.Service), and Every sends requests

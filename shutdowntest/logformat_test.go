@@ -27,7 +27,7 @@ func TestLogFormats(t *testing.T) {
 			ctx := t.Context()
 			op, err := shutdowntest.Start(ctx, shutdowntest.Options{
 				Package: "./testdata/logformats", Env: env, Output: t.Output(), LogPrefix: format + " | ",
-				Flags: demoOptions(env).Flags, Args: []string{"--log-format=" + format}, StopTimeout: 30 * time.Second,
+				Flags: serverFlags, Args: []string{"--log-format=" + format}, StopTimeout: 30 * time.Second,
 			})
 			g.Expect(err).NotTo(HaveOccurred())
 			t.Cleanup(op.Kill)

@@ -112,9 +112,9 @@ func TestMatchers(t *testing.T) {
 
 func TestKubebuilderFlags(t *testing.T) {
 	g := NewWithT(t)
-	e := Endpoints{Metrics: "127.0.0.1:1", Probe: "127.0.0.1:2"}
+	e := Endpoints{Metrics: "127.0.0.1:1", Probe: "127.0.0.1:2", Debug: "127.0.0.1:3"}
 	g.Expect(KubebuilderFlags(e)).To(Equal([]string{
-		"--metrics-bind-address=127.0.0.1:1", "--metrics-secure=false", "--quiesce-debug-without-filter",
+		"--metrics-bind-address=127.0.0.1:1", "--metrics-secure=false", "--quiesce-debug-address=127.0.0.1:3",
 		"--health-probe-bind-address=127.0.0.1:2",
 	}))
 

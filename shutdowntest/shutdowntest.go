@@ -99,8 +99,11 @@ type Options struct {
 	// (Endpoints.MetricsCertDir; KubebuilderFlags passes it as kubebuilder's
 	// --metrics-cert-path and leaves --metrics-secure at its default), and PendingCount and
 	// PendingCalls send a token (MetricsToken) over HTTPS to a server that proves it holds
-	// that certificate, and to no other. false: plain HTTP, and KubebuilderFlags passes
-	// --metrics-secure=false.
+	// that certificate, and to no other. false: the metrics server serves plain HTTP
+	// (KubebuilderFlags passes --metrics-secure=false), and quiesce, which serves
+	// /debug/quiesce on no server that authenticates no one, serves it on a loopback
+	// listener of its own (Endpoints.Debug; KubebuilderFlags passes --quiesce-debug-address),
+	// where PendingCount and PendingCalls read it.
 	MetricsSecure bool
 	// MetricsInsecureSkipVerify makes PendingCount and PendingCalls read a secure metrics
 	// server without verifying its certificate: for an operator whose main cannot be given
@@ -217,8 +220,11 @@ func (o *Options) setDefaults() error {
 
 // Endpoints are the addresses of the operator's servers.
 type Endpoints struct {
-	Metrics string // the metrics server, "127.0.0.1:port": /metrics and /debug/quiesce
+	Metrics string // the metrics server, "127.0.0.1:port": /metrics, and /debug/quiesce with MetricsSecure
 	Probe   string // the health probe server, "127.0.0.1:port": /healthz and /readyz
+	// Debug is quiesce's debug listener (runnable.Options.DebugAddress), "127.0.0.1:port":
+	// /debug/quiesce when the metrics server is not secure; "" with MetricsSecure.
+	Debug string
 
 	// MetricsSecure is Options.MetricsSecure: the metrics server serves HTTPS with
 	// authentication.
@@ -247,15 +253,18 @@ type Endpoints struct {
 // KubebuilderFlags are the flags of a kubebuilder (go/v4) scaffold's main.go for e:
 // --metrics-bind-address, --metrics-secure=false unless Options.MetricsSecure (the scaffold
 // serves metrics over HTTPS with authentication by default) with
-// --quiesce-debug-without-filter, so that quiesce serves /debug/quiesce on that plain-HTTP
-// loopback server (bound by runnable.Options.BindFlags, as the adoption diff does; a main
-// that binds no quiesce flags needs Options.Flags), --health-probe-bind-address,
+// --quiesce-debug-address=Endpoints.Debug, so that quiesce serves /debug/quiesce on a
+// loopback listener of its own (bound by runnable.Options.BindFlags, as the adoption diff
+// does; a main that binds no quiesce flags needs Options.Flags), --health-probe-bind-address,
 // --leader-elect with Options.LeaderElection, and, when Env installs webhooks,
 // --webhook-cert-path and --webhook-port (the scaffold's flags for its webhook server).
 func KubebuilderFlags(e Endpoints) []string {
 	flags := []string{"--metrics-bind-address=" + e.Metrics}
 	if !e.MetricsSecure {
-		flags = append(flags, "--metrics-secure=false", "--quiesce-debug-without-filter")
+		flags = append(flags, "--metrics-secure=false")
+	}
+	if e.Debug != "" {
+		flags = append(flags, "--quiesce-debug-address="+e.Debug)
 	}
 	if e.MetricsCertDir != "" {
 		flags = append(flags, "--metrics-cert-path="+e.MetricsCertDir)
@@ -606,6 +615,11 @@ func endpoints(opts Options) (Endpoints, error) {
 	if e.Probe, err = freeAddr("127.0.0.1"); err != nil {
 		return Endpoints{}, err
 	}
+	if !opts.MetricsSecure {
+		if e.Debug, err = freeAddr("127.0.0.1"); err != nil {
+			return Endpoints{}, err
+		}
+	}
 	if opts.Env != nil {
 		webhookEndpoints(opts.Env, &e)
 	}
@@ -790,9 +804,10 @@ func (o *Operator) waitLines(ctx context.Context, what string, n int, match func
 }
 
 // PendingCount returns how many calls quiesce tracks in the operator right now: the count of
-// GET /debug/quiesce on its metrics server (an error until the server listens). It captures
-// no stacks, so it is cheap to poll. Wait for a state with it, e.g. in Gomega (whose default
-// timeout, 1s, is short for an operator's start):
+// GET /debug/quiesce (on Endpoints.Debug, or with Options.MetricsSecure on the metrics
+// server; an error until the server listens). It captures no stacks, so it is cheap to
+// poll. Wait for a state with it, e.g. in Gomega (whose default timeout, 1s, is short for an
+// operator's start):
 //
 //	Eventually(op.PendingCount).WithContext(ctx).WithTimeout(time.Minute).Should(BeNumerically(">=", 3))
 func (o *Operator) PendingCount(ctx context.Context) (int, error) {
@@ -813,7 +828,7 @@ type PendingCall struct {
 }
 
 // PendingCalls returns the calls quiesce tracks in the operator right now, oldest first
-// (GET /debug/quiesce on its metrics server; each request captures the goroutines' stacks,
+// (GET /debug/quiesce, as PendingCount; each request captures the goroutines' stacks,
 // so poll PendingCount and read the calls once). E.g.:
 //
 //	calls, err := op.PendingCalls(ctx)
@@ -832,10 +847,10 @@ func (o *Operator) PendingCalls(ctx context.Context) ([]PendingCall, error) {
 	return calls, nil
 }
 
-// debugState GETs /debug/quiesce with query on the metrics server and returns its count and
-// calls.
+// debugState GETs /debug/quiesce with query (on the secure metrics server, or on the debug
+// listener) and returns its count and calls.
 func (o *Operator) debugState(ctx context.Context, query string) (int, []internal.Entry, error) {
-	url := o.metricsURL() + runnable.DebugPath + query
+	url := o.debugURL() + runnable.DebugPath + query
 	token, err := o.metricsToken(ctx)
 	if err != nil {
 		return 0, nil, err
@@ -1010,12 +1025,13 @@ func (o *Operator) result() *Result {
 	return res
 }
 
-// metricsURL returns the metrics server's URL, without a path.
-func (o *Operator) metricsURL() string {
+// debugURL returns the URL, without a path, of the server of /debug/quiesce: the secure
+// metrics server, or the debug listener.
+func (o *Operator) debugURL() string {
 	if o.opts.MetricsSecure {
 		return "https://" + o.endpoints.Metrics
 	}
-	return "http://" + o.endpoints.Metrics
+	return "http://" + o.endpoints.Debug
 }
 
 // get GETs url with c, bounded by requestTimeout, with token as bearer token unless it is

@@ -96,15 +96,20 @@ const (
 // stubborn is the main package of an operator that ignores SIGTERM.
 const stubborn = "./testdata/stubborn"
 
+// serverFlags are the flags of a main with a metrics and a probe server and nothing more.
+func serverFlags(e shutdowntest.Endpoints) []string {
+	return []string{"--metrics-bind-address=" + e.Metrics, "--health-probe-bind-address=" + e.Probe}
+}
+
 // demoOptions run examples/demo-operator, which has no --metrics-secure flag: its metrics
-// server always serves plain HTTP.
+// server always serves plain HTTP, and /debug/quiesce on its debug listener.
 func demoOptions(env *envtest.Environment, args ...string) shutdowntest.Options {
 	return shutdowntest.Options{
 		Package: "./examples/demo-operator",
 		Dir:     "..",
 		Env:     env,
 		Flags: func(e shutdowntest.Endpoints) []string {
-			return []string{"--metrics-bind-address=" + e.Metrics, "--health-probe-bind-address=" + e.Probe}
+			return append(serverFlags(e), "--quiesce-debug-address="+e.Debug)
 		},
 		Args:        args,
 		StopTimeout: 30 * time.Second,

@@ -55,7 +55,7 @@ func TestWhatWouldAStopLose(t *testing.T) {
 	}
 
 	plain, written := run("without-quiesce", shutdowntest.Options{Package: "./testdata/plain", Env: env,
-		Flags: demoOptions(env).Flags, Args: []string{"--work=5s"}, StopTimeout: 30 * time.Second})
+		Flags: serverFlags, Args: []string{"--work=5s"}, StopTimeout: 30 * time.Second})
 	g := NewWithT(t)
 	g.Expect(plain.Cut()).To(HaveLen(3))
 	g.Expect(plain.Cut()).To(HaveEach(HaveField("Error", ContainSubstring("context canceled"))))
@@ -65,7 +65,7 @@ func TestWhatWouldAStopLose(t *testing.T) {
 	// Reconciles that ignore their context outlive the manager's 1s graceful shutdown timeout:
 	// it gives up, main exits 1, and the process's exit abandons them mid-work.
 	hung, written := run("hung-without-quiesce", shutdowntest.Options{Package: "./testdata/plain", Env: env,
-		Flags: demoOptions(env).Flags, StopTimeout: 10 * time.Second,
+		Flags: serverFlags, StopTimeout: 10 * time.Second,
 		Args: []string{"--work=60s", "--ignore-context", "--graceful-shutdown-timeout=1s"}})
 	g.Expect(hung.GaveUp).To(BeTrue())
 	g.Expect(hung.Killed).To(BeFalse())

@@ -116,7 +116,7 @@ func TestChart(t *testing.T) {
 	}{
 		{name: "the chart's values"},
 		{name: "every quiesce setting", values: q("cancelAfter", "20s", "reportEvery", "10s", "slowAfter", "2m",
-			"debugWithoutFilter", true)},
+			"debugAddress", "127.0.0.1:8083")},
 		{name: "kubebuilder's 10s", values: nest("terminationGracePeriodSeconds", 10),
 			want: "terminationGracePeriodSeconds (10s) must exceed --quiesce-shutdown-delay (10s) + --graceful-shutdown-timeout (30s)"},
 		{name: "gracefulShutdownTimeout left out: the default 30s counts",
@@ -157,12 +157,12 @@ var hostile = []struct {
 	{"terminationGracePeriodSeconds", "/terminationGracePeriodSeconds",
 		nest("terminationGracePeriodSeconds", "45\n      hostPID: true\n      hostNetwork: true")},
 	{"an arg of its own", "/quiesce/gracePeriod",
-		nest("quiesce", nest("shutdownDelay", "10s", "gracePeriod", "25s\n            - --quiesce-debug-without-filter"))},
+		nest("quiesce", nest("shutdownDelay", "10s", "gracePeriod", "25s\n            - --quiesce-cancel-after=1ns"))},
 	{"a quoted arg of its own", "/quiesce/shutdownDelay",
-		nest("quiesce", nest("shutdownDelay", "10s\"\n            - \"--quiesce-debug-without-filter", "gracePeriod", "25s"))},
-	{"two flags in one arg", "/logFormat", nest("logFormat", "text --quiesce-debug-without-filter")},
+		nest("quiesce", nest("shutdownDelay", "10s\"\n            - \"--quiesce-cancel-after=1ns", "gracePeriod", "25s"))},
+	{"two flags in one arg", "/logFormat", nest("logFormat", "text --quiesce-cancel-after=1ns")},
 	{"a flag in another case", "/quiesce",
-		nest("quiesce", nest("shutdownDelay", "10s", "gracePeriod", "25s", "debugwithoutfilter", true))},
+		nest("quiesce", nest("shutdownDelay", "10s", "gracePeriod", "25s", "debugaddress", "0.0.0.0:8083"))},
 	{"a number as a duration", "/quiesce/gracePeriod", nest("quiesce", nest("shutdownDelay", "10s", "gracePeriod", 25))},
 	{"image", "/image", nest("image", "evil:1\"\n          securityContext: {privileged: true}\n          x: \"")},
 	{"probe period", "/readinessProbe/periodSeconds",
@@ -173,7 +173,7 @@ var hostile = []struct {
 // Hostile values are refused by helm lint and helm template (values.schema.json), naming
 // where; and the templates alone, without the schema, render them inert: the Deployment is
 // the chart's own but for the value's own field, with as many args, each for the same flag,
-// and the debug view the values try to switch on stays off.
+// and the setting the values try to slip in (cancelling calls at once) stays unset.
 func TestChartHostileValues(t *testing.T) {
 	want, err := render(t, chart, nil)
 	if err != nil {
@@ -214,12 +214,40 @@ func TestChartHostileValues(t *testing.T) {
 			if !equality.Semantic.DeepEqual(got, want) {
 				t.Fatalf("without the schema, the value changed the Deployment beyond its own field:\n%+v", got.Spec.Template.Spec)
 			}
-			// What the values try to switch on stays off: the operator refuses the arg, or reads it
+			// What the values try to slip in stays unset: the operator refuses the arg, or reads it
 			// as the value of its own flag.
-			if o, err := parseArgs(changed); err == nil && o.quiesce.DebugWithoutFilter {
-				t.Errorf("without the schema, %q switch the debug view on", changed)
+			if o, err := parseArgs(changed); err == nil && o.quiesce.CancelAfter == time.Nanosecond {
+				t.Errorf("without the schema, %q set --quiesce-cancel-after", changed)
 			}
 		})
+	}
+}
+
+// debugAddress is refused off loopback by values.schema.json, naming where, and without
+// the schema by the operator's setup, naming the flag.
+func TestChartDebugAddressOnLoopbackOnly(t *testing.T) {
+	noSchema := helmtest.WithoutSchema(t, chart)
+	for _, tc := range []struct {
+		addr     string
+		loopback bool
+	}{
+		{"127.0.0.1:8083", true}, {"[::1]:8083", true}, {"localhost:8083", true},
+		{"0.0.0.0:8083", false}, {":8083", false}, {"10.0.0.1:8083", false},
+	} {
+		values := map[string]any{"quiesce": nest("debugAddress", tc.addr)}
+		err := helmtest.Lint(t, chart, values)
+		if tc.loopback != (err == nil) || err != nil && !strings.Contains(err.Error(), "/quiesce/debugAddress") {
+			t.Errorf("%s: helm lint --strict = %v, want an error at /quiesce/debugAddress exactly off loopback", tc.addr, err)
+		}
+		d, err := render(t, noSchema, values)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = checkBudget(d)
+		want := fmt.Sprintf("--quiesce-debug-address (DebugAddress) is %q: set a loopback host:port", tc.addr)
+		if tc.loopback && err != nil || !tc.loopback && (err == nil || !strings.Contains(err.Error(), want)) {
+			t.Errorf("%s: checkBudget = %v, want an error with %q exactly off loopback", tc.addr, err, want)
+		}
 	}
 }
 

@@ -42,7 +42,7 @@ func TestHelp(t *testing.T) {
 		"--quiesce-cancel-after duration", "4/5 of the grace period",
 		"--quiesce-report-every duration", "(default 5s)",
 		"--quiesce-slow-after duration", "(default 1m0s)",
-		"--quiesce-debug-without-filter",
+		"--quiesce-debug-address string",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("--help lacks %q:\n%s", want, out)
@@ -58,14 +58,14 @@ func TestHelp(t *testing.T) {
 
 // The args a Deployment passes reach quiesce's Options; the defaults are the real ones.
 func TestFlags(t *testing.T) {
-	_, o, err := execute("--quiesce-shutdown-delay=10s", "--quiesce-cancel-after=1ns", "--quiesce-debug-without-filter",
+	_, o, err := execute("--quiesce-shutdown-delay=10s", "--quiesce-cancel-after=1ns", "--quiesce-debug-address=127.0.0.1:8083",
 		"--graceful-shutdown-timeout=40s", "--log-format=json")
 	if err != nil || o == nil {
 		t.Fatalf("execute: %v", err)
 	}
 	q := o.quiesce
 	if q.ShutdownDelay != 10*time.Second || q.GracePeriod != 25*time.Second || q.CancelAfter != time.Nanosecond ||
-		!q.DebugWithoutFilter || o.gracefulShutdownTimeout != 40*time.Second || o.logFormat != "json" {
+		q.DebugAddress != "127.0.0.1:8083" || o.gracefulShutdownTimeout != 40*time.Second || o.logFormat != "json" {
 		t.Fatalf("options = %+v", o)
 	}
 }
@@ -75,7 +75,7 @@ func TestBadValuesNameTheFlag(t *testing.T) {
 	for _, tc := range []struct{ arg, want string }{
 		{"--quiesce-grace-period=soon", `invalid argument "soon" for "--quiesce-grace-period" flag`},
 		{"--quiesce-shutdown-delay=10", `"--quiesce-shutdown-delay" flag: time: missing unit in duration "10"`},
-		{"--quiesce-debugwithoutfilter", "unknown flag: --quiesce-debugwithoutfilter"},
+		{"--quiesce-debugaddress=127.0.0.1:8083", "unknown flag: --quiesce-debugaddress"},
 		{"--log-format=xml", `--log-format is "xml": set it to text or json`},
 	} {
 		_, ran, err := execute(tc.arg)

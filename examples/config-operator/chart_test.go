@@ -210,9 +210,11 @@ var hostile = []struct {
 	{"webhook port", "/config/webhook/port", cfg("webhook", nest("port", "9443, hostPort: 9443"))},
 	{"image", "/image", map[string]any{"image": "evil:1\"\n          securityContext: {privileged: true}\n          x: \""}},
 	{"a config key in another case", "/config/quiesce",
-		cfg("quiesce", nest("debugwithoutfilter", true))},
+		cfg("quiesce", nest("debugaddress", "127.0.0.1:8083"))},
 	{"a duration with a line of its own", "/config/quiesce/gracePeriod",
-		cfg("quiesce", nest("gracePeriod", "20s\n    debugWithoutFilter: true"))},
+		cfg("quiesce", nest("gracePeriod", "20s\n    debugAddress: 127.0.0.1:8083"))},
+	{"the debug view on the pod's network", "/config/quiesce/debugAddress",
+		cfg("quiesce", nest("debugAddress", "0.0.0.0:8083"))},
 	{"an unknown key", "/config", cfg("webhookk", nest("port", 1))},
 }
 

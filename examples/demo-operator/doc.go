@@ -16,9 +16,10 @@
 //     (reconcilers.Daemons): it logs a line every 2s for as long as the ConfigMap exists,
 //     stops when it is deleted, and stops at once on SIGTERM, when the drain begins.
 //
-// With --metrics-bind-address, its metrics server serves /metrics and quiesce's
-// /debug/quiesce (the pending calls as JSON) over plain HTTP, without authentication: fine
-// for a demo on 127.0.0.1, not for a deployed operator.
+// With --metrics-bind-address, its metrics server serves /metrics over plain HTTP, without
+// authentication: fine for a demo on 127.0.0.1, not for a deployed operator. quiesce serves
+// its /debug/quiesce (the pending calls as JSON) on no such server: with
+// --quiesce-debug-address (e.g. 127.0.0.1:8083) on a loopback listener of its own.
 //
 // On SIGTERM or SIGINT the manager stops and the quiesce runnable drains the executor. A
 // second signal exits at once with code 1 (controller-runtime's signal handler). The exit

@@ -31,6 +31,7 @@ func main() {
 	var (
 		metricsAddr string
 		probeAddr   string
+		debugAddr   string
 		grace       time.Duration
 		reportAfter time.Duration
 		reportEvery time.Duration
@@ -39,8 +40,9 @@ func main() {
 		workers     int
 	)
 	flag.StringVar(&metricsAddr, "metrics-bind-address", "0",
-		"The address the metrics server (/metrics and quiesce's /debug/quiesce) binds to, "+
-			"plain HTTP without authentication; 0 disables it.")
+		"The address the metrics server (/metrics) binds to, plain HTTP without authentication; 0 disables it.")
+	flag.StringVar(&debugAddr, "quiesce-debug-address", "",
+		"The loopback address quiesce serves /debug/quiesce on (e.g. 127.0.0.1:8083); empty: none.")
 	flag.StringVar(&probeAddr, "health-probe-bind-address", "0",
 		"The address the probe endpoint binds to; 0 disables it.")
 	flag.DurationVar(&grace, "grace-period", 6*time.Second,
@@ -68,6 +70,7 @@ func main() {
 	os.Exit(run(setupLog, managerConfig{
 		metricsAddr: metricsAddr,
 		probeAddr:   probeAddr,
+		debugAddr:   debugAddr,
 		grace:       grace,
 		reportAfter: reportAfter,
 		reportEvery: reportEvery,
@@ -78,7 +81,7 @@ func main() {
 }
 
 type managerConfig struct {
-	metricsAddr, probeAddr                       string
+	metricsAddr, probeAddr, debugAddr            string
 	grace, reportAfter, reportEvery, cancelAfter time.Duration
 	work                                         time.Duration
 	workers                                      int
@@ -101,9 +104,10 @@ func run(setupLog logr.Logger, c managerConfig) int {
 	// The manager must wait for its runnables a bit longer than the runnable waits for its
 	// calls, so that the runnable can name what it abandons before the manager gives up.
 	shutdownTimeout := c.grace + 2*time.Second
-	// The metrics server, and quiesce's /debug/quiesce on it, serve plain HTTP without
-	// authentication: fine for the demo, which binds it to 127.0.0.1. A deployed operator
-	// sets SecureServing and a FilterProvider, as kubebuilder scaffolds do.
+	// The metrics server serves plain HTTP without authentication: fine for the demo, which
+	// binds it to 127.0.0.1. A deployed operator sets SecureServing and a FilterProvider, as
+	// kubebuilder scaffolds do. quiesce serves /debug/quiesce on no server that authenticates
+	// no one: the demo reads it on a loopback listener of its own (DebugAddress).
 	mgrOpts := ctrl.Options{
 		Scheme:                  scheme.Scheme,
 		Metrics:                 metricsserver.Options{BindAddress: c.metricsAddr},
@@ -116,12 +120,11 @@ func run(setupLog logr.Logger, c managerConfig) int {
 	// checks GracePeriod against (GracefulShutdownTimeout).
 	cfg := ctrl.GetConfigOrDie()
 	q, err := runnable.Setup(cfg, &mgrOpts, runnable.Options{
-		// The demo serves /debug/quiesce without authentication, on 127.0.0.1 (see above).
-		DebugWithoutFilter: true,
-		GracePeriod:        c.grace,
-		ReportAfter:        c.reportAfter,
-		ReportEvery:        c.reportEvery,
-		CancelAfter:        c.cancelAfter,
+		DebugAddress: c.debugAddr,
+		GracePeriod:  c.grace,
+		ReportAfter:  c.reportAfter,
+		ReportEvery:  c.reportEvery,
+		CancelAfter:  c.cancelAfter,
 	})
 	if err != nil {
 		setupLog.Error(err, "Failed to set up quiesce")

@@ -33,8 +33,6 @@ const (
 	labelValue         = "quiesce"
 	snapshotAnnotation = "quiesce.dev/snapshot"
 	startedMessage     = "Handler started"
-	// controller-runtime logs it once the metrics server listens.
-	metricsServingMessage = "Serving metrics server"
 )
 
 // How long the demo waits for things that take no time on an idle machine.
@@ -226,13 +224,14 @@ func run(ctx context.Context, cfg config) (res result, err error) {
 		return res, err
 	}
 	// The operator gets a kubeconfig of its own, as it would in a cluster, and its metrics
-	// server (and /debug/quiesce) and probes on free loopback ports.
+	// server, probes and quiesce's debug listener (/debug/quiesce) on free loopback ports.
 	op, err := shutdowntest.Start(ctx, shutdowntest.Options{
 		Binary: bin,
 		Env:    env,
 		Flags: func(e shutdowntest.Endpoints) []string { // called once, just before the start
 			// The demo operator has no --metrics-secure: its metrics server serves plain HTTP.
-			flags := []string{"--metrics-bind-address=" + e.Metrics, "--health-probe-bind-address=" + e.Probe}
+			flags := []string{"--metrics-bind-address=" + e.Metrics, "--health-probe-bind-address=" + e.Probe,
+				"--quiesce-debug-address=" + e.Debug}
 			say("starting the operator: %s %s",
 				filepath.Base(bin), strings.Join(append(flags, cfg.operatorArgs()...), " "))
 			return flags
@@ -258,17 +257,14 @@ func run(ctx context.Context, cfg config) (res result, err error) {
 	if err := waitFor(ctx, op, startedMessage, cfg.Objects); err != nil {
 		return res, err
 	}
-	// The metrics server listens before the controllers start; its line says so.
-	if err := waitFor(ctx, op, metricsServingMessage, 1); err != nil {
-		return res, err
-	}
-	url := "http://" + op.Endpoints().Metrics + runnable.DebugPath
+	// The debug listener listens from before the manager's start: no need to wait for it.
+	url := "http://" + op.Endpoints().Debug + runnable.DebugPath
 	if res.Debug, err = fetch(ctx, url); err != nil {
 		return res, err
 	}
 	// The narration and the JSON in one write, so that no log line of the operator splits them.
-	_, _ = fmt.Fprintf(out, "==> all %d handlers started; GET %s (the operator's metrics server, plain HTTP "+
-		"for the demo) lists its pending calls, where each waits and its handler's line:\n%s\n",
+	_, _ = fmt.Fprintf(out, "==> all %d handlers started; GET %s (quiesce's debug listener, on loopback "+
+		"only) lists its pending calls, where each waits and its handler's line:\n%s\n",
 		cfg.Objects, url, indent(res.Debug))
 	say("sending SIGTERM to the operator (pid %d); it has %s to finish (contexts cancelled at %s)",
 		op.Pid(), cfg.GracePeriod, cfg.CancelAfter)

@@ -2,8 +2,8 @@
 //
 // It starts an envtest control plane (kube-apiserver and etcd from KUBEBUILDER_ASSETS, which
 // `make demo` sets from hack/setup-envtest.sh), builds examples/demo-operator and runs it as
-// a separate process, its metrics server on a free 127.0.0.1 port (plain HTTP, fine for a
-// demo), and creates --objects ConfigMaps for it (--hanging of them with a handler that
+// a separate process, its metrics server and quiesce's debug listener on free 127.0.0.1
+// ports (plain HTTP, fine for a demo), and creates --objects ConfigMaps for it (--hanging of them with a handler that
 // hangs, the others with one that finishes in --work). Once every handler started, it
 // fetches the operator's /debug/quiesce and prints the JSON (each pending call, where it
 // waits and its handler's line), then sends the operator SIGTERM. The operator's log streams

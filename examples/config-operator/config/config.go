@@ -89,8 +89,8 @@ func (c *Config) Options(scheme *runtime.Scheme) (ctrl.Options, runnable.Options
 	}
 	mgrOpts := ctrl.Options{
 		Scheme: scheme,
-		// Plain HTTP metrics: quiesce serves /debug/quiesce only behind a FilterProvider (see
-		// runnable.Options.DebugWithoutFilter), which this example leaves out.
+		// Plain HTTP metrics: quiesce serves /debug/quiesce there only behind a FilterProvider,
+		// which this example leaves out (quiesce.debugAddress serves it on loopback instead).
 		Metrics:                metricsserver.Options{BindAddress: orDefault(c.MetricsAddr, ":8080")},
 		HealthProbeBindAddress: orDefault(c.ProbeAddr, ":8081"),
 		LeaderElection:         c.LeaderElect,

@@ -22,7 +22,7 @@ func main() {
 	probe := flag.String("health-probe-bind-address", "", "")
 	flag.String("metrics-bind-address", "", "")
 	flag.Bool("metrics-secure", true, "")
-	flag.Bool("quiesce-debug-without-filter", false, "") // runnable.Options.BindFlags binds it
+	flag.String("quiesce-debug-address", "", "") // runnable.Options.BindFlags binds it
 	long := flag.Int("long-line", 0, "bytes of the long line")
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stdout, nil))

@@ -17,7 +17,7 @@ func main() {
 	probe := flag.String("health-probe-bind-address", "", "")
 	flag.String("metrics-bind-address", "", "")
 	flag.Bool("metrics-secure", true, "")
-	flag.Bool("quiesce-debug-without-filter", false, "") // runnable.Options.BindFlags binds it
+	flag.String("quiesce-debug-address", "", "") // runnable.Options.BindFlags binds it
 	flag.Parse()
 	c := make(chan os.Signal, 1)
 	signal.Notify(c, syscall.SIGTERM, os.Interrupt)

@@ -31,7 +31,9 @@ var _ = Describe("runnable.Setup", func() {
 			LeaderElectionReleaseOnCancel: true,
 			LeaseDuration:                 ptr.To(4 * time.Second),
 			RenewDeadline:                 ptr.To(3 * time.Second),
-			RetryPeriod:                   ptr.To(200 * time.Millisecond),
+			// Renewals 1s apart: a stop that cancels a renewal in flight leaves client-go's lock
+			// with a stale resourceVersion, and its release then conflicts (with or without quiesce).
+			RetryPeriod: ptr.To(time.Second),
 		}
 	}
 
@@ -58,6 +60,12 @@ var _ = Describe("runnable.Setup", func() {
 			}
 			return ptr.Deref(lease.Spec.HolderIdentity, "")
 		}).ShouldNot(BeEmpty())
+		// The elector renews at once after acquiring: stop between renewals, not during that one.
+		Eventually(func() bool {
+			Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: "quiesce-setup"}, &lease)).To(Succeed())
+			return lease.Spec.RenewTime != nil && lease.Spec.AcquireTime != nil &&
+				lease.Spec.RenewTime.After(lease.Spec.AcquireTime.Time)
+		}).Should(BeTrue())
 		stop()
 		Expect(<-done).To(Succeed())
 		Expect(q.Err()).NotTo(HaveOccurred())

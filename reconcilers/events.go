@@ -38,16 +38,16 @@ type eventer struct {
 	failed     sync.Once
 }
 
-// newEventer returns the eventer of o; it panics on misconfiguration, at setup.
-func newEventer[R comparable](controller string, o WrapOptions) *eventer {
+// newEventer returns the eventer of o; it panics on misconfiguration, at setup, naming fn.
+func newEventer[R comparable](fn, controller string, o WrapOptions) *eventer {
 	var zero R
 	if _, ok := any(zero).(reconcile.Request); !ok {
-		panic(fmt.Sprintf("reconcilers.WrapTyped(%q): WrapOptions.Recorder needs reconcile.Request requests, not %T",
-			controller, zero))
+		panic(fmt.Sprintf("reconcilers.%s(%q): WrapOptions.Recorder needs reconcile.Request requests, not %T",
+			fn, controller, zero))
 	}
 	if internal.IsNil(o.Reader) || internal.IsNil(o.Object) {
-		panic(fmt.Sprintf("reconcilers.Wrap(%q): WrapOptions.Recorder needs WrapOptions.Reader and WrapOptions.Object "+
-			"(Reader nil: %t, Object nil: %t)", controller, internal.IsNil(o.Reader), internal.IsNil(o.Object)))
+		panic(fmt.Sprintf("reconcilers.%s(%q): WrapOptions.Recorder needs WrapOptions.Reader and WrapOptions.Object "+
+			"(Reader nil: %t, Object nil: %t)", fn, controller, internal.IsNil(o.Reader), internal.IsNil(o.Object)))
 	}
 	return &eventer{rec: o.Recorder, reader: o.Reader, obj: o.Object, controller: controller, locations: o.EventLocations}
 }

@@ -20,12 +20,6 @@ import (
 // DefaultRequeueAfter is the default of WrapOptions.RequeueAfter.
 const DefaultRequeueAfter = time.Second
 
-type options struct {
-	requeueAfter time.Duration
-	events       *eventer // nil without WrapOptions.Recorder
-	cancelAtStop bool
-}
-
 // StopPolicy is what the drain does with a controller's reconciles in flight when the stop
 // begins (WrapOptions.Stop). docs/stop-policy.md helps choose.
 type StopPolicy int
@@ -85,13 +79,7 @@ type WrapOptions struct {
 // A nil ex means untracked: r runs as given and Call inside it runs fn directly; the first
 // Reconcile logs so once. Wrap panics on misuse (package doc, "Setup misuse").
 func Wrap(ex *drain.Executor, controller string, r reconcile.Reconciler, opts WrapOptions) reconcile.Reconciler {
-	if internal.IsNil(r) {
-		panic(fmt.Sprintf("reconcilers.Wrap(%q): nil reconciler", controller))
-	}
-	if controller == "" {
-		panic("reconcilers.Wrap: empty controller name (pass the controller's name, as given to the builder's Named)")
-	}
-	return WrapTyped(ex, controller, r, opts)
+	return wrap("Wrap", ex, controller, r, opts)
 }
 
 // WrapTyped is Wrap for a reconcile.TypedReconciler, the call named "<controller>/<request>"
@@ -99,39 +87,49 @@ func Wrap(ex *drain.Executor, controller string, r reconcile.Reconciler, opts Wr
 func WrapTyped[R comparable](
 	ex *drain.Executor, controller string, r reconcile.TypedReconciler[R], opts WrapOptions,
 ) reconcile.TypedReconciler[R] {
-	if internal.IsNil(r) {
-		panic(fmt.Sprintf("reconcilers.WrapTyped(%q): nil reconciler", controller))
+	return wrap("WrapTyped", ex, controller, r, opts)
+}
+
+// wrap is Wrap and WrapTyped; fn names the one called in its panics.
+func wrap[R comparable](
+	fn string, ex *drain.Executor, controller string, r reconcile.TypedReconciler[R], opts WrapOptions,
+) reconcile.TypedReconciler[R] {
+	switch {
+	case internal.IsNil(r):
+		panic(fmt.Sprintf("reconcilers.%s(%q): nil reconciler", fn, controller))
+	case controller == "":
+		panic("reconcilers." + fn + ": empty controller name (pass the controller's name, as given to the builder's Named)")
+	case opts.Stop != FinishAtStop && opts.Stop != CancelAtStop:
+		panic(fmt.Sprintf("reconcilers.%s(%q): unknown WrapOptions.Stop %d (use FinishAtStop or CancelAtStop)",
+			fn, controller, opts.Stop))
 	}
-	if controller == "" {
-		panic("reconcilers.WrapTyped: empty controller name (pass the controller's name, as given to the builder's Named)")
-	}
-	if opts.Stop != FinishAtStop && opts.Stop != CancelAtStop {
-		panic(fmt.Sprintf("reconcilers.WrapTyped(%q): unknown WrapOptions.Stop %d (use FinishAtStop or CancelAtStop)",
-			controller, opts.Stop))
-	}
-	o := options{requeueAfter: opts.RequeueAfter, cancelAtStop: opts.Stop == CancelAtStop}
-	if o.requeueAfter <= 0 {
-		o.requeueAfter = DefaultRequeueAfter
+	w := &wrapped[R]{r: r, controller: controller, name: namer[R](controller),
+		requeueAfter: opts.RequeueAfter, cancelAtStop: opts.Stop == CancelAtStop}
+	if w.requeueAfter <= 0 {
+		w.requeueAfter = DefaultRequeueAfter
 	}
 	if !internal.IsNil(opts.Recorder) {
-		o.events = newEventer[R](controller, opts) // checked without an executor too
+		w.events = newEventer[R](fn, controller, opts) // checked without an executor too
 	}
 	if ex == nil {
 		return &untrackedReconciler[R]{r: r, controller: controller}
 	}
-	if o.events != nil {
-		internal.Of(ex).Settings().Observers.Add(o.events)
+	w.ex = internal.Of(ex)
+	if w.events != nil {
+		w.ex.Settings().Observers.Add(w.events)
 	}
-	return &wrapped[R]{ex: internal.Of(ex), r: r, opts: o, controller: controller, name: namer[R](controller)}
+	return w
 }
 
 type wrapped[R comparable] struct {
-	ex         internal.Core
-	r          reconcile.TypedReconciler[R]
-	opts       options
-	controller string
-	name       func(R) (name, namespace, object string) // the call's name for a request
-	refusedLog sync.Once
+	ex           internal.Core
+	r            reconcile.TypedReconciler[R]
+	controller   string
+	name         func(R) (name, namespace, object string) // the call's name for a request
+	requeueAfter time.Duration
+	cancelAtStop bool
+	events       *eventer // nil without WrapOptions.Recorder
+	refusedLog   sync.Once
 }
 
 func (w *wrapped[R]) Reconcile(ctx context.Context, req R) (reconcile.Result, error) {
@@ -140,8 +138,8 @@ func (w *wrapped[R]) Reconcile(ctx context.Context, req R) (reconcile.Result, er
 	}
 	// Run on the worker's goroutine; request and result travel in rc (docs/performance.md).
 	var tag any
-	if w.opts.events != nil {
-		tag = w.opts.events.tag(any(req))
+	if w.events != nil {
+		tag = w.events.tag(any(req))
 	}
 	rc := &reconcileCall[R]{r: w.r, req: req}
 	name, namespace, object := w.name(req)
@@ -154,7 +152,7 @@ func (w *wrapped[R]) Reconcile(ctx context.Context, req R) (reconcile.Result, er
 		Tag:          tag,
 		Shield:       true,
 		Repanic:      true,
-		CancelAtStop: w.opts.cancelAtStop,
+		CancelAtStop: w.cancelAtStop,
 	}, rc)
 	if errors.Is(err, drain.ErrDraining) || !rc.ran && errors.Is(err, context.Canceled) || rc.stopped {
 		w.hold(ctx)
@@ -181,20 +179,18 @@ func (c *reconcileCall[R]) Handle(ctx context.Context) error {
 }
 
 // hold waits, with a refused request, until the owning Runnable's drain is over (bounded
-// by GracePeriod) or ctx ends, so it is requeued once per stop; not without a Runnable's
-// drain begun, which nothing else would end.
+// by GracePeriod) or ctx ends, so it is requeued once per stop. DrainOver is nil without a
+// Runnable, and returns nil until it began the drain: nothing else would end the wait.
 func (w *wrapped[R]) hold(ctx context.Context) {
 	drainOver := w.ex.Settings().DrainOver
 	if drainOver == nil {
 		return
 	}
-	over := drainOver() // nil unless the Runnable began the drain: then it always closes
-	if over == nil {
-		return
-	}
-	select {
-	case <-over:
-	case <-ctx.Done():
+	if over := drainOver(); over != nil {
+		select {
+		case <-over:
+		case <-ctx.Done():
+		}
 	}
 }
 
@@ -202,7 +198,7 @@ func (w *wrapped[R]) requeue(ctx context.Context) reconcile.Result {
 	w.refusedLog.Do(func() {
 		log.FromContext(ctx).V(1).Info("Executor is draining: requeueing requests instead of running them")
 	})
-	return reconcile.Result{RequeueAfter: w.opts.requeueAfter}
+	return reconcile.Result{RequeueAfter: w.requeueAfter}
 }
 
 // namer returns the function naming a reconcile, chosen once; a reconcile.Request's name

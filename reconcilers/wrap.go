@@ -28,18 +28,15 @@ const (
 	// FinishAtStop (the default): a reconcile in flight finishes; the drain cancels its
 	// context only at CancelAfter. For work that a cut would lose or leave half-done.
 	FinishAtStop StopPolicy = iota
-	// CancelAtStop makes the drain cancel the contexts of the controller's reconciles in
-	// flight as it begins (context.Cause names this policy). They stay tracked, reported
-	// and fenced; one that then returns an error is requeued quietly, as a refused request
-	// is. For idempotent controllers, whose cut work the next leader redoes: the replica
-	// hands the lease over without waiting for it.
+	// CancelAtStop: the drain cancels the contexts of reconciles in flight as it begins
+	// (context.Cause names this policy); they stay tracked. For idempotent controllers,
+	// whose cut work the next leader redoes: the lease is handed over without waiting.
 	CancelAtStop
 )
 
 // WrapOptions configure Wrap and WrapTyped. Zero fields mean the documented defaults.
 type WrapOptions struct {
-	// RequeueAfter: when a request the drain refused is requeued. 0 or negative:
-	// DefaultRequeueAfter.
+	// RequeueAfter: when a refused request is requeued. 0 or negative: DefaultRequeueAfter.
 	RequeueAfter time.Duration
 
 	// Recorder, if set, receives Warning Events (ReasonReconcileSlow,
@@ -53,8 +50,7 @@ type WrapOptions struct {
 	// manager's cached client, mgr.GetClient(). Required with Recorder.
 	Reader client.Reader
 
-	// Object is an object of the reconciled type, copied for each read. Required with
-	// Recorder.
+	// Object, of the reconciled type, is copied for each read. Required with Recorder.
 	Object client.Object
 
 	// EventLocations: Events show file and line ("pkg.Func (file.go:123)"), as logs do.

@@ -14,7 +14,6 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/client-go/tools/record"
-	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/leaderelection"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -85,8 +84,7 @@ type leaseObserver struct {
 	held        bool        // the last write of ours that succeeded made us the holder
 	acquired    bool        // a write of ours ever succeeded: the manager's elector uses l
 	lost        bool        // fenced: no write from now on
-	lastRenewal time.Time   // when the last successful renewal was sent, on the Runnable's clock
-	fence       clock.Timer // fires fenceAfter() after lastRenewal
+	lastRenewal time.Time // when the last successful renewal was sent, on the Runnable's clock
 }
 
 var _ resourcelock.Interface = (*leaseObserver)(nil)
@@ -131,14 +129,13 @@ func (l *leaseObserver) write(ctx context.Context, ler resourcelock.LeaderElecti
 	switch {
 	case !mine: // released (LeaderElectionReleaseOnCancel): a planned end, no fence
 		l.held = false
-		l.stopFence()
 	case l.lost: // sent before the fence: the elector gives up at its next renewal
 	case sent.After(l.lastRenewal):
 		l.held, l.acquired, l.lastRenewal = true, true, sent
-		l.stopFence()
-		// Only a goroutine: a fake clock runs the callback under its lock, where the fence's
-		// log line, which reads the clock, would deadlock its Step.
-		l.fence = l.r.clock.AfterFunc(l.fenceAfter()-l.r.clock.Since(sent), func() { go l.expire(sent) })
+		// The fence of an earlier renewal finds a later one and does nothing. Only a
+		// goroutine: a fake clock runs the callback under its lock, where the fence's log
+		// line, which reads the clock, would deadlock its Step.
+		l.r.clock.AfterFunc(l.fenceAfter()-l.r.clock.Since(sent), func() { go l.expire(sent) })
 	default:
 		l.held, l.acquired = true, true
 	}
@@ -155,13 +152,6 @@ func (l *leaseObserver) fenceAfter() time.Duration {
 		d = min(d, l.leaseDuration)
 	}
 	return d
-}
-
-func (l *leaseObserver) stopFence() {
-	if l.fence != nil {
-		l.fence.Stop()
-		l.fence = nil
-	}
 }
 
 // expire fences when the fence armed by the renewal sent at sent fired, and none came since.
@@ -183,7 +173,6 @@ func (l *leaseObserver) lose(expired bool) {
 		return
 	}
 	l.held, l.lost = false, true
-	l.stopFence()
 	last := l.lastRenewal
 	l.mu.Unlock()
 	reason := "another replica holds the lease"

@@ -107,18 +107,17 @@ func wrap[R comparable](
 	if !internal.IsNil(opts.Recorder) {
 		w.events = newEventer[R](fn, controller, opts) // checked without an executor too
 	}
-	if ex == nil {
-		return &untrackedReconciler[R]{r: r, controller: controller}
-	}
-	w.ex = internal.Of(ex)
-	if w.events != nil {
-		w.ex.Settings().Observers.Add(w.events)
+	if ex != nil {
+		w.ex = internal.Of(ex)
+		if w.events != nil {
+			w.ex.Settings().Observers.Add(w.events)
+		}
 	}
 	return w
 }
 
 type wrapped[R comparable] struct {
-	ex           internal.Core
+	ex           internal.Core // nil: untracked
 	r            reconcile.TypedReconciler[R]
 	controller   string
 	name         func(R) (name, namespace, object string) // the call's name for a request
@@ -126,9 +125,20 @@ type wrapped[R comparable] struct {
 	cancelAtStop bool
 	events       *eventer // nil without WrapOptions.Recorder
 	refusedLog   sync.Once
+	untracked    sync.Once
 }
 
 func (w *wrapped[R]) Reconcile(ctx context.Context, req R) (reconcile.Result, error) {
+	if w.ex == nil {
+		w.untracked.Do(func() {
+			untracked.Do(func() {}) // this line says it for the Calls inside too
+			log.FromContext(ctx).Info(
+				"Reconciler wrapped without an executor: its reconciles and calls are not tracked (logged once)",
+				"controller", w.controller,
+				"howToTrack", "pass the executor of runnable.Setup (q.Executor()) to reconcilers.Wrap")
+		})
+		return w.r.Reconcile(ctx, req)
+	}
 	if errors.Is(ctx.Err(), context.Canceled) {
 		return w.requeue(ctx), nil
 	}
@@ -252,21 +262,3 @@ func Call(ctx context.Context, name string, fn func(context.Context) error) erro
 
 // untracked logs, once per process, a Call outside a tracked call (an unwrapped reconciler).
 var untracked sync.Once
-
-// untrackedReconciler is a reconciler wrapped without an executor: it runs as given.
-type untrackedReconciler[R comparable] struct {
-	r          reconcile.TypedReconciler[R]
-	controller string
-	logged     sync.Once
-}
-
-func (u *untrackedReconciler[R]) Reconcile(ctx context.Context, req R) (reconcile.Result, error) {
-	u.logged.Do(func() {
-		untracked.Do(func() {}) // this line says it for the Calls inside too
-		log.FromContext(ctx).Info(
-			"Reconciler wrapped without an executor: its reconciles and calls are not tracked (logged once)",
-			"controller", u.controller,
-			"howToTrack", "pass the executor of runnable.Setup (q.Executor()) to reconcilers.Wrap")
-	})
-	return u.r.Reconcile(ctx, req)
-}

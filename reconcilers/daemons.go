@@ -105,13 +105,8 @@ func registerDaemonRestarts() *prometheus.CounterVec {
 
 // Daemons runs kopf's daemons: long-lived functions, one per object and daemon name, while
 // the object exists. A reconciler calls Ensure while its object exists and Stop once it is
-// deleted; failed daemons restart after a backoff; the drain stops them and waits.
-//
-// Each is a tracked call "<controller>/<namespace>/<name>/<daemon>" with Pending.Daemon
-// set, never slow. Keyed by namespace, name and daemon, it carries the object's UID: for a
-// recreated object the old daemon is signalled and the new one starts once it returned. One
-// that returned nil leaves a mark (UID, generation) so Ensure does not start it again; Stop
-// removes it. Ensure never blocks; Stop blocks up to StopTimeout.
+// deleted; the drain stops them and waits. Each is a tracked call
+// "<controller>/<namespace>/<name>/<daemon>" with Pending.Daemon set, never slow.
 type Daemons struct {
 	ex         *drain.Executor
 	controller string
@@ -165,6 +160,8 @@ func NewDaemons(ex *drain.Executor, controller string, opts DaemonsOptions) *Dae
 // its UID), and returns at once: call it on every reconcile. fn should loop until its
 // context ends: at Stop, when the object is recreated, when the drain begins. That context
 // outlives the reconcile and carries a logger with controller, namespace, name and daemon.
+// For a recreated object (another UID) the old daemon is signalled, and the new one starts
+// once it returned.
 //
 // fn failing (an error or a panic) while its context lives runs again after a backoff,
 // logged ("Daemon failed, restarting after a backoff") and counted (Stats,
@@ -343,30 +340,22 @@ func (d *Daemons) Stop(ctx context.Context, key client.ObjectKey, name string) (
 	dm.cancel()
 	d.mu.Unlock()
 
+	if d.opts.StopTimeout >= 0 {
+		t := d.opts.Clock.NewTimer(d.opts.StopTimeout)
+		defer t.Stop()
+		select {
+		case <-dm.done:
+		case <-ctx.Done():
+		case <-t.C():
+			d.opts.Logger.Info("Daemon did not stop within the stop timeout",
+				"controller", d.controller, "namespace", k.namespace, "name", k.name, "daemon", name,
+				"stopTimeout", d.opts.StopTimeout.String())
+		}
+	}
 	select {
 	case <-dm.done:
 		return true, nil
 	default:
-	}
-	if d.opts.StopTimeout < 0 {
-		return false, nil
-	}
-	t := d.opts.Clock.NewTimer(d.opts.StopTimeout)
-	defer t.Stop()
-	select {
-	case <-dm.done:
-		return true, nil
-	case <-t.C():
-		d.opts.Logger.Info("Daemon did not stop within the stop timeout",
-			"controller", d.controller, "namespace", k.namespace, "name", k.name, "daemon", name,
-			"stopTimeout", d.opts.StopTimeout.String())
-		return false, nil
-	case <-ctx.Done():
-		select {
-		case <-dm.done:
-			return true, nil
-		default:
-		}
 		return false, ctx.Err()
 	}
 }

@@ -81,9 +81,9 @@ type leaseObserver struct {
 	r             *Runnable // set by Setup, before the lock is shared
 
 	mu          sync.Mutex
-	held        bool        // the last write of ours that succeeded made us the holder
-	acquired    bool        // a write of ours ever succeeded: the manager's elector uses l
-	lost        bool        // fenced: no write from now on
+	held        bool      // the last write of ours that succeeded made us the holder
+	acquired    bool      // a write of ours ever succeeded: the manager's elector uses l
+	lost        bool      // fenced: no write from now on
 	lastRenewal time.Time // when the last successful renewal was sent, on the Runnable's clock
 }
 

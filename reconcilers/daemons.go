@@ -208,16 +208,10 @@ func (d *Daemons) Ensure(ctx context.Context, obj client.Object, name string, fn
 		return fmt.Errorf("failed to ensure daemon %q: %w", internal.Cut(name), err)
 	}
 	delete(d.finished, k)
-	// An old daemon (a deleted object's, or stopped) returns before the new one runs.
-	var prev *daemon
+	prev := old // an old daemon (a deleted object's, or stopped) returns before the new one runs
 	if old != nil {
 		old.stopping = true
 		old.cancel()
-		select {
-		case <-old.done:
-		default:
-			prev = old
-		}
 	}
 	logger := d.opts.Logger.WithValues(
 		"controller", d.controller, "namespace", k.namespace, "name", k.name, "daemon", name)
@@ -363,7 +357,6 @@ func (d *Daemons) Stop(ctx context.Context, key client.ObjectKey, name string) (
 // Stats returns the counters of d.
 func (d *Daemons) Stats() DaemonsStats {
 	d.mu.Lock()
-	running := d.running
-	d.mu.Unlock()
-	return DaemonsStats{Running: running, Restarts: d.restarted.Load()}
+	defer d.mu.Unlock()
+	return DaemonsStats{Running: d.running, Restarts: d.restarted.Load()}
 }

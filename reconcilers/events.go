@@ -62,12 +62,6 @@ type eventTag struct {
 	slow atomic.Bool // ReasonReconcileSlow recorded
 }
 
-// tag returns the Tag of a reconcile of req, a reconcile.Request.
-func (ev *eventer) tag(req any) any {
-	r, _ := req.(reconcile.Request)
-	return &eventTag{ev: ev, key: r.NamespacedName}
-}
-
 // Slow records ReasonReconcileSlow for objects whose reconcile is newly slow.
 func (ev *eventer) Slow(ctx context.Context, calls []internal.Observed) {
 	ev.report(ctx, calls, ReasonReconcileSlow,

@@ -144,8 +144,9 @@ func (w *wrapped[R]) Reconcile(ctx context.Context, req R) (reconcile.Result, er
 	}
 	// Run on the worker's goroutine; request and result travel in rc (docs/performance.md).
 	var tag any
-	if w.events != nil {
-		tag = w.events.tag(any(req))
+	if w.events != nil { // WrapOptions.Recorder made sure R is reconcile.Request
+		r, _ := any(req).(reconcile.Request)
+		tag = &eventTag{ev: w.events, key: r.NamespacedName}
 	}
 	rc := &reconcileCall[R]{r: w.r, req: req}
 	name, namespace, object := w.name(req)

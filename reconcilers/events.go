@@ -14,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/quiesce-dev/quiesce/internal"
 )
@@ -30,20 +29,6 @@ type eventer struct {
 	WrapOptions
 	controller string
 	failed     sync.Once
-}
-
-// newEventer returns the eventer of o; it panics on misconfiguration, at setup, naming fn.
-func newEventer[R comparable](fn, controller string, o WrapOptions) *eventer {
-	var zero R
-	if _, ok := any(zero).(reconcile.Request); !ok {
-		panic(fmt.Sprintf("reconcilers.%s(%q): WrapOptions.Recorder needs reconcile.Request requests, not %T",
-			fn, controller, zero))
-	}
-	if internal.IsNil(o.Reader) || internal.IsNil(o.Object) {
-		panic(fmt.Sprintf("reconcilers.%s(%q): WrapOptions.Recorder needs WrapOptions.Reader and WrapOptions.Object "+
-			"(Reader nil: %t, Object nil: %t)", fn, controller, internal.IsNil(o.Reader), internal.IsNil(o.Object)))
-	}
-	return &eventer{WrapOptions: o, controller: controller}
 }
 
 // where returns a location as Events show it (without file and line unless EventLocations).

@@ -90,6 +90,9 @@ func WrapTyped[R comparable](
 func wrap[R comparable](
 	fn string, ex *drain.Executor, controller string, r reconcile.TypedReconciler[R], opts WrapOptions,
 ) reconcile.TypedReconciler[R] {
+	var zero R
+	_, byRequest := any(zero).(reconcile.Request)
+	recorder := !internal.IsNil(opts.Recorder)
 	switch {
 	case internal.IsNil(r):
 		panic(fmt.Sprintf("reconcilers.%s(%q): nil reconciler", fn, controller))
@@ -98,14 +101,20 @@ func wrap[R comparable](
 	case opts.Stop != FinishAtStop && opts.Stop != CancelAtStop:
 		panic(fmt.Sprintf("reconcilers.%s(%q): unknown WrapOptions.Stop %d (use FinishAtStop or CancelAtStop)",
 			fn, controller, opts.Stop))
+	case recorder && !byRequest:
+		panic(fmt.Sprintf("reconcilers.%s(%q): WrapOptions.Recorder needs reconcile.Request requests, not %T",
+			fn, controller, zero))
+	case recorder && (internal.IsNil(opts.Reader) || internal.IsNil(opts.Object)):
+		panic(fmt.Sprintf("reconcilers.%s(%q): WrapOptions.Recorder needs WrapOptions.Reader and WrapOptions.Object "+
+			"(Reader nil: %t, Object nil: %t)", fn, controller, internal.IsNil(opts.Reader), internal.IsNil(opts.Object)))
 	}
 	w := &wrapped[R]{r: r, controller: controller, name: namer[R](controller),
 		requeueAfter: opts.RequeueAfter, cancelAtStop: opts.Stop == CancelAtStop}
 	if w.requeueAfter <= 0 {
 		w.requeueAfter = DefaultRequeueAfter
 	}
-	if !internal.IsNil(opts.Recorder) {
-		w.events = newEventer[R](fn, controller, opts) // checked without an executor too
+	if recorder {
+		w.events = &eventer{WrapOptions: opts, controller: controller}
 	}
 	if ex != nil {
 		w.ex = internal.Of(ex)

@@ -233,10 +233,7 @@ func namer[R comparable](controller string) func(R) (name, namespace, object str
 		}).(func(R) (string, string, string))
 	}
 	return func(req R) (string, string, string) {
-		if s, ok := any(req).(fmt.Stringer); ok {
-			return controller + "/" + s.String(), "", ""
-		}
-		return controller + "/" + fmt.Sprint(req), "", ""
+		return controller + "/" + fmt.Sprint(req), "", "" // %v: String if R has it
 	}
 }
 

@@ -82,7 +82,6 @@ type leaseObserver struct {
 
 	mu          sync.Mutex
 	held        bool      // the last write of ours that succeeded made us the holder
-	acquired    bool      // a write of ours ever succeeded: the manager's elector uses l
 	lost        bool      // fenced: no write from now on
 	lastRenewal time.Time // when the last successful renewal was sent, on the Runnable's clock
 }
@@ -93,7 +92,7 @@ var _ resourcelock.Interface = (*leaseObserver)(nil)
 func (l *leaseObserver) Get(ctx context.Context) (*resourcelock.LeaderElectionRecord, []byte, error) {
 	rec, raw, err := l.inner.Get(ctx)
 	if err == nil && rec != nil && rec.HolderIdentity != "" && rec.HolderIdentity != l.inner.Identity() {
-		l.lose(false)
+		l.lose(time.Time{})
 	}
 	return rec, raw, err
 }
@@ -131,13 +130,13 @@ func (l *leaseObserver) write(ctx context.Context, ler resourcelock.LeaderElecti
 		l.held = false
 	case l.lost: // sent before the fence: the elector gives up at its next renewal
 	case sent.After(l.lastRenewal):
-		l.held, l.acquired, l.lastRenewal = true, true, sent
+		l.held, l.lastRenewal = true, sent
 		// The fence of an earlier renewal finds a later one and does nothing. Only a
 		// goroutine: a fake clock runs the callback under its lock, where the fence's log
 		// line, which reads the clock, would deadlock its Step.
-		l.r.clock.AfterFunc(l.fenceAfter()-l.r.clock.Since(sent), func() { go l.expire(sent) })
+		l.r.clock.AfterFunc(l.fenceAfter()-l.r.clock.Since(sent), func() { go l.lose(sent) })
 	default:
-		l.held, l.acquired = true, true
+		l.held = true
 	}
 	return nil
 }
@@ -154,21 +153,12 @@ func (l *leaseObserver) fenceAfter() time.Duration {
 	return d
 }
 
-// expire fences when the fence armed by the renewal sent at sent fired, and none came since.
-func (l *leaseObserver) expire(sent time.Time) {
+// lose marks the lease lost, once, and has the Runnable fence: another identity holds it
+// (sent zero), or the fence armed by the renewal sent at sent fired with none since.
+func (l *leaseObserver) lose(sent time.Time) {
+	expired := !sent.IsZero()
 	l.mu.Lock()
-	due := l.held && !l.lost && sent.Equal(l.lastRenewal)
-	l.mu.Unlock()
-	if due {
-		l.lose(true)
-	}
-}
-
-// lose marks the lease lost, once, and has the Runnable fence. expired: no renewal within
-// fenceAfter; otherwise another identity holds the lease.
-func (l *leaseObserver) lose(expired bool) {
-	l.mu.Lock()
-	if !l.held || l.lost {
+	if !l.held || l.lost || expired && !sent.Equal(l.lastRenewal) {
 		l.mu.Unlock()
 		return
 	}
@@ -182,13 +172,13 @@ func (l *leaseObserver) lose(expired bool) {
 	l.r.fence(last, l.fenceAfter(), reason)
 }
 
-// used reports whether a write of this replica's ever succeeded through l.
+// used reports whether a write of this replica's ever succeeded through l (the manager's
+// elector uses it): each first one is a renewal.
 func (l *leaseObserver) used() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.acquired
+	return !l.lastRenewal.IsZero()
 }
-
 func (l *leaseObserver) RecordEvent(s string) { l.inner.RecordEvent(s) }
 func (l *leaseObserver) Identity() string     { return l.inner.Identity() }
 func (l *leaseObserver) Describe() string     { return l.inner.Describe() }

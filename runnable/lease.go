@@ -179,6 +179,7 @@ func (l *leaseObserver) used() bool {
 	defer l.mu.Unlock()
 	return !l.lastRenewal.IsZero()
 }
+
 func (l *leaseObserver) RecordEvent(s string) { l.inner.RecordEvent(s) }
 func (l *leaseObserver) Identity() string     { return l.inner.Identity() }
 func (l *leaseObserver) Describe() string     { return l.inner.Describe() }

@@ -158,10 +158,9 @@ func NewDaemons(ex *drain.Executor, controller string, opts DaemonsOptions) *Dae
 
 // Ensure makes sure the daemon name runs fn for obj (as read from the API server: it needs
 // its UID), and returns at once: call it on every reconcile. fn should loop until its
-// context ends: at Stop, when the object is recreated, when the drain begins. That context
-// outlives the reconcile and carries a logger with controller, namespace, name and daemon.
-// For a recreated object (another UID) the old daemon is signalled, and the new one starts
-// once it returned.
+// context ends: at Stop, when the drain begins, when the object is recreated (the new
+// daemon starts once the old one returned). That context outlives the reconcile and
+// carries a logger with controller, namespace, name and daemon.
 //
 // fn failing (an error or a panic) while its context lives runs again after a backoff,
 // logged ("Daemon failed, restarting after a backoff") and counted (Stats,

@@ -79,7 +79,7 @@ func Wrap(ex *drain.Executor, controller string, r reconcile.Reconciler, opts Wr
 }
 
 // WrapTyped is Wrap for a reconcile.TypedReconciler, the call named "<controller>/<request>"
-// (String if the request has it, else %v).
+// (the request as %v formats it: String if it has one).
 func WrapTyped[R comparable](
 	ex *drain.Executor, controller string, r reconcile.TypedReconciler[R], opts WrapOptions,
 ) reconcile.TypedReconciler[R] {
@@ -233,7 +233,7 @@ func namer[R comparable](controller string) func(R) (name, namespace, object str
 		}).(func(R) (string, string, string))
 	}
 	return func(req R) (string, string, string) {
-		return controller + "/" + fmt.Sprint(req), "", "" // %v: String if R has it
+		return controller + "/" + fmt.Sprint(req), "", ""
 	}
 }
 

@@ -56,7 +56,8 @@ func (ev *eventer) Slow(ctx context.Context, calls []internal.Observed) {
 // Abandoned records ReasonReconcileAbandoned for each object of calls.
 func (ev *eventer) Abandoned(ctx context.Context, calls []internal.Observed) {
 	ev.report(ctx, calls, ReasonReconcileAbandoned, "Reconcile abandoned at shutdown after %s (call %s, "+
-		"reconcileID %s), still running in %s, handler %s: it is cut off when the process exits and retried by the next leader")
+		"reconcileID %s), still running in %s, handler %s: "+
+		"it is cut off when the process exits and retried by the next leader")
 }
 
 // report records reason once per object of ev's calls, oldest first, naming its innermost

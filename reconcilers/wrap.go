@@ -28,7 +28,7 @@ const (
 	// FinishAtStop (the default): a reconcile in flight finishes; the drain cancels its
 	// context only at CancelAfter. For work that a cut would lose or leave half-done.
 	FinishAtStop StopPolicy = iota
-	// CancelAtStop: the drain cancels the contexts of reconciles in flight as it begins
+	// CancelAtStop makes the drain cancel the contexts of reconciles in flight as it begins
 	// (context.Cause names this policy); they stay tracked. For idempotent controllers,
 	// whose cut work the next leader redoes: the lease is handed over without waiting.
 	CancelAtStop

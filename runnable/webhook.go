@@ -120,7 +120,10 @@ func (h *trackedHook) callName(req *http.Request) string {
 			return false
 		})
 	})
-	req.Body = readCloser{io.MultiReader(&seen, req.Body), req.Body}
+	req.Body = struct { // what was read, put back, then the rest; Close closes the original
+		io.Reader
+		io.Closer
+	}{io.MultiReader(&seen, req.Body), req.Body}
 	return path.Join("webhook", h.path, ns, name) // empty parts left out
 }
 
@@ -148,12 +151,6 @@ func walk(dec *json.Decoder, visit func(key string) (done bool)) {
 			return
 		}
 	}
-}
-
-// readCloser reads from Reader and closes Closer: a body partly read, put back.
-type readCloser struct {
-	io.Reader
-	io.Closer
 }
 
 // closingWriter adds "Connection: close" (HTTP/2: a GOAWAY) to a header written once the

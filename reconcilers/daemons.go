@@ -23,8 +23,12 @@ import (
 	"github.com/quiesce-dev/quiesce/internal"
 )
 
-// DefaultDaemonStopTimeout is the default of DaemonsOptions.StopTimeout.
-const DefaultDaemonStopTimeout = 5 * time.Second
+// Defaults of DaemonsOptions (the retry delays of lifecycle.HandlersOptions too).
+const (
+	DefaultBackoff           = time.Second     // before the first retry, less the jitter
+	DefaultMaxBackoff        = 5 * time.Minute // between retries
+	DefaultDaemonStopTimeout = 5 * time.Second
+)
 
 // DaemonsOptions configure NewDaemons. Zero fields mean the documented defaults.
 type DaemonsOptions struct {
@@ -101,13 +105,8 @@ func registerDaemonRestarts() *prometheus.CounterVec {
 
 // Daemons runs kopf's daemons: long-lived functions, one per object and daemon name, while
 // the object exists. A reconciler calls Ensure while its object exists and Stop once it is
-// deleted; failed daemons restart after a backoff; the drain stops them and waits.
-//
-// Each is a tracked call "<controller>/<namespace>/<name>/<daemon>" with Pending.Daemon
-// set, never slow. Keyed by namespace, name and daemon, it carries the object's UID: for a
-// recreated object the old daemon is signalled and the new one starts once it returned. One
-// that returned nil leaves a mark (UID, generation) so Ensure does not start it again; Stop
-// removes it. Ensure never blocks; Stop blocks up to StopTimeout.
+// deleted; the drain stops them and waits. Each is a tracked call
+// "<controller>/<namespace>/<name>/<daemon>" with Pending.Daemon set, never slow.
 type Daemons struct {
 	ex         *drain.Executor
 	controller string
@@ -115,8 +114,8 @@ type Daemons struct {
 	restarts   prometheus.Counter
 
 	mu       sync.Mutex
-	daemons  map[daemonKey]*daemon  // running, or stopping
-	finished map[daemonKey]doneMark // returned nil: not started again for the same object
+	daemons  map[daemonKey]*daemon // running, or stopping
+	finished map[daemonKey]mark    // returned nil: not started again for the same object
 	running  int
 
 	restarted atomic.Uint64
@@ -128,16 +127,15 @@ type daemonKey struct {
 
 // daemon is one start of a daemon.
 type daemon struct {
-	uid        types.UID
-	generation int64
-	cancel     context.CancelFunc
-	done       chan struct{} // closed when its goroutine returned (after its predecessor's)
+	mark
+	cancel context.CancelFunc
+	done   chan struct{} // closed when its goroutine returned (after its predecessor's)
 
 	stopping bool // its context was ended by Stop or a recreated object; guarded by Daemons.mu
 }
 
-// doneMark is what is left of a daemon whose fn returned nil.
-type doneMark struct {
+// mark is the object a daemon started for; all that is left of one whose fn returned nil.
+type mark struct {
 	uid        types.UID
 	generation int64
 }
@@ -153,21 +151,16 @@ func NewDaemons(ex *drain.Executor, controller string, opts DaemonsOptions) *Dae
 		panic("reconcilers.NewDaemons: empty controller name")
 	}
 	opts.setDefaults()
-	d := &Daemons{
-		ex:         ex,
-		controller: controller,
-		opts:       opts,
-		restarts:   registerDaemonRestarts().WithLabelValues(controller),
-		daemons:    map[daemonKey]*daemon{},
-		finished:   map[daemonKey]doneMark{},
-	}
-	return d
+	return &Daemons{ex: ex, controller: controller, opts: opts,
+		restarts: registerDaemonRestarts().WithLabelValues(controller),
+		daemons:  map[daemonKey]*daemon{}, finished: map[daemonKey]mark{}}
 }
 
 // Ensure makes sure the daemon name runs fn for obj (as read from the API server: it needs
 // its UID), and returns at once: call it on every reconcile. fn should loop until its
-// context ends: at Stop, when the object is recreated, when the drain begins. That context
-// outlives the reconcile and carries a logger with controller, namespace, name and daemon.
+// context ends: at Stop, when the drain begins, when the object is recreated (the new
+// daemon starts once the old one returned). That context outlives the reconcile and
+// carries a logger with controller, namespace, name and daemon.
 //
 // fn failing (an error or a panic) while its context lives runs again after a backoff,
 // logged ("Daemon failed, restarting after a backoff") and counted (Stats,
@@ -214,59 +207,38 @@ func (d *Daemons) Ensure(ctx context.Context, obj client.Object, name string, fn
 		return fmt.Errorf("failed to ensure daemon %q: %w", internal.Cut(name), err)
 	}
 	delete(d.finished, k)
-	// An old daemon (a deleted object's, or stopped) returns before the new one runs.
-	var prev *daemon
+	prev := old // an old daemon (a deleted object's, or stopped) returns before the new one runs
 	if old != nil {
 		old.stopping = true
 		old.cancel()
-		select {
-		case <-old.done:
-		default:
-			prev = old
-		}
 	}
 	logger := d.opts.Logger.WithValues(
 		"controller", d.controller, "namespace", k.namespace, "name", k.name, "daemon", name)
 	dctx, cancel := context.WithCancel(log.IntoContext(context.Background(), logger))
-	dm := &daemon{uid: uid, generation: gen, cancel: cancel, done: make(chan struct{})}
+	dm := &daemon{mark: mark{uid: uid, generation: gen}, cancel: cancel, done: make(chan struct{})}
 	d.daemons[k] = dm
 	d.running++
 	d.mu.Unlock()
 
-	full := joinDaemonName(d.controller, k)
-	err := d.start(dctx, full, func(ctx context.Context) error {
-		d.run(ctx, logger, k, dm, prev, fn)
-		return nil
-	})
+	full := d.controller + "/" + k.name + "/" + name
+	if k.namespace != "" {
+		full = d.controller + "/" + k.namespace + "/" + k.name + "/" + name
+	}
+	err := internal.Of(d.ex).Go(dctx, internal.CallOptions{Name: full, Controller: d.controller, Daemon: true},
+		func(ctx context.Context) error {
+			d.run(ctx, logger, k, dm, prev, fn)
+			return nil
+		})
 	if err != nil { // refused: the drain began meanwhile
-		cancel()
 		d.mu.Lock()
-		if d.daemons[k] == dm {
-			if prev != nil {
-				d.daemons[k] = prev // still stopping: Stop waits for it
-			} else {
-				delete(d.daemons, k)
-			}
+		if prev != nil && d.daemons[k] == dm {
+			d.daemons[k] = prev // still stopping: Stop waits for it
 		}
-		d.running--
 		d.mu.Unlock()
-		close(dm.done)
+		d.exited(k, dm, false)
 		return fmt.Errorf("failed to start daemon %q: %w", internal.Cut(full), err)
 	}
 	return nil
-}
-
-// start starts fn as a tracked daemon call named name, without waiting for it.
-func (d *Daemons) start(ctx context.Context, name string, fn func(context.Context) error) error {
-	return internal.Of(d.ex).Go(ctx, internal.CallOptions{Name: name, Controller: d.controller, Daemon: true}, fn)
-}
-
-// joinDaemonName returns "<controller>/[<namespace>/]<name>/<daemon>".
-func joinDaemonName(controller string, k daemonKey) string {
-	if k.namespace == "" {
-		return controller + "/" + k.name + "/" + k.daemon
-	}
-	return controller + "/" + k.namespace + "/" + k.name + "/" + k.daemon
 }
 
 // run waits for dm's predecessor, then runs fn, restarting it after a backoff while it
@@ -279,7 +251,8 @@ func (d *Daemons) run(ctx context.Context, logger logr.Logger, k daemonKey, dm *
 		// Waited for even if this one stops meanwhile: whoever waits for this one waits for both.
 		<-prev.done
 	}
-	b := d.newBackoff()
+	initial := wait.Backoff{Duration: d.opts.Backoff, Factor: 2, Steps: 64, Cap: d.opts.MaxBackoff}
+	b := initial
 	for ctx.Err() == nil {
 		began := d.opts.Clock.Now()
 		err := d.attempt(ctx, fn)
@@ -291,10 +264,9 @@ func (d *Daemons) run(ctx context.Context, logger logr.Logger, k daemonKey, dm *
 			return
 		}
 		if d.opts.Clock.Since(began) >= d.opts.MaxBackoff {
-			b = d.newBackoff() // it ran well for a while: start the backoff afresh
+			b = initial // it ran well for a while: start the backoff afresh
 		}
-		delay := b.Step()
-		delay = internal.Jitter(delay, jitterRand())
+		delay := internal.Jitter(b.Step(), rand.Float64())
 		d.restarted.Add(1)
 		d.restarts.Inc()
 		kv := []any{"delay", delay.String()}
@@ -313,11 +285,6 @@ func (d *Daemons) run(ctx context.Context, logger logr.Logger, k daemonKey, dm *
 	}
 }
 
-// newBackoff returns the backoff of a daemon's restarts, its jitter applied by run.
-func (d *Daemons) newBackoff() wait.Backoff {
-	return wait.Backoff{Duration: d.opts.Backoff, Factor: 2, Steps: 64, Cap: d.opts.MaxBackoff}
-}
-
 // attempt runs fn once; a panic becomes a *drain.PanicError, and the daemon restarts.
 func (d *Daemons) attempt(ctx context.Context, fn func(context.Context) error) (err error) {
 	defer func() {
@@ -329,13 +296,14 @@ func (d *Daemons) attempt(ctx context.Context, fn func(context.Context) error) (
 	return fn(ctx)
 }
 
-// exited forgets dm once its goroutine returns, leaving a doneMark if fn returned nil.
+// exited forgets dm once its goroutine returns (or never started), leaving it in finished
+// if fn returned nil.
 func (d *Daemons) exited(k daemonKey, dm *daemon, finished bool) {
 	d.mu.Lock()
 	if d.daemons[k] == dm {
 		delete(d.daemons, k)
 		if finished && !dm.stopping {
-			d.finished[k] = doneMark{uid: dm.uid, generation: dm.generation}
+			d.finished[k] = dm.mark
 		}
 	}
 	d.running--
@@ -365,30 +333,22 @@ func (d *Daemons) Stop(ctx context.Context, key client.ObjectKey, name string) (
 	dm.cancel()
 	d.mu.Unlock()
 
+	if d.opts.StopTimeout >= 0 {
+		t := d.opts.Clock.NewTimer(d.opts.StopTimeout)
+		defer t.Stop()
+		select {
+		case <-dm.done:
+		case <-ctx.Done():
+		case <-t.C():
+			d.opts.Logger.Info("Daemon did not stop within the stop timeout",
+				"controller", d.controller, "namespace", k.namespace, "name", k.name, "daemon", name,
+				"stopTimeout", d.opts.StopTimeout.String())
+		}
+	}
 	select {
 	case <-dm.done:
 		return true, nil
 	default:
-	}
-	if d.opts.StopTimeout < 0 {
-		return false, nil
-	}
-	t := d.opts.Clock.NewTimer(d.opts.StopTimeout)
-	defer t.Stop()
-	select {
-	case <-dm.done:
-		return true, nil
-	case <-t.C():
-		d.opts.Logger.Info("Daemon did not stop within the stop timeout",
-			"controller", d.controller, "namespace", k.namespace, "name", k.name, "daemon", name,
-			"stopTimeout", d.opts.StopTimeout.String())
-		return false, nil
-	case <-ctx.Done():
-		select {
-		case <-dm.done:
-			return true, nil
-		default:
-		}
 		return false, ctx.Err()
 	}
 }
@@ -396,16 +356,6 @@ func (d *Daemons) Stop(ctx context.Context, key client.ObjectKey, name string) (
 // Stats returns the counters of d.
 func (d *Daemons) Stats() DaemonsStats {
 	d.mu.Lock()
-	running := d.running
-	d.mu.Unlock()
-	return DaemonsStats{Running: running, Restarts: d.restarted.Load()}
+	defer d.mu.Unlock()
+	return DaemonsStats{Running: d.running, Restarts: d.restarted.Load()}
 }
-
-// Defaults of the retry delays of DaemonsOptions and lifecycle.HandlersOptions.
-const (
-	DefaultBackoff    = time.Second     // before the first retry, less the jitter
-	DefaultMaxBackoff = 5 * time.Minute // between retries
-)
-
-// jitterRand picks each jitter in [0, 1). Tests replace it.
-var jitterRand = rand.Float64

@@ -2,17 +2,10 @@
 // blocking handler call inside it, runs as a tracked call of a drain.Executor: the drain
 // waits for them at shutdown and names those that hang.
 //
-// Wrap and WrapTyped track each reconcile; Call, inside one, tracks a blocking handler.
-// Once a runnable.Runnable drives the executor, a wrapped reconcile's context ends when the
-// drain cancels it, not when controller-runtime begins to stop; a reconcile in flight
-// finishes, its Calls run, and new requests are requeued. A controller whose reconciles are
-// idempotent may choose WrapOptions.Stop = CancelAtStop instead: the drain cancels them as
-// it begins, so the stop need not wait for them (docs/stop-policy.md). With
-// WrapOptions.Recorder, a slow or abandoned reconcile records a Warning Event on its object.
-//
-// Daemons runs kopf-style long-lived functions per object: Ensure starts one per object and
-// daemon name, restarted with a backoff when it fails; Stop ends it; the drain ends them all
-// as it begins. lifecycle's Handlers build kopf's handler model on Wrap and Call.
+// Wrap and WrapTyped track each reconcile (its context under a runnable.Runnable, its stop
+// policy, its Events: see Wrap); Call, inside one, tracks a blocking handler. Daemons runs
+// kopf-style long-lived functions per object. lifecycle's Handlers build kopf's handler
+// model on Wrap and Call.
 //
 // Setup misuse, one rule in every quiesce package: a function that can report an error (an
 // error result, a test's TestingT, a Gomega matcher's error) reports every misuse of its

@@ -12,10 +12,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/quiesce-dev/quiesce/internal"
 )
@@ -26,35 +24,16 @@ const (
 	ReasonReconcileAbandoned = "ReconcileAbandoned" // still running at the end of the grace period
 )
 
-const eventAction = "Reconcile"
-
 // eventer is the internal.Observer of one controller wrapped with WrapOptions.Recorder.
 type eventer struct {
-	rec        events.EventRecorder
-	reader     client.Reader
-	obj        client.Object
+	WrapOptions
 	controller string
-	locations  bool // WrapOptions.EventLocations
 	failed     sync.Once
-}
-
-// newEventer returns the eventer of o; it panics on misconfiguration, at setup.
-func newEventer[R comparable](controller string, o WrapOptions) *eventer {
-	var zero R
-	if _, ok := any(zero).(reconcile.Request); !ok {
-		panic(fmt.Sprintf("reconcilers.WrapTyped(%q): WrapOptions.Recorder needs reconcile.Request requests, not %T",
-			controller, zero))
-	}
-	if internal.IsNil(o.Reader) || internal.IsNil(o.Object) {
-		panic(fmt.Sprintf("reconcilers.Wrap(%q): WrapOptions.Recorder needs WrapOptions.Reader and WrapOptions.Object "+
-			"(Reader nil: %t, Object nil: %t)", controller, internal.IsNil(o.Reader), internal.IsNil(o.Object)))
-	}
-	return &eventer{rec: o.Recorder, reader: o.Reader, obj: o.Object, controller: controller, locations: o.EventLocations}
 }
 
 // where returns a location as Events show it (without file and line unless EventLocations).
 func (ev *eventer) where(loc string) string {
-	if ev.locations {
+	if ev.EventLocations {
 		return loc
 	}
 	fn, _, _ := strings.Cut(loc, " (")
@@ -68,18 +47,25 @@ type eventTag struct {
 	slow atomic.Bool // ReasonReconcileSlow recorded
 }
 
-// tag returns the Tag of a reconcile of req, a reconcile.Request.
-func (ev *eventer) tag(req any) any {
-	r, _ := req.(reconcile.Request)
-	return &eventTag{ev: ev, key: r.NamespacedName}
+// Slow records ReasonReconcileSlow for objects whose reconcile is newly slow.
+func (ev *eventer) Slow(ctx context.Context, calls []internal.Observed) {
+	ev.report(ctx, calls, ReasonReconcileSlow,
+		"Reconcile running for %s (call %s, reconcileID %s), waiting in %s, handler %s")
 }
 
-// mine returns ev's calls, one per object (the innermost: it says best where the
-// reconcile waits), oldest first, with the tags of each object's calls.
-func (ev *eventer) mine(calls []internal.Observed) (keys []types.NamespacedName,
-	by map[types.NamespacedName]internal.Entry, tags map[types.NamespacedName][]*eventTag) {
-	by = map[types.NamespacedName]internal.Entry{}
-	tags = map[types.NamespacedName][]*eventTag{}
+// Abandoned records ReasonReconcileAbandoned for each object of calls.
+func (ev *eventer) Abandoned(ctx context.Context, calls []internal.Observed) {
+	ev.report(ctx, calls, ReasonReconcileAbandoned, "Reconcile abandoned at shutdown after %s (call %s, "+
+		"reconcileID %s), still running in %s, handler %s: "+
+		"it is cut off when the process exits and retried by the next leader")
+}
+
+// report records reason once per object of ev's calls, oldest first, naming its innermost
+// call (it says best where the reconcile waits); ReasonReconcileSlow once per reconcile.
+func (ev *eventer) report(ctx context.Context, calls []internal.Observed, reason, format string) {
+	var keys []types.NamespacedName
+	by := map[types.NamespacedName]internal.Entry{}
+	fresh := map[types.NamespacedName]bool{}
 	for _, c := range calls {
 		t, ok := c.Options.Tag.(*eventTag)
 		if !ok || t.ev != ev {
@@ -89,40 +75,14 @@ func (ev *eventer) mine(calls []internal.Observed) (keys []types.NamespacedName,
 			keys = append(keys, t.key)
 		}
 		by[t.key] = c.Entry
-		tags[t.key] = append(tags[t.key], t)
-	}
-	return keys, by, tags
-}
-
-// Slow records ReasonReconcileSlow for objects whose reconcile is newly slow.
-func (ev *eventer) Slow(ctx context.Context, calls []internal.Observed) {
-	keys, by, tags := ev.mine(calls)
-	for _, k := range keys {
-		fresh := false
-		for _, t := range tags[k] {
-			if t.slow.CompareAndSwap(false, true) {
-				fresh = true
-			}
+		if reason != ReasonReconcileSlow || t.slow.CompareAndSwap(false, true) {
+			fresh[t.key] = true
 		}
-		if !fresh {
-			continue
-		}
-		e := by[k]
-		ev.record(ctx, k, ReasonReconcileSlow, fmt.Sprintf(
-			"Reconcile running for %s (call %s, reconcileID %s), waiting in %s, handler %s",
-			e.Age, e.Name, e.ReconcileID, ev.where(e.Where), ev.where(e.Handler)))
 	}
-}
-
-// Abandoned records ReasonReconcileAbandoned for each object of calls.
-func (ev *eventer) Abandoned(ctx context.Context, calls []internal.Observed) {
-	keys, by, _ := ev.mine(calls)
 	for _, k := range keys {
-		e := by[k]
-		ev.record(ctx, k, ReasonReconcileAbandoned, fmt.Sprintf(
-			"Reconcile abandoned at shutdown after %s (call %s, reconcileID %s), still running in %s, "+
-				"handler %s: it is cut off when the process exits and retried by the next leader",
-			e.Age, e.Name, e.ReconcileID, ev.where(e.Where), ev.where(e.Handler)))
+		if e := by[k]; fresh[k] {
+			ev.record(ctx, k, reason, fmt.Sprintf(format, e.Age, e.Name, e.ReconcileID, ev.where(e.Where), ev.where(e.Handler)))
+		}
 	}
 }
 
@@ -139,23 +99,23 @@ func (ev *eventer) record(ctx context.Context, key types.NamespacedName, reason,
 	if regarding == nil {
 		return // the object is gone: nobody can describe it
 	}
-	ev.rec.Eventf(regarding, nil, corev1.EventTypeWarning, reason, eventAction, "%s", internal.TruncateMessage(msg))
+	ev.Recorder.Eventf(regarding, nil, corev1.EventTypeWarning, reason, "Reconcile", "%s", internal.TruncateMessage(msg))
 }
 
 // regarding returns the Event's regarding object: a reference with kind and UID, or the
 // object itself without a scheme; nil once the object is gone.
 func (ev *eventer) regarding(ctx context.Context, key types.NamespacedName) (runtime.Object, error) {
-	obj, ok := ev.obj.DeepCopyObject().(client.Object)
+	obj, ok := ev.Object.DeepCopyObject().(client.Object)
 	if !ok {
-		return nil, fmt.Errorf("failed to copy %T", ev.obj)
+		return nil, fmt.Errorf("failed to copy %T", ev.Object)
 	}
-	if err := ev.reader.Get(ctx, key, obj); apierrors.IsNotFound(err) {
+	if err := ev.Reader.Get(ctx, key, obj); apierrors.IsNotFound(err) {
 		return nil, nil
 	} else if err != nil {
 		return nil, fmt.Errorf("failed to get the object: %w", err)
 	}
 	gvk := obj.GetObjectKind().GroupVersionKind()
-	if s, ok := ev.reader.(interface{ Scheme() *runtime.Scheme }); ok && s.Scheme() != nil {
+	if s, ok := ev.Reader.(interface{ Scheme() *runtime.Scheme }); ok && s.Scheme() != nil {
 		var err error
 		if gvk, err = apiutil.GVKForObject(obj, s.Scheme()); err != nil {
 			return nil, fmt.Errorf("failed to find the kind of %T: %w", obj, err)

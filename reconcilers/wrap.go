@@ -20,12 +20,6 @@ import (
 // DefaultRequeueAfter is the default of WrapOptions.RequeueAfter.
 const DefaultRequeueAfter = time.Second
 
-type options struct {
-	requeueAfter time.Duration
-	events       *eventer // nil without WrapOptions.Recorder
-	cancelAtStop bool
-}
-
 // StopPolicy is what the drain does with a controller's reconciles in flight when the stop
 // begins (WrapOptions.Stop). docs/stop-policy.md helps choose.
 type StopPolicy int
@@ -34,18 +28,15 @@ const (
 	// FinishAtStop (the default): a reconcile in flight finishes; the drain cancels its
 	// context only at CancelAfter. For work that a cut would lose or leave half-done.
 	FinishAtStop StopPolicy = iota
-	// CancelAtStop makes the drain cancel the contexts of the controller's reconciles in
-	// flight as it begins (context.Cause names this policy). They stay tracked, reported
-	// and fenced; one that then returns an error is requeued quietly, as a refused request
-	// is. For idempotent controllers, whose cut work the next leader redoes: the replica
-	// hands the lease over without waiting for it.
+	// CancelAtStop makes the drain cancel the contexts of reconciles in flight as it begins
+	// (context.Cause names this policy); they stay tracked. For idempotent controllers,
+	// whose cut work the next leader redoes: the lease is handed over without waiting.
 	CancelAtStop
 )
 
 // WrapOptions configure Wrap and WrapTyped. Zero fields mean the documented defaults.
 type WrapOptions struct {
-	// RequeueAfter: when a request the drain refused is requeued. 0 or negative:
-	// DefaultRequeueAfter.
+	// RequeueAfter: when a refused request is requeued. 0 or negative: DefaultRequeueAfter.
 	RequeueAfter time.Duration
 
 	// Recorder, if set, receives Warning Events (ReasonReconcileSlow,
@@ -59,8 +50,7 @@ type WrapOptions struct {
 	// manager's cached client, mgr.GetClient(). Required with Recorder.
 	Reader client.Reader
 
-	// Object is an object of the reconciled type, copied for each read. Required with
-	// Recorder.
+	// Object, of the reconciled type, is copied for each read. Required with Recorder.
 	Object client.Object
 
 	// EventLocations: Events show file and line ("pkg.Func (file.go:123)"), as logs do.
@@ -85,63 +75,87 @@ type WrapOptions struct {
 // A nil ex means untracked: r runs as given and Call inside it runs fn directly; the first
 // Reconcile logs so once. Wrap panics on misuse (package doc, "Setup misuse").
 func Wrap(ex *drain.Executor, controller string, r reconcile.Reconciler, opts WrapOptions) reconcile.Reconciler {
-	if internal.IsNil(r) {
-		panic(fmt.Sprintf("reconcilers.Wrap(%q): nil reconciler", controller))
-	}
-	if controller == "" {
-		panic("reconcilers.Wrap: empty controller name (pass the controller's name, as given to the builder's Named)")
-	}
-	return WrapTyped(ex, controller, r, opts)
+	return wrap("Wrap", ex, controller, r, opts)
 }
 
 // WrapTyped is Wrap for a reconcile.TypedReconciler, the call named "<controller>/<request>"
-// (String if the request has it, else %v).
+// (the request as %v formats it: String if it has one).
 func WrapTyped[R comparable](
 	ex *drain.Executor, controller string, r reconcile.TypedReconciler[R], opts WrapOptions,
 ) reconcile.TypedReconciler[R] {
-	if internal.IsNil(r) {
-		panic(fmt.Sprintf("reconcilers.WrapTyped(%q): nil reconciler", controller))
+	return wrap("WrapTyped", ex, controller, r, opts)
+}
+
+// wrap is Wrap and WrapTyped; fn names the one called in its panics.
+func wrap[R comparable](
+	fn string, ex *drain.Executor, controller string, r reconcile.TypedReconciler[R], opts WrapOptions,
+) reconcile.TypedReconciler[R] {
+	var zero R
+	_, byRequest := any(zero).(reconcile.Request)
+	recorder := !internal.IsNil(opts.Recorder)
+	switch {
+	case internal.IsNil(r):
+		panic(fmt.Sprintf("reconcilers.%s(%q): nil reconciler", fn, controller))
+	case controller == "":
+		panic("reconcilers." + fn + ": empty controller name (pass the controller's name, as given to the builder's Named)")
+	case opts.Stop != FinishAtStop && opts.Stop != CancelAtStop:
+		panic(fmt.Sprintf("reconcilers.%s(%q): unknown WrapOptions.Stop %d (use FinishAtStop or CancelAtStop)",
+			fn, controller, opts.Stop))
+	case recorder && !byRequest:
+		panic(fmt.Sprintf("reconcilers.%s(%q): WrapOptions.Recorder needs reconcile.Request requests, not %T",
+			fn, controller, zero))
+	case recorder && (internal.IsNil(opts.Reader) || internal.IsNil(opts.Object)):
+		panic(fmt.Sprintf("reconcilers.%s(%q): WrapOptions.Recorder needs WrapOptions.Reader and WrapOptions.Object "+
+			"(Reader nil: %t, Object nil: %t)", fn, controller, internal.IsNil(opts.Reader), internal.IsNil(opts.Object)))
 	}
-	if controller == "" {
-		panic("reconcilers.WrapTyped: empty controller name (pass the controller's name, as given to the builder's Named)")
+	w := &wrapped[R]{r: r, controller: controller, name: namer[R](controller),
+		requeueAfter: opts.RequeueAfter, cancelAtStop: opts.Stop == CancelAtStop}
+	if w.requeueAfter <= 0 {
+		w.requeueAfter = DefaultRequeueAfter
 	}
-	if opts.Stop != FinishAtStop && opts.Stop != CancelAtStop {
-		panic(fmt.Sprintf("reconcilers.WrapTyped(%q): unknown WrapOptions.Stop %d (use FinishAtStop or CancelAtStop)",
-			controller, opts.Stop))
+	if recorder {
+		w.events = &eventer{WrapOptions: opts, controller: controller}
 	}
-	o := options{requeueAfter: opts.RequeueAfter, cancelAtStop: opts.Stop == CancelAtStop}
-	if o.requeueAfter <= 0 {
-		o.requeueAfter = DefaultRequeueAfter
+	if ex != nil {
+		w.ex = internal.Of(ex)
+		if w.events != nil {
+			w.ex.Settings().Observers.Add(w.events)
+		}
 	}
-	if !internal.IsNil(opts.Recorder) {
-		o.events = newEventer[R](controller, opts) // checked without an executor too
-	}
-	if ex == nil {
-		return &untrackedReconciler[R]{r: r, controller: controller}
-	}
-	if o.events != nil {
-		internal.Of(ex).Settings().Observers.Add(o.events)
-	}
-	return &wrapped[R]{ex: internal.Of(ex), r: r, opts: o, controller: controller, name: namer[R](controller)}
+	return w
 }
 
 type wrapped[R comparable] struct {
-	ex         internal.Core
-	r          reconcile.TypedReconciler[R]
-	opts       options
-	controller string
-	name       func(R) (name, namespace, object string) // the call's name for a request
-	refusedLog sync.Once
+	ex           internal.Core // nil: untracked
+	r            reconcile.TypedReconciler[R]
+	controller   string
+	name         func(R) (name, namespace, object string) // the call's name for a request
+	requeueAfter time.Duration
+	cancelAtStop bool
+	events       *eventer // nil without WrapOptions.Recorder
+	refusedLog   sync.Once
+	untracked    sync.Once
 }
 
 func (w *wrapped[R]) Reconcile(ctx context.Context, req R) (reconcile.Result, error) {
+	if w.ex == nil {
+		w.untracked.Do(func() {
+			untracked.Do(func() {}) // this line says it for the Calls inside too
+			log.FromContext(ctx).Info(
+				"Reconciler wrapped without an executor: its reconciles and calls are not tracked (logged once)",
+				"controller", w.controller,
+				"howToTrack", "pass the executor of runnable.Setup (q.Executor()) to reconcilers.Wrap")
+		})
+		return w.r.Reconcile(ctx, req)
+	}
 	if errors.Is(ctx.Err(), context.Canceled) {
 		return w.requeue(ctx), nil
 	}
 	// Run on the worker's goroutine; request and result travel in rc (docs/performance.md).
 	var tag any
-	if w.opts.events != nil {
-		tag = w.opts.events.tag(any(req))
+	if w.events != nil { // WrapOptions.Recorder made sure R is reconcile.Request
+		r, _ := any(req).(reconcile.Request)
+		tag = &eventTag{ev: w.events, key: r.NamespacedName}
 	}
 	rc := &reconcileCall[R]{r: w.r, req: req}
 	name, namespace, object := w.name(req)
@@ -154,7 +168,7 @@ func (w *wrapped[R]) Reconcile(ctx context.Context, req R) (reconcile.Result, er
 		Tag:          tag,
 		Shield:       true,
 		Repanic:      true,
-		CancelAtStop: w.opts.cancelAtStop,
+		CancelAtStop: w.cancelAtStop,
 	}, rc)
 	if errors.Is(err, drain.ErrDraining) || !rc.ran && errors.Is(err, context.Canceled) || rc.stopped {
 		w.hold(ctx)
@@ -181,20 +195,18 @@ func (c *reconcileCall[R]) Handle(ctx context.Context) error {
 }
 
 // hold waits, with a refused request, until the owning Runnable's drain is over (bounded
-// by GracePeriod) or ctx ends, so it is requeued once per stop; not without a Runnable's
-// drain begun, which nothing else would end.
+// by GracePeriod) or ctx ends, so it is requeued once per stop. DrainOver is nil without a
+// Runnable, and returns nil until it began the drain: nothing else would end the wait.
 func (w *wrapped[R]) hold(ctx context.Context) {
 	drainOver := w.ex.Settings().DrainOver
 	if drainOver == nil {
 		return
 	}
-	over := drainOver() // nil unless the Runnable began the drain: then it always closes
-	if over == nil {
-		return
-	}
-	select {
-	case <-over:
-	case <-ctx.Done():
+	if over := drainOver(); over != nil {
+		select {
+		case <-over:
+		case <-ctx.Done():
+		}
 	}
 }
 
@@ -202,7 +214,7 @@ func (w *wrapped[R]) requeue(ctx context.Context) reconcile.Result {
 	w.refusedLog.Do(func() {
 		log.FromContext(ctx).V(1).Info("Executor is draining: requeueing requests instead of running them")
 	})
-	return reconcile.Result{RequeueAfter: w.opts.requeueAfter}
+	return reconcile.Result{RequeueAfter: w.requeueAfter}
 }
 
 // namer returns the function naming a reconcile, chosen once; a reconcile.Request's name
@@ -221,9 +233,6 @@ func namer[R comparable](controller string) func(R) (name, namespace, object str
 		}).(func(R) (string, string, string))
 	}
 	return func(req R) (string, string, string) {
-		if s, ok := any(req).(fmt.Stringer); ok {
-			return controller + "/" + s.String(), "", ""
-		}
 		return controller + "/" + fmt.Sprint(req), "", ""
 	}
 }
@@ -260,21 +269,3 @@ func Call(ctx context.Context, name string, fn func(context.Context) error) erro
 
 // untracked logs, once per process, a Call outside a tracked call (an unwrapped reconciler).
 var untracked sync.Once
-
-// untrackedReconciler is a reconciler wrapped without an executor: it runs as given.
-type untrackedReconciler[R comparable] struct {
-	r          reconcile.TypedReconciler[R]
-	controller string
-	logged     sync.Once
-}
-
-func (u *untrackedReconciler[R]) Reconcile(ctx context.Context, req R) (reconcile.Result, error) {
-	u.logged.Do(func() {
-		untracked.Do(func() {}) // this line says it for the Calls inside too
-		log.FromContext(ctx).Info(
-			"Reconciler wrapped without an executor: its reconciles and calls are not tracked (logged once)",
-			"controller", u.controller,
-			"howToTrack", "pass the executor of runnable.Setup (q.Executor()) to reconcilers.Wrap")
-	})
-	return u.r.Reconcile(ctx, req)
-}

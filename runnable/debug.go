@@ -69,15 +69,8 @@ func (r *Runnable) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	state := debugState{Draining: r.draining()}
-	n := limit
-	if n < 0 || n > maxDebugCalls {
-		n = maxDebugCalls
-	}
-	state.Calls, state.Count = r.core().Listing(n)
-	if limit < 0 || limit > state.Count {
-		limit = state.Count
-	}
-	state.Truncated = len(state.Calls) < limit
+	state.Calls, state.Count = r.core().Listing(min(limit, maxDebugCalls))
+	state.Truncated = len(state.Calls) < min(limit, state.Count)
 	size := 0
 	for i, c := range state.Calls {
 		b, _ := json.Marshal(c)
@@ -91,19 +84,16 @@ func (r *Runnable) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	_ = json.NewEncoder(w).Encode(state) // an error here is the client's going away
 }
 
-// debugLimit returns how many calls req asks for (-1: all), and false for a bad ?limit.
+// debugLimit returns how many calls req asks for (all: math.MaxInt), and false for a bad ?limit.
 func debugLimit(req *http.Request) (int, bool) {
 	q := req.URL.Query()
 	if !q.Has("limit") {
 		return defaultDebugLimit, true
 	}
 	s := q.Get("limit")
-	if s == "all" {
-		return -1, true
-	}
 	n, err := strconv.ParseUint(s, 10, 0)
-	if errors.Is(err, strconv.ErrRange) || n > math.MaxInt {
-		return -1, true // larger than any list: all of them
+	if s == "all" || errors.Is(err, strconv.ErrRange) || n > math.MaxInt {
+		return math.MaxInt, true
 	}
 	return int(n), err == nil
 }

@@ -11,20 +11,17 @@
 // New makes one without a manager, for unit tests and libraries.
 //
 // The Runnable needs no leader election: it runs on every replica, and controller-runtime
-// stops it first and waits for it before it stops the leader-election group, the caches, the
-// webhooks and the HTTP servers (pkg/manager/internal.go, engageStopProcedure). Its drain
-// refuses new calls, waits up to GracePeriod for every tracked call of the replica while the
-// executor reports what it waits for, cancels their contexts at CancelAfter, and names what it
-// abandons in one line, AbandonedMessage. Each step of the stop logs one line with its offset
-// from the stop, "sinceStop".
+// stops it first and waits for it before the leader-election group, the caches, the webhooks
+// and the HTTP servers (pkg/manager/internal.go, engageStopProcedure). Its drain refuses new
+// calls, waits up to GracePeriod for every tracked call of the replica, cancels their
+// contexts at CancelAfter, and names what it abandons in one line, AbandonedMessage. Each
+// step of the stop logs one line with "sinceStop".
 //
 // The shield: after SIGTERM the context of a reconcile wrapped with its executor ignores
 // controller-runtime's cancellation and ends by the drain (CancelAfter, at most GracePeriod)
-// or by the fence, and the leader-election workers are held until the drain ends.
-//
-// Fencing: with leader election on, the context of every tracked call ends ("leader election
-// lost") when client-go's elector gives the lease up, and a replica whose stop began never
-// acquires it (see Setup).
+// or by the fence, and the leader-election workers are held until the drain ends. Fencing
+// (see Setup): the contexts of tracked calls end ("leader election lost") when client-go's
+// elector gives the lease up, and a replica whose stop began never acquires it.
 //
 // Setup misuse, one rule in every quiesce package: a function that can report an error (an
 // error result, a test's TestingT, a Gomega matcher's error) reports every misuse of its
@@ -42,8 +39,9 @@
 // Add registers a readyz check "quiesce", /debug/quiesce (ServeHTTP) and process-wide
 // metrics in controller-runtime's metrics.Registry: quiesce_calls_in_flight,
 // quiesce_calls_started_total, quiesce_calls_refused_total, quiesce_calls_panicked_total,
-// quiesce_calls_abandoned_total, quiesce_calls_cancelled_total, quiesce_oldest_call_age_seconds, quiesce_calls_slow,
-// quiesce_call_duration_seconds{controller} and quiesce_drain_duration_seconds. They sum
-// the executors of the Runnables that Setup made, each until its Start returned, then its
-// counters only. All methods are safe for concurrent use; none blocks but Start.
+// quiesce_calls_abandoned_total, quiesce_calls_cancelled_total, quiesce_calls_slow,
+// quiesce_oldest_call_age_seconds, quiesce_call_duration_seconds{controller} and
+// quiesce_drain_duration_seconds, summed over the Runnables of Setup (each until its Start
+// returned, then its counters only). All methods are safe for concurrent use; none blocks
+// but Start.
 package runnable

@@ -14,7 +14,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/client-go/tools/record"
-	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/leaderelection"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
@@ -34,9 +34,9 @@ const (
 // of cfg), wrapped so that quiesce sees each read and write of the lease.
 func observeLease(cfg *rest.Config, mo *manager.Options) (*leaseObserver, error) {
 	l := &leaseObserver{inner: mo.LeaderElectionResourceLockInterface,
-		renewDeadline: orDefault(mo.RenewDeadline, defaultRenewDeadline),
-		retryPeriod:   orDefault(mo.RetryPeriod, defaultRetryPeriod),
-		leaseDuration: orDefault(mo.LeaseDuration, defaultLeaseDuration)}
+		renewDeadline: ptr.Deref(mo.RenewDeadline, defaultRenewDeadline),
+		retryPeriod:   ptr.Deref(mo.RetryPeriod, defaultRetryPeriod),
+		leaseDuration: ptr.Deref(mo.LeaseDuration, defaultLeaseDuration)}
 	if !internal.IsNil(l.inner) {
 		return l, nil
 	}
@@ -64,13 +64,6 @@ func observeLease(cfg *rest.Config, mo *manager.Options) (*leaseObserver, error)
 	return l, nil
 }
 
-func orDefault(d *time.Duration, def time.Duration) time.Duration {
-	if d == nil {
-		return def
-	}
-	return *d
-}
-
 var (
 	errNotCampaigning = errors.New("quiesce: this replica is stopping: it does not acquire the lease")
 	errLeaseLost      = errors.New("quiesce: the lease was lost: this replica no longer writes it")
@@ -88,29 +81,18 @@ type leaseObserver struct {
 	r             *Runnable // set by Setup, before the lock is shared
 
 	mu          sync.Mutex
-	held        bool        // the last write of ours that succeeded made us the holder
-	acquired    bool        // a write of ours ever succeeded: the manager's elector uses l
-	lost        bool        // fenced: no write from now on
-	stopping    bool        // the stop began: no acquisition
-	lastRenewal time.Time   // when the last successful renewal was sent, on the Runnable's clock
-	fence       clock.Timer // fires fenceAfter() after lastRenewal
-	fenceGen    uint64      // counts the fences armed: a timer fires for the newest only
+	held        bool      // the last write of ours that succeeded made us the holder
+	lost        bool      // fenced: no write from now on
+	lastRenewal time.Time // when the last successful renewal was sent, on the Runnable's clock
 }
 
 var _ resourcelock.Interface = (*leaseObserver)(nil)
-
-func (l *leaseObserver) clock() clock.WithTickerAndDelayedExecution {
-	if l.r != nil {
-		return l.r.clock
-	}
-	return clock.RealClock{}
-}
 
 // Get reads the lease; another holder while this replica held it means the lease is lost.
 func (l *leaseObserver) Get(ctx context.Context) (*resourcelock.LeaderElectionRecord, []byte, error) {
 	rec, raw, err := l.inner.Get(ctx)
 	if err == nil && rec != nil && rec.HolderIdentity != "" && rec.HolderIdentity != l.inner.Identity() {
-		l.lose(false)
+		l.lose(time.Time{})
 	}
 	return rec, raw, err
 }
@@ -129,7 +111,7 @@ func (l *leaseObserver) write(ctx context.Context, ler resourcelock.LeaderElecti
 ) error {
 	mine := ler.HolderIdentity == l.inner.Identity()
 	l.mu.Lock()
-	lost, campaigning := l.lost, l.stopping && !l.held
+	lost, campaigning := l.lost, l.r.stop.began() && !l.held
 	l.mu.Unlock()
 	switch {
 	case mine && lost:
@@ -137,7 +119,7 @@ func (l *leaseObserver) write(ctx context.Context, ler resourcelock.LeaderElecti
 	case mine && campaigning:
 		return errNotCampaigning
 	}
-	sent := l.clock().Now() // the holder's renewal counts from no earlier than this
+	sent := l.r.clock.Now() // the holder's renewal counts from no earlier than this
 	if err := fn(ctx, ler); err != nil {
 		return err
 	}
@@ -146,18 +128,15 @@ func (l *leaseObserver) write(ctx context.Context, ler resourcelock.LeaderElecti
 	switch {
 	case !mine: // released (LeaderElectionReleaseOnCancel): a planned end, no fence
 		l.held = false
-		l.stopFence()
 	case l.lost: // sent before the fence: the elector gives up at its next renewal
 	case sent.After(l.lastRenewal):
-		l.held, l.acquired, l.lastRenewal = true, true, sent
-		l.stopFence()
-		l.fenceGen++
-		gen := l.fenceGen
-		// Only a goroutine: a fake clock runs the callback under its lock, where the fence's
-		// log line, which reads the clock, would deadlock its Step.
-		l.fence = l.clock().AfterFunc(l.fenceAfter()-l.clock().Since(sent), func() { go l.expire(gen) })
+		l.held, l.lastRenewal = true, sent
+		// The fence of an earlier renewal finds a later one and does nothing. Only a
+		// goroutine: a fake clock runs the callback under its lock, where the fence's log
+		// line, which reads the clock, would deadlock its Step.
+		l.r.clock.AfterFunc(l.fenceAfter()-l.r.clock.Since(sent), func() { go l.lose(sent) })
 	default:
-		l.held, l.acquired = true, true
+		l.held = true
 	}
 	return nil
 }
@@ -174,56 +153,31 @@ func (l *leaseObserver) fenceAfter() time.Duration {
 	return d
 }
 
-func (l *leaseObserver) stopFence() {
-	if l.fence != nil {
-		l.fence.Stop()
-		l.fence = nil
-	}
-}
-
-// expire fences when the fence armed as number gen fired and no renewal armed another.
-func (l *leaseObserver) expire(gen uint64) {
+// lose marks the lease lost, once, and has the Runnable fence: another identity holds it
+// (sent zero), or the fence armed by the renewal sent at sent fired with none since.
+func (l *leaseObserver) lose(sent time.Time) {
+	expired := !sent.IsZero()
 	l.mu.Lock()
-	due := l.held && !l.lost && gen == l.fenceGen
-	l.mu.Unlock()
-	if due {
-		l.lose(true)
-	}
-}
-
-// lose marks the lease lost, once, and has the Runnable fence. expired: no renewal within
-// fenceAfter; otherwise another identity holds the lease.
-func (l *leaseObserver) lose(expired bool) {
-	l.mu.Lock()
-	if !l.held || l.lost {
+	if !l.held || l.lost || expired && !sent.Equal(l.lastRenewal) {
 		l.mu.Unlock()
 		return
 	}
 	l.held, l.lost = false, true
-	l.stopFence()
 	last := l.lastRenewal
 	l.mu.Unlock()
-	if l.r != nil {
-		reason := "another replica holds the lease"
-		if expired {
-			reason = "no renewal within the renew deadline"
-		}
-		l.r.fence(last, l.fenceAfter(), reason)
+	reason := "another replica holds the lease"
+	if expired {
+		reason = "no renewal within the renew deadline"
 	}
+	l.r.fence(last, l.fenceAfter(), reason)
 }
 
-// stop marks the start of the stop: from now on the replica acquires no lease it does not hold.
-func (l *leaseObserver) stop() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.stopping = true
-}
-
-// used reports whether a write of this replica's ever succeeded through l.
+// used reports whether a write of this replica's ever succeeded through l (the manager's
+// elector uses it): each first one is a renewal.
 func (l *leaseObserver) used() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.acquired
+	return !l.lastRenewal.IsZero()
 }
 
 func (l *leaseObserver) RecordEvent(s string) { l.inner.RecordEvent(s) }

@@ -12,8 +12,7 @@ import (
 	"github.com/quiesce-dev/quiesce/drain"
 )
 
-// The metrics are process-wide, like controller-runtime's: one set in metrics.Registry, summed
-// over the Runnables of Setup. The only label is the controller given to reconcilers.Wrap.
+// The metrics are process-wide, like controller-runtime's; the only label is the controller.
 var (
 	callSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "quiesce_call_duration_seconds",
@@ -77,8 +76,7 @@ var callObservers sync.Map // controller → callSeconds' prometheus.Observer; n
 
 // statsCollector makes the executors' counters into metrics when scraped: a call touches no
 // Prometheus code but its histogram. It holds each Runnable of Setup until its Start returns,
-// then keeps only its counters (fold), monotonic: a test suite that makes many Runnables
-// holds only those running. What a stopped executor counts later is not counted.
+// then keeps only its counters (fold), so that a suite of many Runnables holds only those running.
 type statsCollector struct {
 	mu     sync.Mutex
 	live   map[*Runnable]struct{}

@@ -31,12 +31,9 @@ func (s *stopState) began() bool {
 }
 
 // beginStop marks the beginning of the stop, once: no campaigning for the lease, readiness
-// failing with a ShutdownDelay, webhook connections closed.
+// failing with a ShutdownDelay, webhook connections closed (all read stop.began).
 func (r *Runnable) beginStop() {
 	r.stop.beginOnce.Do(func() {
-		if l := r.lease.Load(); l != nil {
-			l.stop()
-		}
 		r.stop.at = time.Now()
 		if r.ex.Stats().InFlight > 0 {
 			r.stop.waited.Store(true)

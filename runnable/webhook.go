@@ -103,7 +103,7 @@ func (h *trackedHook) callName(req *http.Request) string {
 	dec := json.NewDecoder(io.TeeReader(io.LimitReader(req.Body, maxReviewBytes), &seen))
 	var ns, name string
 	walkTo(dec, "request", func() {
-		walk(dec, func(key string) int {
+		walk(dec, func(key string) bool {
 			switch key {
 			case "namespace":
 				_ = dec.Decode(&ns)
@@ -113,63 +113,44 @@ func (h *trackedHook) callName(req *http.Request) string {
 				if key == "object" && name == "" {
 					walkTo(dec, "metadata", func() { walkTo(dec, "generateName", func() { _ = dec.Decode(&name) }) })
 				}
-				return stop
+				return true
 			default:
-				return skip
+				_ = dec.Decode(&json.RawMessage{})
 			}
-			return read
+			return false
 		})
 	})
-	req.Body = readCloser{io.MultiReader(&seen, req.Body), req.Body}
+	req.Body = struct { // what was read, put back, then the rest; Close closes the original
+		io.Reader
+		io.Closer
+	}{io.MultiReader(&seen, req.Body), req.Body}
 	return path.Join("webhook", h.path, ns, name) // empty parts left out
 }
 
-// What walk's visit did with a key's value: left it to walk to skip, read it, or read what
-// it needed and ends the walk.
-const (
-	skip = iota
-	read
-	stop
-)
-
 // walkTo reads the JSON object next in dec up to key, and has fn read its value.
 func walkTo(dec *json.Decoder, key string, fn func()) {
-	walk(dec, func(k string) int {
-		if k != key {
-			return skip
+	walk(dec, func(k string) bool {
+		if k == key {
+			fn()
+			return true
 		}
-		fn()
-		return stop
+		_ = dec.Decode(&json.RawMessage{})
+		return false
 	})
 }
 
-// walk reads the JSON object next in dec key by key, calling visit on each, until visit
-// says stop, the object ends, or dec fails.
-func walk(dec *json.Decoder, visit func(key string) int) {
+// walk reads the JSON object next in dec key by key, calling visit on each to read its value,
+// until visit returns true, the object ends, or dec fails (a decoder's error sticks).
+func walk(dec *json.Decoder, visit func(key string) (done bool)) {
 	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
 		return
 	}
 	for dec.More() {
 		t, err := dec.Token()
-		key, ok := t.(string)
-		if err != nil || !ok {
-			return
-		}
-		switch visit(key) {
-		case skip:
-			if dec.Decode(&json.RawMessage{}) != nil {
-				return
-			}
-		case stop:
+		if key, ok := t.(string); err != nil || !ok || visit(key) {
 			return
 		}
 	}
-}
-
-// readCloser reads from Reader and closes Closer: a body partly read, put back.
-type readCloser struct {
-	io.Reader
-	io.Closer
 }
 
 // closingWriter adds "Connection: close" (HTTP/2: a GOAWAY) to a header written once the

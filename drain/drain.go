@@ -688,8 +688,9 @@ func (e *Executor) cancelCalls(atStart bool) {
 		case c.opts.Daemon:
 			c.cancel(errCancelledByDrain)
 		case !atStart || c.opts.CancelAtStop:
+			running := c.since.Load() != sinceLeft // read first: a cancelled fn may return at once
 			c.cancel(cause)
-			if c.since.Load() != sinceLeft && c.count(countedCancelled) { // fn still runs
+			if running && c.count(countedCancelled) {
 				cut = append(cut, c)
 			}
 		}

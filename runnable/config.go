@@ -43,14 +43,14 @@ type Config struct {
 
 // configNames are the JSON names of Config's fields, by Options field.
 var configNames = map[string]string{
-	"ShutdownDelay": "shutdownDelay",
-	"GracePeriod":   "gracePeriod",
-	"CancelAfter":   "cancelAfter",
-	"SlowAfter":     "slowAfter",
-	"ReportAfter":   "reportAfter",
-	"ReportEvery":   "reportEvery",
-	"MaxConcurrent": "maxConcurrent",
-	"DebugAddress":  "debugAddress",
+	"ShutdownDelay":  "shutdownDelay",
+	"GracePeriod":    "gracePeriod",
+	"CancelAfter":    "cancelAfter",
+	fieldSlowAfter:   "slowAfter",
+	"ReportAfter":    "reportAfter",
+	fieldReportEvery: "reportEvery",
+	"MaxConcurrent":  "maxConcurrent",
+	"DebugAddress":   "debugAddress",
 }
 
 // UnmarshalJSON decodes c strictly and case-sensitively (sigs.k8s.io/json.UnmarshalStrict):

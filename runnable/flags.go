@@ -64,12 +64,12 @@ var (
 
 // flagNames are the flags bound to the fields, by field.
 var flagNames = map[string]string{
-	"ShutdownDelay": "quiesce-shutdown-delay",
-	"GracePeriod":   "quiesce-grace-period",
-	"CancelAfter":   "quiesce-cancel-after",
-	"ReportEvery":   "quiesce-report-every",
-	"SlowAfter":     "quiesce-slow-after",
-	"DebugAddress":  "quiesce-debug-address",
+	"ShutdownDelay":  "quiesce-shutdown-delay",
+	"GracePeriod":    "quiesce-grace-period",
+	"CancelAfter":    "quiesce-cancel-after",
+	fieldReportEvery: "quiesce-report-every",
+	fieldSlowAfter:   "quiesce-slow-after",
+	"DebugAddress":   "quiesce-debug-address",
 }
 
 // Defaults of the fields (drain's, for the intervals) that a flag shows, and binds, for zero.
@@ -98,9 +98,9 @@ func (o *Options) bind(fs flagSet) {
 	fs.DurationVar(&o.CancelAfter, flagNames["CancelAfter"], o.CancelAfter,
 		"When, within the grace period, the calls still running are asked to stop (their contexts cancelled). "+
 			"0: at 4/5 of the grace period; 1ns: at once, as without quiesce; negative: never.")
-	fs.DurationVar(&o.ReportEvery, flagNames["ReportEvery"], orDefault(o.ReportEvery, defaultReportEvery),
+	fs.DurationVar(&o.ReportEvery, flagNames[fieldReportEvery], orDefault(o.ReportEvery, defaultReportEvery),
 		"How often, while the operator waits for calls at its stop, it logs those still running and where.")
-	fs.DurationVar(&o.SlowAfter, flagNames["SlowAfter"], orDefault(o.SlowAfter, defaultSlowAfter),
+	fs.DurationVar(&o.SlowAfter, flagNames[fieldSlowAfter], orDefault(o.SlowAfter, defaultSlowAfter),
 		"Calls running longer than this are logged as slow. Negative: never.")
 	fs.StringVar(&o.DebugAddress, flagNames["DebugAddress"], o.DebugAddress,
 		"Serve /debug/quiesce (the objects in flight, the code lines they wait on) on this loopback address "+
@@ -119,3 +119,9 @@ func (o *Options) name(field string) string {
 	}
 	return "--" + flagNames[field] + " (" + field + ")"
 }
+
+// Field names that errors, flags and config keys are keyed by.
+const (
+	fieldReportEvery = "ReportEvery"
+	fieldSlowAfter   = "SlowAfter"
+)

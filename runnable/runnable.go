@@ -172,8 +172,8 @@ func checkDurations(opts Options) error {
 	for _, b := range []struct {
 		field    string
 		d, least time.Duration
-	}{{"ReportAfter", opts.ReportAfter, drain.MinReportAfter}, {"ReportEvery", opts.ReportEvery, drain.MinReportEvery},
-		{"SlowAfter", opts.SlowAfter, drain.MinSlowAfter}} {
+	}{{"ReportAfter", opts.ReportAfter, drain.MinReportAfter}, {fieldReportEvery, opts.ReportEvery, drain.MinReportEvery},
+		{fieldSlowAfter, opts.SlowAfter, drain.MinSlowAfter}} {
 		if b.d > 0 && b.d < b.least {
 			return fmt.Errorf("%s is %v: set it to 0 (the default) or at least %v", opts.name(b.field), b.d, b.least)
 		}

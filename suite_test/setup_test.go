@@ -19,6 +19,9 @@ import (
 	"github.com/quiesce-dev/quiesce/runnable"
 )
 
+// setupLease is the lease of the Setup spec's manager.
+const setupLease = "quiesce-setup"
+
 // The README's setup, on a real API server: Setup before ctrl.NewManager, q.Add after it.
 var _ = Describe("runnable.Setup", func() {
 	setupOptions := func(ns, id string) manager.Options {
@@ -41,7 +44,7 @@ var _ = Describe("runnable.Setup", func() {
 		cur := goleak.IgnoreCurrent()
 		ns := newNamespace(ctx)
 		mine := rest.CopyConfig(cfg)
-		mo := setupOptions(ns, "quiesce-setup")
+		mo := setupOptions(ns, setupLease)
 		logs := &logLines{}
 		q, err := runnable.Setup(mine, &mo, runnable.Options{Logger: logs.logger(), GracePeriod: 2 * time.Second})
 		Expect(err).NotTo(HaveOccurred())
@@ -55,14 +58,14 @@ var _ = Describe("runnable.Setup", func() {
 		Eventually(mgr.Elected(), 20*time.Second).Should(BeClosed())
 		var lease coordinationv1.Lease
 		Eventually(func() string {
-			if err := k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: "quiesce-setup"}, &lease); err != nil {
+			if err := k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: setupLease}, &lease); err != nil {
 				return ""
 			}
 			return ptr.Deref(lease.Spec.HolderIdentity, "")
 		}).ShouldNot(BeEmpty())
 		// The elector renews at once after acquiring: stop between renewals, not during that one.
 		Eventually(func() bool {
-			Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: "quiesce-setup"}, &lease)).To(Succeed())
+			Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: setupLease}, &lease)).To(Succeed())
 			return lease.Spec.RenewTime != nil && lease.Spec.AcquireTime != nil &&
 				lease.Spec.RenewTime.After(lease.Spec.AcquireTime.Time)
 		}).Should(BeTrue())
@@ -70,7 +73,7 @@ var _ = Describe("runnable.Setup", func() {
 		Expect(<-done).To(Succeed())
 		Expect(q.Err()).NotTo(HaveOccurred())
 		Expect(logs.messages()).NotTo(ContainElement(ContainSubstring("does not use the lock")))
-		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: "quiesce-setup"}, &lease)).To(Succeed())
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: setupLease}, &lease)).To(Succeed())
 		Expect(ptr.Deref(lease.Spec.HolderIdentity, "")).To(BeEmpty(), "released on cancel")
 		expectNoLeaks(cur)
 	})

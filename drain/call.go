@@ -242,7 +242,7 @@ func (e *Executor) logPanic(err error) {
 	var pe *PanicError
 	if errors.As(err, &pe) {
 		e.safely(func() {
-			e.log.Error(err, "Call panicked",
+			e.opts.Logger.Error(err, "Call panicked",
 				"call", internal.Cut(pe.Name), "panic", internal.Cut(fmt.Sprint(pe.Value)), "stack", string(pe.Stack))
 		})
 	}
@@ -253,12 +253,12 @@ func (e *Executor) afterCall(after func(string, time.Duration, error), c *call, 
 	defer func() {
 		if v := recover(); v != nil {
 			e.safely(func() {
-				e.log.Error(fmt.Errorf("%v", v), "AfterCall panicked",
+				e.opts.Logger.Error(fmt.Errorf("%v", v), "AfterCall panicked",
 					"call", internal.Cut(c.name()), "stack", string(debug.Stack()))
 			})
 		}
 	}()
-	after(c.opts.Controller, e.clock.Since(c.start), err)
+	after(c.opts.Controller, e.opts.Clock.Since(c.start), err)
 }
 
 // safely runs log, a call of the Logger, containing a panic in it.

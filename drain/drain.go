@@ -169,9 +169,7 @@ const ( // defaults of Options
 // Executor runs named calls on tracked goroutines. Create it with New. All its methods
 // are safe for concurrent use. It drains once: then it refuses new calls for good.
 type Executor struct {
-	opts     Options
-	clock    clock.WithTickerAndDelayedExecution
-	log      logr.Logger
+	opts     Options       // defaults filled in
 	slots    chan struct{} // MaxConcurrent tokens; nil when unbounded
 	settings internal.Settings
 
@@ -236,9 +234,6 @@ func New(opts Options) *Executor {
 	if opts.SlowAfter == 0 {
 		opts.SlowAfter = defaultSlowAfter
 	}
-	if opts.MaxConcurrent < 0 {
-		opts.MaxConcurrent = 0
-	}
 	if internal.IsNil(opts.Clock) {
 		opts.Clock = clock.RealClock{}
 	}
@@ -247,8 +242,6 @@ func New(opts Options) *Executor {
 	}
 	e := &Executor{
 		opts:     opts,
-		clock:    opts.Clock,
-		log:      opts.Logger,
 		draining: make(chan struct{}),
 		done:     make(chan struct{}),
 	}
@@ -290,27 +283,24 @@ func (c *core) RunHandler(ctx context.Context, o internal.CallOptions, h interna
 }
 
 func (c *core) Call(ctx context.Context, o internal.CallOptions, fn func(context.Context) error) error {
-	return (*Executor)(c).call(ctx, &o, funcHandler(fn))
+	return (*Executor)(c).call(ctx, &o, funcHandler(fn), true)
 }
 
 func (c *core) Go(ctx context.Context, o internal.CallOptions, fn func(context.Context) error) error {
-	return (*Executor)(c).goCall(ctx, &o, funcHandler(fn))
+	return (*Executor)(c).call(ctx, &o, funcHandler(fn), false)
 }
 
-func (c *core) Now() time.Time { return c.clock.Now() }
+func (c *core) Now() time.Time { return c.opts.Clock.Now() }
 
 func (c *core) Fenced() context.Context { return c.fenced }
 
-// Listing copies the calls under e.mu and renders them outside it, with any fresh capture.
-func (c *core) Listing(limit int) (internal.Entries, int) {
-	e := (*Executor)(c)
-	calls, total := e.list(limit)
-	return entries(e.locateWith(calls, true), c.clock.Now()), total
-}
+func (c *core) Listing(limit int) (internal.Entries, int) { return c.entries(limit, true) }
 
-func (c *core) Entries(limit int) (internal.Entries, int) {
-	calls, total := (*Executor)(c).Locate(limit)
-	return entries(calls, c.clock.Now()), total
+func (c *core) Entries(limit int) (internal.Entries, int) { return c.entries(limit, false) }
+
+func (c *core) entries(limit int, shared bool) (internal.Entries, int) {
+	calls, total := (*Executor)(c).list(limit)
+	return entries((*Executor)(c).locateWith(calls, shared), c.opts.Clock.Now()), total
 }
 
 func (c *core) Fence(cause error) int {
@@ -341,27 +331,29 @@ func (e *Executor) Call(ctx context.Context, name string, fn func(context.Contex
 	if err := e.created(); err != nil {
 		return err
 	}
-	return e.call(ctx, &internal.CallOptions{Name: name}, funcHandler(fn))
+	return e.call(ctx, &internal.CallOptions{Name: name}, funcHandler(fn), true)
 }
 
-func (e *Executor) call(ctx context.Context, o *internal.CallOptions, fn internal.Handler) error {
+// call runs fn on a goroutine of its own and, if wait, waits as Call does; else, as Go.
+func (e *Executor) call(ctx context.Context, o *internal.CallOptions, fn internal.Handler, wait bool) error {
 	c, err := e.admit(ctx, o, fn)
 	if err != nil {
 		return err
 	}
+	if !wait {
+		c.state.Store(callDetached)
+		go c.exec(fn)
+		return nil
+	}
 	c.done = make(chan struct{})
 	go c.exec(fn)
-	if ctxDone := ctx.Done(); ctxDone == nil { // ctx never ends: wait for fn alone
-		<-c.done
-	} else {
-		select {
-		case <-c.done:
-		case <-ctxDone:
-			if c.state.CompareAndSwap(callWaiting, callDetached) {
-				return ctx.Err()
-			}
-			<-c.done // fn returned meanwhile; take its result instead
+	select {
+	case <-c.done:
+	case <-ctx.Done():
+		if c.state.CompareAndSwap(callWaiting, callDetached) {
+			return ctx.Err()
 		}
+		<-c.done // fn returned meanwhile; take its result instead
 	}
 	if o.Repanic && c.panicked {
 		repanic(ctx, c.e, c.err.(*PanicError)) //nolint:errcheck,forcetypeassert // panicked: err is its *PanicError
@@ -390,17 +382,7 @@ func (e *Executor) Go(ctx context.Context, name string, fn func(context.Context)
 	if err := e.created(); err != nil {
 		return err
 	}
-	return e.goCall(ctx, &internal.CallOptions{Name: name}, funcHandler(fn))
-}
-
-func (e *Executor) goCall(ctx context.Context, o *internal.CallOptions, fn internal.Handler) error {
-	c, err := e.admit(ctx, o, fn)
-	if err != nil {
-		return err
-	}
-	c.state.Store(callDetached)
-	go c.exec(fn)
-	return nil
+	return e.call(ctx, &internal.CallOptions{Name: name}, funcHandler(fn), false)
 }
 
 // Run is Call on the caller's goroutine, for callers that wait anyway (reconcilers.Wrap):
@@ -443,7 +425,7 @@ func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn intern
 	c := newCall(ctx, e, o)
 	c.slot = slot
 	// Stamped outside the lock; link keeps the list ordered by the stamps.
-	c.start = e.clock.Now()
+	c.start = e.opts.Clock.Now()
 	e.mu.Lock()
 	if e.isDraining && !e.inFlightOuter(ctx) {
 		e.mu.Unlock()
@@ -647,7 +629,7 @@ func (e *Executor) beginDrain(cancelAfter time.Duration) {
 		e.armReport(e.opts.ReportAfter)
 		if cancelAfter > CancelAtOnce {
 			// go: a fake clock calls the func under its lock (a lock-order inversion).
-			e.cancelTmr = e.clock.AfterFunc(cancelAfter, func() { go e.cancelCalls(false) })
+			e.cancelTmr = e.opts.Clock.AfterFunc(cancelAfter, func() { go e.cancelCalls(false) })
 		}
 	}
 	close(e.draining)
@@ -664,7 +646,7 @@ func (e *Executor) beginDrain(cancelAfter time.Duration) {
 // timers fire once; they call the func under their lock). The caller holds e.mu.
 func (e *Executor) armReport(d time.Duration) {
 	stopTimer(e.report)
-	e.report = e.clock.AfterFunc(d, func() { go e.reportDue() })
+	e.report = e.opts.Clock.AfterFunc(d, func() { go e.reportDue() })
 }
 
 // cancelCalls ends the contexts of the calls: as the drain begins (atStart), daemons' and
@@ -709,11 +691,11 @@ func (e *Executor) cancelCalls(atStart bool) {
 		for i := range listed {
 			listed[i] = cut[i].pending()
 		}
-		kv := e.stopKV("cancelled", len(cut), "cause", cause.Error(), "calls", entries(listed, e.clock.Now()))
+		kv := e.stopKV("cancelled", len(cut), "cause", cause.Error(), "calls", entries(listed, e.opts.Clock.Now()))
 		if more := len(cut) - len(listed); more > 0 {
 			kv = append(kv, "more", more)
 		}
-		e.safely(func() { e.log.Info("Cancelling calls still running", kv...) })
+		e.safely(func() { e.opts.Logger.Info("Cancelling calls still running", kv...) })
 	}()
 }
 
@@ -729,16 +711,10 @@ func (e *Executor) stopKV(kv ...any) []any {
 func (e *Executor) list(limit int) (calls []*call, total int) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	total = int(e.inFlight)
-	n := total
-	if limit >= 0 && limit < n {
-		n = limit
-	}
-	calls = make([]*call, 0, n)
-	for c := e.oldest; c != nil && len(calls) < n; c = c.next {
+	for c := e.oldest; c != nil && (limit < 0 || len(calls) < limit); c = c.next {
 		calls = append(calls, c)
 	}
-	return calls, total
+	return calls, int(e.inFlight)
 }
 
 // Pending returns the calls admitted and not yet returned, oldest first, without Where
@@ -781,7 +757,7 @@ func (e *Executor) Stats() Stats {
 			break
 		}
 	}
-	s.Slow = e.countSlow(e.clock.Now())
+	s.Slow = e.countSlow(e.opts.Clock.Now())
 	e.mu.Unlock()
 	s.Started = e.started.Load()
 	s.Refused = e.refused.Load()

@@ -294,7 +294,7 @@ func (e *Executor) unknownWhy(reason uint32) {
 		return
 	}
 	go e.safely(func() {
-		e.log.Info("Cannot locate pending calls", "reason", unknownReasons[reason])
+		e.opts.Logger.Info("Cannot locate pending calls", "reason", unknownReasons[reason])
 	})
 }
 

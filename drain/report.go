@@ -46,7 +46,7 @@ func (e *Executor) reportPending() {
 	if total == 0 {
 		return
 	}
-	kv := e.stopKV("pending", total, "calls", entries(calls, e.clock.Now()))
+	kv := e.stopKV("pending", total, "calls", entries(calls, e.opts.Clock.Now()))
 	if more := total - len(calls); more > 0 {
 		kv = append(kv, "more", more)
 	}
@@ -59,7 +59,7 @@ func (e *Executor) reportPending() {
 	e.lineDone = lineDone
 	e.mu.Unlock()
 	defer close(lineDone)
-	e.log.Info("Waiting for pending calls", kv...)
+	e.opts.Logger.Info("Waiting for pending calls", kv...)
 }
 
 // logAsync runs log on a goroutine of its own, unless the previous one still runs: a
@@ -95,7 +95,7 @@ func (e *Executor) armSlow(d time.Duration) {
 	}
 	e.slowArmed = true
 	stopTimer(e.slowTimer) // a new timer each time, as armReport
-	e.slowTimer = e.clock.AfterFunc(d, func() { go e.checkSlow() })
+	e.slowTimer = e.opts.Clock.AfterFunc(d, func() { go e.checkSlow() })
 }
 
 // slowCalls returns up to limit (all if < 0) calls slow at now, daemons aside, their
@@ -147,7 +147,7 @@ func (e *Executor) checkSlow() {
 		e.mu.Unlock()
 		return
 	}
-	now := e.clock.Now()
+	now := e.opts.Clock.Now()
 	slow, count, newest := e.slowCalls(now, limit)
 	switch d, ok := e.nextToTurnSlow(now); {
 	case count > 0:
@@ -181,7 +181,7 @@ func (e *Executor) checkSlow() {
 	if more := count - len(listed); more > 0 {
 		kv = append(kv, "more", more)
 	}
-	e.safely(func() { e.log.Info("Slow calls", kv...) })
+	e.safely(func() { e.opts.Logger.Info("Slow calls", kv...) })
 	e.observeSlow(obs, slow, ents)
 }
 
@@ -203,7 +203,7 @@ func (e *Executor) observeSlow(obs []internal.Observer, calls []*call, ents []in
 		return
 	}
 	o := observed(calls, ents)
-	ctx, cancel := context.WithTimeout(logr.NewContext(context.Background(), e.log), observeTimeout)
+	ctx, cancel := context.WithTimeout(logr.NewContext(context.Background(), e.opts.Logger), observeTimeout)
 	defer cancel()
 	for _, ob := range obs {
 		e.safely(func() { ob.Slow(ctx, o) })
@@ -216,9 +216,9 @@ func (c *core) Abandoned(ctx context.Context) {
 	if len(obs) == 0 {
 		return
 	}
-	ctx = logr.NewContext(ctx, e.log)
+	ctx = logr.NewContext(ctx, e.opts.Logger)
 	calls, _ := e.list(-1)
-	o := observed(calls, entries(e.locate(calls), e.clock.Now()))
+	o := observed(calls, entries(e.locate(calls), e.opts.Clock.Now()))
 	var wg sync.WaitGroup
 	for _, ob := range obs {
 		wg.Go(func() { e.safely(func() { ob.Abandoned(ctx, o) }) })

@@ -184,11 +184,10 @@ type Executor struct {
 	waiters     int           // Drain calls waiting; reports are logged only while one waits
 	lineDone    chan struct{} // closed when the last report line begun was logged
 	slow        slowState     // see report.go
-	slowTimer   clock.Timer   // armed while calls are in flight outside a drain
-	slowArmed   bool
-	report      clock.Timer // the next report, while a Drain waits
-	cancelTmr   clock.Timer // CancelAfter, until it fired or the calls all returned
-	labels      *labelTable // the pprof label ids of its calls (see labels.go); nil once its drain is over
+	slowTimer   clock.Timer   // armed while calls are in flight outside a drain; nil once fired
+	report      clock.Timer   // the next report, while a Drain waits
+	cancelTmr   clock.Timer   // CancelAfter, until it fired or the calls all returned
+	labels      *labelTable   // the pprof label ids of its calls (see labels.go); nil once its drain is over
 
 	fenced    context.Context         // ended by Fence (internal.Core.Fenced)
 	fence     context.CancelCauseFunc // ends fenced
@@ -471,7 +470,7 @@ func (e *Executor) link(c *call) {
 		e.oldest = c
 	}
 	e.newest = c
-	if !e.slowArmed && !c.opts.Daemon {
+	if e.slowTimer == nil && !c.opts.Daemon {
 		e.armSlow(e.opts.SlowAfter)
 	}
 }
@@ -757,7 +756,8 @@ func (e *Executor) Stats() Stats {
 			break
 		}
 	}
-	s.Slow = e.countSlow(e.opts.Clock.Now())
+	_, slow, _, _ := e.slowCalls(e.opts.Clock.Now(), 0)
+	s.Slow = int64(slow)
 	e.mu.Unlock()
 	s.Started = e.started.Load()
 	s.Refused = e.refused.Load()

@@ -93,44 +93,30 @@ func (e *Executor) armSlow(d time.Duration) {
 	if e.opts.SlowAfter < 0 || e.isDraining {
 		return
 	}
-	e.slowArmed = true
 	stopTimer(e.slowTimer) // a new timer each time, as armReport
 	e.slowTimer = e.opts.Clock.AfterFunc(d, func() { go e.checkSlow() })
 }
 
-// slowCalls returns up to limit (all if < 0) calls slow at now, daemons aside, their
-// count and the newest. The caller holds e.mu.
-func (e *Executor) slowCalls(now time.Time, limit int) (calls []*call, count int, newest *call) {
+// slowCalls returns the oldest limit calls slow at now, daemons aside, their count, the
+// newest, and how long until the next call turns slow (0: none). The caller holds e.mu.
+func (e *Executor) slowCalls(now time.Time, limit int) (calls []*call, count int, newest *call, next time.Duration) {
 	if e.opts.SlowAfter < 0 {
-		return nil, 0, nil
+		return nil, 0, nil, 0
 	}
-	for c := e.oldest; c != nil && now.Sub(c.start) >= e.opts.SlowAfter; c = c.next {
+	for c := e.oldest; c != nil; c = c.next {
 		if c.opts.Daemon {
 			continue
 		}
+		if next = c.start.Add(e.opts.SlowAfter).Sub(now); next > 0 {
+			break // the list is in admission order
+		}
 		count++
 		newest = c
-		if limit < 0 || len(calls) < limit {
+		if len(calls) < limit {
 			calls = append(calls, c)
 		}
 	}
-	return calls, count, newest
-}
-
-// countSlow counts the slow calls at now. The caller holds e.mu.
-func (e *Executor) countSlow(now time.Time) int64 {
-	_, n, _ := e.slowCalls(now, 0)
-	return int64(n)
-}
-
-// nextToTurnSlow returns how long until the next call turns slow, if any. Holds e.mu.
-func (e *Executor) nextToTurnSlow(now time.Time) (time.Duration, bool) {
-	for c := e.oldest; c != nil; c = c.next {
-		if d := c.start.Add(e.opts.SlowAfter).Sub(now); !c.opts.Daemon && d > 0 {
-			return d, true
-		}
-	}
-	return 0, false
+	return calls, count, newest, max(next, 0)
 }
 
 // checkSlow logs the slow calls if due, and re-arms the timer while calls run.
@@ -142,18 +128,18 @@ func (e *Executor) checkSlow() {
 		limit = max(internal.MaxListed, internal.MaxObserved)
 	}
 	e.mu.Lock()
-	e.slowArmed = false
+	e.slowTimer = nil
 	if e.isDraining || e.oldest == nil {
 		e.mu.Unlock()
 		return
 	}
 	now := e.opts.Clock.Now()
-	slow, count, newest := e.slowCalls(now, limit)
-	switch d, ok := e.nextToTurnSlow(now); {
+	slow, count, newest, next := e.slowCalls(now, limit)
+	switch {
 	case count > 0:
 		e.armSlow(e.opts.ReportEvery)
-	case ok:
-		e.armSlow(d)
+	case next > 0:
+		e.armSlow(next)
 	}
 	s := &e.slow
 	due := false

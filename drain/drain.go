@@ -194,9 +194,9 @@ type Executor struct {
 	draining  chan struct{}           // closed when Drain begins
 	done      chan struct{}           // closed when draining and nothing is in flight
 	drainOnce sync.Once
-	hold      *tableHold    // e's hold on labels, until the registry takes them back
-	logging   atomic.Bool   // a report is being logged (see logAsync)
-	unknown   atomic.Uint32 // reasons for an unknown location already logged (bits)
+	hold      *tableHold  // e's hold on labels, until the registry takes them back
+	logging   atomic.Bool // a report is being logged (see logAsync)
+	unknown   sync.Map    // reasons for an unknown location already logged
 
 	started, finished, refused, panicked, abandoned, cancelled atomic.Uint64
 

@@ -24,20 +24,14 @@ import (
 // ask while it is taken, and within captureReuse after if it saw their labels.
 const captureReuse = time.Second
 
-// Reasons why a location is unknown, each logged once per executor.
+// Why a location is unknown, each logged once per executor.
 const (
-	unknownNoProfile uint32 = 1 << iota
-	unknownNoLabel
-	unknownTooDeep
+	unknownNoProfile = "the goroutine profile could not be written or read"
+	unknownNoLabel   = "no goroutine running the call carries its pprof label: fn replaced its goroutine's labels " +
+		"(pprof.SetGoroutineLabels with a context not derived from fn's)"
+	unknownTooDeep = "the call's stack is deeper than the goroutine profile keeps " +
+		"(GODEBUG profstackdepth, 128 frames by default)"
 )
-
-var unknownReasons = map[uint32]string{
-	unknownNoProfile: "the goroutine profile could not be written or read",
-	unknownNoLabel: "no goroutine running the call carries its pprof label: fn replaced its goroutine's labels " +
-		"(pprof.SetGoroutineLabels with a context not derived from fn's)",
-	unknownTooDeep: "the call's stack is deeper than the goroutine profile keeps " +
-		"(GODEBUG profstackdepth, 128 frames by default)",
-}
 
 // frame is one frame of a stack, innermost first.
 type frame struct {
@@ -48,22 +42,9 @@ type frame struct {
 
 // stack is one goroutine's stack in a capture (or identical ones').
 type stack struct {
-	locs      []*profile.Location // innermost first
-	truncated bool                // the profile kept only its innermost frames
-	execs     int                 // how many exec frames it has: calls running on it
-}
-
-// frames returns st's frames, innermost first (inlined calls, then their caller).
-func (st stack) frames() []frame {
-	var out []frame
-	for _, loc := range st.locs {
-		for _, ln := range loc.Line {
-			if ln.Function != nil {
-				out = append(out, frame{Function: ln.Function.Name, File: ln.Function.Filename, Line: int(ln.Line)})
-			}
-		}
-	}
-	return out
+	frames    []frame // innermost first (inlined calls, then their caller)
+	truncated bool    // the profile kept only its innermost frames
+	execs     int     // how many exec frames it has: calls running on it
 }
 
 // capture holds the stacks of a goroutine profile labelled by quiesce.
@@ -140,10 +121,14 @@ func takeCapture() *capture {
 		if len(ids) != 1 {
 			continue
 		}
-		st := stack{locs: s.Location, truncated: len(s.Location) >= depth}
+		st := stack{truncated: len(s.Location) >= depth}
 		for _, loc := range s.Location {
 			for _, ln := range loc.Line {
-				if ln.Function != nil && ln.Function.Name == execFunc {
+				if ln.Function == nil || ln.Function.Name == "" {
+					continue
+				}
+				st.frames = append(st.frames, frame{ln.Function.Name, ln.Function.Filename, int(ln.Line)})
+				if ln.Function.Name == execFunc {
 					st.execs++
 				}
 			}
@@ -197,58 +182,46 @@ func (e *Executor) locate(calls []*call) []Pending { return e.locateWith(calls, 
 // without a location rather than paying for another.
 func (e *Executor) locateWith(calls []*call, shared bool) []Pending {
 	out := make([]Pending, len(calls))
-	held := make([]*label, len(calls))
-	var since uint64
+	since := make([]uint64, len(calls))
+	var latest uint64
 	for i, c := range calls {
 		out[i] = c.pending()
-		switch s := c.since.Load(); s {
+		switch since[i] = c.since.Load(); since[i] {
 		case 0:
 			out[i].Where, out[i].Handler = NotStarted, NotStarted
 		case sinceLeft: // fn returned a moment ago
 			out[i].Where, out[i].Handler = Returning, Returning
 		default:
-			held[i] = c.label
-			since = max(since, s)
+			latest = max(latest, since[i])
 		}
 	}
-	if since == 0 {
+	if latest == 0 {
 		return out
 	}
 	if shared {
-		since = 0 // any fresh capture will do
+		latest = 0 // any fresh capture will do
 	}
-	cp := captureSince(since)
+	cp := captureSince(latest)
 	if !cp.ok {
 		e.unknownWhy(unknownNoProfile)
 	}
+	todo := make(map[*call]int, len(calls)) // the calls to locate from cp, and their index
 	for i, c := range calls {
-		if held[i] == nil {
-			continue
-		}
 		switch s := c.since.Load(); {
+		case since[i] == 0 || since[i] == sinceLeft:
 		case s == sinceLeft:
-			held[i] = nil
 			out[i].Where, out[i].Handler = Returning, Returning
-		case s > cp.epoch:
-			// shared: the capture began before the call's label.
-			held[i] = nil
+		case s <= cp.epoch: // else (shared) the capture began before the call's label
+			todo[c] = i
 		}
 	}
-	index := make(map[*call]int, len(calls))
-	for i, c := range calls {
-		index[c] = i
-	}
-	found := make([]bool, len(calls))
-	for i, l := range held {
-		if l == nil || !cp.ok {
-			continue
-		}
-		st, ok := ownStack(cp.stacks[l.id])
+	for c, i := range todo {
+		st, ok := ownStack(cp.stacks[c.label.id])
 		if !ok {
 			continue
 		}
-		found[i] = true
-		out[i].Where, out[i].Handler = describe(st.frames(), 0)
+		delete(todo, c)
+		out[i].Where, out[i].Handler = describe(st.frames, 0)
 		if out[i].Handler == "" {
 			out[i].Handler = Unknown
 			e.unknownWhy(unknownTooDeep)
@@ -258,28 +231,15 @@ func (e *Executor) locateWith(calls []*call, shared bool) []Pending {
 	// each above the next exec frame.
 	for _, id := range cp.nested {
 		st, _ := ownStack(cp.stacks[id])
-		inner := labelled(id, cp.epoch)
-		if inner == nil {
-			continue
-		}
-		n := 0
-		for c := inner; c.onCaller; {
-			a := c.outer()
-			if a == nil {
-				break
+		for c, n := labelled(id, cp.epoch), 1; c != nil && c.onCaller && n < st.execs; n++ {
+			c = c.outer()
+			if i, ok := todo[c]; ok {
+				delete(todo, c)
+				out[i].Where, out[i].Handler = describe(st.frames, n)
 			}
-			n++
-			if i, listed := index[a]; listed && held[i] != nil && !found[i] && st.execs > n {
-				found[i] = true
-				out[i].Where, out[i].Handler = describe(st.frames(), n)
-			}
-			c = a
 		}
 	}
-	for i := range out {
-		if held[i] == nil || found[i] {
-			continue
-		}
+	for _, i := range todo {
 		out[i].Where, out[i].Handler = Unknown, Unknown
 		if cp.ok {
 			e.unknownWhy(unknownNoLabel)
@@ -289,13 +249,10 @@ func (e *Executor) locateWith(calls []*call, shared bool) []Pending {
 }
 
 // unknownWhy logs, once per executor and reason, why a location is unknown.
-func (e *Executor) unknownWhy(reason uint32) {
-	if e.unknown.Or(reason)&reason != 0 {
-		return
+func (e *Executor) unknownWhy(reason string) {
+	if _, logged := e.unknown.LoadOrStore(reason, true); !logged {
+		go e.safely(func() { e.opts.Logger.Info("Cannot locate pending calls", "reason", reason) })
 	}
-	go e.safely(func() {
-		e.opts.Logger.Info("Cannot locate pending calls", "reason", unknownReasons[reason])
-	})
 }
 
 // describe returns where the goroutine of frames (innermost first) is blocked, and the
@@ -313,9 +270,6 @@ func describe(frames []frame, n int) (where, handler string) {
 	}
 	var fallback string
 	for _, f := range frames[:top] {
-		if f.Function == "" {
-			continue
-		}
 		pkg := packagePath(f.Function)
 		if !isStd(pkg) && !isOwn(pkg, f.File) {
 			where = formatFrame(f)
@@ -332,7 +286,7 @@ func describe(frames []frame, n int) (where, handler string) {
 		return where, ""
 	}
 	for i := top - 1; i >= 0; i-- {
-		if f := frames[i]; f.Function != "" && !isOwn(packagePath(f.Function), f.File) && !isAdapter(f) {
+		if f := frames[i]; !isOwn(packagePath(f.Function), f.File) && !isAdapter(f) {
 			return where, formatFrame(f)
 		}
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -124,21 +123,16 @@ type PendingError struct {
 func (e *PendingError) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "failed to drain: %v: %d call(s) still running", e.Err, len(e.Pending))
-	for i, p := range e.Pending {
-		if i == internal.MaxListed {
-			fmt.Fprintf(&b, " and %d more", len(e.Pending)-internal.MaxListed)
-			break
-		}
-		if i == 0 {
-			b.WriteString(": ")
-		} else {
-			b.WriteString(", ")
-		}
-		b.WriteString(strconv.Quote(internal.Cut(p.Name)))
+	sep := ": "
+	for _, p := range e.Pending[:min(len(e.Pending), internal.MaxListed)] {
+		fmt.Fprintf(&b, "%s%q", sep, internal.Cut(p.Name))
 		if p.Where != "" {
-			b.WriteString(" at ")
-			b.WriteString(strconv.Quote(internal.Cut(p.Where)))
+			fmt.Fprintf(&b, " at %q", internal.Cut(p.Where))
 		}
+		sep = ", "
+	}
+	if more := len(e.Pending) - internal.MaxListed; more > 0 {
+		fmt.Fprintf(&b, " and %d more", more)
 	}
 	return b.String()
 }
@@ -415,11 +409,9 @@ func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn intern
 		}
 		return nil, err
 	}
-	slot := e.needsSlot(ctx, o)
-	if slot {
-		if err := e.acquire(ctx, o); err != nil {
-			return nil, err
-		}
+	slot, err := e.acquire(ctx, o)
+	if err != nil {
+		return nil, err
 	}
 	c := newCall(ctx, e, o)
 	c.slot = slot
@@ -511,25 +503,19 @@ func stopTimer(t clock.Timer) {
 	}
 }
 
-// needsSlot reports whether a call takes a slot: not daemons, webhook calls, nor calls
-// nested in a call of e (they run in its slot, or in none).
-func (e *Executor) needsSlot(ctx context.Context, o *internal.CallOptions) bool {
-	if e.slots == nil || o.Daemon || o.NoSlot {
-		return false
+// acquire takes a MaxConcurrent slot, if the call needs one, giving up when ctx ends or the
+// drain begins. Daemons, webhook calls and calls nested in a call of e take none.
+func (e *Executor) acquire(ctx context.Context, o *internal.CallOptions) (slot bool, err error) {
+	if outer, ok := ctx.Value(internal.CallKey{}).(*call); e.slots == nil || o.Daemon || o.NoSlot || ok && outer.e == e {
+		return false, nil
 	}
-	outer, ok := ctx.Value(internal.CallKey{}).(*call)
-	return !ok || outer.e != e
-}
-
-// acquire takes a MaxConcurrent slot, giving up when ctx ends or the drain begins.
-func (e *Executor) acquire(ctx context.Context, o *internal.CallOptions) error {
 	select {
 	case e.slots <- struct{}{}:
-		return nil
+		return true, nil
 	case <-ctx.Done():
-		return ctx.Err()
+		return false, ctx.Err()
 	case <-e.draining:
-		return e.refuse(o)
+		return false, e.refuse(o)
 	}
 }
 
@@ -770,14 +756,12 @@ func (e *Executor) Stats() Stats {
 // FromContext reports whether ctx is, or derives from, a tracked call's fn's context, and
 // returns that call's executor and name (the innermost call's).
 func FromContext(ctx context.Context) (ex *Executor, name string, ok bool) {
-	if ctx == nil {
-		return nil, "", false
+	if ctx != nil {
+		if c, ok := ctx.Value(internal.CallKey{}).(*call); ok {
+			return c.e, c.name(), true
+		}
 	}
-	c, ok := ctx.Value(internal.CallKey{}).(*call)
-	if !ok {
-		return nil, "", false
-	}
-	return c.e, c.name(), true
+	return nil, "", false
 }
 
 var errNotCreated = fmt.Errorf("%s: %w", internal.NotCreated, ErrInvalidCall)

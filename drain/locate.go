@@ -72,7 +72,7 @@ var captures struct {
 func captureSince(since uint64) *capture {
 	for {
 		captures.mu.Lock()
-		if c := captures.last; c != nil && c.epoch >= since && fresh(c.at) {
+		if c := captures.last; c != nil && c.epoch >= since && time.Since(c.at) < captureReuse {
 			captures.mu.Unlock()
 			return c
 		}
@@ -93,12 +93,6 @@ func captureSince(since uint64) *capture {
 		close(f)
 		return c
 	}
-}
-
-// fresh reports whether a capture taken at is young enough to be reused.
-func fresh(at time.Time) bool {
-	age := time.Since(at)
-	return age >= 0 && age < captureReuse
 }
 
 // takeCapture writes the goroutine profile and keeps the stacks labelled by quiesce.

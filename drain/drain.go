@@ -154,12 +154,6 @@ type Stats struct {
 	Slow   int64     // pending calls running for SlowAfter or longer, daemons aside
 }
 
-const ( // defaults of Options
-	defaultReportAfter = time.Second
-	defaultReportEvery = 5 * time.Second
-	defaultSlowAfter   = time.Minute
-)
-
 // Executor runs named calls on tracked goroutines. Create it with New. All its methods
 // are safe for concurrent use. It drains once: then it refuses new calls for good.
 type Executor struct {
@@ -219,13 +213,13 @@ func New(opts Options) *Executor {
 		}
 	}
 	if opts.ReportAfter <= 0 {
-		opts.ReportAfter = defaultReportAfter
+		opts.ReportAfter = time.Second
 	}
 	if opts.ReportEvery <= 0 {
-		opts.ReportEvery = defaultReportEvery
+		opts.ReportEvery = 5 * time.Second
 	}
 	if opts.SlowAfter == 0 {
-		opts.SlowAfter = defaultSlowAfter
+		opts.SlowAfter = time.Minute
 	}
 	if internal.IsNil(opts.Clock) {
 		opts.Clock = clock.RealClock{}
@@ -483,15 +477,20 @@ func (e *Executor) unlink(c *call) {
 	}
 	c.prev, c.next = nil, nil
 	e.inFlight--
-	last := e.inFlight == 0 && e.isDraining
-	if last {
+	e.unlock()
+}
+
+// unlock unlocks e.mu, after ending the drain if it is over: nothing is in flight.
+func (e *Executor) unlock() {
+	over := e.isDraining && e.inFlight == 0
+	if over {
 		stopTimer(e.report)
 		stopTimer(e.cancelTmr)
 		e.report, e.cancelTmr = nil, nil
 		e.labels = nil // they go to the next executor (labels.go)
 	}
 	e.mu.Unlock()
-	if last {
+	if over {
 		executors.release(e.hold)
 		close(e.done)
 	}
@@ -605,12 +604,8 @@ func (e *Executor) cancelAfter(ctx context.Context) time.Duration {
 func (e *Executor) beginDrain(cancelAfter time.Duration) {
 	e.mu.Lock()
 	e.isDraining = true
-	idle := e.inFlight == 0
-	if idle {
-		e.labels = nil // see unlink
-	}
 	stopTimer(e.slowTimer)
-	if !idle {
+	if e.inFlight > 0 {
 		e.armReport(e.opts.ReportAfter)
 		if cancelAfter > CancelAtOnce {
 			// go: a fake clock calls the func under its lock (a lock-order inversion).
@@ -618,12 +613,7 @@ func (e *Executor) beginDrain(cancelAfter time.Duration) {
 		}
 	}
 	close(e.draining)
-	e.mu.Unlock()
-	if idle {
-		executors.release(e.hold)
-		close(e.done)
-		return
-	}
+	e.unlock()
 	e.cancelCalls(cancelAfter != CancelAtOnce)
 }
 

@@ -38,16 +38,15 @@ type call struct {
 	err     error         // fn's result, written before done is closed
 }
 
-// Bits of call.counted.
+// Bits of call.counted; count marks c counted for bit and reports whether it was not yet.
 const (
 	countedAbandoned uint32 = 1 << iota
 	countedCancelled
 )
 
-// count marks c counted for bit and reports whether it was not yet.
 func (c *call) count(bit uint32) bool { return c.counted.Or(bit)&bit == 0 }
 
-// Call hand-off states.
+// States of call.state: who takes fn's result.
 const (
 	callWaiting  uint32 = iota // Call or Run waits for the result
 	callDetached               // nobody waits (Go, or Call's ctx ended first)
@@ -60,9 +59,9 @@ var (
 	errCancelledByDrain = errors.New("cancelled by the drain") // at CancelAfter; daemons as it begins
 )
 
-// newCall makes the record of a call and fn's context, standard contexts alone: a
-// WithCancelCause child of ctx (of context.WithoutCancel(ctx) with ctx's deadline, when
-// shielded on an owned executor) answering internal.CallKey with the call.
+// newCall makes the record of a call and fn's context: a WithCancelCause child of ctx (of
+// context.WithoutCancel(ctx) with ctx's deadline, when shielded on an owned executor)
+// answering internal.CallKey with the call.
 func newCall(ctx context.Context, e *Executor, o *internal.CallOptions) *call {
 	c := &call{e: e, parent: ctx, opts: *o}
 	base := ctx
@@ -90,7 +89,6 @@ type funcHandler func(context.Context) error
 
 func (f funcHandler) Handle(ctx context.Context) error { return f(ctx) }
 
-// noFunc reports whether fn is nil, or a nil func.
 func noFunc(fn internal.Handler) bool {
 	f, isFunc := fn.(funcHandler)
 	return fn == nil || isFunc && f == nil
@@ -144,11 +142,7 @@ func (c *call) exec(fn internal.Handler) {
 			pe := c.panicError(v)
 			c.finish(pe)
 			if c.opts.Repanic && c.onCaller {
-				// Run: raised here, the panic keeps fn's frames below it.
-				if outer, ok := c.parent.Value(internal.CallKey{}).(*call); ok {
-					outer.e.markRaised(outer, pe)
-				}
-				panic(v)
+				c.raise(v, pe) // Run: raised here, the panic keeps fn's frames below it
 			}
 		}()
 		err = fn.Handle(c.ctx)
@@ -166,6 +160,16 @@ func (c *call) exec(fn internal.Handler) {
 		return
 	}
 	c.finish(err)
+}
+
+// raise raises v, fn's panic settled as pe, on the caller's goroutine, as if the caller had
+// called fn (controller-runtime's RecoverPanic sees it). An outer tracked call is told, so
+// that it counts the panic once and keeps fn's stack.
+func (c *call) raise(v any, pe *PanicError) {
+	if outer := c.outer(); outer != nil {
+		outer.e.markRaised(outer, pe)
+	}
+	panic(v)
 }
 
 func (c *call) panicError(v any) *PanicError {
@@ -212,8 +216,7 @@ func samePanic(raised, v any) bool {
 	return rv.Type() == reflect.TypeOf(v) && (!rv.Comparable() || raised == v)
 }
 
-// finish settles c with fn's result: restores the labels, counts it, ends fn's context,
-// logs a panic nobody waits for, unlists it and hands err to whoever waits.
+// finish settles c with fn's result and hands it to whoever waits.
 func (c *call) finish(err error) {
 	e := c.e
 	c.leave()
@@ -225,7 +228,7 @@ func (c *call) finish(err error) {
 	if after := e.settings.AfterCall; after != nil {
 		e.afterCall(after, c, err)
 	}
-	c.cancel(errFinished) // fn's context ends with fn
+	c.cancel(errFinished)
 	c.err = err
 	waited := c.state.CompareAndSwap(callWaiting, callFinished)
 	if !waited && err != nil {
@@ -237,7 +240,7 @@ func (c *call) finish(err error) {
 	}
 }
 
-// logPanic logs err if it is a panic (before the call is unlisted: Drain returns after it).
+// logPanic logs err if it is a panic, before the call is unlisted (Drain returns after).
 func (e *Executor) logPanic(err error) {
 	var pe *PanicError
 	if errors.As(err, &pe) {

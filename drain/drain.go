@@ -343,24 +343,14 @@ func (e *Executor) call(ctx context.Context, o *internal.CallOptions, fn interna
 		<-c.done // fn returned meanwhile; take its result instead
 	}
 	if o.Repanic && c.panicked {
-		repanic(ctx, c.e, c.err.(*PanicError)) //nolint:errcheck,forcetypeassert // panicked: err is its *PanicError
+		pe := c.err.(*PanicError) //nolint:errcheck,forcetypeassert // panicked: err is its *PanicError
+		if !pe.logged {           // the panic raised here shows the caller's stack: log fn's, once
+			pe.logged = true
+			e.logPanic(pe)
+		}
+		c.raise(pe.Value, pe)
 	}
 	return c.err
-}
-
-// repanic raises fn's settled panic again on the caller's goroutine with fn's value, as if
-// the caller had called fn (controller-runtime's RecoverPanic sees it). That stack shows
-// the caller, so fn's is logged first, once; an outer tracked call is told, so that it
-// counts the panic once and keeps fn's stack.
-func repanic(ctx context.Context, e *Executor, pe *PanicError) {
-	if !pe.logged {
-		pe.logged = true
-		e.logPanic(pe)
-	}
-	if outer, ok := ctx.Value(internal.CallKey{}).(*call); ok {
-		outer.e.markRaised(outer, pe)
-	}
-	panic(pe.Value)
 }
 
 // Go is Call without waiting: nil once fn is tracked, or Call's error without running fn.

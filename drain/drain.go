@@ -344,7 +344,8 @@ func (e *Executor) call(ctx context.Context, o *internal.CallOptions, fn interna
 	}
 	if o.Repanic && c.panicked {
 		pe := c.err.(*PanicError) //nolint:errcheck,forcetypeassert // panicked: err is its *PanicError
-		if !pe.logged {           // the panic raised here shows the caller's stack: log fn's, once
+		// The panic raised here shows the caller's stack: fn's is logged first, once.
+		if !pe.logged {
 			pe.logged = true
 			e.logPanic(pe)
 		}

@@ -33,27 +33,19 @@ const (
 		"(GODEBUG profstackdepth, 128 frames by default)"
 )
 
-// frame is one frame of a stack, innermost first.
-type frame struct {
-	Function string
-	File     string
-	Line     int
-}
-
 // stack is one goroutine's stack in a capture (or identical ones').
 type stack struct {
-	frames    []frame // innermost first (inlined calls, then their caller)
-	truncated bool    // the profile kept only its innermost frames
-	execs     int     // how many exec frames it has: calls running on it
+	frames    []runtime.Frame // innermost first (inlined calls, then their caller)
+	truncated bool            // the profile kept only its innermost frames
+	execs     int             // how many exec frames it has: calls running on it
 }
 
 // capture holds the stacks of a goroutine profile labelled by quiesce.
 type capture struct {
-	at     time.Time
-	epoch  uint64             // it saw every label of a call whose since is up to this
-	stacks map[string][]stack // by label id
-	nested []string           // the ids whose own stack runs calls below the innermost
-	ok     bool               // the profile was written and read
+	at    time.Time
+	epoch uint64           // it saw every label of a call whose since is up to this
+	own   map[string]stack // by label id, the stack of the call's own goroutine (ownStack)
+	ok    bool             // the profile was written and read
 }
 
 // captureEpoch counts the captures begun (see call.since).
@@ -108,7 +100,7 @@ func takeCapture() *capture {
 		return c
 	}
 	c.ok = true
-	c.stacks = make(map[string][]stack)
+	stacks := make(map[string][]stack)
 	depth := profStackDepth()
 	for _, s := range p.Sample {
 		ids := s.Label[labelKey]
@@ -121,18 +113,19 @@ func takeCapture() *capture {
 				if ln.Function == nil || ln.Function.Name == "" {
 					continue
 				}
-				st.frames = append(st.frames, frame{ln.Function.Name, ln.Function.Filename, int(ln.Line)})
+				f := runtime.Frame{Function: ln.Function.Name, File: ln.Function.Filename, Line: int(ln.Line)}
+				st.frames = append(st.frames, f)
 				if ln.Function.Name == execFunc {
 					st.execs++
 				}
 			}
 		}
-		c.stacks[ids[0]] = append(c.stacks[ids[0]], st)
+		stacks[ids[0]] = append(stacks[ids[0]], st)
 	}
-	// Found once here, not by every asker.
-	for id, stacks := range c.stacks {
-		if st, ok := ownStack(stacks); ok && st.execs >= 2 {
-			c.nested = append(c.nested, id)
+	c.own = make(map[string]stack, len(stacks))
+	for id, sts := range stacks {
+		if st, ok := ownStack(sts); ok {
+			c.own[id] = st
 		}
 	}
 	return c
@@ -142,10 +135,9 @@ func takeCapture() *capture {
 func profStackDepth() int {
 	depth := 128
 	for _, kv := range strings.Split(os.Getenv("GODEBUG"), ",") { // the last one counts
-		if v, ok := strings.CutPrefix(strings.TrimSpace(kv), "profstackdepth="); ok {
-			if n, err := strconv.Atoi(v); err == nil && n > 0 {
-				depth = min(n, 1024)
-			}
+		v, ok := strings.CutPrefix(strings.TrimSpace(kv), "profstackdepth=")
+		if n, err := strconv.Atoi(v); ok && err == nil && n > 0 {
+			depth = min(n, 1024)
 		}
 	}
 	return depth
@@ -153,20 +145,17 @@ func profStackDepth() int {
 
 // ownStack returns, of the stacks labelled with a call's id, its own goroutine's: the one
 // running exec (fn's goroutines inherit the label), else the only one cut at the depth.
-func ownStack(stacks []stack) (stack, bool) {
-	var cut []stack
+func ownStack(stacks []stack) (own stack, ok bool) {
+	cut := 0
 	for _, st := range stacks {
 		if st.execs > 0 {
 			return st, true
 		}
 		if st.truncated {
-			cut = append(cut, st)
+			own, cut = st, cut+1
 		}
 	}
-	if len(cut) == 1 {
-		return cut[0], true
-	}
-	return stack{}, false
+	return own, cut == 1
 }
 
 // locate returns the Pending of each call, with Where and Handler filled.
@@ -210,7 +199,7 @@ func (e *Executor) locateWith(calls []*call, shared bool) []Pending {
 		}
 	}
 	for c, i := range todo {
-		st, ok := ownStack(cp.stacks[c.label.id])
+		st, ok := cp.own[c.label.id]
 		if !ok {
 			continue
 		}
@@ -223,8 +212,10 @@ func (e *Executor) locateWith(calls []*call, shared bool) []Pending {
 	}
 	// A Run inside fn relabels its goroutine: the outer calls are on the inner one's stack,
 	// each above the next exec frame.
-	for _, id := range cp.nested {
-		st, _ := ownStack(cp.stacks[id])
+	for id, st := range cp.own {
+		if st.execs < 2 {
+			continue
+		}
 		for c, n := labelled(id, cp.epoch), 1; c != nil && c.onCaller && n < st.execs; n++ {
 			c = c.outer()
 			if i, ok := todo[c]; ok {
@@ -251,7 +242,7 @@ func (e *Executor) unknownWhy(reason string) {
 
 // describe returns where the goroutine of frames (innermost first) is blocked, and the
 // handler line of the call whose fn runs above its nth exec frame ("" if not in frames).
-func describe(frames []frame, n int) (where, handler string) {
+func describe(frames []runtime.Frame, n int) (where, handler string) {
 	top := len(frames) // frames[:top] run inside the call's fn
 	for i, f := range frames {
 		if f.Function == execFunc {
@@ -292,11 +283,11 @@ const reconcilePkg = "sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 // isAdapter reports whether f only passes the call on: a compiler generated wrapper, or a
 // controller-runtime reconcile adapter.
-func isAdapter(f frame) bool {
+func isAdapter(f runtime.Frame) bool {
 	return f.File == "<autogenerated>" || packagePath(f.Function) == reconcilePkg
 }
 
-func formatFrame(f frame) string {
+func formatFrame(f runtime.Frame) string {
 	fn := f.Function
 	if i := strings.LastIndexByte(fn, '/'); i >= 0 {
 		fn = fn[i+1:]

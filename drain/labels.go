@@ -6,9 +6,8 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"strconv"
-	"strings"
 	"sync"
-	"weak"
+	"sync/atomic"
 )
 
 // While fn runs, its goroutine carries the pprof label quiesce=<id>, by which the goroutine
@@ -31,14 +30,18 @@ const sinceLeft = math.MaxUint64
 // A label is one of an executor's ids, with its label set made once.
 type label struct {
 	id   string
-	set  pprof.LabelSet // quiesce=id
-	call *call          // the call holding it, or nil; guarded by Executor.mu
+	set  pprof.LabelSet       // quiesce=id
+	call atomic.Pointer[call] // the call holding it, or nil; written under Executor.mu
 }
+
+// labelsByID holds every label made: a Run nested in another executor's call relabels its
+// goroutine, and the outer call is found through the inner id (labelled).
+var labelsByID sync.Map
 
 // labelTable is an executor's number and label ids, guarded by its Executor.mu.
 type labelTable struct {
 	num  uint64   // the executor's number, the prefix of its ids
-	all  []*label // the ids made: all[n-1] is "<num>-<n>"
+	made int      // the ids made: "<num>-1" to "<num>-<made>"
 	free []*label // those no call holds
 }
 
@@ -53,17 +56,18 @@ func (e *Executor) takeLabel(c *call) {
 		l = t.free[n-1]
 		t.free = t.free[:n-1]
 	} else {
-		id := strconv.FormatUint(t.num, 10) + "-" + strconv.Itoa(len(t.all)+1)
+		t.made++
+		id := strconv.FormatUint(t.num, 10) + "-" + strconv.Itoa(t.made)
 		l = &label{id: id, set: pprof.Labels(labelKey, id)}
-		t.all = append(t.all, l)
+		labelsByID.Store(id, l)
 	}
-	l.call = c
+	l.call.Store(c)
 	c.label = l
 }
 
 // giveLabel takes c's label back. The caller holds e.mu (see unlink).
 func (e *Executor) giveLabel(c *call) {
-	c.label.call = nil
+	c.label.call.Store(nil)
 	e.labels.free = append(e.labels.free, c.label)
 }
 
@@ -89,21 +93,11 @@ func (c *call) leave() {
 // labelled returns the call holding the label id, if its goroutine carried it before the
 // capture of epoch began.
 func labelled(id string, epoch uint64) *call {
-	num, n, ok := parseID(id)
+	l, ok := labelsByID.Load(id)
 	if !ok {
 		return nil
 	}
-	e := executors.find(num)
-	if e == nil {
-		return nil
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	t := e.labels
-	if t == nil || n > len(t.all) { // nil: e's drain is over, its ids are the registry's
-		return nil
-	}
-	c := t.all[n-1].call
+	c := l.(*label).call.Load()
 	if c == nil {
 		return nil
 	}
@@ -113,24 +107,14 @@ func labelled(id string, epoch uint64) *call {
 	return c
 }
 
-// parseID reads "<executor number>-<n>"; any other value is not an id.
-func parseID(id string) (num uint64, n int, ok bool) {
-	a, b, found := strings.Cut(id, "-")
-	num, errA := strconv.ParseUint(a, 10, 64)
-	n, errB := strconv.Atoi(b)
-	return num, n, found && errA == nil && errB == nil && n >= 1
-}
-
-// executors finds an executor by number (a Run nested in another executor's call relabels
-// its goroutine: the outer call is found through the inner id). Written at New and at the
-// drain's end, never per call; it keeps no executor alive.
+// executors numbers the executors and hands the label tables of those whose drain is over,
+// or that were collected, to the next; written at New and at the drain's end, never per call.
 var executors registry
 
 type registry struct {
 	mu   sync.Mutex
 	last uint64
-	m    map[uint64]weak.Pointer[Executor]
-	free []*labelTable // the tables of executors whose drain is over, or collected
+	free []*labelTable
 }
 
 // add numbers e, reusing a released table, until its drain is over or it is collected.
@@ -146,10 +130,6 @@ func (r *registry) add(e *Executor) {
 		r.last++
 		t = &labelTable{num: r.last}
 	}
-	if r.m == nil {
-		r.m = make(map[uint64]weak.Pointer[Executor])
-	}
-	r.m[t.num] = weak.Make(e)
 	e.labels, e.hold = t, &tableHold{t: t}
 	runtime.AddCleanup(e, r.release, e.hold)
 }
@@ -162,13 +142,6 @@ func (r *registry) release(h *tableHold) {
 	if h.t == nil {
 		return
 	}
-	delete(r.m, h.t.num)
 	r.free = append(r.free, h.t)
 	h.t = nil
-}
-
-func (r *registry) find(num uint64) *Executor {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.m[num].Value()
 }

@@ -569,11 +569,9 @@ func (e *Executor) stopWaiting() {
 	lineDone := e.lineDone
 	e.mu.Unlock()
 	if lineDone != nil {
-		t := time.NewTimer(100 * time.Millisecond)
-		defer t.Stop()
 		select {
 		case <-lineDone:
-		case <-t.C: // a blocked Logger does not hold the drain up longer
+		case <-time.After(100 * time.Millisecond): // a blocked Logger does not hold the drain up longer
 		}
 	}
 }
@@ -667,10 +665,10 @@ func (e *Executor) cancelCalls(atStart bool) {
 
 // stopKV returns the key/values a drain's line starts with (Settings.StopKV), then kv.
 func (e *Executor) stopKV(kv ...any) []any {
-	if e.settings.StopKV == nil {
-		return kv
+	if f := e.settings.StopKV; f != nil {
+		return append(f(), kv...)
 	}
-	return append(e.settings.StopKV(), kv...)
+	return kv
 }
 
 // list returns the oldest limit calls (all if limit < 0) and how many are admitted.

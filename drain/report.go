@@ -142,15 +142,11 @@ func (e *Executor) checkSlow() {
 		e.armSlow(next)
 	}
 	s := &e.slow
-	due := false
-	switch {
-	case count == 0:
-		s.count, s.newest = 0, nil
-	case count != s.count || newest != s.newest:
-		due = true
+	due := count > 0 && now.Sub(s.logged) >= s.backoff
+	if count != s.count || newest != s.newest {
 		s.count, s.newest, s.backoff = count, newest, e.opts.ReportEvery
-	case now.Sub(s.logged) >= s.backoff:
-		due = true
+		due = count > 0
+	} else if due {
 		s.backoff = min(2*s.backoff, maxSlowBackoff)
 	}
 	if due {

@@ -315,9 +315,6 @@ func (c *core) Fence(cause error) int {
 // ctx's pprof labels plus "quiesce", by which reports find it. A panic in fn returns a
 // *PanicError; runtime.Goexit an error. With MaxConcurrent > 0, Call first waits for a slot.
 func (e *Executor) Call(ctx context.Context, name string, fn func(context.Context) error) error {
-	if err := e.created(); err != nil {
-		return err
-	}
 	return e.call(ctx, &internal.CallOptions{Name: name}, funcHandler(fn), true)
 }
 
@@ -357,9 +354,6 @@ func (e *Executor) call(ctx context.Context, o *internal.CallOptions, fn interna
 // Go is Call without waiting: nil once fn is tracked, or Call's error without running fn.
 // The call is detached from the start; a panic in fn is logged ("Call panicked").
 func (e *Executor) Go(ctx context.Context, name string, fn func(context.Context) error) error {
-	if err := e.created(); err != nil {
-		return err
-	}
 	return e.call(ctx, &internal.CallOptions{Name: name}, funcHandler(fn), false)
 }
 
@@ -368,15 +362,14 @@ func (e *Executor) Go(ctx context.Context, name string, fn func(context.Context)
 // labels while fn runs, restored after as pprof.Do does. A panic returns a *PanicError; a
 // runtime.Goexit settles the call and goes on exiting.
 func (e *Executor) Run(ctx context.Context, name string, fn func(context.Context) error) error {
-	if err := e.created(); err != nil {
-		return err
-	}
 	return (*core)(e).RunHandler(ctx, internal.CallOptions{Name: name}, funcHandler(fn))
 }
 
-// admit checks the input, takes a slot and lists the call, unless the drain refuses it.
+// admit checks e and the input, takes a slot and lists the call, unless the drain refuses it.
 func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn internal.Handler) (*call, error) {
 	switch {
+	case e.created() != nil:
+		return nil, errNotCreated
 	case ctx == nil:
 		return nil, fmt.Errorf("failed to run call %q: nil context: %w", internal.Cut(o.FullName()), ErrInvalidCall)
 	case o.Name == "" && o.Object == "":
@@ -540,11 +533,10 @@ func (e *Executor) Drain(ctx context.Context) error {
 	defer e.stopWaiting()
 	select {
 	case <-e.done:
-		return nil
 	case <-ctx.Done():
 	}
 	select {
-	case <-e.done: // both were ready: the calls did return
+	case <-e.done: // also when both were ready: the calls did return
 		return nil
 	default:
 	}

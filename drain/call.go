@@ -59,9 +59,8 @@ var (
 	errCancelledByDrain = errors.New("cancelled by the drain") // at CancelAfter; daemons as it begins
 )
 
-// newCall makes the record of a call and fn's context: a WithCancelCause child of ctx (of
-// context.WithoutCancel(ctx) with ctx's deadline, when shielded on an owned executor)
-// answering internal.CallKey with the call.
+// newCall makes the call and fn's context: a WithCancelCause child of ctx (of ctx without
+// its cancellation, when shielded on an owned executor) answering internal.CallKey.
 func newCall(ctx context.Context, e *Executor, o *internal.CallOptions) *call {
 	c := &call{e: e, parent: ctx, opts: *o}
 	base := ctx
@@ -116,9 +115,8 @@ func (c *call) outer() *call {
 	return a
 }
 
-// exec runs fn with the call's label and settles the call however fn ends: return, panic
-// or runtime.Goexit (told from a recovered nil panic by whether the inner function
-// returned, as singleflight does).
+// exec runs fn with the call's label and settles the call however fn ends: return, panic or
+// runtime.Goexit (told from a nil panic by whether the inner function returned).
 func (c *call) exec(fn internal.Handler) {
 	c.enter()
 	settled := false
@@ -162,9 +160,8 @@ func (c *call) exec(fn internal.Handler) {
 	c.finish(err)
 }
 
-// raise raises v, fn's panic settled as pe, on the caller's goroutine, as if the caller had
-// called fn (controller-runtime's RecoverPanic sees it). An outer tracked call is told, so
-// that it counts the panic once and keeps fn's stack.
+// raise raises v, fn's panic settled as pe, on the caller's goroutine (RecoverPanic sees
+// it); an outer tracked call is told, so that it counts it once and keeps fn's stack.
 func (c *call) raise(v any, pe *PanicError) {
 	if outer := c.outer(); outer != nil {
 		outer.e.markRaised(outer, pe)
@@ -206,8 +203,7 @@ func (e *Executor) takeRaised(c *call) *PanicError {
 	return pe
 }
 
-// samePanic reports whether v is the value raised again: equal, or of its type when
-// values cannot be compared.
+// samePanic reports whether v is the value raised again: equal, or of its type if incomparable.
 func samePanic(raised, v any) bool {
 	if raised == nil || v == nil {
 		return raised == nil && v == nil

@@ -161,8 +161,8 @@ type Executor struct {
 	slots    chan struct{} // MaxConcurrent tokens; nil when unbounded
 	settings internal.Settings
 
-	// mu guards admission, the list of calls (admitted, listed and counted in one step,
-	// so Drain, Pending and Stats agree), the timers and the reports' state.
+	// mu guards admission and the list (one step, so Drain, Pending and Stats agree), the
+	// timers and the reports' state.
 	mu          sync.Mutex
 	oldest      *call // the admitted calls, a list in admission order, oldest first
 	newest      *call
@@ -188,11 +188,10 @@ type Executor struct {
 
 	started, finished, refused, panicked, abandoned, cancelled atomic.Uint64
 
-	// raised: panics of nested calls raised again on an outer call's goroutine (repanic),
-	// until it settles; raisedN counts them for a one-load check.
+	// raised: nested calls' panics raised again on an outer call's goroutine, until it settles.
 	raisedMu sync.Mutex
 	raised   map[*call]*PanicError
-	raisedN  atomic.Int32
+	raisedN  atomic.Int32 // len(raised), for a one-load check
 }
 
 // New returns an Executor configured by opts; zero fields of opts take their defaults.
@@ -416,9 +415,8 @@ func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn intern
 	return c, nil
 }
 
-// inFlightOuter reports whether ctx belongs to a call of e still listed: the drain admits
-// its nested calls (a reconcile's handler must not fail half-done), and cannot be over
-// while it is listed. A call of a returned call is new work. The caller holds e.mu.
+// inFlightOuter reports whether ctx belongs to a call of e still listed, whose nested calls
+// the drain admits (a handler must not fail half-done). The caller holds e.mu.
 func (e *Executor) inFlightOuter(ctx context.Context) bool {
 	outer, ok := ctx.Value(internal.CallKey{}).(*call)
 	return ok && outer.e == e && (outer.prev != nil || e.oldest == outer)
@@ -549,8 +547,7 @@ func (e *Executor) Drain(ctx context.Context) error {
 	return &PendingError{Pending: e.locate(calls), Err: ctx.Err()}
 }
 
-// stopWaiting ends a Drain's wait: the last stops the reports; each waits a little for
-// the line being logged.
+// stopWaiting ends a Drain's wait: the last stops the reports; each waits for a line begun.
 func (e *Executor) stopWaiting() {
 	e.mu.Lock()
 	e.waiters--
@@ -605,9 +602,8 @@ func (e *Executor) armReport(d time.Duration) {
 	e.report = e.opts.Clock.AfterFunc(d, func() { go e.reportDue() })
 }
 
-// cancelCalls ends the contexts of the calls: as the drain begins (atStart), daemons' and
-// CancelAtStop ones; at CancelAfter, all. Those it cuts (daemons aside) are counted in
-// Stats.Cancelled and named in one line.
+// cancelCalls ends the contexts of daemons and CancelAtStop calls (atStart), or of all (at
+// CancelAfter); those it cuts, daemons aside, are counted in Stats.Cancelled and logged.
 func (e *Executor) cancelCalls(atStart bool) {
 	cause := errCancelledByDrain
 	if atStart {
@@ -737,8 +733,7 @@ func FromContext(ctx context.Context) (ex *Executor, name string, ok bool) {
 
 var errNotCreated = fmt.Errorf("%s: %w", internal.NotCreated, ErrInvalidCall)
 
-// created returns an error unless New made e (it always makes draining);
-// mustBeCreated panics instead, for the methods without an error result.
+// created returns an error unless New made e; mustBeCreated panics instead.
 func (e *Executor) created() error {
 	if e == nil || e.draining == nil {
 		return errNotCreated

@@ -10,21 +10,15 @@ import (
 	"sync/atomic"
 )
 
-// While fn runs, its goroutine carries the pprof label quiesce=<id>, by which the goroutine
-// profile tells a call's stack (locate.go). Ids are "<executor number>-<n>", taken as a call
-// is listed and given back as it is unlisted, under the executor's lock: a profiler sees
-// no more values than calls run at once. Once a drain is over (or its executor collected),
-// the number and ids go to the next executor New makes.
-//
-// A reused id cannot mislead a report: it is given back after its goroutine dropped it, a
-// capture locates only calls labelled before it began (call.since), and the call's own
-// goroutine is the one running exec.
+// While fn runs, its goroutine carries the pprof label quiesce=<id> (locate.go). Ids are
+// "<executor number>-<n>", held from link to unlink: a profiler sees no more values than
+// calls run at once. Once a drain is over, the number and ids go to the next executor. A
+// reused id cannot mislead a report: a capture locates only calls labelled before it began.
 
 // labelKey is the pprof label key of goroutines running a call's fn.
 const labelKey = "quiesce"
 
-// A call's since: 0 before its goroutine carries its label, then the first capture epoch
-// that sees it, sinceLeft once fn returned.
+// call.since: 0, then the first capture epoch that sees its label, sinceLeft once fn returned.
 const sinceLeft = math.MaxUint64
 
 // A label is one of an executor's ids, with its label set made once.
@@ -107,8 +101,7 @@ func labelled(id string, epoch uint64) *call {
 	return c
 }
 
-// executors numbers the executors and hands the label tables of those whose drain is over,
-// or that were collected, to the next; written at New and at the drain's end, never per call.
+// executors numbers executors and recycles their label tables; never written per call.
 var executors registry
 
 type registry struct {
@@ -134,8 +127,7 @@ func (r *registry) add(e *Executor) {
 	runtime.AddCleanup(e, r.release, e.hold)
 }
 
-// release takes back h's table, once: its drain is over (before Drain returns, so the
-// next executor takes it) or its executor was collected.
+// release takes back h's table, once: its drain is over or its executor was collected.
 func (r *registry) release(h *tableHold) {
 	r.mu.Lock()
 	defer r.mu.Unlock()

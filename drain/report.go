@@ -27,8 +27,7 @@ func entries(calls []Pending, now time.Time) internal.Entries {
 	return out
 }
 
-// reportDue re-arms the next report (no drift) and logs this one, while a Drain waits
-// and a call is pending.
+// reportDue re-arms the next report (no drift) and logs this one, while a Drain waits.
 func (e *Executor) reportDue() {
 	e.mu.Lock()
 	if e.waiters == 0 || e.inFlight == 0 || e.report == nil {
@@ -62,8 +61,7 @@ func (e *Executor) reportPending() {
 	e.opts.Logger.Info("Waiting for pending calls", kv...)
 }
 
-// logAsync runs log on a goroutine of its own, unless the previous one still runs: a
-// Logger that blocks delays and piles up nothing.
+// logAsync runs log on a goroutine unless the previous one still runs: nothing piles up.
 func (e *Executor) logAsync(log func()) {
 	if !e.logging.CompareAndSwap(false, true) {
 		return
@@ -74,9 +72,7 @@ func (e *Executor) logAsync(log func()) {
 	}()
 }
 
-// Slow calls: one timer per executor, armed while calls run outside a drain, fires when
-// the oldest call turns slow, then every ReportEvery while some is; it logs when the set
-// changed or its backoff passed (up to maxSlowBackoff).
+// maxSlowBackoff bounds the wait between two "Slow calls" lines about the same set.
 const maxSlowBackoff = time.Hour
 
 // slowState is what the last "Slow calls" line said, guarded by Executor.mu.

@@ -164,43 +164,18 @@ func (c *call) exec(fn internal.Handler) {
 // it); an outer tracked call is told, so that it counts it once and keeps fn's stack.
 func (c *call) raise(v any, pe *PanicError) {
 	if outer := c.outer(); outer != nil {
-		outer.e.markRaised(outer, pe)
+		outer.e.raised.Store(outer, pe)
 	}
 	panic(v)
 }
 
 func (c *call) panicError(v any) *PanicError {
 	c.panicked = true
-	if pe := c.e.takeRaised(c); pe != nil && samePanic(pe.Value, v) {
-		// A nested call's panic raised again (repanic): counted once, with its stack.
-		return pe
+	if r, ok := c.e.raised.LoadAndDelete(c); ok && samePanic(r.(*PanicError).Value, v) {
+		return r.(*PanicError) // a nested call's panic raised again: counted once, with its stack
 	}
 	c.e.panicked.Add(1)
 	return &PanicError{Name: c.name(), Value: v, Stack: debug.Stack()}
-}
-
-// markRaised notes that pe, a nested call's panic, is raised again on outer's goroutine.
-func (e *Executor) markRaised(outer *call, pe *PanicError) {
-	e.raisedMu.Lock()
-	defer e.raisedMu.Unlock()
-	if e.raised == nil {
-		e.raised = map[*call]*PanicError{}
-	}
-	e.raised[outer] = pe
-	e.raisedN.Store(int32(len(e.raised)))
-}
-
-// takeRaised returns and forgets the panic markRaised noted for c, if any.
-func (e *Executor) takeRaised(c *call) *PanicError {
-	if e.raisedN.Load() == 0 {
-		return nil
-	}
-	e.raisedMu.Lock()
-	defer e.raisedMu.Unlock()
-	pe := e.raised[c]
-	delete(e.raised, c)
-	e.raisedN.Store(int32(len(e.raised)))
-	return pe
 }
 
 // samePanic reports whether v is the value raised again: equal, or of its type if incomparable.
@@ -216,7 +191,7 @@ func samePanic(raised, v any) bool {
 func (c *call) finish(err error) {
 	e := c.e
 	c.leave()
-	_ = e.takeRaised(c) // a nested panic raised again that fn recovered: forgotten
+	e.raised.Delete(c) // a nested panic raised again that fn recovered: forgotten
 	if c.slot {
 		<-e.slots
 	}

@@ -188,10 +188,9 @@ type Executor struct {
 
 	started, finished, refused, panicked, abandoned, cancelled atomic.Uint64
 
-	// raised: nested calls' panics raised again on an outer call's goroutine, until it settles.
-	raisedMu sync.Mutex
-	raised   map[*call]*PanicError
-	raisedN  atomic.Int32 // len(raised), for a one-load check
+	// raised: *call → *PanicError, a nested call's panic raised again on that outer call's
+	// goroutine, until it settles.
+	raised sync.Map
 }
 
 // New returns an Executor configured by opts; zero fields of opts take their defaults.

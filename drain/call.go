@@ -129,9 +129,6 @@ func (c *call) exec(fn internal.Handler) {
 	returned := false
 	func() {
 		defer func() {
-			if returned {
-				return
-			}
 			v := recover()
 			if v == nil {
 				return // runtime.Goexit, or a recovered panic(nil): told apart below

@@ -171,11 +171,17 @@ type Executor struct {
 	cancelCause error         // once the drain or a fence cancelled all: nested calls start so
 	waiters     int           // Drain calls waiting; reports are logged only while one waits
 	lineDone    chan struct{} // closed when the last report line begun was logged
-	slow        slowState     // see report.go
-	slowTimer   clock.Timer   // armed while calls are in flight outside a drain; nil once fired
-	report      clock.Timer   // the next report, while a Drain waits
-	cancelTmr   clock.Timer   // CancelAfter, until it fired or the calls all returned
-	labels      *labelTable   // the pprof label ids of its calls (see labels.go); nil once its drain is over
+	// slow: what the last "Slow calls" line said; the next on the same set is due backoff after.
+	slow struct {
+		count   int
+		newest  *call
+		logged  time.Time
+		backoff time.Duration
+	}
+	slowTimer clock.Timer // armed while calls are in flight outside a drain; nil once fired
+	report    clock.Timer // the next report, while a Drain waits
+	cancelTmr clock.Timer // CancelAfter, until it fired or the calls all returned
+	labels    *labelTable // the pprof label ids of its calls (see labels.go); nil once its drain is over
 
 	fenced    context.Context         // ended by Fence (internal.Core.Fenced)
 	fence     context.CancelCauseFunc // ends fenced

@@ -163,39 +163,33 @@ func (e *Executor) locate(calls []*call) []Pending { return e.locateWith(calls, 
 // locateWith is locate; shared takes any fresh capture, leaving calls it did not see
 // without a location rather than paying for another.
 func (e *Executor) locateWith(calls []*call, shared bool) []Pending {
-	out := make([]Pending, len(calls))
-	since := make([]uint64, len(calls))
-	var latest uint64
-	for i, c := range calls {
-		out[i] = c.pending()
-		switch since[i] = c.since.Load(); since[i] {
-		case 0:
-			out[i].Where, out[i].Handler = NotStarted, NotStarted
-		case sinceLeft: // fn returned a moment ago
-			out[i].Where, out[i].Handler = Returning, Returning
-		default:
-			latest = max(latest, since[i])
+	var latest uint64 // the latest since of the calls begun
+	for _, c := range calls {
+		if s := c.since.Load(); s != sinceLeft {
+			latest = max(latest, s)
 		}
 	}
-	if latest == 0 {
-		return out
+	cp := &capture{} // none is needed while no call has begun
+	if latest > 0 {
+		if shared {
+			latest = 0 // any fresh capture will do
+		}
+		if cp = captureSince(latest); !cp.ok {
+			e.unknownWhy(unknownNoProfile)
+		}
 	}
-	if shared {
-		latest = 0 // any fresh capture will do
-	}
-	cp := captureSince(latest)
-	if !cp.ok {
-		e.unknownWhy(unknownNoProfile)
-	}
+	out := make([]Pending, len(calls))
 	todo := make(map[*call]int, len(calls)) // the calls to locate from cp, and their index
 	for i, c := range calls {
+		out[i] = c.pending()
 		switch s := c.since.Load(); {
-		case since[i] == 0 || since[i] == sinceLeft:
-		case s == sinceLeft:
+		case s == sinceLeft: // fn returned a moment ago
 			out[i].Where, out[i].Handler = Returning, Returning
-		case s <= cp.epoch: // else (shared) the capture began before the call's label
+		case s == 0, s > cp.epoch && !shared: // not begun when listed
+			out[i].Where, out[i].Handler = NotStarted, NotStarted
+		case s <= cp.epoch:
 			todo[c] = i
-		}
+		} // else (shared): begun after the capture, listed without a location
 	}
 	for c, i := range todo {
 		st, ok := cp.own[c.label.id]

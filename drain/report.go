@@ -75,15 +75,6 @@ func (e *Executor) logAsync(log func()) {
 // maxSlowBackoff bounds the wait between two "Slow calls" lines about the same set.
 const maxSlowBackoff = time.Hour
 
-// slowState is what the last "Slow calls" line said, guarded by Executor.mu.
-type slowState struct {
-	// The slow calls are a prefix of the list (daemons aside): size and newest tell sets apart.
-	count   int
-	newest  *call
-	logged  time.Time     // when the line was logged
-	backoff time.Duration // how long after logged the next line about the same set is due
-}
-
 // armSlow arms the slow-call timer to fire in d. The caller holds e.mu.
 func (e *Executor) armSlow(d time.Duration) {
 	if e.opts.SlowAfter < 0 || e.isDraining {
@@ -139,7 +130,7 @@ func (e *Executor) checkSlow() {
 	}
 	s := &e.slow
 	due := count > 0 && now.Sub(s.logged) >= s.backoff
-	if count != s.count || newest != s.newest {
+	if count != s.count || newest != s.newest { // a new set: a prefix of the list, daemons aside
 		s.count, s.newest, s.backoff = count, newest, e.opts.ReportEvery
 		due = count > 0
 	} else if due {

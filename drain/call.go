@@ -61,8 +61,9 @@ var (
 
 // newCall makes the call and fn's context: a WithCancelCause child of ctx (of ctx without
 // its cancellation, when shielded on an owned executor) answering internal.CallKey.
-func newCall(ctx context.Context, e *Executor, o *internal.CallOptions) *call {
-	c := &call{e: e, parent: ctx, opts: *o}
+func newCall(ctx context.Context, e *Executor, o *internal.CallOptions, slot bool) *call {
+	// Stamped outside e.mu; link keeps the list ordered by the stamps.
+	c := &call{e: e, parent: ctx, opts: *o, slot: slot, start: e.opts.Clock.Now()}
 	base := ctx
 	if o.Shield && e.settings.Owned {
 		base = context.WithoutCancel(ctx)

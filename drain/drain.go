@@ -22,10 +22,9 @@ type Options struct {
 	// zero value discards. A Logger that panics or blocks crashes and delays nothing.
 	Logger logr.Logger
 
-	// MaxConcurrent bounds how many fn run at once; 0 or negative: unbounded. Call, Go
-	// and Run wait for a slot, honouring their ctx and the drain. A call nested in a call
-	// of the same executor runs in its slot (no deadlock); daemons and webhook calls take
-	// none.
+	// MaxConcurrent bounds how many fn run at once; 0 or negative: unbounded. Call, Go and
+	// Run wait for a slot, honouring their ctx and the drain. A call nested in a call of the
+	// same executor runs in its slot (no deadlock); daemons and webhook calls take none.
 	MaxConcurrent int
 
 	// ReportAfter is how long Drain waits before its first report of pending calls.
@@ -231,11 +230,7 @@ func New(opts Options) *Executor {
 	if internal.NoLogger(opts.Logger) {
 		opts.Logger = logr.Logger{}
 	}
-	e := &Executor{
-		opts:     opts,
-		draining: make(chan struct{}),
-		done:     make(chan struct{}),
-	}
+	e := &Executor{opts: opts, draining: make(chan struct{}), done: make(chan struct{})}
 	e.fenced, e.fence = context.WithCancelCause(context.Background())
 	executors.add(e)
 	if opts.MaxConcurrent > 0 {
@@ -395,10 +390,7 @@ func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn intern
 	if err != nil {
 		return nil, err
 	}
-	c := newCall(ctx, e, o)
-	c.slot = slot
-	// Stamped outside the lock; link keeps the list ordered by the stamps.
-	c.start = e.opts.Clock.Now()
+	c := newCall(ctx, e, o, slot)
 	e.mu.Lock()
 	if e.isDraining && !e.inFlightOuter(ctx) {
 		e.mu.Unlock()
@@ -704,25 +696,21 @@ func (e *Executor) Draining() <-chan struct{} {
 // Stats returns the executor's counters.
 func (e *Executor) Stats() Stats {
 	e.mustBeCreated()
-	// Finished first: a call is counted started before it can finish.
-	s := Stats{Finished: e.finished.Load()}
+	finished := e.finished.Load() // first: a call is counted started before it can finish
 	e.mu.Lock()
-	s.InFlight = e.inFlight
-	for c := e.oldest; c != nil; c = c.next {
+	defer e.mu.Unlock()
+	var oldest time.Time
+	for c := e.oldest; c != nil && oldest.IsZero(); c = c.next {
 		if !c.opts.Daemon {
-			s.Oldest = c.start
-			break
+			oldest = c.start
 		}
 	}
 	_, slow, _, _ := e.slowCalls(e.opts.Clock.Now(), 0)
-	s.Slow = int64(slow)
-	e.mu.Unlock()
-	s.Started = e.started.Load()
-	s.Refused = e.refused.Load()
-	s.Panicked = e.panicked.Load()
-	s.Abandoned = e.abandoned.Load()
-	s.Cancelled = e.cancelled.Load()
-	return s
+	return Stats{
+		InFlight: e.inFlight, Started: e.started.Load(), Finished: finished, Refused: e.refused.Load(),
+		Panicked: e.panicked.Load(), Abandoned: e.abandoned.Load(), Cancelled: e.cancelled.Load(),
+		Oldest: oldest, Slow: int64(slow),
+	}
 }
 
 // FromContext reports whether ctx is, or derives from, a tracked call's fn's context, and

@@ -77,28 +77,24 @@ func (c *call) enter() {
 // Call and Go, whose goroutine ends.
 func (c *call) leave() {
 	c.since.Store(sinceLeft)
+	ctx := context.Background()
 	if c.onCaller {
-		pprof.SetGoroutineLabels(c.parent)
-	} else {
-		pprof.SetGoroutineLabels(context.Background())
+		ctx = c.parent
 	}
+	pprof.SetGoroutineLabels(ctx)
 }
 
 // labelled returns the call holding the label id, if its goroutine carried it before the
 // capture of epoch began.
 func labelled(id string, epoch uint64) *call {
-	l, ok := labelsByID.Load(id)
-	if !ok {
-		return nil
+	if l, ok := labelsByID.Load(id); ok {
+		if c := l.(*label).call.Load(); c != nil {
+			if since := c.since.Load(); since != 0 && since <= epoch { // never sinceLeft
+				return c
+			}
+		}
 	}
-	c := l.(*label).call.Load()
-	if c == nil {
-		return nil
-	}
-	if since := c.since.Load(); since == 0 || since > epoch { // sinceLeft too
-		return nil
-	}
-	return c
+	return nil
 }
 
 // executors numbers executors and recycles their label tables; never written per call.

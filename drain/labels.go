@@ -10,10 +10,8 @@ import (
 	"sync/atomic"
 )
 
-// While fn runs, its goroutine carries the pprof label quiesce=<id> (locate.go). Ids are
-// "<executor number>-<n>", held from link to unlink: a profiler sees no more values than
-// calls run at once. Once a drain is over, the number and ids go to the next executor. A
-// reused id cannot mislead a report: a capture locates only calls labelled before it began.
+// Label ids are "<executor number>-<n>", held from link to unlink; once a drain is over they
+// go to the next executor. A capture locates only calls labelled before it began (since).
 
 // labelKey is the pprof label key of goroutines running a call's fn.
 const labelKey = "quiesce"

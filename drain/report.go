@@ -151,7 +151,15 @@ func (e *Executor) checkSlow() {
 		kv = append(kv, "more", more)
 	}
 	e.safely(func() { e.opts.Logger.Info("Slow calls", kv...) })
-	e.observeSlow(obs, slow, ents)
+	if len(obs) == 0 {
+		return
+	}
+	o := observed(slow, ents)
+	ctx, cancel := context.WithTimeout(logr.NewContext(context.Background(), e.opts.Logger), observeTimeout)
+	defer cancel()
+	for _, ob := range obs {
+		e.safely(func() { ob.Slow(ctx, o) })
+	}
 }
 
 // observed pairs the located calls with their entries, for internal.Observer.
@@ -165,19 +173,6 @@ func observed(calls []*call, ents []internal.Entry) []internal.Observed {
 
 // observeTimeout bounds the observers (Events read objects) per "Slow calls" line.
 const observeTimeout = 5 * time.Second
-
-// observeSlow tells the observers of a line's slow calls (up to internal.MaxObserved).
-func (e *Executor) observeSlow(obs []internal.Observer, calls []*call, ents []internal.Entry) {
-	if len(obs) == 0 {
-		return
-	}
-	o := observed(calls, ents)
-	ctx, cancel := context.WithTimeout(logr.NewContext(context.Background(), e.opts.Logger), observeTimeout)
-	defer cancel()
-	for _, ob := range obs {
-		e.safely(func() { ob.Slow(ctx, o) })
-	}
-}
 
 func (c *core) Abandoned(ctx context.Context) {
 	e := (*Executor)(c)

@@ -178,11 +178,8 @@ func (c *call) panicError(v any) *PanicError {
 
 // samePanic reports whether v is the value raised again: equal, or of its type if incomparable.
 func samePanic(raised, v any) bool {
-	if raised == nil || v == nil {
-		return raised == nil && v == nil
-	}
-	rv := reflect.ValueOf(raised)
-	return rv.Type() == reflect.TypeOf(v) && (!rv.Comparable() || raised == v)
+	return reflect.TypeOf(raised) == reflect.TypeOf(v) &&
+		(raised == nil || !reflect.ValueOf(raised).Comparable() || raised == v)
 }
 
 // finish settles c with fn's result and hands it to whoever waits.

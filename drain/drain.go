@@ -15,8 +15,7 @@ import (
 	"github.com/quiesce-dev/quiesce/internal"
 )
 
-// Options configure an Executor. The zero value is valid: every zero field means the
-// documented default.
+// Options configure an Executor. The zero value is valid: a zero field means its default.
 type Options struct {
 	// Logger receives the reports, the slow calls and the panics nobody waits for. The
 	// zero value discards. A Logger that panics or blocks crashes and delays nothing.
@@ -198,9 +197,8 @@ type Executor struct {
 	raised sync.Map
 }
 
-// New returns an Executor configured by opts; zero fields of opts take their defaults.
-// It panics on a positive ReportAfter, ReportEvery or SlowAfter below MinReportAfter,
-// MinReportEvery or MinSlowAfter: a programming error, found at setup.
+// New returns an Executor configured by opts, zero fields taking their defaults. It panics
+// on a positive ReportAfter, ReportEvery or SlowAfter below its Min: found at setup.
 func New(opts Options) *Executor {
 	for _, b := range []struct {
 		field    string
@@ -666,8 +664,7 @@ func (e *Executor) list(limit int) (calls []*call, total int) {
 	return calls, int(e.inFlight)
 }
 
-// Pending returns the calls admitted and not yet returned, oldest first, without Where
-// and Handler (Locate fills them).
+// Pending returns the calls admitted and not yet returned, oldest first, without Where and Handler.
 func (e *Executor) Pending() []Pending {
 	e.mustBeCreated()
 	calls, _ := e.list(-1)

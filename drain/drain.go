@@ -162,8 +162,7 @@ type Executor struct {
 	// mu guards admission and the list (one step, so Drain, Pending and Stats agree), the
 	// timers and the reports' state.
 	mu          sync.Mutex
-	oldest      *call // the admitted calls, a list in admission order, oldest first
-	newest      *call
+	calls       call // the root of the admitted calls, a ring in admission order: next is the oldest
 	inFlight    int64
 	isDraining  bool
 	cancelCause error         // once the drain or a fence cancelled all: nested calls start so
@@ -229,6 +228,7 @@ func New(opts Options) *Executor {
 		opts.Logger = logr.Logger{}
 	}
 	e := &Executor{opts: opts, draining: make(chan struct{}), done: make(chan struct{})}
+	e.calls.prev, e.calls.next = &e.calls, &e.calls
 	e.fenced, e.fence = context.WithCancelCause(context.Background())
 	executors.add(e)
 	if opts.MaxConcurrent > 0 {
@@ -414,7 +414,7 @@ func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn intern
 // the drain admits (a handler must not fail half-done). The caller holds e.mu.
 func (e *Executor) inFlightOuter(ctx context.Context) bool {
 	outer, ok := ctx.Value(internal.CallKey{}).(*call)
-	return ok && outer.e == e && (outer.prev != nil || e.oldest == outer)
+	return ok && outer.e == e && outer.prev != nil
 }
 
 // link lists c as the newest call, with a label id. The caller holds e.mu.
@@ -422,17 +422,12 @@ func (e *Executor) link(c *call) {
 	e.started.Add(1)
 	e.inFlight++
 	e.takeLabel(c)
-	if e.newest != nil && c.start.Before(e.newest.start) {
+	if newest := e.calls.prev; newest != &e.calls && c.start.Before(newest.start) {
 		// Listed after a call stamped later: the list stays oldest first by Started.
-		c.start = e.newest.start
+		c.start = newest.start
 	}
-	c.prev = e.newest
-	if e.newest != nil {
-		e.newest.next = c
-	} else {
-		e.oldest = c
-	}
-	e.newest = c
+	c.prev, c.next = e.calls.prev, &e.calls
+	c.prev.next, c.next.prev = c, c
 	if e.slowTimer == nil && !c.opts.Daemon {
 		e.armSlow(e.opts.SlowAfter)
 	}
@@ -442,16 +437,7 @@ func (e *Executor) link(c *call) {
 func (e *Executor) unlink(c *call) {
 	e.mu.Lock()
 	e.giveLabel(c)
-	if c.prev != nil {
-		c.prev.next = c.next
-	} else {
-		e.oldest = c.next
-	}
-	if c.next != nil {
-		c.next.prev = c.prev
-	} else {
-		e.newest = c.prev
-	}
+	c.prev.next, c.next.prev = c.next, c.prev
 	c.prev, c.next = nil, nil
 	e.inFlight--
 	e.unlock()
@@ -658,7 +644,7 @@ func (e *Executor) stopKV(kv ...any) []any {
 func (e *Executor) list(limit int) (calls []*call, total int) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for c := e.oldest; c != nil && (limit < 0 || len(calls) < limit); c = c.next {
+	for c := e.calls.next; c != &e.calls && (limit < 0 || len(calls) < limit); c = c.next {
 		calls = append(calls, c)
 	}
 	return calls, int(e.inFlight)
@@ -697,7 +683,7 @@ func (e *Executor) Stats() Stats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	var oldest time.Time
-	for c := e.oldest; c != nil && oldest.IsZero(); c = c.next {
+	for c := e.calls.next; c != &e.calls && oldest.IsZero(); c = c.next {
 		if !c.opts.Daemon {
 			oldest = c.start
 		}

@@ -90,7 +90,7 @@ func (e *Executor) slowCalls(now time.Time, limit int) (calls []*call, count int
 	if e.opts.SlowAfter < 0 {
 		return nil, 0, nil, 0
 	}
-	for c := e.oldest; c != nil; c = c.next {
+	for c := e.calls.next; c != &e.calls; c = c.next {
 		if c.opts.Daemon {
 			continue
 		}
@@ -116,7 +116,7 @@ func (e *Executor) checkSlow() {
 	}
 	e.mu.Lock()
 	e.slowTimer = nil
-	if e.isDraining || e.oldest == nil {
+	if e.isDraining || e.inFlight == 0 {
 		e.mu.Unlock()
 		return
 	}

@@ -130,15 +130,13 @@ func (c *call) exec(fn internal.Handler) {
 	returned := false
 	func() {
 		defer func() {
-			v := recover()
-			if v == nil {
-				return // runtime.Goexit, or a recovered panic(nil): told apart below
-			}
-			settled = true
-			pe := c.panicError(v)
-			c.finish(pe)
-			if c.opts.Repanic && c.onCaller {
-				c.raise(v, pe) // Run: raised here, the panic keeps fn's frames below it
+			if v := recover(); v != nil { // nil: runtime.Goexit, or panic(nil), told apart below
+				settled = true
+				pe := c.panicError(v)
+				c.finish(pe)
+				if c.opts.Repanic && c.onCaller {
+					c.raise(v, pe) // Run: raised here, the panic keeps fn's frames below it
+				}
 			}
 		}()
 		err = fn.Handle(c.ctx)

@@ -185,7 +185,7 @@ type Executor struct {
 	draining  chan struct{}           // closed when Drain begins
 	done      chan struct{}           // closed when draining and nothing is in flight
 	drainOnce sync.Once
-	hold      *tableHold  // e's hold on labels, until the registry takes them back
+	hold      *tableHold  // e's hold on labels, until executors takes them back
 	logging   atomic.Bool // a report is being logged (see logAsync)
 	unknown   sync.Map    // reasons for an unknown location already logged
 
@@ -230,7 +230,7 @@ func New(opts Options) *Executor {
 	e := &Executor{opts: opts, draining: make(chan struct{}), done: make(chan struct{})}
 	e.calls.prev, e.calls.next = &e.calls, &e.calls
 	e.fenced, e.fence = context.WithCancelCause(context.Background())
-	executors.add(e)
+	addExecutor(e)
 	if opts.MaxConcurrent > 0 {
 		e.slots = make(chan struct{}, opts.MaxConcurrent)
 	}
@@ -454,7 +454,7 @@ func (e *Executor) unlock() {
 	}
 	e.mu.Unlock()
 	if over {
-		executors.release(e.hold)
+		releaseTable(e.hold)
 		close(e.done)
 	}
 }

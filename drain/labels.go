@@ -37,8 +37,8 @@ type labelTable struct {
 	free []*label // those no call holds
 }
 
-// tableHold is an executor's hold on its table until the registry takes it back.
-type tableHold struct{ t *labelTable } // guarded by registry.mu
+// tableHold is an executor's hold on its table until executors takes it back.
+type tableHold struct{ t *labelTable } // guarded by executors.mu
 
 // takeLabel gives c a free label of e. The caller holds e.mu (see link).
 func (e *Executor) takeLabel(c *call) {
@@ -96,38 +96,36 @@ func labelled(id string, epoch uint64) *call {
 }
 
 // executors numbers executors and recycles their label tables; never written per call.
-var executors registry
-
-type registry struct {
+var executors struct {
 	mu   sync.Mutex
 	last uint64
 	free []*labelTable
 }
 
-// add numbers e, reusing a released table, until its drain is over or it is collected.
-func (r *registry) add(e *Executor) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+// addExecutor numbers e, reusing a released table, until its drain is over or it is collected.
+func addExecutor(e *Executor) {
+	executors.mu.Lock()
+	defer executors.mu.Unlock()
 	var t *labelTable
-	if n := len(r.free); n > 0 {
-		t = r.free[n-1]
-		r.free[n-1] = nil
-		r.free = r.free[:n-1]
+	if n := len(executors.free); n > 0 {
+		t = executors.free[n-1]
+		executors.free[n-1] = nil
+		executors.free = executors.free[:n-1]
 	} else {
-		r.last++
-		t = &labelTable{num: r.last}
+		executors.last++
+		t = &labelTable{num: executors.last}
 	}
 	e.labels, e.hold = t, &tableHold{t: t}
-	runtime.AddCleanup(e, r.release, e.hold)
+	runtime.AddCleanup(e, releaseTable, e.hold)
 }
 
-// release takes back h's table, once: its drain is over or its executor was collected.
-func (r *registry) release(h *tableHold) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+// releaseTable takes back h's table, once: its drain is over or its executor was collected.
+func releaseTable(h *tableHold) {
+	executors.mu.Lock()
+	defer executors.mu.Unlock()
 	if h.t == nil {
 		return
 	}
-	r.free = append(r.free, h.t)
+	executors.free = append(executors.free, h.t)
 	h.t = nil
 }

@@ -246,19 +246,16 @@ func describe(frames []runtime.Frame, n int) (where, handler string) {
 			n--
 		}
 	}
-	var fallback string
 	for _, f := range frames[:top] {
 		pkg := packagePath(f.Function)
 		if !isStd(pkg) && !isOwn(pkg, f.File) {
 			where = formatFrame(f)
 			break
 		}
-		if fallback == "" && pkg != "runtime" && !strings.HasPrefix(pkg, "runtime/") && !strings.HasPrefix(pkg, "internal/") {
-			fallback = formatFrame(f)
+		// Until one is found, the innermost frame outside the runtime.
+		if where == "" && pkg != "runtime" && !strings.HasPrefix(pkg, "runtime/") && !strings.HasPrefix(pkg, "internal/") {
+			where = formatFrame(f)
 		}
-	}
-	if where == "" {
-		where = fallback
 	}
 	if top == len(frames) {
 		return where, ""
@@ -321,11 +318,8 @@ var (
 )
 
 func isStd(pkg string) bool {
-	if pkg == "main" || pkg == "command-line-arguments" {
-		return false
-	}
 	first, _, _ := strings.Cut(pkg, "/")
-	if strings.Contains(first, ".") {
+	if pkg == "main" || pkg == "command-line-arguments" || strings.Contains(first, ".") {
 		return false // the standard library's paths have no dot in their first element
 	}
 	for _, m := range modules() {

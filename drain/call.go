@@ -135,7 +135,8 @@ func (c *call) exec(fn internal.Handler) {
 				pe := c.panicError(v)
 				c.finish(pe)
 				if c.opts.Repanic && c.onCaller {
-					c.raise(v, pe) // Run: raised here, the panic keeps fn's frames below it
+					c.raising(pe)
+					panic(v) // Run: raised here, the panic keeps fn's frames below it
 				}
 			}
 		}()
@@ -156,13 +157,12 @@ func (c *call) exec(fn internal.Handler) {
 	c.finish(err)
 }
 
-// raise raises v, fn's panic settled as pe, on the caller's goroutine (RecoverPanic sees
-// it); an outer tracked call is told, so that it counts it once and keeps fn's stack.
-func (c *call) raise(v any, pe *PanicError) {
+// raising tells an outer tracked call that pe, fn's panic, is raised again on its goroutine
+// (as if it had called fn: RecoverPanic sees it), so that it counts it once, with fn's stack.
+func (c *call) raising(pe *PanicError) {
 	if outer := c.outer(); outer != nil {
 		outer.e.raised.Store(outer, pe)
 	}
-	panic(v)
 }
 
 func (c *call) panicError(v any) *PanicError {

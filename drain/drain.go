@@ -343,7 +343,8 @@ func (e *Executor) call(ctx context.Context, o *internal.CallOptions, fn interna
 			pe.logged = true
 			e.logPanic(pe)
 		}
-		c.raise(pe.Value, pe)
+		c.raising(pe)
+		panic(pe.Value)
 	}
 	return c.err
 }

@@ -63,7 +63,7 @@ var captures struct {
 func captureSince(since uint64) *capture {
 	for {
 		captures.mu.Lock()
-		if c := captures.last; c != nil && c.epoch >= since && time.Since(c.at) < captureReuse {
+		if c := captures.last; c != nil && c.epoch >= since && fresh(c.at) {
 			captures.mu.Unlock()
 			return c
 		}
@@ -84,6 +84,13 @@ func captureSince(since uint64) *capture {
 		close(f)
 		return c
 	}
+}
+
+// fresh reports whether a capture taken at can be reused: one taken outside a synctest
+// bubble is in the bubble's future.
+func fresh(at time.Time) bool {
+	age := time.Since(at)
+	return age >= 0 && age < captureReuse
 }
 
 // takeCapture writes the goroutine profile and keeps the stacks labelled by quiesce.

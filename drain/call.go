@@ -120,14 +120,13 @@ func (c *call) outer() *call {
 // runtime.Goexit (told from a nil panic by whether the inner function returned).
 func (c *call) exec(fn internal.Handler) {
 	c.enter()
-	settled := false
+	var err error
+	settled, returned := false, false
 	defer func() {
 		if !settled { // runtime.Goexit: nothing was recovered, the goroutine goes on exiting
 			c.finish(fmt.Errorf("failed to run call %q: %w", internal.Cut(c.name()), errGoexit))
 		}
 	}()
-	var err error
-	returned := false
 	func() {
 		defer func() {
 			if v := recover(); v != nil { // nil: runtime.Goexit, or panic(nil), told apart below

@@ -159,8 +159,7 @@ type Executor struct {
 	slots    chan struct{} // MaxConcurrent tokens; nil when unbounded
 	settings internal.Settings
 
-	// mu guards admission and the list (one step, so Drain, Pending and Stats agree), the
-	// timers and the reports' state.
+	// mu guards admission and the list (one step: Drain, Pending and Stats agree), the timers.
 	mu          sync.Mutex
 	calls       call // the root of the admitted calls, a ring in admission order: next is the oldest
 	inFlight    int64
@@ -191,9 +190,7 @@ type Executor struct {
 
 	started, finished, refused, panicked, abandoned, cancelled atomic.Uint64
 
-	// raised: *call → *PanicError, a nested call's panic raised again on that outer call's
-	// goroutine, until it settles.
-	raised sync.Map
+	raised sync.Map // *call → *PanicError: a nested call's panic raised on its goroutine
 }
 
 // New returns an Executor configured by opts, zero fields taking their defaults. It panics

@@ -38,16 +38,15 @@ type call struct {
 	err     error         // fn's result, written before done is closed
 }
 
-// Bits of call.counted.
+// Bits of call.counted; count marks c counted for bit and reports whether it was not yet.
 const (
 	countedAbandoned uint32 = 1 << iota
 	countedCancelled
 )
 
-// count marks c counted for bit and reports whether it was not yet.
 func (c *call) count(bit uint32) bool { return c.counted.Or(bit)&bit == 0 }
 
-// Call hand-off states.
+// States of call.state: who takes fn's result.
 const (
 	callWaiting  uint32 = iota // Call or Run waits for the result
 	callDetached               // nobody waits (Go, or Call's ctx ended first)
@@ -60,11 +59,11 @@ var (
 	errCancelledByDrain = errors.New("cancelled by the drain") // at CancelAfter; daemons as it begins
 )
 
-// newCall makes the record of a call and fn's context, standard contexts alone: a
-// WithCancelCause child of ctx (of context.WithoutCancel(ctx) with ctx's deadline, when
-// shielded on an owned executor) answering internal.CallKey with the call.
-func newCall(ctx context.Context, e *Executor, o *internal.CallOptions) *call {
-	c := &call{e: e, parent: ctx, opts: *o}
+// newCall makes the call and fn's context: a WithCancelCause child of ctx (of ctx without
+// its cancellation, when shielded on an owned executor) answering internal.CallKey.
+func newCall(ctx context.Context, e *Executor, o *internal.CallOptions, slot bool) *call {
+	// Stamped outside e.mu; link keeps the list ordered by the stamps.
+	c := &call{e: e, parent: ctx, opts: *o, slot: slot, start: e.opts.Clock.Now()}
 	base := ctx
 	if o.Shield && e.settings.Owned {
 		base = context.WithoutCancel(ctx)
@@ -90,7 +89,6 @@ type funcHandler func(context.Context) error
 
 func (f funcHandler) Handle(ctx context.Context) error { return f(ctx) }
 
-// noFunc reports whether fn is nil, or a nil func.
 func noFunc(fn internal.Handler) bool {
 	f, isFunc := fn.(funcHandler)
 	return fn == nil || isFunc && f == nil
@@ -118,37 +116,27 @@ func (c *call) outer() *call {
 	return a
 }
 
-// exec runs fn with the call's label and settles the call however fn ends: return, panic
-// or runtime.Goexit (told from a recovered nil panic by whether the inner function
-// returned, as singleflight does).
+// exec runs fn with the call's label and settles the call however fn ends: return, panic or
+// runtime.Goexit (told from a nil panic by whether the inner function returned).
 func (c *call) exec(fn internal.Handler) {
 	c.enter()
-	settled := false
+	var err error
+	settled, returned := false, false
 	defer func() {
 		if !settled { // runtime.Goexit: nothing was recovered, the goroutine goes on exiting
 			c.finish(fmt.Errorf("failed to run call %q: %w", internal.Cut(c.name()), errGoexit))
 		}
 	}()
-	var err error
-	returned := false
 	func() {
 		defer func() {
-			if returned {
-				return
-			}
-			v := recover()
-			if v == nil {
-				return // runtime.Goexit, or a recovered panic(nil): told apart below
-			}
-			settled = true
-			pe := c.panicError(v)
-			c.finish(pe)
-			if c.opts.Repanic && c.onCaller {
-				// Run: raised here, the panic keeps fn's frames below it.
-				if outer, ok := c.parent.Value(internal.CallKey{}).(*call); ok {
-					outer.e.markRaised(outer, pe)
+			if v := recover(); v != nil { // nil: runtime.Goexit, or panic(nil), told apart below
+				settled = true
+				pe := c.panicError(v)
+				c.finish(pe)
+				if c.opts.Repanic && c.onCaller {
+					c.raising(pe)
+					panic(v) // Run: raised here, the panic keeps fn's frames below it
 				}
-				panic(v)
 			}
 		}()
 		err = fn.Handle(c.ctx)
@@ -168,56 +156,34 @@ func (c *call) exec(fn internal.Handler) {
 	c.finish(err)
 }
 
+// raising tells an outer tracked call that pe, fn's panic, is raised again on its goroutine
+// (as if it had called fn: RecoverPanic sees it), so that it counts it once, with fn's stack.
+func (c *call) raising(pe *PanicError) {
+	if outer := c.outer(); outer != nil {
+		outer.e.raised.Store(outer, pe)
+	}
+}
+
 func (c *call) panicError(v any) *PanicError {
 	c.panicked = true
-	if pe := c.e.takeRaised(c); pe != nil && samePanic(pe.Value, v) {
-		// A nested call's panic raised again (repanic): counted once, with its stack.
-		return pe
+	if r, ok := c.e.raised.LoadAndDelete(c); ok && samePanic(r.(*PanicError).Value, v) {
+		return r.(*PanicError) // a nested call's panic raised again: counted once, with its stack
 	}
 	c.e.panicked.Add(1)
 	return &PanicError{Name: c.name(), Value: v, Stack: debug.Stack()}
 }
 
-// markRaised notes that pe, a nested call's panic, is raised again on outer's goroutine.
-func (e *Executor) markRaised(outer *call, pe *PanicError) {
-	e.raisedMu.Lock()
-	defer e.raisedMu.Unlock()
-	if e.raised == nil {
-		e.raised = map[*call]*PanicError{}
-	}
-	e.raised[outer] = pe
-	e.raisedN.Store(int32(len(e.raised)))
-}
-
-// takeRaised returns and forgets the panic markRaised noted for c, if any.
-func (e *Executor) takeRaised(c *call) *PanicError {
-	if e.raisedN.Load() == 0 {
-		return nil
-	}
-	e.raisedMu.Lock()
-	defer e.raisedMu.Unlock()
-	pe := e.raised[c]
-	delete(e.raised, c)
-	e.raisedN.Store(int32(len(e.raised)))
-	return pe
-}
-
-// samePanic reports whether v is the value raised again: equal, or of its type when
-// values cannot be compared.
+// samePanic reports whether v is the value raised again: equal, or of its type if incomparable.
 func samePanic(raised, v any) bool {
-	if raised == nil || v == nil {
-		return raised == nil && v == nil
-	}
-	rv := reflect.ValueOf(raised)
-	return rv.Type() == reflect.TypeOf(v) && (!rv.Comparable() || raised == v)
+	return reflect.TypeOf(raised) == reflect.TypeOf(v) &&
+		(raised == nil || !reflect.ValueOf(raised).Comparable() || raised == v)
 }
 
-// finish settles c with fn's result: restores the labels, counts it, ends fn's context,
-// logs a panic nobody waits for, unlists it and hands err to whoever waits.
+// finish settles c with fn's result and hands it to whoever waits.
 func (c *call) finish(err error) {
 	e := c.e
 	c.leave()
-	_ = e.takeRaised(c) // a nested panic raised again that fn recovered: forgotten
+	e.raised.Delete(c) // a nested panic raised again that fn recovered: forgotten
 	if c.slot {
 		<-e.slots
 	}
@@ -225,7 +191,7 @@ func (c *call) finish(err error) {
 	if after := e.settings.AfterCall; after != nil {
 		e.afterCall(after, c, err)
 	}
-	c.cancel(errFinished) // fn's context ends with fn
+	c.cancel(errFinished)
 	c.err = err
 	waited := c.state.CompareAndSwap(callWaiting, callFinished)
 	if !waited && err != nil {
@@ -237,12 +203,12 @@ func (c *call) finish(err error) {
 	}
 }
 
-// logPanic logs err if it is a panic (before the call is unlisted: Drain returns after it).
+// logPanic logs err if it is a panic, before the call is unlisted (Drain returns after).
 func (e *Executor) logPanic(err error) {
 	var pe *PanicError
 	if errors.As(err, &pe) {
 		e.safely(func() {
-			e.log.Error(err, "Call panicked",
+			e.opts.Logger.Error(err, "Call panicked",
 				"call", internal.Cut(pe.Name), "panic", internal.Cut(fmt.Sprint(pe.Value)), "stack", string(pe.Stack))
 		})
 	}
@@ -253,12 +219,12 @@ func (e *Executor) afterCall(after func(string, time.Duration, error), c *call, 
 	defer func() {
 		if v := recover(); v != nil {
 			e.safely(func() {
-				e.log.Error(fmt.Errorf("%v", v), "AfterCall panicked",
+				e.opts.Logger.Error(fmt.Errorf("%v", v), "AfterCall panicked",
 					"call", internal.Cut(c.name()), "stack", string(debug.Stack()))
 			})
 		}
 	}()
-	after(c.opts.Controller, e.clock.Since(c.start), err)
+	after(c.opts.Controller, e.opts.Clock.Since(c.start), err)
 }
 
 // safely runs log, a call of the Logger, containing a panic in it.

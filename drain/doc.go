@@ -4,14 +4,9 @@
 //
 // Call and Go run fn on a goroutine of their own, Run on the caller's; each call is
 // tracked from its admission until fn returns, even when its caller stopped waiting.
-// FromContext tells, from fn's context, which executor and call it belongs to.
-//
-// Drain refuses new calls, cancels the running calls' contexts (Options.CancelAfter) and
-// waits for them, logging reports of those pending: name, age, whether a caller still
-// waits, where the goroutine is blocked and the line of the call's own function. Outside
-// a drain, calls running longer than Options.SlowAfter are logged the same way, with a
-// backoff while the set of slow calls stays the same. Nothing is logged while nothing is
-// pending or slow.
+// Drain's reports, and the lines on calls slower than Options.SlowAfter, give each pending
+// call's name, age, whether a caller still waits, where its goroutine is blocked and the
+// line of its own function. Nothing is logged while nothing is pending or slow.
 //
 // Stacks are captured only for a report, Locate or a Drain that gives up, never per call:
 // fn's goroutine carries the pprof label "quiesce" (added to the caller's; its values are

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,17 +15,15 @@ import (
 	"github.com/quiesce-dev/quiesce/internal"
 )
 
-// Options configure an Executor. The zero value is valid: every zero field means the
-// documented default.
+// Options configure an Executor. The zero value is valid: a zero field means its default.
 type Options struct {
 	// Logger receives the reports, the slow calls and the panics nobody waits for. The
 	// zero value discards. A Logger that panics or blocks crashes and delays nothing.
 	Logger logr.Logger
 
-	// MaxConcurrent bounds how many fn run at once; 0 or negative: unbounded. Call, Go
-	// and Run wait for a slot, honouring their ctx and the drain. A call nested in a call
-	// of the same executor runs in its slot (no deadlock); daemons and webhook calls take
-	// none.
+	// MaxConcurrent bounds how many fn run at once; 0 or negative: unbounded. Call, Go and
+	// Run wait for a slot, honouring their ctx and the drain. A call nested in a call of the
+	// same executor runs in its slot (no deadlock); daemons and webhook calls take none.
 	MaxConcurrent int
 
 	// ReportAfter is how long Drain waits before its first report of pending calls.
@@ -124,21 +121,16 @@ type PendingError struct {
 func (e *PendingError) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "failed to drain: %v: %d call(s) still running", e.Err, len(e.Pending))
-	for i, p := range e.Pending {
-		if i == internal.MaxListed {
-			fmt.Fprintf(&b, " and %d more", len(e.Pending)-internal.MaxListed)
-			break
-		}
-		if i == 0 {
-			b.WriteString(": ")
-		} else {
-			b.WriteString(", ")
-		}
-		b.WriteString(strconv.Quote(internal.Cut(p.Name)))
+	sep := ": "
+	for _, p := range e.Pending[:min(len(e.Pending), internal.MaxListed)] {
+		fmt.Fprintf(&b, "%s%q", sep, internal.Cut(p.Name))
 		if p.Where != "" {
-			b.WriteString(" at ")
-			b.WriteString(strconv.Quote(internal.Cut(p.Where)))
+			fmt.Fprintf(&b, " at %q", internal.Cut(p.Where))
 		}
+		sep = ", "
+	}
+	if more := len(e.Pending) - internal.MaxListed; more > 0 {
+		fmt.Fprintf(&b, " and %d more", more)
 	}
 	return b.String()
 }
@@ -160,59 +152,49 @@ type Stats struct {
 	Slow   int64     // pending calls running for SlowAfter or longer, daemons aside
 }
 
-const ( // defaults of Options
-	defaultReportAfter = time.Second
-	defaultReportEvery = 5 * time.Second
-	defaultSlowAfter   = time.Minute
-)
-
 // Executor runs named calls on tracked goroutines. Create it with New. All its methods
 // are safe for concurrent use. It drains once: then it refuses new calls for good.
 type Executor struct {
-	opts     Options
-	clock    clock.WithTickerAndDelayedExecution
-	log      logr.Logger
+	opts     Options       // defaults filled in
 	slots    chan struct{} // MaxConcurrent tokens; nil when unbounded
 	settings internal.Settings
 
-	// mu guards admission, the list of calls (admitted, listed and counted in one step,
-	// so Drain, Pending and Stats agree), the timers and the reports' state.
+	// mu guards admission and the list (one step: Drain, Pending and Stats agree), the timers.
 	mu          sync.Mutex
-	oldest      *call // the admitted calls, a list in admission order, oldest first
-	newest      *call
+	calls       call // the root of the admitted calls, a ring in admission order: next is the oldest
 	inFlight    int64
 	isDraining  bool
 	cancelCause error         // once the drain or a fence cancelled all: nested calls start so
 	waiters     int           // Drain calls waiting; reports are logged only while one waits
 	lineDone    chan struct{} // closed when the last report line begun was logged
-	slow        slowState     // see report.go
-	slowTimer   clock.Timer   // armed while calls are in flight outside a drain
-	slowArmed   bool
-	report      clock.Timer // the next report, while a Drain waits
-	cancelTmr   clock.Timer // CancelAfter, until it fired or the calls all returned
-	labels      *labelTable // the pprof label ids of its calls (see labels.go); nil once its drain is over
+	// slow: what the last "Slow calls" line said; the next on the same set is due backoff after.
+	slow struct {
+		count   int
+		newest  *call
+		logged  time.Time
+		backoff time.Duration
+	}
+	slowTimer clock.Timer // armed while calls are in flight outside a drain; nil once fired
+	report    clock.Timer // the next report, while a Drain waits
+	cancelTmr clock.Timer // CancelAfter, until it fired or the calls all returned
+	labels    *labelTable // the pprof label ids of its calls (see labels.go); nil once its drain is over
 
 	fenced    context.Context         // ended by Fence (internal.Core.Fenced)
 	fence     context.CancelCauseFunc // ends fenced
 	draining  chan struct{}           // closed when Drain begins
 	done      chan struct{}           // closed when draining and nothing is in flight
 	drainOnce sync.Once
-	hold      *tableHold    // e's hold on labels, until the registry takes them back
-	logging   atomic.Bool   // a report is being logged (see logAsync)
-	unknown   atomic.Uint32 // reasons for an unknown location already logged (bits)
+	hold      *tableHold  // e's hold on labels, until executors takes them back
+	logging   atomic.Bool // a report is being logged (see logAsync)
+	unknown   sync.Map    // reasons for an unknown location already logged
 
 	started, finished, refused, panicked, abandoned, cancelled atomic.Uint64
 
-	// raised: panics of nested calls raised again on an outer call's goroutine (repanic),
-	// until it settles; raisedN counts them for a one-load check.
-	raisedMu sync.Mutex
-	raised   map[*call]*PanicError
-	raisedN  atomic.Int32
+	raised sync.Map // *call → *PanicError: a nested call's panic raised on its goroutine
 }
 
-// New returns an Executor configured by opts; zero fields of opts take their defaults.
-// It panics on a positive ReportAfter, ReportEvery or SlowAfter below MinReportAfter,
-// MinReportEvery or MinSlowAfter: a programming error, found at setup.
+// New returns an Executor configured by opts, zero fields taking their defaults. It panics
+// on a positive ReportAfter, ReportEvery or SlowAfter below its Min: found at setup.
 func New(opts Options) *Executor {
 	for _, b := range []struct {
 		field    string
@@ -228,16 +210,13 @@ func New(opts Options) *Executor {
 		}
 	}
 	if opts.ReportAfter <= 0 {
-		opts.ReportAfter = defaultReportAfter
+		opts.ReportAfter = time.Second
 	}
 	if opts.ReportEvery <= 0 {
-		opts.ReportEvery = defaultReportEvery
+		opts.ReportEvery = 5 * time.Second
 	}
 	if opts.SlowAfter == 0 {
-		opts.SlowAfter = defaultSlowAfter
-	}
-	if opts.MaxConcurrent < 0 {
-		opts.MaxConcurrent = 0
+		opts.SlowAfter = time.Minute
 	}
 	if internal.IsNil(opts.Clock) {
 		opts.Clock = clock.RealClock{}
@@ -245,15 +224,10 @@ func New(opts Options) *Executor {
 	if internal.NoLogger(opts.Logger) {
 		opts.Logger = logr.Logger{}
 	}
-	e := &Executor{
-		opts:     opts,
-		clock:    opts.Clock,
-		log:      opts.Logger,
-		draining: make(chan struct{}),
-		done:     make(chan struct{}),
-	}
+	e := &Executor{opts: opts, draining: make(chan struct{}), done: make(chan struct{})}
+	e.calls.prev, e.calls.next = &e.calls, &e.calls
 	e.fenced, e.fence = context.WithCancelCause(context.Background())
-	executors.add(e)
+	addExecutor(e)
 	if opts.MaxConcurrent > 0 {
 		e.slots = make(chan struct{}, opts.MaxConcurrent)
 	}
@@ -290,27 +264,24 @@ func (c *core) RunHandler(ctx context.Context, o internal.CallOptions, h interna
 }
 
 func (c *core) Call(ctx context.Context, o internal.CallOptions, fn func(context.Context) error) error {
-	return (*Executor)(c).call(ctx, &o, funcHandler(fn))
+	return (*Executor)(c).call(ctx, &o, funcHandler(fn), true)
 }
 
 func (c *core) Go(ctx context.Context, o internal.CallOptions, fn func(context.Context) error) error {
-	return (*Executor)(c).goCall(ctx, &o, funcHandler(fn))
+	return (*Executor)(c).call(ctx, &o, funcHandler(fn), false)
 }
 
-func (c *core) Now() time.Time { return c.clock.Now() }
+func (c *core) Now() time.Time { return c.opts.Clock.Now() }
 
 func (c *core) Fenced() context.Context { return c.fenced }
 
-// Listing copies the calls under e.mu and renders them outside it, with any fresh capture.
-func (c *core) Listing(limit int) (internal.Entries, int) {
-	e := (*Executor)(c)
-	calls, total := e.list(limit)
-	return entries(e.locateWith(calls, true), c.clock.Now()), total
-}
+func (c *core) Listing(limit int) (internal.Entries, int) { return c.entries(limit, true) }
 
-func (c *core) Entries(limit int) (internal.Entries, int) {
-	calls, total := (*Executor)(c).Locate(limit)
-	return entries(calls, c.clock.Now()), total
+func (c *core) Entries(limit int) (internal.Entries, int) { return c.entries(limit, false) }
+
+func (c *core) entries(limit int, shared bool) (internal.Entries, int) {
+	calls, total := (*Executor)(c).list(limit)
+	return entries((*Executor)(c).locateWith(calls, shared), c.opts.Clock.Now()), total
 }
 
 func (c *core) Fence(cause error) int {
@@ -338,69 +309,47 @@ func (c *core) Fence(cause error) int {
 // ctx's pprof labels plus "quiesce", by which reports find it. A panic in fn returns a
 // *PanicError; runtime.Goexit an error. With MaxConcurrent > 0, Call first waits for a slot.
 func (e *Executor) Call(ctx context.Context, name string, fn func(context.Context) error) error {
-	if err := e.created(); err != nil {
-		return err
-	}
-	return e.call(ctx, &internal.CallOptions{Name: name}, funcHandler(fn))
+	return e.call(ctx, &internal.CallOptions{Name: name}, funcHandler(fn), true)
 }
 
-func (e *Executor) call(ctx context.Context, o *internal.CallOptions, fn internal.Handler) error {
+// call runs fn on a goroutine of its own and, if wait, waits as Call does; else, as Go.
+func (e *Executor) call(ctx context.Context, o *internal.CallOptions, fn internal.Handler, wait bool) error {
 	c, err := e.admit(ctx, o, fn)
 	if err != nil {
 		return err
 	}
+	if !wait {
+		c.state.Store(callDetached)
+		go c.exec(fn)
+		return nil
+	}
 	c.done = make(chan struct{})
 	go c.exec(fn)
-	if ctxDone := ctx.Done(); ctxDone == nil { // ctx never ends: wait for fn alone
-		<-c.done
-	} else {
-		select {
-		case <-c.done:
-		case <-ctxDone:
-			if c.state.CompareAndSwap(callWaiting, callDetached) {
-				return ctx.Err()
-			}
-			<-c.done // fn returned meanwhile; take its result instead
+	select {
+	case <-c.done:
+	case <-ctx.Done():
+		if c.state.CompareAndSwap(callWaiting, callDetached) {
+			return ctx.Err()
 		}
+		<-c.done // fn returned meanwhile; take its result instead
 	}
 	if o.Repanic && c.panicked {
-		repanic(ctx, c.e, c.err.(*PanicError)) //nolint:errcheck,forcetypeassert // panicked: err is its *PanicError
+		pe := c.err.(*PanicError) //nolint:errcheck,forcetypeassert // panicked: err is its *PanicError
+		// The panic raised here shows the caller's stack: fn's is logged first, once.
+		if !pe.logged {
+			pe.logged = true
+			e.logPanic(pe)
+		}
+		c.raising(pe)
+		panic(pe.Value)
 	}
 	return c.err
-}
-
-// repanic raises fn's settled panic again on the caller's goroutine with fn's value, as if
-// the caller had called fn (controller-runtime's RecoverPanic sees it). That stack shows
-// the caller, so fn's is logged first, once; an outer tracked call is told, so that it
-// counts the panic once and keeps fn's stack.
-func repanic(ctx context.Context, e *Executor, pe *PanicError) {
-	if !pe.logged {
-		pe.logged = true
-		e.logPanic(pe)
-	}
-	if outer, ok := ctx.Value(internal.CallKey{}).(*call); ok {
-		outer.e.markRaised(outer, pe)
-	}
-	panic(pe.Value)
 }
 
 // Go is Call without waiting: nil once fn is tracked, or Call's error without running fn.
 // The call is detached from the start; a panic in fn is logged ("Call panicked").
 func (e *Executor) Go(ctx context.Context, name string, fn func(context.Context) error) error {
-	if err := e.created(); err != nil {
-		return err
-	}
-	return e.goCall(ctx, &internal.CallOptions{Name: name}, funcHandler(fn))
-}
-
-func (e *Executor) goCall(ctx context.Context, o *internal.CallOptions, fn internal.Handler) error {
-	c, err := e.admit(ctx, o, fn)
-	if err != nil {
-		return err
-	}
-	c.state.Store(callDetached)
-	go c.exec(fn)
-	return nil
+	return e.call(ctx, &internal.CallOptions{Name: name}, funcHandler(fn), false)
 }
 
 // Run is Call on the caller's goroutine, for callers that wait anyway (reconcilers.Wrap):
@@ -408,15 +357,14 @@ func (e *Executor) goCall(ctx context.Context, o *internal.CallOptions, fn inter
 // labels while fn runs, restored after as pprof.Do does. A panic returns a *PanicError; a
 // runtime.Goexit settles the call and goes on exiting.
 func (e *Executor) Run(ctx context.Context, name string, fn func(context.Context) error) error {
-	if err := e.created(); err != nil {
-		return err
-	}
 	return (*core)(e).RunHandler(ctx, internal.CallOptions{Name: name}, funcHandler(fn))
 }
 
-// admit checks the input, takes a slot and lists the call, unless the drain refuses it.
+// admit checks e and the input, takes a slot and lists the call, unless the drain refuses it.
 func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn internal.Handler) (*call, error) {
 	switch {
+	case e.created() != nil:
+		return nil, errNotCreated
 	case ctx == nil:
 		return nil, fmt.Errorf("failed to run call %q: nil context: %w", internal.Cut(o.FullName()), ErrInvalidCall)
 	case o.Name == "" && o.Object == "":
@@ -434,16 +382,11 @@ func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn intern
 		}
 		return nil, err
 	}
-	slot := e.needsSlot(ctx, o)
-	if slot {
-		if err := e.acquire(ctx, o); err != nil {
-			return nil, err
-		}
+	slot, err := e.acquire(ctx, o)
+	if err != nil {
+		return nil, err
 	}
-	c := newCall(ctx, e, o)
-	c.slot = slot
-	// Stamped outside the lock; link keeps the list ordered by the stamps.
-	c.start = e.clock.Now()
+	c := newCall(ctx, e, o, slot)
 	e.mu.Lock()
 	if e.isDraining && !e.inFlightOuter(ctx) {
 		e.mu.Unlock()
@@ -465,12 +408,11 @@ func (e *Executor) admit(ctx context.Context, o *internal.CallOptions, fn intern
 	return c, nil
 }
 
-// inFlightOuter reports whether ctx belongs to a call of e still listed: the drain admits
-// its nested calls (a reconcile's handler must not fail half-done), and cannot be over
-// while it is listed. A call of a returned call is new work. The caller holds e.mu.
+// inFlightOuter reports whether ctx belongs to a call of e still listed, whose nested calls
+// the drain admits (a handler must not fail half-done). The caller holds e.mu.
 func (e *Executor) inFlightOuter(ctx context.Context) bool {
 	outer, ok := ctx.Value(internal.CallKey{}).(*call)
-	return ok && outer.e == e && (outer.prev != nil || e.oldest == outer)
+	return ok && outer.e == e && outer.prev != nil
 }
 
 // link lists c as the newest call, with a label id. The caller holds e.mu.
@@ -478,18 +420,13 @@ func (e *Executor) link(c *call) {
 	e.started.Add(1)
 	e.inFlight++
 	e.takeLabel(c)
-	if e.newest != nil && c.start.Before(e.newest.start) {
+	if newest := e.calls.prev; newest != &e.calls && c.start.Before(newest.start) {
 		// Listed after a call stamped later: the list stays oldest first by Started.
-		c.start = e.newest.start
+		c.start = newest.start
 	}
-	c.prev = e.newest
-	if e.newest != nil {
-		e.newest.next = c
-	} else {
-		e.oldest = c
-	}
-	e.newest = c
-	if !e.slowArmed && !c.opts.Daemon {
+	c.prev, c.next = e.calls.prev, &e.calls
+	c.prev.next, c.next.prev = c, c
+	if e.slowTimer == nil && !c.opts.Daemon {
 		e.armSlow(e.opts.SlowAfter)
 	}
 }
@@ -498,28 +435,24 @@ func (e *Executor) link(c *call) {
 func (e *Executor) unlink(c *call) {
 	e.mu.Lock()
 	e.giveLabel(c)
-	if c.prev != nil {
-		c.prev.next = c.next
-	} else {
-		e.oldest = c.next
-	}
-	if c.next != nil {
-		c.next.prev = c.prev
-	} else {
-		e.newest = c.prev
-	}
+	c.prev.next, c.next.prev = c.next, c.prev
 	c.prev, c.next = nil, nil
 	e.inFlight--
-	last := e.inFlight == 0 && e.isDraining
-	if last {
+	e.unlock()
+}
+
+// unlock unlocks e.mu, after ending the drain if it is over: nothing is in flight.
+func (e *Executor) unlock() {
+	over := e.isDraining && e.inFlight == 0
+	if over {
 		stopTimer(e.report)
 		stopTimer(e.cancelTmr)
 		e.report, e.cancelTmr = nil, nil
 		e.labels = nil // they go to the next executor (labels.go)
 	}
 	e.mu.Unlock()
-	if last {
-		executors.release(e.hold)
+	if over {
+		releaseTable(e.hold)
 		close(e.done)
 	}
 }
@@ -530,25 +463,19 @@ func stopTimer(t clock.Timer) {
 	}
 }
 
-// needsSlot reports whether a call takes a slot: not daemons, webhook calls, nor calls
-// nested in a call of e (they run in its slot, or in none).
-func (e *Executor) needsSlot(ctx context.Context, o *internal.CallOptions) bool {
-	if e.slots == nil || o.Daemon || o.NoSlot {
-		return false
+// acquire takes a MaxConcurrent slot, if the call needs one, giving up when ctx ends or the
+// drain begins. Daemons, webhook calls and calls nested in a call of e take none.
+func (e *Executor) acquire(ctx context.Context, o *internal.CallOptions) (slot bool, err error) {
+	if outer, ok := ctx.Value(internal.CallKey{}).(*call); e.slots == nil || o.Daemon || o.NoSlot || ok && outer.e == e {
+		return false, nil
 	}
-	outer, ok := ctx.Value(internal.CallKey{}).(*call)
-	return !ok || outer.e != e
-}
-
-// acquire takes a MaxConcurrent slot, giving up when ctx ends or the drain begins.
-func (e *Executor) acquire(ctx context.Context, o *internal.CallOptions) error {
 	select {
 	case e.slots <- struct{}{}:
-		return nil
+		return true, nil
 	case <-ctx.Done():
-		return ctx.Err()
+		return false, ctx.Err()
 	case <-e.draining:
-		return e.refuse(o)
+		return false, e.refuse(o)
 	}
 }
 
@@ -583,11 +510,10 @@ func (e *Executor) Drain(ctx context.Context) error {
 	defer e.stopWaiting()
 	select {
 	case <-e.done:
-		return nil
 	case <-ctx.Done():
 	}
 	select {
-	case <-e.done: // both were ready: the calls did return
+	case <-e.done: // also when both were ready: the calls did return
 		return nil
 	default:
 	}
@@ -600,8 +526,7 @@ func (e *Executor) Drain(ctx context.Context) error {
 	return &PendingError{Pending: e.locate(calls), Err: ctx.Err()}
 }
 
-// stopWaiting ends a Drain's wait: the last stops the reports; each waits a little for
-// the line being logged.
+// stopWaiting ends a Drain's wait: the last stops the reports; each waits for a line begun.
 func (e *Executor) stopWaiting() {
 	e.mu.Lock()
 	e.waiters--
@@ -612,11 +537,9 @@ func (e *Executor) stopWaiting() {
 	lineDone := e.lineDone
 	e.mu.Unlock()
 	if lineDone != nil {
-		t := time.NewTimer(100 * time.Millisecond)
-		defer t.Stop()
 		select {
 		case <-lineDone:
-		case <-t.C: // a blocked Logger does not hold the drain up longer
+		case <-time.After(100 * time.Millisecond): // a blocked Logger does not hold the drain up longer
 		}
 	}
 }
@@ -638,25 +561,16 @@ func (e *Executor) cancelAfter(ctx context.Context) time.Duration {
 func (e *Executor) beginDrain(cancelAfter time.Duration) {
 	e.mu.Lock()
 	e.isDraining = true
-	idle := e.inFlight == 0
-	if idle {
-		e.labels = nil // see unlink
-	}
 	stopTimer(e.slowTimer)
-	if !idle {
+	if e.inFlight > 0 {
 		e.armReport(e.opts.ReportAfter)
 		if cancelAfter > CancelAtOnce {
 			// go: a fake clock calls the func under its lock (a lock-order inversion).
-			e.cancelTmr = e.clock.AfterFunc(cancelAfter, func() { go e.cancelCalls(false) })
+			e.cancelTmr = e.opts.Clock.AfterFunc(cancelAfter, func() { go e.cancelCalls(false) })
 		}
 	}
 	close(e.draining)
-	e.mu.Unlock()
-	if idle {
-		executors.release(e.hold)
-		close(e.done)
-		return
-	}
+	e.unlock()
 	e.cancelCalls(cancelAfter != CancelAtOnce)
 }
 
@@ -664,12 +578,11 @@ func (e *Executor) beginDrain(cancelAfter time.Duration) {
 // timers fire once; they call the func under their lock). The caller holds e.mu.
 func (e *Executor) armReport(d time.Duration) {
 	stopTimer(e.report)
-	e.report = e.clock.AfterFunc(d, func() { go e.reportDue() })
+	e.report = e.opts.Clock.AfterFunc(d, func() { go e.reportDue() })
 }
 
-// cancelCalls ends the contexts of the calls: as the drain begins (atStart), daemons' and
-// CancelAtStop ones; at CancelAfter, all. Those it cuts (daemons aside) are counted in
-// Stats.Cancelled and named in one line.
+// cancelCalls ends the contexts of daemons and CancelAtStop calls (atStart), or of all (at
+// CancelAfter); those it cuts, daemons aside, are counted in Stats.Cancelled and logged.
 func (e *Executor) cancelCalls(atStart bool) {
 	cause := errCancelledByDrain
 	if atStart {
@@ -710,40 +623,33 @@ func (e *Executor) cancelCalls(atStart bool) {
 		for i := range listed {
 			listed[i] = cut[i].pending()
 		}
-		kv := e.stopKV("cancelled", len(cut), "cause", cause.Error(), "calls", entries(listed, e.clock.Now()))
+		kv := e.stopKV("cancelled", len(cut), "cause", cause.Error(), "calls", entries(listed, e.opts.Clock.Now()))
 		if more := len(cut) - len(listed); more > 0 {
 			kv = append(kv, "more", more)
 		}
-		e.safely(func() { e.log.Info("Cancelling calls still running", kv...) })
+		e.safely(func() { e.opts.Logger.Info("Cancelling calls still running", kv...) })
 	}()
 }
 
 // stopKV returns the key/values a drain's line starts with (Settings.StopKV), then kv.
 func (e *Executor) stopKV(kv ...any) []any {
-	if e.settings.StopKV == nil {
-		return kv
+	if f := e.settings.StopKV; f != nil {
+		return append(f(), kv...)
 	}
-	return append(e.settings.StopKV(), kv...)
+	return kv
 }
 
 // list returns the oldest limit calls (all if limit < 0) and how many are admitted.
 func (e *Executor) list(limit int) (calls []*call, total int) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	total = int(e.inFlight)
-	n := total
-	if limit >= 0 && limit < n {
-		n = limit
-	}
-	calls = make([]*call, 0, n)
-	for c := e.oldest; c != nil && len(calls) < n; c = c.next {
+	for c := e.calls.next; c != &e.calls && (limit < 0 || len(calls) < limit); c = c.next {
 		calls = append(calls, c)
 	}
-	return calls, total
+	return calls, int(e.inFlight)
 }
 
-// Pending returns the calls admitted and not yet returned, oldest first, without Where
-// and Handler (Locate fills them).
+// Pending returns the calls admitted and not yet returned, oldest first, without Where and Handler.
 func (e *Executor) Pending() []Pending {
 	e.mustBeCreated()
 	calls, _ := e.list(-1)
@@ -772,43 +678,37 @@ func (e *Executor) Draining() <-chan struct{} {
 // Stats returns the executor's counters.
 func (e *Executor) Stats() Stats {
 	e.mustBeCreated()
-	// Finished first: a call is counted started before it can finish.
-	s := Stats{Finished: e.finished.Load()}
+	finished := e.finished.Load() // first: a call is counted started before it can finish
 	e.mu.Lock()
-	s.InFlight = e.inFlight
-	for c := e.oldest; c != nil; c = c.next {
+	defer e.mu.Unlock()
+	var oldest time.Time
+	for c := e.calls.next; c != &e.calls && oldest.IsZero(); c = c.next {
 		if !c.opts.Daemon {
-			s.Oldest = c.start
-			break
+			oldest = c.start
 		}
 	}
-	s.Slow = e.countSlow(e.clock.Now())
-	e.mu.Unlock()
-	s.Started = e.started.Load()
-	s.Refused = e.refused.Load()
-	s.Panicked = e.panicked.Load()
-	s.Abandoned = e.abandoned.Load()
-	s.Cancelled = e.cancelled.Load()
-	return s
+	_, slow, _, _ := e.slowCalls(e.opts.Clock.Now(), 0)
+	return Stats{
+		InFlight: e.inFlight, Started: e.started.Load(), Finished: finished, Refused: e.refused.Load(),
+		Panicked: e.panicked.Load(), Abandoned: e.abandoned.Load(), Cancelled: e.cancelled.Load(),
+		Oldest: oldest, Slow: int64(slow),
+	}
 }
 
 // FromContext reports whether ctx is, or derives from, a tracked call's fn's context, and
 // returns that call's executor and name (the innermost call's).
 func FromContext(ctx context.Context) (ex *Executor, name string, ok bool) {
-	if ctx == nil {
-		return nil, "", false
+	if ctx != nil {
+		if c, ok := ctx.Value(internal.CallKey{}).(*call); ok {
+			return c.e, c.name(), true
+		}
 	}
-	c, ok := ctx.Value(internal.CallKey{}).(*call)
-	if !ok {
-		return nil, "", false
-	}
-	return c.e, c.name(), true
+	return nil, "", false
 }
 
 var errNotCreated = fmt.Errorf("%s: %w", internal.NotCreated, ErrInvalidCall)
 
-// created returns an error unless New made e (it always makes draining);
-// mustBeCreated panics instead, for the methods without an error result.
+// created returns an error unless New made e; mustBeCreated panics instead.
 func (e *Executor) created() error {
 	if e == nil || e.draining == nil {
 		return errNotCreated

@@ -6,44 +6,39 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"strconv"
-	"strings"
 	"sync"
-	"weak"
+	"sync/atomic"
 )
 
-// While fn runs, its goroutine carries the pprof label quiesce=<id>, by which the goroutine
-// profile tells a call's stack (locate.go). Ids are "<executor number>-<n>", taken as a call
-// is listed and given back as it is unlisted, under the executor's lock: a profiler sees
-// no more values than calls run at once. Once a drain is over (or its executor collected),
-// the number and ids go to the next executor New makes.
-//
-// A reused id cannot mislead a report: it is given back after its goroutine dropped it, a
-// capture locates only calls labelled before it began (call.since), and the call's own
-// goroutine is the one running exec.
+// Label ids are "<executor number>-<n>", held from link to unlink; once a drain is over they
+// go to the next executor. A capture locates only calls labelled before it began (since).
 
 // labelKey is the pprof label key of goroutines running a call's fn.
 const labelKey = "quiesce"
 
-// A call's since: 0 before its goroutine carries its label, then the first capture epoch
-// that sees it, sinceLeft once fn returned.
+// call.since: 0, then the first capture epoch that sees its label, sinceLeft once fn returned.
 const sinceLeft = math.MaxUint64
 
 // A label is one of an executor's ids, with its label set made once.
 type label struct {
 	id   string
-	set  pprof.LabelSet // quiesce=id
-	call *call          // the call holding it, or nil; guarded by Executor.mu
+	set  pprof.LabelSet       // quiesce=id
+	call atomic.Pointer[call] // the call holding it, or nil; written under Executor.mu
 }
+
+// labelsByID holds every label made: a Run nested in another executor's call relabels its
+// goroutine, and the outer call is found through the inner id (labelled).
+var labelsByID sync.Map
 
 // labelTable is an executor's number and label ids, guarded by its Executor.mu.
 type labelTable struct {
 	num  uint64   // the executor's number, the prefix of its ids
-	all  []*label // the ids made: all[n-1] is "<num>-<n>"
+	made int      // the ids made: "<num>-1" to "<num>-<made>"
 	free []*label // those no call holds
 }
 
-// tableHold is an executor's hold on its table until the registry takes it back.
-type tableHold struct{ t *labelTable } // guarded by registry.mu
+// tableHold is an executor's hold on its table until executors takes it back.
+type tableHold struct{ t *labelTable } // guarded by executors.mu
 
 // takeLabel gives c a free label of e. The caller holds e.mu (see link).
 func (e *Executor) takeLabel(c *call) {
@@ -53,17 +48,18 @@ func (e *Executor) takeLabel(c *call) {
 		l = t.free[n-1]
 		t.free = t.free[:n-1]
 	} else {
-		id := strconv.FormatUint(t.num, 10) + "-" + strconv.Itoa(len(t.all)+1)
+		t.made++
+		id := strconv.FormatUint(t.num, 10) + "-" + strconv.Itoa(t.made)
 		l = &label{id: id, set: pprof.Labels(labelKey, id)}
-		t.all = append(t.all, l)
+		labelsByID.Store(id, l)
 	}
-	l.call = c
+	l.call.Store(c)
 	c.label = l
 }
 
 // giveLabel takes c's label back. The caller holds e.mu (see unlink).
 func (e *Executor) giveLabel(c *call) {
-	c.label.call = nil
+	c.label.call.Store(nil)
 	e.labels.free = append(e.labels.free, c.label)
 }
 
@@ -79,96 +75,57 @@ func (c *call) enter() {
 // Call and Go, whose goroutine ends.
 func (c *call) leave() {
 	c.since.Store(sinceLeft)
+	ctx := context.Background()
 	if c.onCaller {
-		pprof.SetGoroutineLabels(c.parent)
-	} else {
-		pprof.SetGoroutineLabels(context.Background())
+		ctx = c.parent
 	}
+	pprof.SetGoroutineLabels(ctx)
 }
 
 // labelled returns the call holding the label id, if its goroutine carried it before the
 // capture of epoch began.
 func labelled(id string, epoch uint64) *call {
-	num, n, ok := parseID(id)
-	if !ok {
-		return nil
+	if l, ok := labelsByID.Load(id); ok {
+		if c := l.(*label).call.Load(); c != nil {
+			if since := c.since.Load(); since != 0 && since <= epoch { // never sinceLeft
+				return c
+			}
+		}
 	}
-	e := executors.find(num)
-	if e == nil {
-		return nil
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	t := e.labels
-	if t == nil || n > len(t.all) { // nil: e's drain is over, its ids are the registry's
-		return nil
-	}
-	c := t.all[n-1].call
-	if c == nil {
-		return nil
-	}
-	if since := c.since.Load(); since == 0 || since > epoch { // sinceLeft too
-		return nil
-	}
-	return c
+	return nil
 }
 
-// parseID reads "<executor number>-<n>"; any other value is not an id.
-func parseID(id string) (num uint64, n int, ok bool) {
-	a, b, found := strings.Cut(id, "-")
-	num, errA := strconv.ParseUint(a, 10, 64)
-	n, errB := strconv.Atoi(b)
-	return num, n, found && errA == nil && errB == nil && n >= 1
-}
-
-// executors finds an executor by number (a Run nested in another executor's call relabels
-// its goroutine: the outer call is found through the inner id). Written at New and at the
-// drain's end, never per call; it keeps no executor alive.
-var executors registry
-
-type registry struct {
+// executors numbers executors and recycles their label tables; never written per call.
+var executors struct {
 	mu   sync.Mutex
 	last uint64
-	m    map[uint64]weak.Pointer[Executor]
-	free []*labelTable // the tables of executors whose drain is over, or collected
+	free []*labelTable
 }
 
-// add numbers e, reusing a released table, until its drain is over or it is collected.
-func (r *registry) add(e *Executor) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+// addExecutor numbers e, reusing a released table, until its drain is over or it is collected.
+func addExecutor(e *Executor) {
+	executors.mu.Lock()
+	defer executors.mu.Unlock()
 	var t *labelTable
-	if n := len(r.free); n > 0 {
-		t = r.free[n-1]
-		r.free[n-1] = nil
-		r.free = r.free[:n-1]
+	if n := len(executors.free); n > 0 {
+		t = executors.free[n-1]
+		executors.free[n-1] = nil
+		executors.free = executors.free[:n-1]
 	} else {
-		r.last++
-		t = &labelTable{num: r.last}
+		executors.last++
+		t = &labelTable{num: executors.last}
 	}
-	if r.m == nil {
-		r.m = make(map[uint64]weak.Pointer[Executor])
-	}
-	r.m[t.num] = weak.Make(e)
 	e.labels, e.hold = t, &tableHold{t: t}
-	runtime.AddCleanup(e, r.release, e.hold)
+	runtime.AddCleanup(e, releaseTable, e.hold)
 }
 
-// release takes back h's table, once: its drain is over (before Drain returns, so the
-// next executor takes it) or its executor was collected.
-func (r *registry) release(h *tableHold) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+// releaseTable takes back h's table, once: its drain is over or its executor was collected.
+func releaseTable(h *tableHold) {
+	executors.mu.Lock()
+	defer executors.mu.Unlock()
 	if h.t == nil {
 		return
 	}
-	delete(r.m, h.t.num)
-	r.free = append(r.free, h.t)
+	executors.free = append(executors.free, h.t)
 	h.t = nil
-}
-
-func (r *registry) find(num uint64) *Executor {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.m[num].Value()
 }

@@ -19,60 +19,32 @@ import (
 	"github.com/quiesce-dev/quiesce/internal"
 )
 
-// The goroutine profile, in its protobuf form, gives every goroutine's stack (its innermost
-// GODEBUG profstackdepth frames, 128 by default) with its labels. One capture serves all who
-// ask while it is taken, and within captureReuse after if it saw their labels.
+// The goroutine profile gives every goroutine's stack (its innermost GODEBUG profstackdepth
+// frames) and labels. A capture serves all who ask within captureReuse if it saw their labels.
 const captureReuse = time.Second
 
-// Reasons why a location is unknown, each logged once per executor.
+// Why a location is unknown, each logged once per executor.
 const (
-	unknownNoProfile uint32 = 1 << iota
-	unknownNoLabel
-	unknownTooDeep
+	unknownNoProfile = "the goroutine profile could not be written or read"
+	unknownNoLabel   = "no goroutine running the call carries its pprof label: fn replaced its goroutine's labels " +
+		"(pprof.SetGoroutineLabels with a context not derived from fn's)"
+	unknownTooDeep = "the call's stack is deeper than the goroutine profile keeps " +
+		"(GODEBUG profstackdepth, 128 frames by default)"
 )
-
-var unknownReasons = map[uint32]string{
-	unknownNoProfile: "the goroutine profile could not be written or read",
-	unknownNoLabel: "no goroutine running the call carries its pprof label: fn replaced its goroutine's labels " +
-		"(pprof.SetGoroutineLabels with a context not derived from fn's)",
-	unknownTooDeep: "the call's stack is deeper than the goroutine profile keeps " +
-		"(GODEBUG profstackdepth, 128 frames by default)",
-}
-
-// frame is one frame of a stack, innermost first.
-type frame struct {
-	Function string
-	File     string
-	Line     int
-}
 
 // stack is one goroutine's stack in a capture (or identical ones').
 type stack struct {
-	locs      []*profile.Location // innermost first
-	truncated bool                // the profile kept only its innermost frames
-	execs     int                 // how many exec frames it has: calls running on it
-}
-
-// frames returns st's frames, innermost first (inlined calls, then their caller).
-func (st stack) frames() []frame {
-	var out []frame
-	for _, loc := range st.locs {
-		for _, ln := range loc.Line {
-			if ln.Function != nil {
-				out = append(out, frame{Function: ln.Function.Name, File: ln.Function.Filename, Line: int(ln.Line)})
-			}
-		}
-	}
-	return out
+	frames    []runtime.Frame // innermost first (inlined calls, then their caller)
+	truncated bool            // the profile kept only its innermost frames
+	execs     int             // how many exec frames it has: calls running on it
 }
 
 // capture holds the stacks of a goroutine profile labelled by quiesce.
 type capture struct {
-	at     time.Time
-	epoch  uint64             // it saw every label of a call whose since is up to this
-	stacks map[string][]stack // by label id
-	nested []string           // the ids whose own stack runs calls below the innermost
-	ok     bool               // the profile was written and read
+	at    time.Time
+	epoch uint64           // it saw every label of a call whose since is up to this
+	own   map[string]stack // by label id, the stack of the call's own goroutine (ownStack)
+	ok    bool             // the profile was written and read
 }
 
 // captureEpoch counts the captures begun (see call.since).
@@ -114,7 +86,7 @@ func captureSince(since uint64) *capture {
 	}
 }
 
-// fresh reports whether a capture taken at is young enough to be reused.
+// fresh reports whether a capture taken at can be reused (outside a synctest bubble: future).
 func fresh(at time.Time) bool {
 	age := time.Since(at)
 	return age >= 0 && age < captureReuse
@@ -133,27 +105,32 @@ func takeCapture() *capture {
 		return c
 	}
 	c.ok = true
-	c.stacks = make(map[string][]stack)
+	stacks := make(map[string][]stack)
 	depth := profStackDepth()
 	for _, s := range p.Sample {
 		ids := s.Label[labelKey]
 		if len(ids) != 1 {
 			continue
 		}
-		st := stack{locs: s.Location, truncated: len(s.Location) >= depth}
+		st := stack{truncated: len(s.Location) >= depth}
 		for _, loc := range s.Location {
 			for _, ln := range loc.Line {
-				if ln.Function != nil && ln.Function.Name == execFunc {
+				if ln.Function == nil || ln.Function.Name == "" {
+					continue
+				}
+				f := runtime.Frame{Function: ln.Function.Name, File: ln.Function.Filename, Line: int(ln.Line)}
+				st.frames = append(st.frames, f)
+				if ln.Function.Name == execFunc {
 					st.execs++
 				}
 			}
 		}
-		c.stacks[ids[0]] = append(c.stacks[ids[0]], st)
+		stacks[ids[0]] = append(stacks[ids[0]], st)
 	}
-	// Found once here, not by every asker.
-	for id, stacks := range c.stacks {
-		if st, ok := ownStack(stacks); ok && st.execs >= 2 {
-			c.nested = append(c.nested, id)
+	c.own = make(map[string]stack, len(stacks))
+	for id, sts := range stacks {
+		if st, ok := ownStack(sts); ok {
+			c.own[id] = st
 		}
 	}
 	return c
@@ -163,10 +140,9 @@ func takeCapture() *capture {
 func profStackDepth() int {
 	depth := 128
 	for _, kv := range strings.Split(os.Getenv("GODEBUG"), ",") { // the last one counts
-		if v, ok := strings.CutPrefix(strings.TrimSpace(kv), "profstackdepth="); ok {
-			if n, err := strconv.Atoi(v); err == nil && n > 0 {
-				depth = min(n, 1024)
-			}
+		v, ok := strings.CutPrefix(strings.TrimSpace(kv), "profstackdepth=")
+		if n, err := strconv.Atoi(v); ok && err == nil && n > 0 {
+			depth = min(n, 1024)
 		}
 	}
 	return depth
@@ -174,20 +150,17 @@ func profStackDepth() int {
 
 // ownStack returns, of the stacks labelled with a call's id, its own goroutine's: the one
 // running exec (fn's goroutines inherit the label), else the only one cut at the depth.
-func ownStack(stacks []stack) (stack, bool) {
-	var cut []stack
+func ownStack(stacks []stack) (own stack, ok bool) {
+	cut := 0
 	for _, st := range stacks {
 		if st.execs > 0 {
 			return st, true
 		}
 		if st.truncated {
-			cut = append(cut, st)
+			own, cut = st, cut+1
 		}
 	}
-	if len(cut) == 1 {
-		return cut[0], true
-	}
-	return stack{}, false
+	return own, cut == 1
 }
 
 // locate returns the Pending of each call, with Where and Handler filled.
@@ -196,90 +169,58 @@ func (e *Executor) locate(calls []*call) []Pending { return e.locateWith(calls, 
 // locateWith is locate; shared takes any fresh capture, leaving calls it did not see
 // without a location rather than paying for another.
 func (e *Executor) locateWith(calls []*call, shared bool) []Pending {
+	var latest uint64 // the latest since of the calls begun
+	for _, c := range calls {
+		if s := c.since.Load(); s != sinceLeft {
+			latest = max(latest, s)
+		}
+	}
+	cp := &capture{} // none is needed while no call has begun
+	if latest > 0 {
+		if shared {
+			latest = 0 // any fresh capture will do
+		}
+		if cp = captureSince(latest); !cp.ok {
+			e.unknownWhy(unknownNoProfile)
+		}
+	}
 	out := make([]Pending, len(calls))
-	held := make([]*label, len(calls))
-	var since uint64
+	todo := make(map[*call]int, len(calls)) // the calls to locate from cp, and their index
 	for i, c := range calls {
 		out[i] = c.pending()
-		switch s := c.since.Load(); s {
-		case 0:
-			out[i].Where, out[i].Handler = NotStarted, NotStarted
-		case sinceLeft: // fn returned a moment ago
-			out[i].Where, out[i].Handler = Returning, Returning
-		default:
-			held[i] = c.label
-			since = max(since, s)
-		}
-	}
-	if since == 0 {
-		return out
-	}
-	if shared {
-		since = 0 // any fresh capture will do
-	}
-	cp := captureSince(since)
-	if !cp.ok {
-		e.unknownWhy(unknownNoProfile)
-	}
-	for i, c := range calls {
-		if held[i] == nil {
-			continue
-		}
 		switch s := c.since.Load(); {
-		case s == sinceLeft:
-			held[i] = nil
+		case s == sinceLeft: // fn returned a moment ago
 			out[i].Where, out[i].Handler = Returning, Returning
-		case s > cp.epoch:
-			// shared: the capture began before the call's label.
-			held[i] = nil
-		}
+		case s == 0, s > cp.epoch && !shared: // not begun when listed
+			out[i].Where, out[i].Handler = NotStarted, NotStarted
+		case s <= cp.epoch:
+			todo[c] = i
+		} // else (shared): begun after the capture, listed without a location
 	}
-	index := make(map[*call]int, len(calls))
-	for i, c := range calls {
-		index[c] = i
-	}
-	found := make([]bool, len(calls))
-	for i, l := range held {
-		if l == nil || !cp.ok {
-			continue
-		}
-		st, ok := ownStack(cp.stacks[l.id])
-		if !ok {
-			continue
-		}
-		found[i] = true
-		out[i].Where, out[i].Handler = describe(st.frames(), 0)
-		if out[i].Handler == "" {
-			out[i].Handler = Unknown
-			e.unknownWhy(unknownTooDeep)
+	for c, i := range todo {
+		if st, ok := cp.own[c.label.id]; ok {
+			delete(todo, c)
+			if out[i].Where, out[i].Handler = describe(st.frames, 0); out[i].Handler == "" {
+				out[i].Handler = Unknown
+				e.unknownWhy(unknownTooDeep)
+			}
 		}
 	}
 	// A Run inside fn relabels its goroutine: the outer calls are on the inner one's stack,
 	// each above the next exec frame.
-	for _, id := range cp.nested {
-		st, _ := ownStack(cp.stacks[id])
-		inner := labelled(id, cp.epoch)
-		if inner == nil {
+	for id, st := range cp.own {
+		if st.execs < 2 {
 			continue
 		}
-		n := 0
-		for c := inner; c.onCaller; {
-			a := c.outer()
-			if a == nil {
-				break
+		for c, n := labelled(id, cp.epoch), 1; c != nil && c.onCaller && n < st.execs; n++ {
+			c = c.outer()
+			if i, ok := todo[c]; ok {
+				delete(todo, c)
+				out[i].Where, out[i].Handler = describe(st.frames, n)
 			}
-			n++
-			if i, listed := index[a]; listed && held[i] != nil && !found[i] && st.execs > n {
-				found[i] = true
-				out[i].Where, out[i].Handler = describe(st.frames(), n)
-			}
-			c = a
 		}
 	}
-	for i := range out {
-		if held[i] == nil || found[i] {
-			continue
-		}
+	for _, i := range todo {
 		out[i].Where, out[i].Handler = Unknown, Unknown
 		if cp.ok {
 			e.unknownWhy(unknownNoLabel)
@@ -289,18 +230,15 @@ func (e *Executor) locateWith(calls []*call, shared bool) []Pending {
 }
 
 // unknownWhy logs, once per executor and reason, why a location is unknown.
-func (e *Executor) unknownWhy(reason uint32) {
-	if e.unknown.Or(reason)&reason != 0 {
-		return
+func (e *Executor) unknownWhy(reason string) {
+	if _, logged := e.unknown.LoadOrStore(reason, true); !logged {
+		go e.safely(func() { e.opts.Logger.Info("Cannot locate pending calls", "reason", reason) })
 	}
-	go e.safely(func() {
-		e.log.Info("Cannot locate pending calls", "reason", unknownReasons[reason])
-	})
 }
 
 // describe returns where the goroutine of frames (innermost first) is blocked, and the
 // handler line of the call whose fn runs above its nth exec frame ("" if not in frames).
-func describe(frames []frame, n int) (where, handler string) {
+func describe(frames []runtime.Frame, n int) (where, handler string) {
 	top := len(frames) // frames[:top] run inside the call's fn
 	for i, f := range frames {
 		if f.Function == execFunc {
@@ -311,57 +249,40 @@ func describe(frames []frame, n int) (where, handler string) {
 			n--
 		}
 	}
-	var fallback string
 	for _, f := range frames[:top] {
-		if f.Function == "" {
-			continue
-		}
 		pkg := packagePath(f.Function)
 		if !isStd(pkg) && !isOwn(pkg, f.File) {
 			where = formatFrame(f)
 			break
 		}
-		if fallback == "" && pkg != "runtime" && !strings.HasPrefix(pkg, "runtime/") && !strings.HasPrefix(pkg, "internal/") {
-			fallback = formatFrame(f)
+		// Until one is found, the innermost frame outside the runtime.
+		if where == "" && pkg != "runtime" && !strings.HasPrefix(pkg, "runtime/") && !strings.HasPrefix(pkg, "internal/") {
+			where = formatFrame(f)
 		}
 	}
-	if where == "" {
-		where = fallback
-	}
-	if top == len(frames) {
-		return where, ""
-	}
-	for i := top - 1; i >= 0; i-- {
-		if f := frames[i]; f.Function != "" && !isOwn(packagePath(f.Function), f.File) && !isAdapter(f) {
-			return where, formatFrame(f)
+	if top < len(frames) { // else fn's frames were cut off
+		for i := top - 1; i >= 0; i-- {
+			if f := frames[i]; !isOwn(packagePath(f.Function), f.File) && !isAdapter(f) {
+				return where, formatFrame(f)
+			}
 		}
 	}
 	return where, ""
 }
 
-// reconcilePkg holds controller-runtime's adapters (reconcile.Func, AsReconciler's).
-const reconcilePkg = "sigs.k8s.io/controller-runtime/pkg/reconcile"
-
-// isAdapter reports whether f only passes the call on: a compiler generated wrapper, or a
-// controller-runtime reconcile adapter.
-func isAdapter(f frame) bool {
-	return f.File == "<autogenerated>" || packagePath(f.Function) == reconcilePkg
+// isAdapter reports whether f only passes the call on: generated, or controller-runtime's
+// reconcile adapters (reconcile.Func, AsReconciler's).
+func isAdapter(f runtime.Frame) bool {
+	return f.File == "<autogenerated>" || packagePath(f.Function) == "sigs.k8s.io/controller-runtime/pkg/reconcile"
 }
 
-func formatFrame(f frame) string {
-	fn := f.Function
-	if i := strings.LastIndexByte(fn, '/'); i >= 0 {
-		fn = fn[i+1:]
-	}
-	file := f.File
-	if i := strings.LastIndexByte(file, '/'); i >= 0 {
-		file = file[i+1:]
-	}
-	return fn + " (" + file + ":" + strconv.Itoa(f.Line) + ")"
+// formatFrame says "pkg.Func (file.go:123)": the last elements of f's function and file.
+func formatFrame(f runtime.Frame) string {
+	base := func(s string) string { return s[strings.LastIndexByte(s, '/')+1:] }
+	return base(f.Function) + " (" + base(f.File) + ":" + strconv.Itoa(f.Line) + ")"
 }
 
-// packagePath returns a function's package path ("example.com/a/b.(*T[c.U]).M" →
-// "example.com/a/b").
+// packagePath returns a function's package path (of "a.com/b.(*T[c.U]).M": "a.com/b").
 func packagePath(function string) string {
 	if i := strings.IndexByte(function, '['); i >= 0 {
 		function = function[:i]
@@ -379,10 +300,8 @@ var (
 	execFunc = drainPkg + ".(*call).exec"
 
 	// ownPackages run fn: a location skips their frames.
-	ownPackages = func() []string {
-		module := strings.TrimSuffix(drainPkg, "/drain")
-		return []string{drainPkg, module + "/reconcilers", module + "/runnable", module + "/internal"}
-	}()
+	ownModule   = strings.TrimSuffix(drainPkg, "/drain")
+	ownPackages = []string{drainPkg, ownModule + "/reconcilers", ownModule + "/runnable", ownModule + "/internal"}
 
 	// modules are the program's module paths: a package in none is the standard library's.
 	modules = sync.OnceValue(func() []string {
@@ -390,10 +309,7 @@ var (
 		if !ok {
 			return nil
 		}
-		mods := make([]string, 0, 1+len(info.Deps))
-		if info.Main.Path != "" {
-			mods = append(mods, info.Main.Path)
-		}
+		mods := []string{info.Main.Path} // an empty one matches no package
 		for _, d := range info.Deps {
 			mods = append(mods, d.Path)
 		}
@@ -402,11 +318,8 @@ var (
 )
 
 func isStd(pkg string) bool {
-	if pkg == "main" || pkg == "command-line-arguments" {
-		return false
-	}
 	first, _, _ := strings.Cut(pkg, "/")
-	if strings.Contains(first, ".") {
+	if pkg == "main" || pkg == "command-line-arguments" || strings.Contains(first, ".") {
 		return false // the standard library's paths have no dot in their first element
 	}
 	for _, m := range modules() {

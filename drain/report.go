@@ -27,8 +27,7 @@ func entries(calls []Pending, now time.Time) internal.Entries {
 	return out
 }
 
-// reportDue re-arms the next report (no drift) and logs this one, while a Drain waits
-// and a call is pending.
+// reportDue re-arms the next report (no drift) and logs this one, while a Drain waits.
 func (e *Executor) reportDue() {
 	e.mu.Lock()
 	if e.waiters == 0 || e.inFlight == 0 || e.report == nil {
@@ -46,7 +45,7 @@ func (e *Executor) reportPending() {
 	if total == 0 {
 		return
 	}
-	kv := e.stopKV("pending", total, "calls", entries(calls, e.clock.Now()))
+	kv := e.stopKV("pending", total, "calls", entries(calls, e.opts.Clock.Now()))
 	if more := total - len(calls); more > 0 {
 		kv = append(kv, "more", more)
 	}
@@ -59,11 +58,10 @@ func (e *Executor) reportPending() {
 	e.lineDone = lineDone
 	e.mu.Unlock()
 	defer close(lineDone)
-	e.log.Info("Waiting for pending calls", kv...)
+	e.opts.Logger.Info("Waiting for pending calls", kv...)
 }
 
-// logAsync runs log on a goroutine of its own, unless the previous one still runs: a
-// Logger that blocks delays and piles up nothing.
+// logAsync runs log on a goroutine unless the previous one still runs: nothing piles up.
 func (e *Executor) logAsync(log func()) {
 	if !e.logging.CompareAndSwap(false, true) {
 		return
@@ -74,63 +72,38 @@ func (e *Executor) logAsync(log func()) {
 	}()
 }
 
-// Slow calls: one timer per executor, armed while calls run outside a drain, fires when
-// the oldest call turns slow, then every ReportEvery while some is; it logs when the set
-// changed or its backoff passed (up to maxSlowBackoff).
+// maxSlowBackoff bounds the wait between two "Slow calls" lines about the same set.
 const maxSlowBackoff = time.Hour
-
-// slowState is what the last "Slow calls" line said, guarded by Executor.mu.
-type slowState struct {
-	// The slow calls are a prefix of the list (daemons aside): size and newest tell sets apart.
-	count   int
-	newest  *call
-	logged  time.Time     // when the line was logged
-	backoff time.Duration // how long after logged the next line about the same set is due
-}
 
 // armSlow arms the slow-call timer to fire in d. The caller holds e.mu.
 func (e *Executor) armSlow(d time.Duration) {
 	if e.opts.SlowAfter < 0 || e.isDraining {
 		return
 	}
-	e.slowArmed = true
 	stopTimer(e.slowTimer) // a new timer each time, as armReport
-	e.slowTimer = e.clock.AfterFunc(d, func() { go e.checkSlow() })
+	e.slowTimer = e.opts.Clock.AfterFunc(d, func() { go e.checkSlow() })
 }
 
-// slowCalls returns up to limit (all if < 0) calls slow at now, daemons aside, their
-// count and the newest. The caller holds e.mu.
-func (e *Executor) slowCalls(now time.Time, limit int) (calls []*call, count int, newest *call) {
+// slowCalls returns the oldest limit calls slow at now, daemons aside, their count, the
+// newest, and how long until the next call turns slow (0: none). The caller holds e.mu.
+func (e *Executor) slowCalls(now time.Time, limit int) (calls []*call, count int, newest *call, next time.Duration) {
 	if e.opts.SlowAfter < 0 {
-		return nil, 0, nil
+		return nil, 0, nil, 0
 	}
-	for c := e.oldest; c != nil && now.Sub(c.start) >= e.opts.SlowAfter; c = c.next {
+	for c := e.calls.next; c != &e.calls; c = c.next {
 		if c.opts.Daemon {
 			continue
 		}
+		if next = c.start.Add(e.opts.SlowAfter).Sub(now); next > 0 {
+			break // the list is in admission order
+		}
 		count++
 		newest = c
-		if limit < 0 || len(calls) < limit {
+		if len(calls) < limit {
 			calls = append(calls, c)
 		}
 	}
-	return calls, count, newest
-}
-
-// countSlow counts the slow calls at now. The caller holds e.mu.
-func (e *Executor) countSlow(now time.Time) int64 {
-	_, n, _ := e.slowCalls(now, 0)
-	return int64(n)
-}
-
-// nextToTurnSlow returns how long until the next call turns slow, if any. Holds e.mu.
-func (e *Executor) nextToTurnSlow(now time.Time) (time.Duration, bool) {
-	for c := e.oldest; c != nil; c = c.next {
-		if d := c.start.Add(e.opts.SlowAfter).Sub(now); !c.opts.Daemon && d > 0 {
-			return d, true
-		}
-	}
-	return 0, false
+	return calls, count, newest, max(next, 0)
 }
 
 // checkSlow logs the slow calls if due, and re-arms the timer while calls run.
@@ -142,29 +115,25 @@ func (e *Executor) checkSlow() {
 		limit = max(internal.MaxListed, internal.MaxObserved)
 	}
 	e.mu.Lock()
-	e.slowArmed = false
-	if e.isDraining || e.oldest == nil {
+	e.slowTimer = nil
+	if e.isDraining || e.inFlight == 0 {
 		e.mu.Unlock()
 		return
 	}
-	now := e.clock.Now()
-	slow, count, newest := e.slowCalls(now, limit)
-	switch d, ok := e.nextToTurnSlow(now); {
+	now := e.opts.Clock.Now()
+	slow, count, newest, next := e.slowCalls(now, limit)
+	switch {
 	case count > 0:
 		e.armSlow(e.opts.ReportEvery)
-	case ok:
-		e.armSlow(d)
+	case next > 0:
+		e.armSlow(next)
 	}
 	s := &e.slow
-	due := false
-	switch {
-	case count == 0:
-		s.count, s.newest = 0, nil
-	case count != s.count || newest != s.newest:
-		due = true
+	due := count > 0 && now.Sub(s.logged) >= s.backoff
+	if count != s.count || newest != s.newest { // a new set: a prefix of the list, daemons aside
 		s.count, s.newest, s.backoff = count, newest, e.opts.ReportEvery
-	case now.Sub(s.logged) >= s.backoff:
-		due = true
+		due = count > 0
+	} else if due {
 		s.backoff = min(2*s.backoff, maxSlowBackoff)
 	}
 	if due {
@@ -181,8 +150,16 @@ func (e *Executor) checkSlow() {
 	if more := count - len(listed); more > 0 {
 		kv = append(kv, "more", more)
 	}
-	e.safely(func() { e.log.Info("Slow calls", kv...) })
-	e.observeSlow(obs, slow, ents)
+	e.safely(func() { e.opts.Logger.Info("Slow calls", kv...) })
+	if len(obs) == 0 {
+		return
+	}
+	o := observed(slow, ents)
+	ctx, cancel := context.WithTimeout(logr.NewContext(context.Background(), e.opts.Logger), observeTimeout)
+	defer cancel()
+	for _, ob := range obs {
+		e.safely(func() { ob.Slow(ctx, o) })
+	}
 }
 
 // observed pairs the located calls with their entries, for internal.Observer.
@@ -197,28 +174,15 @@ func observed(calls []*call, ents []internal.Entry) []internal.Observed {
 // observeTimeout bounds the observers (Events read objects) per "Slow calls" line.
 const observeTimeout = 5 * time.Second
 
-// observeSlow tells the observers of a line's slow calls (up to internal.MaxObserved).
-func (e *Executor) observeSlow(obs []internal.Observer, calls []*call, ents []internal.Entry) {
-	if len(obs) == 0 {
-		return
-	}
-	o := observed(calls, ents)
-	ctx, cancel := context.WithTimeout(logr.NewContext(context.Background(), e.log), observeTimeout)
-	defer cancel()
-	for _, ob := range obs {
-		e.safely(func() { ob.Slow(ctx, o) })
-	}
-}
-
 func (c *core) Abandoned(ctx context.Context) {
 	e := (*Executor)(c)
 	obs := e.settings.Observers.List()
 	if len(obs) == 0 {
 		return
 	}
-	ctx = logr.NewContext(ctx, e.log)
+	ctx = logr.NewContext(ctx, e.opts.Logger)
 	calls, _ := e.list(-1)
-	o := observed(calls, entries(e.locate(calls), e.clock.Now()))
+	o := observed(calls, entries(e.locate(calls), e.opts.Clock.Now()))
 	var wg sync.WaitGroup
 	for _, ob := range obs {
 		wg.Go(func() { e.safely(func() { ob.Abandoned(ctx, o) }) })

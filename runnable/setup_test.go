@@ -35,6 +35,14 @@ func leaderOptions() ctrl.Options {
 // setupManager runs the setup the README shows: Setup, NewManager, Add.
 func setupManager(t *testing.T, mo *ctrl.Options, opts runnable.Options) (ctrl.Manager, *runnable.Runnable) {
 	t.Helper()
+	// No listener on a fixed port (controller-runtime's metrics default is :8080): packages'
+	// tests run at once.
+	if mo.Metrics.BindAddress == "" {
+		mo.Metrics.BindAddress = "0"
+	}
+	if mo.HealthProbeBindAddress == "" {
+		mo.HealthProbeBindAddress = "0"
+	}
 	q, err := runnable.Setup(&rest.Config{Host: noAPIServer}, mo, opts)
 	if err != nil {
 		t.Fatal(err)

@@ -41,18 +41,6 @@ type Config struct {
 	DebugAddress *string `json:"debugAddress,omitempty"`
 }
 
-// configNames are the JSON names of Config's fields, by Options field.
-var configNames = map[string]string{
-	"ShutdownDelay":  "shutdownDelay",
-	"GracePeriod":    "gracePeriod",
-	"CancelAfter":    "cancelAfter",
-	fieldSlowAfter:   "slowAfter",
-	"ReportAfter":    "reportAfter",
-	fieldReportEvery: "reportEvery",
-	"MaxConcurrent":  "maxConcurrent",
-	"DebugAddress":   "debugAddress",
-}
-
 // UnmarshalJSON decodes c strictly and case-sensitively (sigs.k8s.io/json.UnmarshalStrict):
 // an unknown field, a duplicate one, or one whose name differs from a field's only in case
 // ("graceperiod", "debugaddress") is an error naming it. encoding/json, and so

@@ -2,6 +2,7 @@ package runnable
 
 import (
 	"flag"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -111,8 +112,8 @@ func (o *Options) bind(fs flagSet) {
 // Config.Apply set the Options, or after its flag when BindFlags or BindPFlags bound it (the
 // value may come from the flag or from the code: both are named).
 func (o *Options) name(field string) string {
-	if json, ok := configNames[field]; ok && o.fromConfig {
-		return o.configPrefix + json + " (" + field + ")"
+	if o.fromConfig { // Config's JSON names are its fields', lowerCamelCase
+		return o.configPrefix + strings.ToLower(field[:1]) + field[1:] + " (" + field + ")"
 	}
 	if !o.flagsBound || flagNames[field] == "" {
 		return field

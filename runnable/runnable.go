@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/client-go/util/flowcontrol"
 	"k8s.io/utils/clock"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -87,9 +88,9 @@ type Runnable struct {
 	elected      <-chan struct{}               // the manager's Elected, with lease
 	misuse       chan error                    // a misuse seen by a lock: Start returns it
 
-	stop  *stopState  // see stop.go
-	debug debugView   // see debug.go
-	setup *setupState // see setup.go
+	stop  *stopState                     // see stop.go
+	debug flowcontrol.PassiveRateLimiter // ServeHTTP's
+	setup *setupState                    // see setup.go
 
 	started      atomic.Bool
 	drainStarted atomic.Bool
@@ -139,7 +140,8 @@ func newRunnable(opts Options, metered bool) *Runnable {
 		SlowAfter: opts.SlowAfter, Clock: clk})
 	r := &Runnable{ex: ex, log: opts.Logger, clock: clk, grace: opts.GracePeriod, metered: metered,
 		eventsBudget: maxEventsBudget, misuse: make(chan error, 1), stopped: make(chan struct{}),
-		stop: &stopState{delay: opts.ShutdownDelay, delayName: opts.name("ShutdownDelay"), stopping: make(chan struct{})}}
+		debug: flowcontrol.NewTokenBucketPassiveRateLimiterWithClock(debugRate, debugBurst, clk),
+		stop:  &stopState{delay: opts.ShutdownDelay, delayName: opts.name("ShutdownDelay"), stopping: make(chan struct{})}}
 	// Fixed here, before the executor is shared.
 	s := internal.Of(ex).Settings()
 	s.Owned = true

@@ -512,10 +512,8 @@ func (e *Executor) Drain(ctx context.Context) error {
 	case <-e.done:
 	case <-ctx.Done():
 	}
-	select {
-	case <-e.done: // also when both were ready: the calls did return
+	if internal.Closed(e.done) { // also when both were ready: the calls did return
 		return nil
-	default:
 	}
 	calls, _ := e.list(-1)
 	for _, c := range calls {

@@ -292,3 +292,13 @@ type entriesJSON []Entry
 
 func (e entriesJSON) MarshalJSON() ([]byte, error) { return json.Marshal([]Entry(e)) }
 func (e entriesJSON) MarshalText() ([]byte, error) { return e.MarshalJSON() }
+
+// Closed reports whether ch is closed (or ready): the state a done channel tells.
+func Closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}

@@ -367,20 +367,11 @@ func (r *Runnable) Done() <-chan struct{} { return r.stopped }
 // Err returns the drain's result once Done is closed (nil before). mgr.Start does not return
 // a runnable's error once it is stopping: main asks Err, e.g. to exit non-zero.
 func (r *Runnable) Err() error {
-	select {
-	case <-r.stopped:
+	if internal.Closed(r.stopped) {
 		return r.err
-	default:
-		return nil
 	}
+	return nil
 }
 
 // draining reports whether the executor's drain began.
-func (r *Runnable) draining() bool {
-	select {
-	case <-r.ex.Draining():
-		return true
-	default:
-		return false
-	}
-}
+func (r *Runnable) draining() bool { return internal.Closed(r.ex.Draining()) }

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/quiesce-dev/quiesce/internal"
 )
 
 // stopState is the stop's progress.
@@ -21,14 +23,7 @@ type stopState struct {
 	stopping  chan struct{} // closed when the stop began
 }
 
-func (s *stopState) began() bool {
-	select {
-	case <-s.stopping:
-		return true
-	default:
-		return false
-	}
-}
+func (s *stopState) began() bool { return internal.Closed(s.stopping) }
 
 // beginStop marks the beginning of the stop, once: no campaigning for the lease, readiness
 // failing with a ShutdownDelay, webhook connections closed (all read stop.began).

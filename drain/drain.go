@@ -622,9 +622,7 @@ func (e *Executor) cancelCalls(atStart bool) {
 			listed[i] = cut[i].pending()
 		}
 		kv := e.stopKV("cancelled", len(cut), "cause", cause.Error(), "calls", entries(listed, e.opts.Clock.Now()))
-		if more := len(cut) - len(listed); more > 0 {
-			kv = append(kv, "more", more)
-		}
+		kv = internal.More(kv, len(cut), len(listed))
 		e.safely(func() { e.opts.Logger.Info("Cancelling calls still running", kv...) })
 	}()
 }

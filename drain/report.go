@@ -45,10 +45,7 @@ func (e *Executor) reportPending() {
 	if total == 0 {
 		return
 	}
-	kv := e.stopKV("pending", total, "calls", entries(calls, e.opts.Clock.Now()))
-	if more := total - len(calls); more > 0 {
-		kv = append(kv, "more", more)
-	}
+	kv := internal.More(e.stopKV("pending", total, "calls", entries(calls, e.opts.Clock.Now())), total, len(calls))
 	e.mu.Lock()
 	if e.waiters == 0 || e.inFlight == 0 {
 		e.mu.Unlock()
@@ -146,10 +143,7 @@ func (e *Executor) checkSlow() {
 	defer e.logging.Store(false)
 	ents := entries(e.locate(slow), now)
 	listed := ents[:min(len(ents), internal.MaxListed)]
-	kv := []any{"slow", count, "slowAfter", e.opts.SlowAfter.String(), "calls", listed}
-	if more := count - len(listed); more > 0 {
-		kv = append(kv, "more", more)
-	}
+	kv := internal.More([]any{"slow", count, "slowAfter", e.opts.SlowAfter.String(), "calls", listed}, count, len(listed))
 	e.safely(func() { e.opts.Logger.Info("Slow calls", kv...) })
 	if len(obs) == 0 {
 		return

@@ -302,3 +302,12 @@ func Closed(ch <-chan struct{}) bool {
 		return false
 	}
 }
+
+// More returns kv with "more": how many of total calls a line leaves out, listing listed;
+// kv alone when it lists them all.
+func More(kv []any, total, listed int) []any {
+	if more := total - listed; more > 0 {
+		return append(kv, "more", more)
+	}
+	return kv
+}

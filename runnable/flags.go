@@ -58,11 +58,6 @@ type flagSet interface {
 	StringVar(p *string, name string, value string, usage string)
 }
 
-var (
-	_ flagSet = (*flag.FlagSet)(nil)
-	_ flagSet = (*pflag.FlagSet)(nil)
-)
-
 // flagNames are the flags bound to the fields, by field.
 var flagNames = map[string]string{
 	"ShutdownDelay":  "quiesce-shutdown-delay",

@@ -56,8 +56,7 @@ type Options struct {
 
 	// DebugAddress serves DebugPath on a listener of its own at this loopback address
 	// ("127.0.0.1:8083", "[::1]:8083", "localhost:8083"), reached with kubectl port-forward,
-	// for a metrics server without a FilterProvider. Flag: --quiesce-debug-address; config key:
-	// debugAddress. "": none.
+	// for a metrics server without a FilterProvider. "": none.
 	DebugAddress string
 
 	// Clock stamps calls and times reports, CancelAfter and ShutdownDelay. nil: the real clock.
@@ -99,11 +98,7 @@ type Runnable struct {
 	err          error         // the drain's result; written before stopped is closed
 }
 
-var (
-	_ manager.Runnable               = (*Runnable)(nil)
-	_ manager.LeaderElectionRunnable = (*Runnable)(nil)
-	_ http.Handler                   = (*Runnable)(nil)
-)
+var _ manager.LeaderElectionRunnable = (*Runnable)(nil) // manager.Runnable and http.Handler: see Add
 
 // New returns a Runnable owning a new executor, without a manager (unit tests, libraries):
 // it drains when the context given to Start ends. In an operator use Setup, which also
@@ -323,10 +318,7 @@ func (r *Runnable) drain() error {
 	}
 	calls, _ := r.core().Entries(internal.MaxListed)
 	kv := append(r.sinceStop(), "abandoned", len(pe.Pending), "calls", calls)
-	if more := len(pe.Pending) - len(calls); more > 0 {
-		kv = append(kv, "more", more)
-	}
-	log.Error(pe.Err, AbandonedMessage, kv...)
+	log.Error(pe.Err, AbandonedMessage, internal.More(kv, len(pe.Pending), len(calls))...)
 
 	// Step 3: tell the executor's observers (Events on each abandoned object), within budget.
 	ectx, ecancel := context.WithTimeout(context.Background(), r.eventsBudget)

@@ -623,7 +623,7 @@ func (e *Executor) cancelCalls(atStart bool) {
 		}
 		kv := e.stopKV("cancelled", len(cut), "cause", cause.Error(), "calls", entries(listed, e.opts.Clock.Now()))
 		kv = internal.More(kv, len(cut), len(listed))
-		e.safely(func() { e.opts.Logger.Info("Cancelling calls still running", kv...) })
+		internal.Safely(func() { e.opts.Logger.Info("Cancelling calls still running", kv...) })
 	}()
 }
 

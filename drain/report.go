@@ -65,7 +65,7 @@ func (e *Executor) logAsync(log func()) {
 	}
 	go func() {
 		defer e.logging.Store(false)
-		e.safely(log)
+		internal.Safely(log)
 	}()
 }
 
@@ -144,7 +144,7 @@ func (e *Executor) checkSlow() {
 	ents := entries(e.locate(slow), now)
 	listed := ents[:min(len(ents), internal.MaxListed)]
 	kv := internal.More([]any{"slow", count, "slowAfter", e.opts.SlowAfter.String(), "calls", listed}, count, len(listed))
-	e.safely(func() { e.opts.Logger.Info("Slow calls", kv...) })
+	internal.Safely(func() { e.opts.Logger.Info("Slow calls", kv...) })
 	if len(obs) == 0 {
 		return
 	}
@@ -152,7 +152,7 @@ func (e *Executor) checkSlow() {
 	ctx, cancel := context.WithTimeout(logr.NewContext(context.Background(), e.opts.Logger), observeTimeout)
 	defer cancel()
 	for _, ob := range obs {
-		e.safely(func() { ob.Slow(ctx, o) })
+		internal.Safely(func() { ob.Slow(ctx, o) })
 	}
 }
 
@@ -179,7 +179,7 @@ func (c *core) Abandoned(ctx context.Context) {
 	o := observed(calls, entries(e.locate(calls), e.opts.Clock.Now()))
 	var wg sync.WaitGroup
 	for _, ob := range obs {
-		wg.Go(func() { e.safely(func() { ob.Abandoned(ctx, o) }) })
+		wg.Go(func() { internal.Safely(func() { ob.Abandoned(ctx, o) }) })
 	}
 	wg.Wait()
 }

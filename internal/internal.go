@@ -311,3 +311,10 @@ func More(kv []any, total, listed int) []any {
 	}
 	return kv
 }
+
+// Safely runs log, a call of a Logger, containing a panic in it: on quiesce's own
+// goroutines a broken Logger must not crash the process nor stop the drain.
+func Safely(log func()) {
+	defer func() { _ = recover() }()
+	log()
+}

@@ -31,8 +31,7 @@ type Options struct {
 	MaxConcurrent int
 
 	// ReportAfter is when the drain's first report of pending calls comes; ReportEvery, how
-	// often later ones do. 0: 1s and 5s; at least drain.MinReportAfter (100ms) and
-	// drain.MinReportEvery (500ms): each report captures every goroutine's stack.
+	// often later ones do. 0: 1s and 5s; at least drain.MinReportAfter and drain.MinReportEvery.
 	ReportAfter, ReportEvery time.Duration
 
 	// SlowAfter: outside a drain, calls running longer are logged as slow. 0: 1m; negative:

@@ -1,6 +1,7 @@
 package drain
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -213,11 +214,9 @@ func New(opts Options) *Executor {
 		opts.ReportAfter = time.Second
 	}
 	if opts.ReportEvery <= 0 {
-		opts.ReportEvery = 5 * time.Second
+		opts.ReportEvery = internal.DefaultReportEvery
 	}
-	if opts.SlowAfter == 0 {
-		opts.SlowAfter = time.Minute
-	}
+	opts.SlowAfter = cmp.Or(opts.SlowAfter, internal.DefaultSlowAfter)
 	if internal.IsNil(opts.Clock) {
 		opts.Clock = clock.RealClock{}
 	}

@@ -318,3 +318,9 @@ func Safely(log func()) {
 	defer func() { _ = recover() }()
 	log()
 }
+
+// The defaults of drain.Options' ReportEvery and SlowAfter, which runnable's flags show.
+const (
+	DefaultReportEvery = 5 * time.Second
+	DefaultSlowAfter   = time.Minute
+)

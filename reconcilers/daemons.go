@@ -1,6 +1,7 @@
 package reconcilers
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -63,9 +64,7 @@ func (o *DaemonsOptions) setDefaults() {
 	}
 	o.Backoff = min(o.Backoff, internal.BackoffCeiling)
 	o.MaxBackoff = min(max(o.MaxBackoff, o.Backoff), internal.BackoffCeiling)
-	if o.StopTimeout == 0 {
-		o.StopTimeout = DefaultDaemonStopTimeout
-	}
+	o.StopTimeout = cmp.Or(o.StopTimeout, DefaultDaemonStopTimeout)
 	if internal.NoLogger(o.Logger) {
 		o.Logger = log.Log
 	}

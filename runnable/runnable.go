@@ -1,6 +1,7 @@
 package runnable
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -118,9 +119,7 @@ func withDefaults(opts Options) Options {
 	if opts.GracePeriod <= 0 {
 		opts.GracePeriod = DefaultGracePeriod
 	}
-	if opts.CancelAfter == 0 {
-		opts.CancelAfter = opts.GracePeriod / 5 * 4
-	}
+	opts.CancelAfter = cmp.Or(opts.CancelAfter, opts.GracePeriod/5*4)
 	return opts
 }
 

@@ -207,7 +207,7 @@ func (c *call) finish(err error) {
 func (e *Executor) logPanic(err error) {
 	var pe *PanicError
 	if errors.As(err, &pe) {
-		e.safely(func() {
+		internal.Safely(func() {
 			e.opts.Logger.Error(err, "Call panicked",
 				"call", internal.Cut(pe.Name), "panic", internal.Cut(fmt.Sprint(pe.Value)), "stack", string(pe.Stack))
 		})
@@ -218,17 +218,11 @@ func (e *Executor) logPanic(err error) {
 func (e *Executor) afterCall(after func(string, time.Duration, error), c *call, err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			e.safely(func() {
+			internal.Safely(func() {
 				e.opts.Logger.Error(fmt.Errorf("%v", v), "AfterCall panicked",
 					"call", internal.Cut(c.name()), "stack", string(debug.Stack()))
 			})
 		}
 	}()
 	after(c.opts.Controller, e.opts.Clock.Since(c.start), err)
-}
-
-// safely runs log, a call of the Logger, containing a panic in it.
-func (e *Executor) safely(log func()) {
-	defer func() { _ = recover() }()
-	log()
 }

@@ -1,6 +1,7 @@
 package drain
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -213,11 +214,9 @@ func New(opts Options) *Executor {
 		opts.ReportAfter = time.Second
 	}
 	if opts.ReportEvery <= 0 {
-		opts.ReportEvery = 5 * time.Second
+		opts.ReportEvery = internal.DefaultReportEvery
 	}
-	if opts.SlowAfter == 0 {
-		opts.SlowAfter = time.Minute
-	}
+	opts.SlowAfter = cmp.Or(opts.SlowAfter, internal.DefaultSlowAfter)
 	if internal.IsNil(opts.Clock) {
 		opts.Clock = clock.RealClock{}
 	}
@@ -512,10 +511,8 @@ func (e *Executor) Drain(ctx context.Context) error {
 	case <-e.done:
 	case <-ctx.Done():
 	}
-	select {
-	case <-e.done: // also when both were ready: the calls did return
+	if internal.Closed(e.done) { // also when both were ready: the calls did return
 		return nil
-	default:
 	}
 	calls, _ := e.list(-1)
 	for _, c := range calls {
@@ -624,10 +621,8 @@ func (e *Executor) cancelCalls(atStart bool) {
 			listed[i] = cut[i].pending()
 		}
 		kv := e.stopKV("cancelled", len(cut), "cause", cause.Error(), "calls", entries(listed, e.opts.Clock.Now()))
-		if more := len(cut) - len(listed); more > 0 {
-			kv = append(kv, "more", more)
-		}
-		e.safely(func() { e.opts.Logger.Info("Cancelling calls still running", kv...) })
+		kv = internal.More(kv, len(cut), len(listed))
+		internal.Safely(func() { e.opts.Logger.Info("Cancelling calls still running", kv...) })
 	}()
 }
 

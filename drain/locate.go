@@ -232,7 +232,7 @@ func (e *Executor) locateWith(calls []*call, shared bool) []Pending {
 // unknownWhy logs, once per executor and reason, why a location is unknown.
 func (e *Executor) unknownWhy(reason string) {
 	if _, logged := e.unknown.LoadOrStore(reason, true); !logged {
-		go e.safely(func() { e.opts.Logger.Info("Cannot locate pending calls", "reason", reason) })
+		go internal.Safely(func() { e.opts.Logger.Info("Cannot locate pending calls", "reason", reason) })
 	}
 }
 

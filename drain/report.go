@@ -45,10 +45,7 @@ func (e *Executor) reportPending() {
 	if total == 0 {
 		return
 	}
-	kv := e.stopKV("pending", total, "calls", entries(calls, e.opts.Clock.Now()))
-	if more := total - len(calls); more > 0 {
-		kv = append(kv, "more", more)
-	}
+	kv := internal.More(e.stopKV("pending", total, "calls", entries(calls, e.opts.Clock.Now())), total, len(calls))
 	e.mu.Lock()
 	if e.waiters == 0 || e.inFlight == 0 {
 		e.mu.Unlock()
@@ -68,7 +65,7 @@ func (e *Executor) logAsync(log func()) {
 	}
 	go func() {
 		defer e.logging.Store(false)
-		e.safely(log)
+		internal.Safely(log)
 	}()
 }
 
@@ -146,11 +143,8 @@ func (e *Executor) checkSlow() {
 	defer e.logging.Store(false)
 	ents := entries(e.locate(slow), now)
 	listed := ents[:min(len(ents), internal.MaxListed)]
-	kv := []any{"slow", count, "slowAfter", e.opts.SlowAfter.String(), "calls", listed}
-	if more := count - len(listed); more > 0 {
-		kv = append(kv, "more", more)
-	}
-	e.safely(func() { e.opts.Logger.Info("Slow calls", kv...) })
+	kv := internal.More([]any{"slow", count, "slowAfter", e.opts.SlowAfter.String(), "calls", listed}, count, len(listed))
+	internal.Safely(func() { e.opts.Logger.Info("Slow calls", kv...) })
 	if len(obs) == 0 {
 		return
 	}
@@ -158,7 +152,7 @@ func (e *Executor) checkSlow() {
 	ctx, cancel := context.WithTimeout(logr.NewContext(context.Background(), e.opts.Logger), observeTimeout)
 	defer cancel()
 	for _, ob := range obs {
-		e.safely(func() { ob.Slow(ctx, o) })
+		internal.Safely(func() { ob.Slow(ctx, o) })
 	}
 }
 
@@ -185,7 +179,7 @@ func (c *core) Abandoned(ctx context.Context) {
 	o := observed(calls, entries(e.locate(calls), e.opts.Clock.Now()))
 	var wg sync.WaitGroup
 	for _, ob := range obs {
-		wg.Go(func() { e.safely(func() { ob.Abandoned(ctx, o) }) })
+		wg.Go(func() { internal.Safely(func() { ob.Abandoned(ctx, o) }) })
 	}
 	wg.Wait()
 }

@@ -292,3 +292,35 @@ type entriesJSON []Entry
 
 func (e entriesJSON) MarshalJSON() ([]byte, error) { return json.Marshal([]Entry(e)) }
 func (e entriesJSON) MarshalText() ([]byte, error) { return e.MarshalJSON() }
+
+// Closed reports whether ch is closed (or ready): the state a done channel tells.
+func Closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// More returns kv with "more": how many of total calls a line leaves out, listing listed;
+// kv alone when it lists them all.
+func More(kv []any, total, listed int) []any {
+	if more := total - listed; more > 0 {
+		return append(kv, "more", more)
+	}
+	return kv
+}
+
+// Safely runs log, a call of a Logger, containing a panic in it: on quiesce's own
+// goroutines a broken Logger must not crash the process nor stop the drain.
+func Safely(log func()) {
+	defer func() { _ = recover() }()
+	log()
+}
+
+// The defaults of drain.Options' ReportEvery and SlowAfter, which runnable's flags show.
+const (
+	DefaultReportEvery = 5 * time.Second
+	DefaultSlowAfter   = time.Minute
+)

@@ -1,6 +1,7 @@
 package reconcilers
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -63,9 +64,7 @@ func (o *DaemonsOptions) setDefaults() {
 	}
 	o.Backoff = min(o.Backoff, internal.BackoffCeiling)
 	o.MaxBackoff = min(max(o.MaxBackoff, o.Backoff), internal.BackoffCeiling)
-	if o.StopTimeout == 0 {
-		o.StopTimeout = DefaultDaemonStopTimeout
-	}
+	o.StopTimeout = cmp.Or(o.StopTimeout, DefaultDaemonStopTimeout)
 	if internal.NoLogger(o.Logger) {
 		o.Logger = log.Log
 	}
@@ -184,10 +183,8 @@ func (d *Daemons) Ensure(ctx context.Context, obj client.Object, name string, fn
 			"(pass the object read from the API server): %w", internal.Cut(name), internal.Cut(obj.GetNamespace()),
 			internal.Cut(obj.GetName()), drain.ErrInvalidCall)
 	}
-	select {
-	case <-d.ex.Draining():
+	if internal.Closed(d.ex.Draining()) {
 		return fmt.Errorf("failed to ensure daemon %q: %w", internal.Cut(name), drain.ErrDraining)
-	default:
 	}
 	k := daemonKey{namespace: obj.GetNamespace(), name: obj.GetName(), daemon: name}
 	uid, gen := obj.GetUID(), obj.GetGeneration()
@@ -345,12 +342,10 @@ func (d *Daemons) Stop(ctx context.Context, key client.ObjectKey, name string) (
 				"stopTimeout", d.opts.StopTimeout.String())
 		}
 	}
-	select {
-	case <-dm.done:
+	if internal.Closed(dm.done) {
 		return true, nil
-	default:
-		return false, ctx.Err()
 	}
+	return false, ctx.Err()
 }
 
 // Stats returns the counters of d.

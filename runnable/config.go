@@ -27,30 +27,15 @@ import (
 //	if err := cfg.Quiesce.Apply("quiesce", &qopts); err != nil { ... }
 //	q, err := runnable.Setup(restCfg, &mgrOpts, qopts)
 type Config struct {
-	// ShutdownDelay, GracePeriod, CancelAfter, SlowAfter, ReportAfter and ReportEvery are
-	// the Options of the same names.
+	// Each field is the Options field of the same name.
 	ShutdownDelay *metav1.Duration `json:"shutdownDelay,omitempty"`
 	GracePeriod   *metav1.Duration `json:"gracePeriod,omitempty"`
 	CancelAfter   *metav1.Duration `json:"cancelAfter,omitempty"`
 	SlowAfter     *metav1.Duration `json:"slowAfter,omitempty"`
 	ReportAfter   *metav1.Duration `json:"reportAfter,omitempty"`
 	ReportEvery   *metav1.Duration `json:"reportEvery,omitempty"`
-	// MaxConcurrent is Options.MaxConcurrent: 0 unbounded; negative is an error.
-	MaxConcurrent *int `json:"maxConcurrent,omitempty"`
-	// DebugAddress is Options.DebugAddress: a loopback host:port; "" none.
-	DebugAddress *string `json:"debugAddress,omitempty"`
-}
-
-// configNames are the JSON names of Config's fields, by Options field.
-var configNames = map[string]string{
-	"ShutdownDelay":  "shutdownDelay",
-	"GracePeriod":    "gracePeriod",
-	"CancelAfter":    "cancelAfter",
-	fieldSlowAfter:   "slowAfter",
-	"ReportAfter":    "reportAfter",
-	fieldReportEvery: "reportEvery",
-	"MaxConcurrent":  "maxConcurrent",
-	"DebugAddress":   "debugAddress",
+	MaxConcurrent *int             `json:"maxConcurrent,omitempty"`
+	DebugAddress  *string          `json:"debugAddress,omitempty"`
 }
 
 // UnmarshalJSON decodes c strictly and case-sensitively (sigs.k8s.io/json.UnmarshalStrict):

@@ -6,9 +6,6 @@ import (
 	"math"
 	"net/http"
 	"strconv"
-	"sync"
-
-	"k8s.io/client-go/util/flowcontrol"
 
 	"github.com/quiesce-dev/quiesce/internal"
 )
@@ -21,12 +18,6 @@ const (
 	debugRate         = 5
 	debugBurst        = 10
 )
-
-// debugView is ServeHTTP's rate limiter, made at the first request.
-type debugView struct {
-	once    sync.Once
-	limiter flowcontrol.PassiveRateLimiter
-}
 
 type debugState struct {
 	Draining  bool             `json:"draining"`
@@ -60,10 +51,7 @@ func (r *Runnable) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		http.Error(w, "invalid limit: want a non-negative integer or all", http.StatusBadRequest)
 		return
 	}
-	r.debug.once.Do(func() {
-		r.debug.limiter = flowcontrol.NewTokenBucketPassiveRateLimiterWithClock(debugRate, debugBurst, r.clock)
-	})
-	if limit != 0 && !r.debug.limiter.TryAccept() {
+	if limit != 0 && !r.debug.TryAccept() {
 		w.Header().Set("Retry-After", "1")
 		http.Error(w, "too many requests: at most "+strconv.Itoa(debugRate)+" a second", http.StatusTooManyRequests)
 		return

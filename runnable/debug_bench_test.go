@@ -26,7 +26,7 @@ func BenchmarkServeHTTPUnderStream(b *testing.B) {
 	for _, scenario := range []string{"calls", "goroutines"} {
 		b.Run(scenario, func(b *testing.B) {
 			r := New(Options{CancelAfter: -1})
-			r.debug.once.Do(func() { r.debug.limiter = flowcontrol.NewFakeAlwaysRateLimiter() })
+			r.debug = flowcontrol.NewFakeAlwaysRateLimiter()
 			ex := r.Executor()
 			release := make(chan struct{})
 			var parked sync.WaitGroup

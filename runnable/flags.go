@@ -1,10 +1,14 @@
 package runnable
 
 import (
+	"cmp"
 	"flag"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/quiesce-dev/quiesce/internal"
 )
 
 // BindFlags binds quiesce's settings to flags of fs, the standard flag package as
@@ -57,11 +61,6 @@ type flagSet interface {
 	StringVar(p *string, name string, value string, usage string)
 }
 
-var (
-	_ flagSet = (*flag.FlagSet)(nil)
-	_ flagSet = (*pflag.FlagSet)(nil)
-)
-
 // flagNames are the flags bound to the fields, by field.
 var flagNames = map[string]string{
 	"ShutdownDelay":  "quiesce-shutdown-delay",
@@ -72,25 +71,13 @@ var flagNames = map[string]string{
 	"DebugAddress":   "quiesce-debug-address",
 }
 
-// Defaults of the fields (drain's, for the intervals) that a flag shows, and binds, for zero.
-const (
-	defaultReportEvery = 5 * time.Second
-	defaultSlowAfter   = time.Minute
-)
-
 func (o *Options) bind(fs flagSet) {
 	o.flagsBound = true
-	orDefault := func(d, def time.Duration) time.Duration {
-		if d == 0 {
-			return def
-		}
-		return d
-	}
 	fs.DurationVar(&o.ShutdownDelay, flagNames["ShutdownDelay"], o.ShutdownDelay,
 		"How long the operator keeps serving after SIGTERM, its readiness check failing so that Services "+
 			"route elsewhere, before it stops. Set it to at least the readiness probe's periodSeconds × "+
 			"failureThreshold. 0: no delay.")
-	fs.DurationVar(&o.GracePeriod, flagNames["GracePeriod"], orDefault(o.GracePeriod, DefaultGracePeriod),
+	fs.DurationVar(&o.GracePeriod, flagNames["GracePeriod"], cmp.Or(o.GracePeriod, DefaultGracePeriod),
 		"How long in-flight reconciles and webhook calls get to finish once the operator stops (after the "+
 			"shutdown delay); those still running are then logged by name and abandoned. It must be below the "+
 			"operator's graceful shutdown timeout (30s unless the operator sets another), and the pod's "+
@@ -98,9 +85,9 @@ func (o *Options) bind(fs flagSet) {
 	fs.DurationVar(&o.CancelAfter, flagNames["CancelAfter"], o.CancelAfter,
 		"When, within the grace period, the calls still running are asked to stop (their contexts cancelled). "+
 			"0: at 4/5 of the grace period; 1ns: at once, as without quiesce; negative: never.")
-	fs.DurationVar(&o.ReportEvery, flagNames[fieldReportEvery], orDefault(o.ReportEvery, defaultReportEvery),
+	fs.DurationVar(&o.ReportEvery, flagNames[fieldReportEvery], cmp.Or(o.ReportEvery, internal.DefaultReportEvery),
 		"How often, while the operator waits for calls at its stop, it logs those still running and where.")
-	fs.DurationVar(&o.SlowAfter, flagNames[fieldSlowAfter], orDefault(o.SlowAfter, defaultSlowAfter),
+	fs.DurationVar(&o.SlowAfter, flagNames[fieldSlowAfter], cmp.Or(o.SlowAfter, internal.DefaultSlowAfter),
 		"Calls running longer than this are logged as slow. Negative: never.")
 	fs.StringVar(&o.DebugAddress, flagNames["DebugAddress"], o.DebugAddress,
 		"Serve /debug/quiesce (the objects in flight, the code lines they wait on) on this loopback address "+
@@ -111,8 +98,8 @@ func (o *Options) bind(fs flagSet) {
 // Config.Apply set the Options, or after its flag when BindFlags or BindPFlags bound it (the
 // value may come from the flag or from the code: both are named).
 func (o *Options) name(field string) string {
-	if json, ok := configNames[field]; ok && o.fromConfig {
-		return o.configPrefix + json + " (" + field + ")"
+	if o.fromConfig { // Config's JSON names are its fields', lowerCamelCase
+		return o.configPrefix + strings.ToLower(field[:1]) + field[1:] + " (" + field + ")"
 	}
 	if !o.flagsBound || flagNames[field] == "" {
 		return field

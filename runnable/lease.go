@@ -86,8 +86,6 @@ type leaseObserver struct {
 	lastRenewal time.Time // when the last successful renewal was sent, on the Runnable's clock
 }
 
-var _ resourcelock.Interface = (*leaseObserver)(nil)
-
 // Get reads the lease; another holder while this replica held it means the lease is lost.
 func (l *leaseObserver) Get(ctx context.Context) (*resourcelock.LeaderElectionRecord, []byte, error) {
 	rec, raw, err := l.inner.Get(ctx)

@@ -1,6 +1,7 @@
 package runnable
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/client-go/util/flowcontrol"
 	"k8s.io/utils/clock"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -30,8 +32,7 @@ type Options struct {
 	MaxConcurrent int
 
 	// ReportAfter is when the drain's first report of pending calls comes; ReportEvery, how
-	// often later ones do. 0: 1s and 5s; at least drain.MinReportAfter (100ms) and
-	// drain.MinReportEvery (500ms): each report captures every goroutine's stack.
+	// often later ones do. 0: 1s and 5s; at least drain.MinReportAfter and drain.MinReportEvery.
 	ReportAfter, ReportEvery time.Duration
 
 	// SlowAfter: outside a drain, calls running longer are logged as slow. 0: 1m; negative:
@@ -55,8 +56,7 @@ type Options struct {
 
 	// DebugAddress serves DebugPath on a listener of its own at this loopback address
 	// ("127.0.0.1:8083", "[::1]:8083", "localhost:8083"), reached with kubectl port-forward,
-	// for a metrics server without a FilterProvider. Flag: --quiesce-debug-address; config key:
-	// debugAddress. "": none.
+	// for a metrics server without a FilterProvider. "": none.
 	DebugAddress string
 
 	// Clock stamps calls and times reports, CancelAfter and ShutdownDelay. nil: the real clock.
@@ -87,9 +87,9 @@ type Runnable struct {
 	elected      <-chan struct{}               // the manager's Elected, with lease
 	misuse       chan error                    // a misuse seen by a lock: Start returns it
 
-	stop  *stopState  // see stop.go
-	debug debugView   // see debug.go
-	setup *setupState // see setup.go
+	stop  *stopState                     // see stop.go
+	debug flowcontrol.PassiveRateLimiter // ServeHTTP's
+	setup *setupState                    // see setup.go
 
 	started      atomic.Bool
 	drainStarted atomic.Bool
@@ -98,11 +98,7 @@ type Runnable struct {
 	err          error         // the drain's result; written before stopped is closed
 }
 
-var (
-	_ manager.Runnable               = (*Runnable)(nil)
-	_ manager.LeaderElectionRunnable = (*Runnable)(nil)
-	_ http.Handler                   = (*Runnable)(nil)
-)
+var _ manager.LeaderElectionRunnable = (*Runnable)(nil) // manager.Runnable and http.Handler: see Add
 
 // New returns a Runnable owning a new executor, without a manager (unit tests, libraries):
 // it drains when the context given to Start ends. In an operator use Setup, which also
@@ -123,9 +119,7 @@ func withDefaults(opts Options) Options {
 	if opts.GracePeriod <= 0 {
 		opts.GracePeriod = DefaultGracePeriod
 	}
-	if opts.CancelAfter == 0 {
-		opts.CancelAfter = opts.GracePeriod / 5 * 4
-	}
+	opts.CancelAfter = cmp.Or(opts.CancelAfter, opts.GracePeriod/5*4)
 	return opts
 }
 
@@ -139,7 +133,8 @@ func newRunnable(opts Options, metered bool) *Runnable {
 		SlowAfter: opts.SlowAfter, Clock: clk})
 	r := &Runnable{ex: ex, log: opts.Logger, clock: clk, grace: opts.GracePeriod, metered: metered,
 		eventsBudget: maxEventsBudget, misuse: make(chan error, 1), stopped: make(chan struct{}),
-		stop: &stopState{delay: opts.ShutdownDelay, delayName: opts.name("ShutdownDelay"), stopping: make(chan struct{})}}
+		debug: flowcontrol.NewTokenBucketPassiveRateLimiterWithClock(debugRate, debugBurst, clk),
+		stop:  &stopState{delay: opts.ShutdownDelay, delayName: opts.name("ShutdownDelay"), stopping: make(chan struct{})}}
 	// Fixed here, before the executor is shared.
 	s := internal.Of(ex).Settings()
 	s.Owned = true
@@ -321,10 +316,7 @@ func (r *Runnable) drain() error {
 	}
 	calls, _ := r.core().Entries(internal.MaxListed)
 	kv := append(r.sinceStop(), "abandoned", len(pe.Pending), "calls", calls)
-	if more := len(pe.Pending) - len(calls); more > 0 {
-		kv = append(kv, "more", more)
-	}
-	log.Error(pe.Err, AbandonedMessage, kv...)
+	log.Error(pe.Err, AbandonedMessage, internal.More(kv, len(pe.Pending), len(calls))...)
 
 	// Step 3: tell the executor's observers (Events on each abandoned object), within budget.
 	ectx, ecancel := context.WithTimeout(context.Background(), r.eventsBudget)
@@ -365,20 +357,11 @@ func (r *Runnable) Done() <-chan struct{} { return r.stopped }
 // Err returns the drain's result once Done is closed (nil before). mgr.Start does not return
 // a runnable's error once it is stopping: main asks Err, e.g. to exit non-zero.
 func (r *Runnable) Err() error {
-	select {
-	case <-r.stopped:
+	if internal.Closed(r.stopped) {
 		return r.err
-	default:
-		return nil
 	}
+	return nil
 }
 
 // draining reports whether the executor's drain began.
-func (r *Runnable) draining() bool {
-	select {
-	case <-r.ex.Draining():
-		return true
-	default:
-		return false
-	}
-}
+func (r *Runnable) draining() bool { return internal.Closed(r.ex.Draining()) }

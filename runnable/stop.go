@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/quiesce-dev/quiesce/internal"
 )
 
 // stopState is the stop's progress.
@@ -21,14 +23,7 @@ type stopState struct {
 	stopping  chan struct{} // closed when the stop began
 }
 
-func (s *stopState) began() bool {
-	select {
-	case <-s.stopping:
-		return true
-	default:
-		return false
-	}
-}
+func (s *stopState) began() bool { return internal.Closed(s.stopping) }
 
 // beginStop marks the beginning of the stop, once: no campaigning for the lease, readiness
 // failing with a ShutdownDelay, webhook connections closed (all read stop.began).
@@ -39,7 +34,7 @@ func (r *Runnable) beginStop() {
 			r.stop.waited.Store(true)
 		}
 		close(r.stop.stopping)
-		safely(func() {
+		internal.Safely(func() {
 			r.stopLog().Info("Stop began", "sinceStop", "0s",
 				"shutdownDelay", r.stop.delay.String(), "gracePeriod", r.grace.String())
 		})
@@ -70,7 +65,7 @@ func (r *Runnable) StopContext(ctx context.Context) context.Context {
 		}
 		r.clock.AfterFunc(r.stop.delay, func() {
 			defer cancel(context.Cause(ctx))
-			safely(func() { r.stopLog().Info("Shutdown delay over", r.sinceStop()...) })
+			internal.Safely(func() { r.stopLog().Info("Shutdown delay over", r.sinceStop()...) })
 		})
 	})
 	return out
@@ -94,7 +89,7 @@ func (r *Runnable) fence(lastRenewal time.Time, fenceAfter time.Duration, reason
 	r.startDrain()
 	<-r.ex.Draining() // every call still running is listed, and no other is admitted
 	n := r.core().Fence(errLeadershipLost)
-	safely(func() {
+	internal.Safely(func() {
 		r.log.Info("Leadership lost: cancelling calls", append(r.sinceStop(),
 			"reason", reason,
 			"lastRenewal", lastRenewal.UTC().Format(time.RFC3339Nano),
@@ -102,11 +97,4 @@ func (r *Runnable) fence(lastRenewal time.Time, fenceAfter time.Duration, reason
 			"fenceAfter", fenceAfter.String(),
 			"cancelled", n)...)
 	})
-}
-
-// safely runs log, containing a panic: on quiesce's own goroutines a broken Logger must not
-// crash the process nor stop the stop.
-func safely(log func()) {
-	defer func() { _ = recover() }()
-	log()
 }

@@ -24,8 +24,6 @@ type webhookServer struct {
 	started        atomic.Bool
 }
 
-var _ webhook.Server = (*webhookServer)(nil)
-
 // errServerStopping ends the inner server's context; requests keep theirs (liveContext).
 var errServerStopping = errors.New("quiesce webhook server stopping")
 

@@ -591,20 +591,26 @@ func (e *Executor) cancelCalls(atStart bool) {
 		}
 		e.mu.Unlock()
 	}
+	// Counted, and the line's wait registered, before any context ends: a cancelled fn may
+	// return at once, and the Drain it was the last call of with it.
 	calls, _ := e.list(-1)
-	var cut []*call
+	var targets, cut []*call
 	for _, c := range calls {
 		switch {
 		case c.opts.Daemon:
 			c.cancel(errCancelledByDrain)
 		case !atStart || c.opts.CancelAtStop:
-			running := c.since.Load() != sinceLeft // read first: a cancelled fn may return at once
-			c.cancel(cause)
-			if running && c.count(countedCancelled) {
+			targets = append(targets, c)
+			if c.since.Load() != sinceLeft && c.count(countedCancelled) {
 				cut = append(cut, c)
 			}
 		}
 	}
+	defer func() {
+		for _, c := range targets {
+			c.cancel(cause)
+		}
+	}()
 	if len(cut) == 0 {
 		return
 	}

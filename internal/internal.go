@@ -272,8 +272,8 @@ type Entry struct {
 	Detached    bool   `json:"detached"`
 	Daemon      bool   `json:"daemon,omitempty"`
 	ReconcileID string `json:"reconcileID,omitempty"`
-	Where       string `json:"where"`
-	Handler     string `json:"handler"`
+	Where       string `json:"where,omitempty"`
+	Handler     string `json:"handler,omitempty"`
 }
 
 // Entries are the calls a log line lists (its "calls" value). They render as a JSON array

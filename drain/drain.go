@@ -608,10 +608,7 @@ func (e *Executor) cancelCalls(atStart bool) {
 		e.mu.Unlock()
 		go func() {
 			defer close(lineDone)
-			listed := make([]Pending, min(len(cut), internal.MaxListed))
-			for i := range listed {
-				listed[i] = cut[i].pending()
-			}
+			listed := pendings(cut[:min(len(cut), internal.MaxListed)])
 			kv := e.stopKV("cancelled", len(cut), "cause", cause.Error(), "calls", entries(listed, e.opts.Clock.Now()))
 			kv = internal.More(kv, len(cut), len(listed))
 			internal.Safely(func() { e.opts.Logger.Info("Cancelling calls still running", kv...) })
@@ -644,11 +641,7 @@ func (e *Executor) list(limit int) (calls []*call, total int) {
 func (e *Executor) Pending() []Pending {
 	e.mustBeCreated()
 	calls, _ := e.list(-1)
-	out := make([]Pending, len(calls))
-	for i, c := range calls {
-		out[i] = c.pending()
-	}
-	return out
+	return pendings(calls)
 }
 
 // Locate returns the oldest limit calls (all if limit < 0) with Where and Handler, and how

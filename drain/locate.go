@@ -181,10 +181,9 @@ func (e *Executor) locate(calls []*call, shared bool) []Pending {
 			e.unknownWhy(unknownNoProfile)
 		}
 	}
-	out := make([]Pending, len(calls))
+	out := pendings(calls)
 	todo := make(map[*call]int, len(calls)) // the calls to locate from cp, and their index
 	for i, c := range calls {
-		out[i] = c.pending()
 		switch s := c.since.Load(); {
 		case s == sinceLeft: // fn returned a moment ago
 			out[i].Where, out[i].Handler = Returning, Returning

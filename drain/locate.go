@@ -54,42 +54,23 @@ var captureEpoch atomic.Uint64
 var captureTaken = func() {}
 
 var captures struct {
-	mu     sync.Mutex
-	last   *capture
-	flight chan struct{} // closed when the capture being taken is in last
+	mu   sync.Mutex // held while a capture is taken: concurrent askers wait for it
+	last *capture
 }
 
 // captureSince returns a capture that saw the labels of calls whose since is <= since.
 func captureSince(since uint64) *capture {
-	for {
-		captures.mu.Lock()
-		if c := captures.last; c != nil && c.epoch >= since && fresh(c.at) {
-			captures.mu.Unlock()
+	captures.mu.Lock()
+	defer captures.mu.Unlock()
+	if c := captures.last; c != nil && c.epoch >= since {
+		// Reused while fresh; one of a later time is not (seen from inside a synctest bubble).
+		if age := time.Since(c.at); age >= 0 && age < captureReuse {
 			return c
 		}
-		if f := captures.flight; f != nil {
-			captures.mu.Unlock()
-			<-f
-			continue
-		}
-		f := make(chan struct{})
-		captures.flight = f
-		captures.mu.Unlock()
-
-		c := takeCapture()
-		captureTaken()
-		captures.mu.Lock()
-		captures.last, captures.flight = c, nil
-		captures.mu.Unlock()
-		close(f)
-		return c
 	}
-}
-
-// fresh reports whether a capture taken at can be reused (outside a synctest bubble: future).
-func fresh(at time.Time) bool {
-	age := time.Since(at)
-	return age >= 0 && age < captureReuse
+	captures.last = takeCapture()
+	captureTaken()
+	return captures.last
 }
 
 // takeCapture writes the goroutine profile and keeps the stacks labelled by quiesce.

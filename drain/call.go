@@ -100,14 +100,19 @@ func (c *call) name() string { return c.opts.FullName() }
 func (c *call) Core() internal.Core           { return (*core)(c.e) }
 func (c *call) Options() internal.CallOptions { return c.opts }
 
-func (c *call) pending() Pending {
-	return Pending{
-		Name:        c.name(),
-		Started:     c.start,
-		Detached:    c.state.Load() == callDetached,
-		Daemon:      c.opts.Daemon,
-		ReconcileID: c.opts.ReconcileID,
+// pendings returns each call's Pending, without Where and Handler.
+func pendings(calls []*call) []Pending {
+	out := make([]Pending, len(calls))
+	for i, c := range calls {
+		out[i] = Pending{
+			Name:        c.name(),
+			Started:     c.start,
+			Detached:    c.state.Load() == callDetached,
+			Daemon:      c.opts.Daemon,
+			ReconcileID: c.opts.ReconcileID,
+		}
 	}
+	return out
 }
 
 // outer returns the tracked call whose fn's context c's caller passed, if any.

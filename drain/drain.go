@@ -186,7 +186,7 @@ type Executor struct {
 	done      chan struct{}           // closed when draining and nothing is in flight
 	drainOnce sync.Once
 	hold      *tableHold  // e's hold on labels, until executors takes them back
-	logging   atomic.Bool // a report is being logged (see logAsync)
+	logging   atomic.Bool // a report is being logged (see reportDue)
 	unknown   sync.Map    // reasons for an unknown location already logged
 
 	started, finished, refused, panicked, abandoned, cancelled atomic.Uint64
@@ -197,19 +197,15 @@ type Executor struct {
 // New returns an Executor configured by opts, zero fields taking their defaults. It panics
 // on a positive ReportAfter, ReportEvery or SlowAfter below its Min: found at setup.
 func New(opts Options) *Executor {
-	for _, b := range []struct {
-		field    string
-		val, min time.Duration
-	}{
-		{"ReportAfter", opts.ReportAfter, MinReportAfter},
-		{"ReportEvery", opts.ReportEvery, MinReportEvery},
-		{"SlowAfter", opts.SlowAfter, MinSlowAfter},
-	} {
-		if b.val > 0 && b.val < b.min {
+	atLeast := func(field string, val, least time.Duration) {
+		if val > 0 && val < least {
 			panic(fmt.Sprintf("drain.New: Options.%s %v is below its least value %v (drain.Min%s): "+
-				"every report captures every goroutine's stack", b.field, b.val, b.min, b.field))
+				"every report captures every goroutine's stack", field, val, least, field))
 		}
 	}
+	atLeast("ReportAfter", opts.ReportAfter, MinReportAfter)
+	atLeast("ReportEvery", opts.ReportEvery, MinReportEvery)
+	atLeast("SlowAfter", opts.SlowAfter, MinSlowAfter)
 	if opts.ReportAfter <= 0 {
 		opts.ReportAfter = time.Second
 	}
@@ -280,7 +276,7 @@ func (c *core) Entries(limit int) (internal.Entries, int) { return c.entries(lim
 
 func (c *core) entries(limit int, shared bool) (internal.Entries, int) {
 	calls, total := (*Executor)(c).list(limit)
-	return entries((*Executor)(c).locateWith(calls, shared), c.opts.Clock.Now()), total
+	return entries((*Executor)(c).locate(calls, shared), c.opts.Clock.Now()), total
 }
 
 func (c *core) Fence(cause error) int {
@@ -430,10 +426,11 @@ func (e *Executor) link(c *call) {
 	}
 }
 
-// unlink forgets a settled call; the last one of a drain ends it.
+// unlink forgets a settled call, taking its label back; the last one of a drain ends it.
 func (e *Executor) unlink(c *call) {
 	e.mu.Lock()
-	e.giveLabel(c)
+	c.label.call.Store(nil)
+	e.labels.free = append(e.labels.free, c.label)
 	c.prev.next, c.next.prev = c.next, c.prev
 	c.prev, c.next = nil, nil
 	e.inFlight--
@@ -505,7 +502,7 @@ func (e *Executor) Drain(ctx context.Context) error {
 		e.armReport(e.opts.ReportEvery) // a Drain waits again after one gave up
 	}
 	e.mu.Unlock()
-	e.drainOnce.Do(func() { e.beginDrain(e.cancelAfter(ctx)) })
+	e.drainOnce.Do(func() { e.beginDrain(ctx) })
 	defer e.stopWaiting()
 	select {
 	case <-e.done:
@@ -520,7 +517,7 @@ func (e *Executor) Drain(ctx context.Context) error {
 			e.abandoned.Add(1)
 		}
 	}
-	return &PendingError{Pending: e.locate(calls), Err: ctx.Err()}
+	return &PendingError{Pending: e.locate(calls, false), Err: ctx.Err()}
 }
 
 // stopWaiting ends a Drain's wait: the last stops the reports; each waits for a line begun.
@@ -541,21 +538,17 @@ func (e *Executor) stopWaiting() {
 	}
 }
 
-// cancelAfter returns when a drain begun by Drain(ctx) cancels the calls.
-func (e *Executor) cancelAfter(ctx context.Context) time.Duration {
-	if e.opts.CancelAfter != 0 {
-		return e.opts.CancelAfter
+// beginDrain runs once, for the first Drain's ctx: under the lock, a refused caller always
+// finds Draining() closed, and the timers exist once it is (a test stepping a fake clock
+// cannot miss them).
+func (e *Executor) beginDrain(ctx context.Context) {
+	cancelAfter := e.opts.CancelAfter
+	if cancelAfter == 0 {
+		cancelAfter = CancelAtOnce // without a deadline; with one, 4/5 of the time left
+		if dl, ok := ctx.Deadline(); ok {
+			cancelAfter = max(time.Until(dl)/5*4, CancelAtOnce)
+		}
 	}
-	dl, ok := ctx.Deadline()
-	if !ok {
-		return CancelAtOnce
-	}
-	return max(time.Until(dl)/5*4, CancelAtOnce)
-}
-
-// beginDrain runs once: under the lock, a refused caller always finds Draining() closed,
-// and the timers exist once it is (a test stepping a fake clock cannot miss them).
-func (e *Executor) beginDrain(cancelAfter time.Duration) {
 	e.mu.Lock()
 	e.isDraining = true
 	stopTimer(e.slowTimer)
@@ -606,30 +599,24 @@ func (e *Executor) cancelCalls(atStart bool) {
 			}
 		}
 	}
-	defer func() {
-		for _, c := range targets {
-			c.cancel(cause)
-		}
-	}()
-	if len(cut) == 0 {
-		return
+	if len(cut) > 0 {
+		e.cancelled.Add(uint64(len(cut)))
+		// On a goroutine of its own, as reports are; Drain waits for it (stopWaiting).
+		lineDone := make(chan struct{})
+		e.mu.Lock()
+		e.lineDone = lineDone
+		e.mu.Unlock()
+		go func() {
+			defer close(lineDone)
+			listed := pendings(cut[:min(len(cut), internal.MaxListed)])
+			kv := e.stopKV("cancelled", len(cut), "cause", cause.Error(), "calls", entries(listed, e.opts.Clock.Now()))
+			kv = internal.More(kv, len(cut), len(listed))
+			internal.Safely(func() { e.opts.Logger.Info("Cancelling calls still running", kv...) })
+		}()
 	}
-	e.cancelled.Add(uint64(len(cut)))
-	// On a goroutine of its own, as reports are; Drain waits for it (stopWaiting).
-	lineDone := make(chan struct{})
-	e.mu.Lock()
-	e.lineDone = lineDone
-	e.mu.Unlock()
-	go func() {
-		defer close(lineDone)
-		listed := make([]Pending, min(len(cut), internal.MaxListed))
-		for i := range listed {
-			listed[i] = cut[i].pending()
-		}
-		kv := e.stopKV("cancelled", len(cut), "cause", cause.Error(), "calls", entries(listed, e.opts.Clock.Now()))
-		kv = internal.More(kv, len(cut), len(listed))
-		internal.Safely(func() { e.opts.Logger.Info("Cancelling calls still running", kv...) })
-	}()
+	for _, c := range targets {
+		c.cancel(cause)
+	}
 }
 
 // stopKV returns the key/values a drain's line starts with (Settings.StopKV), then kv.
@@ -654,11 +641,7 @@ func (e *Executor) list(limit int) (calls []*call, total int) {
 func (e *Executor) Pending() []Pending {
 	e.mustBeCreated()
 	calls, _ := e.list(-1)
-	out := make([]Pending, len(calls))
-	for i, c := range calls {
-		out[i] = c.pending()
-	}
-	return out
+	return pendings(calls)
 }
 
 // Locate returns the oldest limit calls (all if limit < 0) with Where and Handler, and how
@@ -667,7 +650,7 @@ func (e *Executor) Pending() []Pending {
 func (e *Executor) Locate(limit int) (calls []Pending, total int) {
 	e.mustBeCreated()
 	cs, total := e.list(limit)
-	return e.locate(cs), total
+	return e.locate(cs, false), total
 }
 
 // Draining returns a channel closed when Drain begins.

@@ -27,7 +27,7 @@ func TestLocateCallNotStarted(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.state.Store(callDetached)
-	calls := e.locate([]*call{c})
+	calls := e.locate([]*call{c}, false)
 	if len(calls) != 1 || calls[0].Name != "admitted" || calls[0].Where != NotStarted || calls[0].Handler != NotStarted {
 		t.Errorf("locate = %+v, want the call not started", calls)
 	}
@@ -53,7 +53,7 @@ func TestLocateCallReturning(t *testing.T) {
 	}
 	c.state.Store(callDetached)
 	c.since.Store(sinceLeft) // as leave stores it once fn returned
-	calls := e.locate([]*call{c})
+	calls := e.locate([]*call{c}, false)
 	if len(calls) != 1 || calls[0].Where != Returning || calls[0].Handler != Returning {
 		t.Errorf("locate = %+v, want the call returning", calls)
 	}

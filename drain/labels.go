@@ -57,12 +57,6 @@ func (e *Executor) takeLabel(c *call) {
 	c.label = l
 }
 
-// giveLabel takes c's label back. The caller holds e.mu (see unlink).
-func (e *Executor) giveLabel(c *call) {
-	c.label.call.Store(nil)
-	e.labels.free = append(e.labels.free, c.label)
-}
-
 // enter adds c's label to fn's context, merged with the caller's as pprof.Do merges them,
 // and labels the goroutine, before reading the capture epoch (later captures see it).
 func (c *call) enter() {
@@ -123,9 +117,8 @@ func addExecutor(e *Executor) {
 func releaseTable(h *tableHold) {
 	executors.mu.Lock()
 	defer executors.mu.Unlock()
-	if h.t == nil {
-		return
+	if h.t != nil {
+		executors.free = append(executors.free, h.t)
+		h.t = nil
 	}
-	executors.free = append(executors.free, h.t)
-	h.t = nil
 }

@@ -36,7 +36,12 @@ func (e *Executor) reportDue() {
 	}
 	e.armReport(e.opts.ReportEvery)
 	e.mu.Unlock()
-	e.logAsync(e.reportPending)
+	if e.logging.CompareAndSwap(false, true) { // else the previous line is still logged: nothing piles up
+		go func() {
+			defer e.logging.Store(false)
+			internal.Safely(e.reportPending)
+		}()
+	}
 }
 
 // reportPending logs the pending calls, unless the last Drain stopped waiting meanwhile.
@@ -56,17 +61,6 @@ func (e *Executor) reportPending() {
 	e.mu.Unlock()
 	defer close(lineDone)
 	e.opts.Logger.Info("Waiting for pending calls", kv...)
-}
-
-// logAsync runs log on a goroutine unless the previous one still runs: nothing piles up.
-func (e *Executor) logAsync(log func()) {
-	if !e.logging.CompareAndSwap(false, true) {
-		return
-	}
-	go func() {
-		defer e.logging.Store(false)
-		internal.Safely(log)
-	}()
 }
 
 // maxSlowBackoff bounds the wait between two "Slow calls" lines about the same set.
@@ -105,11 +99,10 @@ func (e *Executor) slowCalls(now time.Time, limit int) (calls []*call, count int
 
 // checkSlow logs the slow calls if due, and re-arms the timer while calls run.
 func (e *Executor) checkSlow() {
-	// The observers (Events) are told of more calls than the line lists, from one capture.
 	obs := e.settings.Observers.List()
 	limit := internal.MaxListed
 	if len(obs) > 0 {
-		limit = max(internal.MaxListed, internal.MaxObserved)
+		limit = internal.MaxObserved // the observers (Events) are told of more calls, from one capture
 	}
 	e.mu.Lock()
 	e.slowTimer = nil
@@ -141,7 +134,7 @@ func (e *Executor) checkSlow() {
 		return
 	}
 	defer e.logging.Store(false)
-	ents := entries(e.locate(slow), now)
+	ents := entries(e.locate(slow, false), now)
 	listed := ents[:min(len(ents), internal.MaxListed)]
 	kv := internal.More([]any{"slow", count, "slowAfter", e.opts.SlowAfter.String(), "calls", listed}, count, len(listed))
 	internal.Safely(func() { e.opts.Logger.Info("Slow calls", kv...) })
@@ -176,7 +169,7 @@ func (c *core) Abandoned(ctx context.Context) {
 	}
 	ctx = logr.NewContext(ctx, e.opts.Logger)
 	calls, _ := e.list(-1)
-	o := observed(calls, entries(e.locate(calls), e.opts.Clock.Now()))
+	o := observed(calls, entries(e.locate(calls, false), e.opts.Clock.Now()))
 	var wg sync.WaitGroup
 	for _, ob := range obs {
 		wg.Go(func() { internal.Safely(func() { ob.Abandoned(ctx, o) }) })

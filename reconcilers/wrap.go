@@ -171,7 +171,6 @@ func (w *wrapped[R]) Reconcile(ctx context.Context, req R) (reconcile.Result, er
 		CancelAtStop: w.cancelAtStop,
 	}, rc)
 	if errors.Is(err, drain.ErrDraining) || !rc.ran && errors.Is(err, context.Canceled) || rc.stopped {
-		w.hold(ctx)
 		return w.requeue(ctx), nil
 	}
 	return rc.res, err
@@ -194,23 +193,17 @@ func (c *reconcileCall[R]) Handle(ctx context.Context) error {
 	return err
 }
 
-// hold waits, with a refused request, until the owning Runnable's drain is over (bounded
-// by GracePeriod) or ctx ends, so it is requeued once per stop. DrainOver is nil without a
-// Runnable, and returns nil until it began the drain: nothing else would end the wait.
-func (w *wrapped[R]) hold(ctx context.Context) {
-	drainOver := w.ex.Settings().DrainOver
-	if drainOver == nil {
-		return
-	}
-	if over := drainOver(); over != nil {
-		select {
-		case <-over:
-		case <-ctx.Done():
+// requeue answers a refused request. Under a Runnable whose drain began, it first waits
+// until the drain is over or ctx ends (internal.Settings.DrainOver): once per stop.
+func (w *wrapped[R]) requeue(ctx context.Context) reconcile.Result {
+	if drainOver := w.ex.Settings().DrainOver; drainOver != nil {
+		if over := drainOver(); over != nil {
+			select {
+			case <-over:
+			case <-ctx.Done():
+			}
 		}
 	}
-}
-
-func (w *wrapped[R]) requeue(ctx context.Context) reconcile.Result {
 	w.refusedLog.Do(func() {
 		log.FromContext(ctx).V(1).Info("Executor is draining: requeueing requests instead of running them")
 	})

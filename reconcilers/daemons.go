@@ -79,27 +79,22 @@ type DaemonsStats struct {
 	Restarts uint64 // restarts after a daemon failed (returned an error or panicked)
 }
 
-var (
-	daemonRestarts = prometheus.NewCounterVec(prometheus.CounterOpts{
+// daemonRestarts registers quiesce_daemon_restarts_total in metrics.Registry at the first
+// NewDaemons, or uses the counter of that name registered already.
+var daemonRestarts = sync.OnceValue(registerDaemonRestarts)
+
+func registerDaemonRestarts() *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "quiesce_daemon_restarts_total",
 		Help: "Daemons restarted after they returned an error or panicked, by controller.",
 	}, []string{"controller"})
-	daemonRestartsOnce sync.Once
-)
-
-// registerDaemonRestarts registers daemonRestarts in metrics.Registry at the first
-// NewDaemons (or uses the one registered already).
-func registerDaemonRestarts() *prometheus.CounterVec {
-	daemonRestartsOnce.Do(func() {
-		err := metrics.Registry.Register(daemonRestarts)
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(*prometheus.CounterVec); ok {
-				daemonRestarts = existing
-			}
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(metrics.Registry.Register(c), &are) {
+		if existing, ok := are.ExistingCollector.(*prometheus.CounterVec); ok {
+			return existing
 		}
-	})
-	return daemonRestarts
+	}
+	return c
 }
 
 // Daemons runs kopf's daemons: long-lived functions, one per object and daemon name, while
@@ -151,7 +146,7 @@ func NewDaemons(ex *drain.Executor, controller string, opts DaemonsOptions) *Dae
 	}
 	opts.setDefaults()
 	return &Daemons{ex: ex, controller: controller, opts: opts,
-		restarts: registerDaemonRestarts().WithLabelValues(controller),
+		restarts: daemonRestarts().WithLabelValues(controller),
 		daemons:  map[daemonKey]*daemon{}, finished: map[daemonKey]mark{}}
 }
 

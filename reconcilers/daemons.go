@@ -199,8 +199,7 @@ func (d *Daemons) Ensure(ctx context.Context, obj client.Object, name string, fn
 		return fmt.Errorf("failed to ensure daemon %q: %w", internal.Cut(name), err)
 	}
 	delete(d.finished, k)
-	prev := old // an old daemon (a deleted object's, or stopped) returns before the new one runs
-	if old != nil {
+	if old != nil { // an old daemon (a deleted object's, or stopped) returns before the new one runs
 		old.stopping = true
 		old.cancel()
 	}
@@ -212,23 +211,20 @@ func (d *Daemons) Ensure(ctx context.Context, obj client.Object, name string, fn
 	d.running++
 	d.mu.Unlock()
 
-	full := d.controller + "/" + k.name + "/" + name
-	if k.namespace != "" {
-		full = d.controller + "/" + k.namespace + "/" + k.name + "/" + name
-	}
-	err := internal.Of(d.ex).Go(dctx, internal.CallOptions{Name: full, Controller: d.controller, Daemon: true},
-		func(ctx context.Context) error {
-			d.run(ctx, logger, k, dm, prev, fn)
-			return nil
-		})
+	o := internal.CallOptions{Name: d.controller, Namespace: k.namespace, Object: k.name + "/" + name,
+		Controller: d.controller, Daemon: true}
+	err := internal.Of(d.ex).Go(dctx, o, func(ctx context.Context) error {
+		d.run(ctx, logger, k, dm, old, fn)
+		return nil
+	})
 	if err != nil { // refused: the drain began meanwhile
 		d.mu.Lock()
-		if prev != nil && d.daemons[k] == dm {
-			d.daemons[k] = prev // still stopping: Stop waits for it
+		if old != nil && d.daemons[k] == dm {
+			d.daemons[k] = old // still stopping: Stop waits for it
 		}
 		d.mu.Unlock()
 		d.exited(k, dm, false)
-		return fmt.Errorf("failed to start daemon %q: %w", internal.Cut(full), err)
+		return fmt.Errorf("failed to start daemon %q: %w", internal.Cut(o.FullName()), err)
 	}
 	return nil
 }

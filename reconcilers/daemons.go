@@ -79,27 +79,22 @@ type DaemonsStats struct {
 	Restarts uint64 // restarts after a daemon failed (returned an error or panicked)
 }
 
-var (
-	daemonRestarts = prometheus.NewCounterVec(prometheus.CounterOpts{
+// daemonRestarts registers quiesce_daemon_restarts_total in metrics.Registry at the first
+// NewDaemons, or uses the counter of that name registered already.
+var daemonRestarts = sync.OnceValue(registerDaemonRestarts)
+
+func registerDaemonRestarts() *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "quiesce_daemon_restarts_total",
 		Help: "Daemons restarted after they returned an error or panicked, by controller.",
 	}, []string{"controller"})
-	daemonRestartsOnce sync.Once
-)
-
-// registerDaemonRestarts registers daemonRestarts in metrics.Registry at the first
-// NewDaemons (or uses the one registered already).
-func registerDaemonRestarts() *prometheus.CounterVec {
-	daemonRestartsOnce.Do(func() {
-		err := metrics.Registry.Register(daemonRestarts)
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(*prometheus.CounterVec); ok {
-				daemonRestarts = existing
-			}
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(metrics.Registry.Register(c), &are) {
+		if existing, ok := are.ExistingCollector.(*prometheus.CounterVec); ok {
+			return existing
 		}
-	})
-	return daemonRestarts
+	}
+	return c
 }
 
 // Daemons runs kopf's daemons: long-lived functions, one per object and daemon name, while
@@ -151,7 +146,7 @@ func NewDaemons(ex *drain.Executor, controller string, opts DaemonsOptions) *Dae
 	}
 	opts.setDefaults()
 	return &Daemons{ex: ex, controller: controller, opts: opts,
-		restarts: registerDaemonRestarts().WithLabelValues(controller),
+		restarts: daemonRestarts().WithLabelValues(controller),
 		daemons:  map[daemonKey]*daemon{}, finished: map[daemonKey]mark{}}
 }
 
@@ -204,8 +199,7 @@ func (d *Daemons) Ensure(ctx context.Context, obj client.Object, name string, fn
 		return fmt.Errorf("failed to ensure daemon %q: %w", internal.Cut(name), err)
 	}
 	delete(d.finished, k)
-	prev := old // an old daemon (a deleted object's, or stopped) returns before the new one runs
-	if old != nil {
+	if old != nil { // an old daemon (a deleted object's, or stopped) returns before the new one runs
 		old.stopping = true
 		old.cancel()
 	}
@@ -217,23 +211,20 @@ func (d *Daemons) Ensure(ctx context.Context, obj client.Object, name string, fn
 	d.running++
 	d.mu.Unlock()
 
-	full := d.controller + "/" + k.name + "/" + name
-	if k.namespace != "" {
-		full = d.controller + "/" + k.namespace + "/" + k.name + "/" + name
-	}
-	err := internal.Of(d.ex).Go(dctx, internal.CallOptions{Name: full, Controller: d.controller, Daemon: true},
-		func(ctx context.Context) error {
-			d.run(ctx, logger, k, dm, prev, fn)
-			return nil
-		})
+	o := internal.CallOptions{Name: d.controller, Namespace: k.namespace, Object: k.name + "/" + name,
+		Controller: d.controller, Daemon: true}
+	err := internal.Of(d.ex).Go(dctx, o, func(ctx context.Context) error {
+		d.run(ctx, logger, k, dm, old, fn)
+		return nil
+	})
 	if err != nil { // refused: the drain began meanwhile
 		d.mu.Lock()
-		if prev != nil && d.daemons[k] == dm {
-			d.daemons[k] = prev // still stopping: Stop waits for it
+		if old != nil && d.daemons[k] == dm {
+			d.daemons[k] = old // still stopping: Stop waits for it
 		}
 		d.mu.Unlock()
 		d.exited(k, dm, false)
-		return fmt.Errorf("failed to start daemon %q: %w", internal.Cut(full), err)
+		return fmt.Errorf("failed to start daemon %q: %w", internal.Cut(o.FullName()), err)
 	}
 	return nil
 }

@@ -3,12 +3,10 @@ package reconcilers
 import (
 	"context"
 	"strconv"
-	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -135,12 +133,7 @@ func TestDaemonRestartsRegisteredAtUse(t *testing.T) {
 	}
 
 	// Another copy of the package registering its own counter of the same name.
-	registered := daemonRestarts
-	daemonRestartsOnce = sync.Once{}
-	daemonRestarts = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "quiesce_daemon_restarts_total",
-		Help: "Daemons restarted after they returned an error or panicked, by controller."}, []string{"controller"})
-	t.Cleanup(func() { daemonRestarts = registered })
-	if got := registerDaemonRestarts(); got != registered {
+	if got := registerDaemonRestarts(); got != daemonRestarts() {
 		t.Fatal("registerDaemonRestarts did not use the counter registered already")
 	}
 }

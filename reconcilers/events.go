@@ -33,11 +33,10 @@ type eventer struct {
 
 // where returns a location as Events show it (without file and line unless EventLocations).
 func (ev *eventer) where(loc string) string {
-	if ev.EventLocations {
-		return loc
+	if !ev.EventLocations {
+		loc, _, _ = strings.Cut(loc, " (")
 	}
-	fn, _, _ := strings.Cut(loc, " (")
-	return fn
+	return loc
 }
 
 // eventTag marks a reconcile's calls (CallOptions.Tag): one episode, slow at most once.

@@ -108,8 +108,9 @@ func wrap[R comparable](
 		panic(fmt.Sprintf("reconcilers.%s(%q): WrapOptions.Recorder needs WrapOptions.Reader and WrapOptions.Object "+
 			"(Reader nil: %t, Object nil: %t)", fn, controller, internal.IsNil(opts.Reader), internal.IsNil(opts.Object)))
 	}
-	w := &wrapped[R]{r: r, controller: controller, name: namer[R](controller),
-		requeueAfter: opts.RequeueAfter, cancelAtStop: opts.Stop == CancelAtStop}
+	w := &wrapped[R]{r: r, name: namer[R](controller), requeueAfter: opts.RequeueAfter,
+		call: internal.CallOptions{Controller: controller, Shield: true, Repanic: true,
+			CancelAtStop: opts.Stop == CancelAtStop}}
 	if w.requeueAfter <= 0 {
 		w.requeueAfter = DefaultRequeueAfter
 	}
@@ -128,10 +129,9 @@ func wrap[R comparable](
 type wrapped[R comparable] struct {
 	ex           internal.Core // nil: untracked
 	r            reconcile.TypedReconciler[R]
-	controller   string
 	name         func(R) (name, namespace, object string) // the call's name for a request
+	call         internal.CallOptions                     // what every reconcile's call shares
 	requeueAfter time.Duration
-	cancelAtStop bool
 	events       *eventer // nil without WrapOptions.Recorder
 	refusedLog   sync.Once
 	untracked    sync.Once
@@ -143,7 +143,7 @@ func (w *wrapped[R]) Reconcile(ctx context.Context, req R) (reconcile.Result, er
 			untracked.Do(func() {}) // this line says it for the Calls inside too
 			log.FromContext(ctx).Info(
 				"Reconciler wrapped without an executor: its reconciles and calls are not tracked (logged once)",
-				"controller", w.controller,
+				"controller", w.call.Controller,
 				"howToTrack", "pass the executor of runnable.Setup (q.Executor()) to reconcilers.Wrap")
 		})
 		return w.r.Reconcile(ctx, req)
@@ -151,27 +151,17 @@ func (w *wrapped[R]) Reconcile(ctx context.Context, req R) (reconcile.Result, er
 	if errors.Is(ctx.Err(), context.Canceled) {
 		return w.requeue(ctx), nil
 	}
-	// Run on the worker's goroutine; request and result travel in rc (docs/performance.md).
-	var tag any
+	o := w.call
+	o.Name, o.Namespace, o.Object = w.name(req)
+	o.ReconcileID = string(crcontroller.ReconcileIDFromContext(ctx))
 	if w.events != nil { // WrapOptions.Recorder made sure R is reconcile.Request
 		r, _ := any(req).(reconcile.Request)
-		tag = &eventTag{ev: w.events, key: r.NamespacedName}
+		o.Tag = &eventTag{ev: w.events, key: r.NamespacedName}
 	}
+	// Run on the worker's goroutine; request and result travel in rc (docs/performance.md).
 	rc := &reconcileCall[R]{r: w.r, req: req}
-	name, namespace, object := w.name(req)
-	err := w.ex.RunHandler(ctx, internal.CallOptions{
-		Name:         name,
-		Namespace:    namespace,
-		Object:       object,
-		Controller:   w.controller,
-		ReconcileID:  string(crcontroller.ReconcileIDFromContext(ctx)),
-		Tag:          tag,
-		Shield:       true,
-		Repanic:      true,
-		CancelAtStop: w.cancelAtStop,
-	}, rc)
+	err := w.ex.RunHandler(ctx, o, rc)
 	if errors.Is(err, drain.ErrDraining) || !rc.ran && errors.Is(err, context.Canceled) || rc.stopped {
-		w.hold(ctx)
 		return w.requeue(ctx), nil
 	}
 	return rc.res, err
@@ -194,23 +184,17 @@ func (c *reconcileCall[R]) Handle(ctx context.Context) error {
 	return err
 }
 
-// hold waits, with a refused request, until the owning Runnable's drain is over (bounded
-// by GracePeriod) or ctx ends, so it is requeued once per stop. DrainOver is nil without a
-// Runnable, and returns nil until it began the drain: nothing else would end the wait.
-func (w *wrapped[R]) hold(ctx context.Context) {
-	drainOver := w.ex.Settings().DrainOver
-	if drainOver == nil {
-		return
-	}
-	if over := drainOver(); over != nil {
-		select {
-		case <-over:
-		case <-ctx.Done():
+// requeue answers a refused request. Under a Runnable whose drain began, it first waits
+// until the drain is over or ctx ends (internal.Settings.DrainOver): once per stop.
+func (w *wrapped[R]) requeue(ctx context.Context) reconcile.Result {
+	if drainOver := w.ex.Settings().DrainOver; drainOver != nil {
+		if over := drainOver(); over != nil {
+			select {
+			case <-over:
+			case <-ctx.Done():
+			}
 		}
 	}
-}
-
-func (w *wrapped[R]) requeue(ctx context.Context) reconcile.Result {
 	w.refusedLog.Do(func() {
 		log.FromContext(ctx).V(1).Info("Executor is draining: requeueing requests instead of running them")
 	})

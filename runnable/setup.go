@@ -129,7 +129,9 @@ func (r *Runnable) Add(mgr manager.Manager) error {
 	if !s.added.CompareAndSwap(false, true) {
 		return errors.New("failed to add quiesce runnable: added already (call q.Add(mgr) once)")
 	}
-	r.eventsBudget = eventsBudget(r.grace, s.mgrOpts)
+	if timeout, _ := shutdownTimeout(s.mgrOpts); timeout >= 0 {
+		r.eventsBudget = min(maxEventsBudget, (timeout-r.grace)/2)
+	}
 	if err := r.attach(mgr); err != nil {
 		s.added.Store(false)
 		return err

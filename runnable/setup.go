@@ -142,7 +142,15 @@ func (r *Runnable) Add(mgr manager.Manager) error {
 // attach adds r to mgr; what can fail on a manager not started comes first.
 func (r *Runnable) attach(mgr manager.Manager) error {
 	s := r.setup
-	if r.debugOnMetrics() {
+	switch m := s.mgrOpts.Metrics; {
+	case m.BindAddress == "0":
+		r.log.V(1).Info("Not serving /debug/quiesce: the manager's metrics server is off", "path", DebugPath,
+			"howToServe", "set Options.DebugAddress (--quiesce-debug-address) to a loopback address")
+	case m.FilterProvider == nil:
+		r.log.V(1).Info("Not serving /debug/quiesce: the metrics server authenticates no one", "path", DebugPath,
+			"howToServe", "set Metrics.FilterProvider (kubebuilder: --metrics-secure), "+
+				"or Options.DebugAddress (--quiesce-debug-address) to a loopback address for kubectl port-forward")
+	default:
 		if err := mgr.AddMetricsServerExtraHandler(DebugPath, r); err != nil {
 			return fmt.Errorf("failed to add quiesce debug handler at %s: %w", DebugPath, err)
 		}
@@ -185,21 +193,4 @@ func (r *Runnable) attach(mgr manager.Manager) error {
 		s.lease.events.connect(mgr)
 	}
 	return nil
-}
-
-// debugOnMetrics reports whether Add serves DebugPath on the metrics server, or says why not.
-func (r *Runnable) debugOnMetrics() bool {
-	m := r.setup.mgrOpts.Metrics
-	switch {
-	case m.BindAddress == "0":
-		r.log.V(1).Info("Not serving /debug/quiesce: the manager's metrics server is off", "path", DebugPath,
-			"howToServe", "set Options.DebugAddress (--quiesce-debug-address) to a loopback address")
-		return false
-	case m.FilterProvider == nil:
-		r.log.V(1).Info("Not serving /debug/quiesce: the metrics server authenticates no one", "path", DebugPath,
-			"howToServe", "set Metrics.FilterProvider (kubebuilder: --metrics-secure), "+
-				"or Options.DebugAddress (--quiesce-debug-address) to a loopback address for kubectl port-forward")
-		return false
-	}
-	return true
 }

@@ -89,11 +89,10 @@ func (c *statsCollector) track(r *Runnable) {
 func (c *statsCollector) fold(r *Runnable) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, ok := c.live[r]; !ok {
-		return
+	if _, ok := c.live[r]; ok {
+		delete(c.live, r)
+		addCounters(&c.folded, r.ex.Stats())
 	}
-	delete(c.live, r)
-	addCounters(&c.folded, r.ex.Stats())
 }
 
 func addCounters(to *drain.Stats, s drain.Stats) {

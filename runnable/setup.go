@@ -96,8 +96,8 @@ func checkDebugAddress(opts Options) error {
 
 // Add adds the Runnable of Setup to mgr, made by ctrl.NewManager(cfg, mgrOpts), once, before
 // mgr.Start, with the readyz check "quiesce", the metrics, and ServeHTTP at DebugPath: on the
-// metrics server when mgrOpts.Metrics has a FilterProvider, else not,
-// saying so at V(1); and on Options.DebugAddress, stopped with the HTTP servers.
+// metrics server when mgrOpts.Metrics has a FilterProvider, else not, saying so at V(1); and
+// on Options.DebugAddress, stopped with the HTTP servers.
 //
 // The webhook server of Setup serves one manager. Each request is a tracked call named
 // "webhook/<path>/<namespace>/<name>" (generateName when it has no name) after the head of

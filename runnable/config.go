@@ -7,6 +7,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	kjson "sigs.k8s.io/json"
 )
 
@@ -80,12 +81,8 @@ func (c Config) Apply(path string, opts *Options) error {
 	set(c.SlowAfter, &o.SlowAfter)
 	set(c.ReportAfter, &o.ReportAfter)
 	set(c.ReportEvery, &o.ReportEvery)
-	if c.MaxConcurrent != nil {
-		o.MaxConcurrent = *c.MaxConcurrent
-	}
-	if c.DebugAddress != nil {
-		o.DebugAddress = *c.DebugAddress
-	}
+	o.MaxConcurrent = ptr.Deref(c.MaxConcurrent, o.MaxConcurrent)
+	o.DebugAddress = ptr.Deref(c.DebugAddress, o.DebugAddress)
 	o.fromConfig, o.configPrefix = true, ""
 	if path != "" {
 		o.configPrefix = path + "."

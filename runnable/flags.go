@@ -30,11 +30,10 @@ import (
 // Each flag's default is the field's value when BindFlags is called, and a field left zero
 // is bound to the default that zero stands for (GracePeriod: 25s, ReportEvery: 5s,
 // SlowAfter: 1m), so that --help shows what the operator will really use; CancelAfter,
-// whose default follows the grace period, stays 0. The help texts speak to whoever runs the
-// operator. A Deployment passes its values as container args, e.g.
-// --quiesce-shutdown-delay=10s. From then on the errors of Setup (and q.Add) about these
-// fields name the flag beside the field, e.g. "--quiesce-grace-period (GracePeriod) (30s)
-// must be below ...": the value may come from the flag or from the code.
+// whose default follows the grace period, stays 0. A Deployment passes the values as
+// container args, e.g. --quiesce-shutdown-delay=10s. From then on the errors of Setup (and
+// q.Add) about these fields name the flag beside the field, e.g. "--quiesce-grace-period
+// (GracePeriod) (30s) must be below ...": the value may come from the flag or from the code.
 func (o *Options) BindFlags(fs *flag.FlagSet) { o.bind(fs) }
 
 // BindPFlags binds the flags of BindFlags (the same names, defaults and help texts) to a

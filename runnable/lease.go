@@ -129,9 +129,8 @@ func (l *leaseObserver) write(ctx context.Context, ler resourcelock.LeaderElecti
 	case l.lost: // sent before the fence: the elector gives up at its next renewal
 	case sent.After(l.lastRenewal):
 		l.held, l.lastRenewal = true, sent
-		// The fence of an earlier renewal finds a later one and does nothing. Only a
-		// goroutine: a fake clock runs the callback under its lock, where the fence's log
-		// line, which reads the clock, would deadlock its Step.
+		// Only a goroutine: a fake clock runs the callback under its lock, where the fence's
+		// log line, which reads the clock, would deadlock its Step.
 		l.r.clock.AfterFunc(l.fenceAfter()-l.r.clock.Since(sent), func() { go l.lose(sent) })
 	default:
 		l.held = true

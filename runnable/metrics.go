@@ -44,12 +44,8 @@ var (
 			"Tracked calls running for longer than their executor's SlowAfter.", nil, nil),
 	}
 
-	stats = newStatsCollector()
+	stats = &statsCollector{live: make(map[*Runnable]struct{})}
 )
-
-// otherCalls is the controller label of calls outside a wrapped reconciler: no controller's
-// name, and to Prometheus the label's absence.
-const otherCalls = ""
 
 // register puts the metrics in metrics.Registry once, at the first Setup: a program that
 // imports quiesce without using it exports nothing.
@@ -83,10 +79,6 @@ type statsCollector struct {
 	folded drain.Stats // totals of the Runnables that stopped; InFlight unused
 }
 
-func newStatsCollector() *statsCollector {
-	return &statsCollector{live: make(map[*Runnable]struct{})}
-}
-
 func (c *statsCollector) track(r *Runnable) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -97,11 +89,10 @@ func (c *statsCollector) track(r *Runnable) {
 func (c *statsCollector) fold(r *Runnable) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, ok := c.live[r]; !ok {
-		return
+	if _, ok := c.live[r]; ok {
+		delete(c.live, r)
+		addCounters(&c.folded, r.ex.Stats())
 	}
-	delete(c.live, r)
-	addCounters(&c.folded, r.ex.Stats())
 }
 
 func addCounters(to *drain.Stats, s drain.Stats) {
@@ -110,12 +101,6 @@ func addCounters(to *drain.Stats, s drain.Stats) {
 	to.Panicked += s.Panicked
 	to.Abandoned += s.Abandoned
 	to.Cancelled += s.Cancelled
-}
-
-func (c *statsCollector) tracked() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.live)
 }
 
 func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) { prometheus.DescribeByCollect(c, ch) }

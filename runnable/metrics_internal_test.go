@@ -153,7 +153,7 @@ func TestStoppedRunnablesAreFoldedAndReleased(t *testing.T) {
 
 func TestOldestCallAgeAndSlowCalls(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := newStatsCollector()
+		c := &statsCollector{live: make(map[*Runnable]struct{})}
 		byDefault := New(Options{}) // SlowAfter: 1m
 		quick := New(Options{SlowAfter: 10 * time.Second})
 		never := New(Options{SlowAfter: -1})
@@ -267,3 +267,14 @@ func TestCancelledCallsCounted(t *testing.T) {
 	}
 	stats.fold(r)
 }
+
+// tracked is how many Runnables c holds.
+func (c *statsCollector) tracked() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.live)
+}
+
+// otherCalls is the controller label of calls outside a wrapped reconciler: no controller's
+// name, and to Prometheus the label's absence.
+const otherCalls = ""

@@ -76,13 +76,12 @@ const DebugPath = "/debug/quiesce"
 // Runnable is a manager.Runnable that owns a drain.Executor and drains it when the manager
 // stops. Make it with Setup, or New without a manager.
 type Runnable struct {
-	ex      *drain.Executor
-	log     logr.Logger
-	clock   clock.WithTickerAndDelayedExecution // the executor's: stamps calls, times ShutdownDelay
-	grace   time.Duration
-	metered bool // made by Setup: in the metrics until the drain is over
-	// eventsBudget bounds how long the Observers (Events) may take over the abandoned calls.
-	eventsBudget time.Duration
+	ex           *drain.Executor
+	log          logr.Logger
+	clock        clock.WithTickerAndDelayedExecution // the executor's: stamps calls, times ShutdownDelay
+	grace        time.Duration
+	metered      bool                          // made by Setup: in the metrics until the drain is over
+	eventsBudget time.Duration                 // see maxEventsBudget
 	lease        atomic.Pointer[leaseObserver] // set by Add with leader election on
 	elected      <-chan struct{}               // the manager's Elected, with lease
 	misuse       chan error                    // a misuse seen by a lock: Start returns it
@@ -197,16 +196,9 @@ func checkBudget(opts Options, mo *manager.Options) error {
 }
 
 // maxEventsBudget bounds how long the Observers (reconcilers' Events, which read each
-// object) may take over the abandoned calls: at most half the time from the end of the grace
-// period to the manager's GracefulShutdownTimeout.
+// object) may take over the abandoned calls; Add also bounds it to half the time from the
+// end of the grace period to the manager's GracefulShutdownTimeout.
 const maxEventsBudget = 5 * time.Second
-
-func eventsBudget(grace time.Duration, mo *manager.Options) time.Duration {
-	if timeout, _ := shutdownTimeout(mo); timeout >= 0 {
-		return min(maxEventsBudget, (timeout-grace)/2)
-	}
-	return maxEventsBudget
-}
 
 // Executor returns the executor the Runnable owns and drains. Pass it to reconcilers.Wrap.
 func (r *Runnable) Executor() *drain.Executor { return r.ex }
@@ -345,9 +337,7 @@ func (e *abandonedError) Unwrap() error { return e.pending }
 // finish records the drain's result; the metrics keep the executor's counters, not it.
 func (r *Runnable) finish(err error) {
 	r.err = err
-	if r.metered {
-		stats.fold(r)
-	}
+	stats.fold(r)
 	close(r.stopped)
 }
 

@@ -96,8 +96,8 @@ func checkDebugAddress(opts Options) error {
 
 // Add adds the Runnable of Setup to mgr, made by ctrl.NewManager(cfg, mgrOpts), once, before
 // mgr.Start, with the readyz check "quiesce", the metrics, and ServeHTTP at DebugPath: on the
-// metrics server when mgrOpts.Metrics has a FilterProvider, else not,
-// saying so at V(1); and on Options.DebugAddress, stopped with the HTTP servers.
+// metrics server when mgrOpts.Metrics has a FilterProvider, else not, saying so at V(1); and
+// on Options.DebugAddress, stopped with the HTTP servers.
 //
 // The webhook server of Setup serves one manager. Each request is a tracked call named
 // "webhook/<path>/<namespace>/<name>" (generateName when it has no name) after the head of
@@ -129,7 +129,9 @@ func (r *Runnable) Add(mgr manager.Manager) error {
 	if !s.added.CompareAndSwap(false, true) {
 		return errors.New("failed to add quiesce runnable: added already (call q.Add(mgr) once)")
 	}
-	r.eventsBudget = eventsBudget(r.grace, s.mgrOpts)
+	if timeout, _ := shutdownTimeout(s.mgrOpts); timeout >= 0 {
+		r.eventsBudget = min(maxEventsBudget, (timeout-r.grace)/2)
+	}
 	if err := r.attach(mgr); err != nil {
 		s.added.Store(false)
 		return err
@@ -140,7 +142,15 @@ func (r *Runnable) Add(mgr manager.Manager) error {
 // attach adds r to mgr; what can fail on a manager not started comes first.
 func (r *Runnable) attach(mgr manager.Manager) error {
 	s := r.setup
-	if r.debugOnMetrics() {
+	switch m := s.mgrOpts.Metrics; {
+	case m.BindAddress == "0":
+		r.log.V(1).Info("Not serving /debug/quiesce: the manager's metrics server is off", "path", DebugPath,
+			"howToServe", "set Options.DebugAddress (--quiesce-debug-address) to a loopback address")
+	case m.FilterProvider == nil:
+		r.log.V(1).Info("Not serving /debug/quiesce: the metrics server authenticates no one", "path", DebugPath,
+			"howToServe", "set Metrics.FilterProvider (kubebuilder: --metrics-secure), "+
+				"or Options.DebugAddress (--quiesce-debug-address) to a loopback address for kubectl port-forward")
+	default:
 		if err := mgr.AddMetricsServerExtraHandler(DebugPath, r); err != nil {
 			return fmt.Errorf("failed to add quiesce debug handler at %s: %w", DebugPath, err)
 		}
@@ -183,21 +193,4 @@ func (r *Runnable) attach(mgr manager.Manager) error {
 		s.lease.events.connect(mgr)
 	}
 	return nil
-}
-
-// debugOnMetrics reports whether Add serves DebugPath on the metrics server, or says why not.
-func (r *Runnable) debugOnMetrics() bool {
-	m := r.setup.mgrOpts.Metrics
-	switch {
-	case m.BindAddress == "0":
-		r.log.V(1).Info("Not serving /debug/quiesce: the manager's metrics server is off", "path", DebugPath,
-			"howToServe", "set Options.DebugAddress (--quiesce-debug-address) to a loopback address")
-		return false
-	case m.FilterProvider == nil:
-		r.log.V(1).Info("Not serving /debug/quiesce: the metrics server authenticates no one", "path", DebugPath,
-			"howToServe", "set Metrics.FilterProvider (kubebuilder: --metrics-secure), "+
-				"or Options.DebugAddress (--quiesce-debug-address) to a loopback address for kubectl port-forward")
-		return false
-	}
-	return true
 }

@@ -170,12 +170,10 @@ func (w *closingWriter) Write(b []byte) (int, error) {
 }
 
 func (w *closingWriter) mark() {
-	if !w.wrote {
-		w.wrote = true
-		if w.stop.began() {
-			w.Header().Set("Connection", "close")
-		}
+	if !w.wrote && w.stop.began() {
+		w.Header().Set("Connection", "close")
 	}
+	w.wrote = true
 }
 
 // Unwrap returns the ResponseWriter, for http.ResponseController.

@@ -8,9 +8,11 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 	"weak"
 
 	"github.com/google/pprof/profile"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/quiesce-dev/quiesce/drain"
 )
@@ -333,10 +335,13 @@ func TestReusedLabelOfEachExecutor(t *testing.T) {
 }
 
 // TestLabelsKeepNoExecutorAlive: an executor that ran calls, once unreachable, is garbage
-// collected (the registry that resolves label ids to executors holds none).
+// collected (the registry that resolves label ids to executors holds none). Run and a fake
+// clock: the test checks the registry alone, not when the runtime lets go of an exiting
+// goroutine's stack (Call's) or of a stopped timer's func (a real clock's timers hold the
+// executor; the test failed in 2 of 15 full runs of the package with Call and a real clock).
 func TestLabelsKeepNoExecutorAlive(t *testing.T) {
-	ex := drain.New(drain.Options{})
-	if err := ex.Call(context.Background(), "one", func(context.Context) error { return nil }); err != nil {
+	ex := drain.New(drain.Options{Clock: clocktesting.NewFakeClock(time.Now())})
+	if err := ex.Run(context.Background(), "one", func(context.Context) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
 	if err := ex.Drain(context.Background()); err != nil {

@@ -21,10 +21,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/quiesce-dev/quiesce/drain"
+	"github.com/quiesce-dev/quiesce/internal/metricstest"
 	"github.com/quiesce-dev/quiesce/lifecycle"
 )
 
@@ -42,25 +42,7 @@ func uniqueController(prefix string) string {
 // controller-runtime's registry serves it; 0 if it has no such series.
 func saveFailures(t *testing.T, controller, reason string) float64 {
 	t.Helper()
-	families, err := metrics.Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range families {
-		if mf.GetName() != "quiesce_progress_save_failures_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			if labels["controller"] == controller && labels["reason"] == reason {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
+	return metricstest.Value(t, "quiesce_progress_save_failures_total", map[string]string{"controller": controller, "reason": reason})
 }
 
 // fill adds to obj's annotations one of someone else's that brings their total to 10 bytes

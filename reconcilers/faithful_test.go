@@ -16,11 +16,11 @@ import (
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/quiesce-dev/quiesce/drain"
 	"github.com/quiesce-dev/quiesce/internal"
+	"github.com/quiesce-dev/quiesce/internal/metricstest"
 	"github.com/quiesce-dev/quiesce/reconcilers"
 )
 
@@ -182,23 +182,7 @@ func TestPanicReachesControllerRuntime(t *testing.T) {
 // panicsMetric reads controller-runtime's panic counter of a controller.
 func panicsMetric(t *testing.T, name string) float64 {
 	t.Helper()
-	families, err := metrics.Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range families {
-		if f.GetName() != "controller_runtime_reconcile_panics_total" {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "controller" && l.GetValue() == name {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
+	return metricstest.Value(t, "controller_runtime_reconcile_panics_total", map[string]string{"controller": name})
 }
 
 func TestShieldedReconcileKeepsTheCallersValues(t *testing.T) {

@@ -209,19 +209,26 @@ func TestMetricsServerCertificateVerified(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 }
 
+// startRecorded starts the harness with its metrics requests recorded, once it has served
+// one, and returns it with the namespace of the ServiceAccount whose token it sent.
+func startRecorded(t *testing.T) (cs kubernetes.Interface, op *shutdowntest.Operator, ns string) {
+	cfg, cs := adminWithToken(t)
+	g := NewWithT(t)
+	var rec metricsRecorder
+	op, err := shutdowntest.Start(t.Context(), recordedOptions(t, cfg, &rec, false))
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(op.Kill)
+	g.Expect(op.PendingCount(t.Context())).To(Equal(0))
+	token, _ := strings.CutPrefix(rec.headers()[0], "Bearer ")
+	return cs, op, strings.Split(reviewToken(t, cs, token), ":")[2]
+}
+
 // An object the harness created, replaced meanwhile by another of the same name, is not
 // deleted, and Stop says so, with the command that deletes it; the others are deleted.
 func TestCleanupFailureIsReported(t *testing.T) {
-	cfg, cs := adminWithToken(t)
+	cs, op, ns := startRecorded(t)
 	g := NewWithT(t)
 	ctx := t.Context()
-	var rec metricsRecorder
-	op, err := shutdowntest.Start(ctx, recordedOptions(t, cfg, &rec, false))
-	g.Expect(err).NotTo(HaveOccurred())
-	t.Cleanup(op.Kill)
-	g.Expect(op.PendingCount(ctx)).To(Equal(0))
-	token, _ := strings.CutPrefix(rec.headers()[0], "Bearer ")
-	ns := strings.Split(reviewToken(t, cs, token), ":")[2]
 
 	bindings, err := cs.RbacV1().ClusterRoleBindings().List(ctx, metav1.ListOptions{
 		LabelSelector: shutdowntest.CreatedByLabel + "=" + shutdowntest.CreatedBy})
@@ -253,19 +260,12 @@ func TestCleanupFailureIsReported(t *testing.T) {
 // Kill, too, deletes what the harness created (here the ServiceAccount, whose deletion ends
 // the token).
 func TestKillDeletesWhatItCreated(t *testing.T) {
-	cfg, cs := adminWithToken(t)
+	cs, op, ns := startRecorded(t)
 	g := NewWithT(t)
 	ctx := t.Context()
-	var rec metricsRecorder
-	op, err := shutdowntest.Start(ctx, recordedOptions(t, cfg, &rec, false))
-	g.Expect(err).NotTo(HaveOccurred())
-	t.Cleanup(op.Kill)
-	g.Expect(op.PendingCount(ctx)).To(Equal(0))
-	token, _ := strings.CutPrefix(rec.headers()[0], "Bearer ")
-	ns := strings.Split(reviewToken(t, cs, token), ":")[2]
 	g.Expect(cs.CoreV1().ServiceAccounts(ns).Get(ctx, "shutdowntest", metav1.GetOptions{})).NotTo(BeNil())
 
 	op.Kill()
-	_, err = cs.CoreV1().ServiceAccounts(ns).Get(ctx, "shutdowntest", metav1.GetOptions{})
+	_, err := cs.CoreV1().ServiceAccounts(ns).Get(ctx, "shutdowntest", metav1.GetOptions{})
 	g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "the ServiceAccount: %v", err)
 }

@@ -20,8 +20,8 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	"github.com/quiesce-dev/quiesce/internal/metricstest"
 	"github.com/quiesce-dev/quiesce/lifecycle"
 	"github.com/quiesce-dev/quiesce/runnable"
 )
@@ -65,23 +65,8 @@ func widgetEditorOf(ctx context.Context, ns, user string) client.Client {
 // progressSaveFailures returns quiesce_progress_save_failures_total{controller, reason}.
 func progressSaveFailures(controller, reason string) float64 {
 	GinkgoHelper()
-	families, err := metrics.Registry.Gather()
-	Expect(err).NotTo(HaveOccurred())
-	for _, mf := range families {
-		if mf.GetName() != "quiesce_progress_save_failures_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			if labels["controller"] == controller && labels["reason"] == reason {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
+	return metricstest.Value(GinkgoT(), "quiesce_progress_save_failures_total",
+		map[string]string{"controller": controller, "reason": reason})
 }
 
 var _ = Describe("The progress of Handlers beside a user who may edit the object but not its status", Ordered, func() {

@@ -48,14 +48,18 @@ func statefulSet(ns, name string) *appsv1.StatefulSet {
 // (not their status), and returns a client acting as that user.
 func editorOf(ctx context.Context, ns, user string) client.Client {
 	GinkgoHelper()
-	const role = "statefulset-editor"
-	Expect(k8sClient.Create(ctx, &rbacv1.Role{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: role},
-		Rules: []rbacv1.PolicyRule{{
-			APIGroups: []string{"apps"}, Resources: []string{"statefulsets"},
-			Verbs: []string{"get", "list", "watch", "update", "patch"},
-		}},
-	})).To(Succeed())
+	return userWith(ctx, ns, user, "statefulset-editor", rbacv1.PolicyRule{
+		APIGroups: []string{"apps"}, Resources: []string{"statefulsets"},
+		Verbs: []string{"get", "list", "watch", "update", "patch"},
+	})
+}
+
+// userWith makes a user whom the Role named role in ns grants rules, and nothing else, and
+// returns a client acting as that user.
+func userWith(ctx context.Context, ns, user, role string, rules ...rbacv1.PolicyRule) client.Client {
+	GinkgoHelper()
+	Expect(k8sClient.Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: role}, Rules: rules})).
+		To(Succeed())
 	Expect(k8sClient.Create(ctx, &rbacv1.RoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: role},
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role},

@@ -12,7 +12,6 @@ import (
 	"go.uber.org/goleak"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -41,25 +40,11 @@ func newWidget() *unstructured.Unstructured {
 // client acting as that user.
 func widgetEditorOf(ctx context.Context, ns, user string) client.Client {
 	GinkgoHelper()
-	const role, verbGet = "widget-editor", "get"
-	Expect(k8sClient.Create(ctx, &rbacv1.Role{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: role},
-		Rules: []rbacv1.PolicyRule{
-			{APIGroups: []string{widgetGVK.Group}, Resources: []string{"widgets"},
-				Verbs: []string{"create", "delete", verbGet, "list", "patch", "update", "watch"}},
-			{APIGroups: []string{widgetGVK.Group}, Resources: []string{"widgets/status"}, Verbs: []string{verbGet}},
-		},
-	})).To(Succeed())
-	Expect(k8sClient.Create(ctx, &rbacv1.RoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: role},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role},
-		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: user}},
-	})).To(Succeed())
-	u, err := testEnv.AddUser(envtest.User{Name: user}, cfg)
-	Expect(err).NotTo(HaveOccurred())
-	c, err := client.New(u.Config(), client.Options{Scheme: scheme.Scheme})
-	Expect(err).NotTo(HaveOccurred())
-	return c
+	const verbGet = "get"
+	return userWith(ctx, ns, user, "widget-editor",
+		rbacv1.PolicyRule{APIGroups: []string{widgetGVK.Group}, Resources: []string{"widgets"},
+			Verbs: []string{"create", "delete", verbGet, "list", "patch", "update", "watch"}},
+		rbacv1.PolicyRule{APIGroups: []string{widgetGVK.Group}, Resources: []string{"widgets/status"}, Verbs: []string{verbGet}})
 }
 
 // progressSaveFailures returns quiesce_progress_save_failures_total{controller, reason}.

@@ -12,20 +12,29 @@ import (
 	"github.com/quiesce-dev/quiesce/internal"
 )
 
-// call is one admitted call.
+// call is one admitted call, and the context that fn's derives from: the caller's ctx
+// answering internal.CallKey and the call's pprof labels itself (Value), so that neither
+// takes a context of its own, and, when shielded, ignoring ctx's cancellation as
+// context.WithoutCancel does (Deadline, Done, Err, Value). fn's context is a standard
+// WithCancelCause child of it: Done, Err, context.Cause, AfterFunc and children's
+// cancellation are the standard library's. A record is never reused: a goroutine that
+// outlived its call and still holds fn's context finds that call, never another.
 type call struct {
-	e      *Executor
-	parent context.Context // the caller's ctx
-	opts   internal.CallOptions
-	start  time.Time
+	context.Context // the caller's ctx
 
-	onCaller bool // Run: fn runs on the caller's goroutine
-	slot     bool // holds a MaxConcurrent slot, given back by finish
-	panicked bool // fn panicked: err is its *PanicError; written before done is closed
+	e     *Executor
+	opts  internal.CallOptions
+	start time.Time
+
+	onCaller  bool // Run: fn runs on the caller's goroutine
+	slot      bool // holds a MaxConcurrent slot, given back by finish
+	panicked  bool // fn panicked: err is its *PanicError; written before done is closed
+	ownLabels bool // the caller's ctx has no pprof labels: Value answers with the label's own
+	shielded  bool // fn's context ignores ctx's cancellation (CallOptions.Shield, Owned)
 
 	prev, next *call // the executor's list, guarded by Executor.mu
 
-	ctx         context.Context         // fn's: newCall makes it, enter adds the labels
+	ctx         context.Context         // fn's: newCall makes it, enter adds the caller's labels
 	cancelCause context.CancelCauseFunc // ends ctx with a cause; the first cause wins
 	stopTimer   context.CancelFunc      // releases a shielded call's deadline; nil if none
 
@@ -59,21 +68,71 @@ var (
 	errCancelledByDrain = errors.New("cancelled by the drain") // at CancelAfter; daemons as it begins
 )
 
-// newCall makes the call and fn's context: a WithCancelCause child of ctx (of ctx without
-// its cancellation, when shielded on an owned executor) answering internal.CallKey.
+// newCall makes the call and fn's context: a WithCancelCause child of the call (with ctx's
+// deadline below it when shielded on an owned executor).
 func newCall(ctx context.Context, e *Executor, o *internal.CallOptions, slot bool) *call {
 	// Stamped outside e.mu; link keeps the list ordered by the stamps.
-	c := &call{e: e, parent: ctx, opts: *o, slot: slot, start: e.opts.Clock.Now()}
-	base := ctx
+	c := &call{Context: ctx, e: e, opts: *o, slot: slot, start: e.opts.Clock.Now()}
+	c.ownLabels = labelsKey != nil && ctx.Value(labelsKey) == nil
+	var base context.Context = c
 	if o.Shield && e.settings.Owned {
-		base = context.WithoutCancel(ctx)
+		c.shielded = true
 		if d, ok := ctx.Deadline(); ok {
 			base, c.stopTimer = context.WithDeadline(base, d)
 		}
 	}
-	base, c.cancelCause = context.WithCancelCause(base)
-	c.ctx = context.WithValue(base, internal.CallKey{}, c)
+	c.ctx, c.cancelCause = context.WithCancelCause(base)
 	return c
+}
+
+// Value answers internal.CallKey with c and, once c holds its label, pprof's labels with
+// its own when the caller has none. It passes every other key on to ctx.
+func (c *call) Value(key any) any {
+	switch {
+	case key == internal.CallKey{}:
+		return c
+	case c.ownLabels && key == labelsKey && c.label != nil:
+		return c.label.labels
+	}
+	return c.Context.Value(key)
+}
+
+// Deadline, Done and Err are ctx's, or, shielded, those of context.WithoutCancel(ctx):
+// none (so context.Cause and AfterFunc of it see no cancellation either). The record does
+// this itself: WithoutCancel's context costs an allocation, and another at each Value
+// asked through it (it passes itself on boxed).
+func (c *call) Deadline() (time.Time, bool) {
+	if c.shielded {
+		return time.Time{}, false
+	}
+	return c.Context.Deadline()
+}
+
+func (c *call) Done() <-chan struct{} {
+	if c.shielded {
+		return nil
+	}
+	return c.Context.Done()
+}
+
+func (c *call) Err() error {
+	if c.shielded {
+		return nil
+	}
+	return c.Context.Err()
+}
+
+// String names c as the context package names its contexts, by kind: never a call's name
+// nor a value (fmt prints a context through it, and fn's through its parent's).
+func (c *call) String() string {
+	s := "context.Context"
+	if p, ok := c.Context.(fmt.Stringer); ok {
+		s = p.String()
+	}
+	if c.shielded {
+		s += ".WithoutCancel"
+	}
+	return s + ".WithValue(internal.CallKey, *drain.call)"
 }
 
 // cancel ends fn's context with cause, unless it ended already, and releases its deadline.
@@ -117,7 +176,7 @@ func pendings(calls []*call) []Pending {
 
 // outer returns the tracked call whose fn's context c's caller passed, if any.
 func (c *call) outer() *call {
-	a, _ := c.parent.Value(internal.CallKey{}).(*call)
+	a, _ := c.Context.Value(internal.CallKey{}).(*call)
 	return a
 }
 

@@ -303,8 +303,9 @@ func TestCallContextNoGoroutinePerChild(t *testing.T) {
 }
 
 // TestCallContextAllocations: a Run costs the allocations docs/performance.md lists (the
-// call record and the standard contexts of fn's context), and no more: 6, and 7 shielded
-// (context.WithoutCancel), for a caller's ctx without deadline nor labels.
+// call record, which is also the context answering for the call and its labels, and
+// context.WithCancelCause's two), and no more: 3, shielded or not,
+// for a caller's ctx without deadline nor labels.
 func TestCallContextAllocations(t *testing.T) {
 	ex := drain.New(drain.Options{})
 	core := internal.Of(ex)
@@ -320,7 +321,7 @@ func TestCallContextAllocations(t *testing.T) {
 	for _, tc := range []struct {
 		shield bool
 		want   float64
-	}{{false, 6}, {true, 7}} {
+	}{{false, 3}, {true, 3}} {
 		opts := internal.CallOptions{Name: "allocs", Shield: tc.shield}
 		var err error
 		if n := testing.AllocsPerRun(100, func() { err = core.Run(parent, opts, values) }); n > tc.want {
@@ -383,5 +384,32 @@ func TestCallContextDrainedBeforeAsked(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// TestCallContextPrintsNoName: fn's context, its children and what FromContext finds print
+// as the context package prints its contexts, by kind: never the call's name nor its object.
+func TestCallContextPrintsNoName(t *testing.T) {
+	ex := drain.New(drain.Options{})
+	core := internal.Of(ex)
+	core.Settings().Owned = true
+	for _, shield := range []bool{false, true} {
+		opts := internal.CallOptions{Name: "secret-name", Namespace: "secret-ns", Object: "secret-object", Shield: shield}
+		err := core.Run(context.Background(), opts, func(ctx context.Context) error {
+			child, cancel := context.WithCancel(context.WithValue(ctx, confKey{}, 1))
+			defer cancel()
+			for _, s := range []string{fmt.Sprint(ctx), fmt.Sprintf("%v %+v %s", child, child, child)} {
+				if strings.Contains(s, "secret") || !strings.Contains(s, "context.Background") {
+					t.Errorf("shield=%t: a context prints as %q, want its kinds alone", shield, s)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := ex.Drain(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -171,3 +171,30 @@ func TestSlowCallsCaptureOnlyWhenTheyLog(t *testing.T) {
 		}
 	})
 }
+
+// TestShieldedCallIsWithoutCancel: a shielded call, as a context, answers as
+// context.WithoutCancel of its caller's: no deadline, Done nor Err, no cause, the values;
+// unshielded, as the caller's. The key it answers for pprof's labels was learnt.
+func TestShieldedCallIsWithoutCancel(t *testing.T) {
+	if labelsKey == nil {
+		t.Fatal("pprof's labels key not learnt")
+	}
+	e := New(Options{})
+	e.settings.Owned = true
+	parent, cancel := context.WithTimeoutCause(context.WithValue(context.Background(), internal.CallKey{}, "outer"), time.Hour, errFinished)
+	cancel()
+	for _, shield := range []bool{false, true} {
+		c := newCall(parent, e, &internal.CallOptions{Name: "c", Shield: shield}, false)
+		want := context.Context(parent)
+		if shield {
+			want = context.WithoutCancel(parent)
+		}
+		_, hasDeadline := c.Deadline()
+		_, wantDeadline := want.Deadline()
+		if hasDeadline != wantDeadline || c.Done() != want.Done() || c.Err() != want.Err() ||
+			context.Cause(c) != context.Cause(want) || c.Value(internal.CallKey{}) != c || c.Context.Value(internal.CallKey{}) != "outer" {
+			t.Errorf("shield=%t: the call as a context differs from %v", shield, want)
+		}
+		c.cancel(errFinished)
+	}
+}

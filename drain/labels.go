@@ -19,11 +19,34 @@ const labelKey = "quiesce"
 // call.since: 0, then the first capture epoch that sees its label, sinceLeft once fn returned.
 const sinceLeft = math.MaxUint64
 
-// A label is one of an executor's ids, with its label set made once.
+// A label is one of an executor's ids, with its label set and labels made once.
 type label struct {
-	id   string
-	set  pprof.LabelSet       // quiesce=id
-	call atomic.Pointer[call] // the call holding it, or nil; written under Executor.mu
+	id     string
+	set    pprof.LabelSet       // quiesce=id
+	labels any                  // what a context with the set alone answers labelsKey; nil without labelsKey
+	call   atomic.Pointer[call] // the call holding it, or nil; written under Executor.mu
+}
+
+// labelsKey is the key under which runtime/pprof keeps a context's labels (unexported
+// there), learnt once by asking pprof to read a context that notes the key it is asked.
+// With it, a call whose caller has no labels answers the key itself, with its label's
+// labels made once (call.Value), instead of a pprof.WithLabels context per call. nil if
+// pprof ever stops asking a context this way: then every call takes pprof.WithLabels.
+var labelsKey = func() any {
+	var k keyNoter
+	pprof.Label(&k, labelKey)
+	return k.key
+}()
+
+// keyNoter is a context that notes the key it was last asked for.
+type keyNoter struct {
+	context.Context // nil: only Value is called
+	key             any
+}
+
+func (k *keyNoter) Value(key any) any {
+	k.key = key
+	return nil
 }
 
 // labelsByID holds every label made: a Run nested in another executor's call relabels its
@@ -51,16 +74,22 @@ func (e *Executor) takeLabel(c *call) {
 		t.made++
 		id := strconv.FormatUint(t.num, 10) + "-" + strconv.Itoa(t.made)
 		l = &label{id: id, set: pprof.Labels(labelKey, id)}
+		if labelsKey != nil {
+			l.labels = pprof.WithLabels(context.Background(), l.set).Value(labelsKey)
+		}
 		labelsByID.Store(id, l)
 	}
 	l.call.Store(c)
 	c.label = l
 }
 
-// enter adds c's label to fn's context, merged with the caller's as pprof.Do merges them,
-// and labels the goroutine, before reading the capture epoch (later captures see it).
+// enter adds c's label to fn's context, merged with the caller's as pprof.Do merges them
+// (if the caller has none, c answers with its label's own: call.Value), and labels the
+// goroutine, before reading the capture epoch (later captures see it).
 func (c *call) enter() {
-	c.ctx = pprof.WithLabels(c.ctx, c.label.set)
+	if !c.ownLabels {
+		c.ctx = pprof.WithLabels(c.ctx, c.label.set)
+	}
 	pprof.SetGoroutineLabels(c.ctx)
 	c.since.Store(captureEpoch.Load() + 1)
 }
@@ -71,7 +100,7 @@ func (c *call) leave() {
 	c.since.Store(sinceLeft)
 	ctx := context.Background()
 	if c.onCaller {
-		ctx = c.parent
+		ctx = c.Context
 	}
 	pprof.SetGoroutineLabels(ctx)
 }

@@ -83,6 +83,49 @@ func TestLabelsBelongToTheCaller(t *testing.T) {
 	}
 }
 
+// TestLabelsOfACallerWithout: a caller without labels gets fn's context and goroutine
+// labelled quiesce alone (the call answers pprof's key itself); fn's children keep it, a
+// pprof.Do inside fn merges its own with it, and a nested call's replaces it.
+func TestLabelsOfACallerWithout(t *testing.T) {
+	ex := newExecutor(t, drain.Options{})
+	for _, mode := range []string{modeCall, modeRun} {
+		t.Run(mode, func(t *testing.T) {
+			run := ex.Call
+			if mode == modeRun {
+				run = ex.Run
+			}
+			err := run(context.Background(), "bare", func(ctx context.Context) error {
+				id, _ := pprof.Label(ctx, "quiesce")
+				sets := goroutineLabels(t, "quiesce", id)
+				if id == "" || len(sets) != 1 || len(sets[0]) != 1 {
+					t.Errorf("fn's goroutine has labels %v (quiesce=%q), want quiesce alone", sets, id)
+				}
+				child, cancel := context.WithCancel(context.WithValue(ctx, labelsTestKey{}, 1))
+				defer cancel()
+				if v, _ := pprof.Label(child, "quiesce"); v != id {
+					t.Errorf("fn's child has quiesce=%q, want %q", v, id)
+				}
+				pprof.Do(child, pprof.Labels("span", "abc"), func(ctx context.Context) {
+					if v, _ := pprof.Label(ctx, "quiesce"); v != id {
+						t.Errorf("pprof.Do inside fn has quiesce=%q, want %q", v, id)
+					}
+				})
+				return ex.Run(child, "nested", func(ctx context.Context) error {
+					if v, _ := pprof.Label(ctx, "quiesce"); v == id || v == "" {
+						t.Errorf("the nested call has quiesce=%q, want its own, not %q", v, id)
+					}
+					return nil
+				})
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+type labelsTestKey struct{}
+
 // TestLabelValuesAreBounded: the quiesce label takes as many values as calls run at once.
 func TestLabelValuesAreBounded(t *testing.T) {
 	ex := newExecutor(t, drain.Options{})

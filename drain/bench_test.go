@@ -453,6 +453,23 @@ func BenchmarkGoInterleaved(b *testing.B) {
 		}
 	}, "errgroup", errgroupBlock(ctx, b))
 	b.ReportMetric(ratio, "go/errgroup")
+	// Allocations per Go on an executor whose label ids exist (the blocks made them).
+	ex := drain.New(drain.Options{})
+	var wg sync.WaitGroup
+	fn := func(ctx context.Context) error {
+		defer wg.Done()
+		return nop(ctx)
+	}
+	b.ReportMetric(testing.AllocsPerRun(100, func() {
+		wg.Add(1)
+		if err := ex.Go(ctx, "nop", fn); err != nil {
+			b.Fatal(err)
+		}
+		wg.Wait()
+	}), "go-allocs/op")
+	if err := ex.Drain(context.Background()); err != nil {
+		b.Fatal(err)
+	}
 }
 
 // BenchmarkGoSteadyInterleaved is BenchmarkGoInterleaved with one executor for every block,

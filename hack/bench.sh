@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench.sh measures the per-call budgets of issues 23, 31 and 42, each as a pair run in the same process
+# bench.sh measures the per-call budgets of issues 23, 31, 42 and 50, each as a pair run in the same process
 # as its baseline (interleaved in short blocks, so that both see the same load on a busy
 # machine; each run reports medians over its blocks), COUNT runs (default 5), and prints each
 # budget with the median of the runs and whether it is met. `make bench` runs it.
@@ -41,7 +41,7 @@ function row(what, budget, got, met) {
 	for (i = 3; i + 1 <= NF; i += 2) vals[name SUBSEP $(i+1)] = vals[name SUBSEP $(i+1)] " " $i
 }
 END {
-	printf "\nBudgets of issues 23, 31 and 42: median of %d runs, each the median over its interleaved blocks\n\n", count
+	printf "\nBudgets of issues 23, 31, 42 and 50: median of %d runs, each the median over its interleaved blocks\n\n", count
 	printf "%-68s %-10s %10s   %s\n", "pair", "budget", "measured", ""
 	call = median("BenchmarkCallInterleaved" SUBSEP "call/baseline")
 	row("Call / (go + WaitGroup + channel)", "<= 1.8", sprintf("%.2f", call), call <= 1.8)
@@ -50,6 +50,8 @@ END {
 	row("Call allocations (the baseline in brackets)", "<= +2", sprintf("%.0f (%.0f)", ca, ba), ca <= ba + 2)
 	gor = median("BenchmarkGoInterleaved" SUBSEP "go/errgroup")
 	row("Go / errgroup.Group.Go", "<= 3", sprintf("%.2f", gor), gor <= 3)
+	ga = median("BenchmarkGoInterleaved" SUBSEP "go-allocs/op")
+	row("Go allocations (errgroup.Group.Go: 2)", "<= 3", sprintf("%.0f", ga), ga <= 3)
 	gos = median("BenchmarkGoSteadyInterleaved" SUBSEP "go/errgroup")
 	row("the same on one long-lived executor (no New nor Drain per block)", "reported", sprintf("%.2f", gos), 1)
 	ns = median("BenchmarkReconcileDirectInterleaved" SUBSEP "over-ns/op")

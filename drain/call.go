@@ -224,6 +224,7 @@ func (c *call) exec(fn internal.Handler) {
 // (as if it had called fn: RecoverPanic sees it), so that it counts it once, with fn's stack.
 func (c *call) raising(pe *PanicError) {
 	if outer := c.outer(); outer != nil {
+		outer.e.anyRaised.Store(true)
 		outer.e.raised.Store(outer, pe)
 	}
 }
@@ -247,7 +248,9 @@ func samePanic(raised, v any) bool {
 func (c *call) finish(err error) {
 	e := c.e
 	c.leave()
-	e.raised.Delete(c) // a nested panic raised again that fn recovered: forgotten
+	if e.anyRaised.Load() {
+		e.raised.Delete(c) // a nested panic raised again that fn recovered: forgotten
+	}
 	if c.slot {
 		<-e.slots
 	}

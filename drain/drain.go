@@ -191,7 +191,8 @@ type Executor struct {
 
 	started, finished, refused, panicked, abandoned, cancelled atomic.Uint64
 
-	raised sync.Map // *call → *PanicError: a nested call's panic raised on its goroutine
+	raised    sync.Map    // *call → *PanicError: a nested call's panic raised on its goroutine
+	anyRaised atomic.Bool // raised was ever written: finish skips its Delete until then
 }
 
 // New returns an Executor configured by opts, zero fields taking their defaults. It panics

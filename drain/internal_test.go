@@ -185,7 +185,7 @@ func TestShieldedCallIsWithoutCancel(t *testing.T) {
 	cancel()
 	for _, shield := range []bool{false, true} {
 		c := newCall(parent, e, &internal.CallOptions{Name: "c", Shield: shield}, false)
-		want := context.Context(parent)
+		want := parent
 		if shield {
 			want = context.WithoutCancel(parent)
 		}

@@ -27,6 +27,12 @@ type Settings struct {
 	// cancellation (not its deadline) and end by the drain (drain.Options.CancelAfter).
 	Owned bool
 
+	// Grace is the owner's grace period (runnable.Options.GracePeriod), from the drain's
+	// start to the abandon; 0 when there is no owner. The drain cancels a call with a
+	// CallOptions.Cleanup window at Grace - Cleanup if that comes before CancelAfter;
+	// reconcilers.Wrap refuses a window that cannot fit.
+	Grace time.Duration
+
 	// AfterCall, if set, is called on the call's goroutine right after fn returned, with
 	// the call's controller (CallOptions.Controller, "" for calls that have none), how long
 	// fn ran and its error (the *drain.PanicError if fn panicked). It must not block.
@@ -86,6 +92,13 @@ type CallOptions struct {
 	// ErrCancelAtStop, instead of at CancelAfter (reconcilers.CancelAtStop; nested calls
 	// inherit it).
 	CancelAtStop bool
+
+	// Cleanup is the call's cleanup window (reconcilers.WrapOptions.Cleanup; nested calls
+	// inherit it): the drain cancels it early enough to keep this long before the abandon,
+	// at min(CancelAfter, Settings.Grace - Cleanup) (without an owner: the time left until
+	// the first Drain's ctx deadline stands for Grace). 0: at CancelAfter.
+	Cleanup time.Duration
+
 	// NoSlot: the call never waits for nor holds a MaxConcurrent slot (webhook calls:
 	// MaxConcurrent bounds reconciles and their calls only).
 	NoSlot bool
@@ -237,6 +250,7 @@ func Nested(c Call, name string) CallOptions {
 	o := CallOptions{
 		Name: outer.Name, Namespace: outer.Namespace, Object: outer.Object,
 		Controller: outer.Controller, ReconcileID: outer.ReconcileID, Tag: outer.Tag, CancelAtStop: outer.CancelAtStop,
+		Cleanup: outer.Cleanup,
 	}
 	if o.Object != "" {
 		o.Object += "/" + name
@@ -274,6 +288,12 @@ type Entry struct {
 	ReconcileID string `json:"reconcileID,omitempty"`
 	Where       string `json:"where,omitempty"`
 	Handler     string `json:"handler,omitempty"`
+	// Cleanup is the call's cleanup window (CallOptions.Cleanup) once the drain cancelled
+	// it: the call is in its cleanup. "" for the others.
+	Cleanup string `json:"cleanup,omitempty"`
+	// CleanupUnfinished marks, in the abandoned line, a call cancelled for its cleanup
+	// window and still running at the end of the grace period: its cleanup did not finish.
+	CleanupUnfinished bool `json:"cleanupUnfinished,omitempty"`
 }
 
 // Entries are the calls a log line lists (its "calls" value). They render as a JSON array

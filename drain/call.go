@@ -113,8 +113,8 @@ func pendings(calls []*call) []Pending {
 			Daemon:      c.opts.Daemon,
 			ReconcileID: c.opts.ReconcileID,
 		}
-		if c.opts.Cleanup > 0 && c.counted.Load()&countedCancelled != 0 {
-			out[i].cleanup = c.opts.Cleanup
+		if c.counted.Load()&countedCancelled != 0 {
+			out[i].cleanup = c.e.settings.CleanupOf(c.opts.Controller)
 		}
 	}
 	return out

@@ -55,10 +55,12 @@ func TestCleanupWindowCancelsEarly(t *testing.T) {
 		ex := drain.New(drain.Options{Logger: lines.logger(t), CancelAfter: 8 * time.Second, ReportAfter: time.Minute})
 		core := internal.Of(ex)
 		core.Settings().Owned, core.Settings().Grace = true, 10*time.Second
+		core.Settings().Cleanups.Store("helm", 4*time.Second)
+		core.Settings().Cleanups.Store("short", time.Second)
 		var begin time.Time
 		helm, short, plain := make(chan cancelled, 1), make(chan cancelled, 1), make(chan cancelled, 1)
-		goUntilCancelled(t, core, internal.CallOptions{Name: "helm/ns/a", Cleanup: 4 * time.Second}, &begin, 3*time.Second, helm)
-		goUntilCancelled(t, core, internal.CallOptions{Name: "short/ns/b", Cleanup: time.Second}, &begin, 0, short)
+		goUntilCancelled(t, core, internal.CallOptions{Name: "helm/ns/a", Controller: "helm"}, &begin, 3*time.Second, helm)
+		goUntilCancelled(t, core, internal.CallOptions{Name: "short/ns/b", Controller: "short"}, &begin, 0, short)
 		goUntilCancelled(t, core, internal.CallOptions{Name: "plain/ns/c"}, &begin, 0, plain)
 		synctest.Wait()
 		begin = time.Now()
@@ -123,10 +125,11 @@ func TestCleanupWindowWithoutOwner(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				ex := drain.New(drain.Options{CancelAfter: -1})
+				internal.Of(ex).Settings().Cleanups.Store("helm", tc.cleanup)
 				var begin time.Time
 				var after time.Duration = -1
 				var cause error
-				if err := internal.Of(ex).Go(context.Background(), internal.CallOptions{Name: "helm", Cleanup: tc.cleanup},
+				if err := internal.Of(ex).Go(context.Background(), internal.CallOptions{Name: "helm", Controller: "helm"},
 					func(ctx context.Context) error {
 						select {
 						case <-ctx.Done():
@@ -168,8 +171,9 @@ func TestCleanupWindowNotDueWhenCallsReturn(t *testing.T) {
 		ex := drain.New(drain.Options{Logger: lines.logger(t), CancelAfter: 8 * time.Second})
 		core := internal.Of(ex)
 		core.Settings().Owned, core.Settings().Grace = true, 10*time.Second
+		core.Settings().Cleanups.Store("quick", 4*time.Second)
 		var ended error
-		if err := core.Go(context.Background(), internal.CallOptions{Name: "quick", Cleanup: 4 * time.Second},
+		if err := core.Go(context.Background(), internal.CallOptions{Name: "quick", Controller: "quick"},
 			func(ctx context.Context) error {
 				time.Sleep(2 * time.Second)
 				ended = context.Cause(ctx)

@@ -614,13 +614,14 @@ type cancelPlan struct {
 }
 
 // cleanupAt returns when, from the drain's start, c is cancelled to keep its cleanup window
-// (CallOptions.Cleanup) before the abandon, and whether that comes before CancelAfter.
+// (internal.Settings.Cleanups) before the abandon, and whether that comes before CancelAfter.
 func (e *Executor) cleanupAt(c *call) (at time.Duration, early bool) {
 	p := e.plan
-	if c.opts.Cleanup <= 0 || p.grace <= 0 || p.after == CancelAtOnce {
+	window := e.settings.CleanupOf(c.opts.Controller)
+	if window <= 0 || p.grace <= 0 || p.after == CancelAtOnce {
 		return 0, false
 	}
-	at = max(p.grace-c.opts.Cleanup, 0)
+	at = max(p.grace-window, 0)
 	return at, p.after < 0 || at < p.after
 }
 

@@ -138,7 +138,7 @@ func wrap[R comparable](
 	}
 	w := &wrapped[R]{r: r, name: namer[R](controller), requeueAfter: opts.RequeueAfter,
 		call: internal.CallOptions{Controller: controller, Shield: true, Repanic: true,
-			CancelAtStop: opts.Stop == CancelAtStop, Cleanup: opts.Cleanup}}
+			CancelAtStop: opts.Stop == CancelAtStop}}
 	if w.requeueAfter <= 0 {
 		w.requeueAfter = DefaultRequeueAfter
 	}
@@ -149,6 +149,9 @@ func wrap[R comparable](
 		w.ex = internal.Of(ex)
 		if w.events != nil {
 			w.ex.Settings().Observers.Add(w.events)
+		}
+		if opts.Cleanup > 0 {
+			w.ex.Settings().Cleanups.Store(controller, opts.Cleanup)
 		}
 		if opts.OnAbandon != nil {
 			w.abandon = &abandoner{controller: controller, fn: opts.OnAbandon, fenced: w.ex.Fenced()}

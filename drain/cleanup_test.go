@@ -12,6 +12,9 @@ import (
 	"github.com/quiesce-dev/quiesce/internal"
 )
 
+// cancellingLine is the message of the line naming the calls the drain cancels.
+const cancellingLine = "Cancelling calls still running"
+
 // cleanupLine is a cancel line with the cleanup windows of its calls.
 type cleanupLine struct {
 	Cancelled int    `json:"cancelled"`
@@ -82,7 +85,7 @@ func TestCleanupWindowCancelsEarly(t *testing.T) {
 		}
 		var cut []cleanupLine
 		for _, l := range lines.get() {
-			if l.Msg == "Cancelling calls still running" {
+			if l.Msg == cancellingLine {
 				c := cleanupLine{raw: l.raw}
 				if err := json.Unmarshal([]byte(l.raw), &c); err != nil {
 					t.Fatal(err)
@@ -125,11 +128,11 @@ func TestCleanupWindowWithoutOwner(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				ex := drain.New(drain.Options{CancelAfter: -1})
-				internal.Of(ex).Settings().Cleanups.Store("helm", tc.cleanup)
+				internal.Of(ex).Settings().Cleanups.Store("ctl", tc.cleanup)
 				var begin time.Time
 				var after time.Duration = -1
 				var cause error
-				if err := internal.Of(ex).Go(context.Background(), internal.CallOptions{Name: "helm", Controller: "helm"},
+				if err := internal.Of(ex).Go(context.Background(), internal.CallOptions{Name: "ctl/x", Controller: "ctl"},
 					func(ctx context.Context) error {
 						select {
 						case <-ctx.Done():
@@ -188,7 +191,7 @@ func TestCleanupWindowNotDueWhenCallsReturn(t *testing.T) {
 			t.Errorf("the call's context ended (%v) before it returned at 2s", ended)
 		}
 		for _, l := range lines.get() {
-			if l.Msg == "Cancelling calls still running" {
+			if l.Msg == cancellingLine {
 				t.Errorf("unexpected line %s", l.raw)
 			}
 		}

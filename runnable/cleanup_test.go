@@ -49,9 +49,9 @@ func (h *hooks) get() []hookCall {
 }
 
 // reconcileBg runs rec's Reconcile of ns/name on a goroutine of its own, as a worker would.
-func reconcileBg(rec reconcile.Reconciler, ns, name string) {
+func reconcileBg(rec reconcile.Reconciler, name string) {
 	go func() {
-		_, _ = rec.Reconcile(context.Background(), reconcile.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: name}})
+		_, _ = rec.Reconcile(context.Background(), reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "ns", Name: name}})
 	}()
 }
 
@@ -95,8 +95,8 @@ func TestCleanupWindowAndOnAbandon(t *testing.T) {
 		ctx, stop := context.WithCancel(context.Background())
 		result := make(chan error, 1)
 		go func() { result <- r.Start(ctx) }()
-		reconcileBg(helm, "ns", "a")
-		reconcileBg(plain, "ns", "b")
+		reconcileBg(helm, "a")
+		reconcileBg(plain, "b")
 		synctest.Wait()
 		begin = time.Now()
 		stop()
@@ -152,7 +152,7 @@ func TestOnAbandonNotCalledAfterFence(t *testing.T) {
 		ctx, stop := context.WithCancel(context.Background())
 		result := make(chan error, 1)
 		go func() { result <- r.Start(ctx) }()
-		reconcileBg(helm, "ns", "a")
+		reconcileBg(helm, "a")
 		synctest.Wait()
 		begin = time.Now()
 		stop()
@@ -205,12 +205,14 @@ func TestOnAbandonPanicAndBudget(t *testing.T) {
 		ctx, stop := context.WithCancel(context.Background())
 		result := make(chan error, 1)
 		go func() { result <- r.Start(ctx) }()
-		reconcileBg(panicky, "ns", "p")
-		reconcileBg(slow, "ns", "s")
+		reconcileBg(panicky, "p")
+		reconcileBg(slow, "s")
 		synctest.Wait()
 		begin = time.Now()
 		stop()
-		<-result
+		if err := <-result; !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Start = %v, want the abandoned calls' error", err)
+		}
 		if took := time.Since(begin); took != 15*time.Second {
 			t.Errorf("Start returned after %v, want 15s: the 10s grace period and the 5s budget", took)
 		}

@@ -66,6 +66,8 @@ var (
 	errGoexit           = errors.New("fn called runtime.Goexit")
 	errFinished         = errors.New("call returned")          // fn's context's cause once fn returned
 	errCancelledByDrain = errors.New("cancelled by the drain") // at CancelAfter; daemons as it begins
+	// errCancelledForCleanup: before CancelAfter, to keep the call's cleanup window.
+	errCancelledForCleanup = errors.New("cancelled by the drain, its cleanup window before the abandon")
 )
 
 // newCall makes the call and fn's context: a WithCancelCause child of the call (with ctx's
@@ -169,6 +171,9 @@ func pendings(calls []*call) []Pending {
 			Detached:    c.state.Load() == callDetached,
 			Daemon:      c.opts.Daemon,
 			ReconcileID: c.opts.ReconcileID,
+		}
+		if c.counted.Load()&countedCancelled != 0 {
+			out[i].cleanup = c.e.settings.CleanupOf(c.opts.Controller)
 		}
 	}
 	return out

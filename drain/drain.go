@@ -91,6 +91,8 @@ type Pending struct {
 	// standard library and quiesce ("pkg.Func (file.go:123)"); Handler, the line of the
 	// call's own function where it waits. Filled by Locate, reports and PendingError.
 	Where, Handler string
+
+	cleanup time.Duration // its cleanup window, once the drain cancelled it; 0 otherwise
 }
 
 // PanicError is the error of a call whose fn panicked.
@@ -179,6 +181,10 @@ type Executor struct {
 	report    clock.Timer // the next report, while a Drain waits
 	cancelTmr clock.Timer // CancelAfter, until it fired or the calls all returned
 	labels    *labelTable // the pprof label ids of its calls (see labels.go); nil once its drain is over
+
+	// cleanupTmrs cancel calls early for their cleanup windows (cleanupAt), as cancelTmr.
+	cleanupTmrs []clock.Timer
+	plan        cancelPlan // set as the drain begins, under mu; read-only after
 
 	fenced    context.Context         // ended by Fence (internal.Core.Fenced)
 	fence     context.CancelCauseFunc // ends fenced
@@ -444,7 +450,10 @@ func (e *Executor) unlock() {
 	if over {
 		stopTimer(e.report)
 		stopTimer(e.cancelTmr)
-		e.report, e.cancelTmr = nil, nil
+		for _, t := range e.cleanupTmrs {
+			stopTimer(t)
+		}
+		e.report, e.cancelTmr, e.cleanupTmrs = nil, nil, nil
 		e.labels = nil // they go to the next executor (labels.go)
 	}
 	e.mu.Unlock()
@@ -486,7 +495,9 @@ func (e *Executor) refuse(o *internal.CallOptions) error {
 // still running (counted once in Stats.Abandoned; they stay tracked, and a later Drain
 // waits again). Drain is idempotent; concurrent Drains all wait.
 //
-// As it begins, it cancels daemons and CancelAtStop calls; the others at CancelAfter.
+// As it begins, it cancels daemons and CancelAtStop calls; the others at CancelAfter, or
+// earlier for a call with a cleanup window (reconcilers.WrapOptions.Cleanup) that CancelAfter
+// would not leave before the abandon (the owner's grace period, else ctx's deadline).
 // Reports come ReportAfter after it began, then every ReportEvery, while a Drain waits and
 // a call is pending. It returns as soon as the last call does, after the line being logged
 // (at most 100ms), and leaves no goroutine nor timer behind but a due CancelAfter.
@@ -544,25 +555,75 @@ func (e *Executor) stopWaiting() {
 // cannot miss them).
 func (e *Executor) beginDrain(ctx context.Context) {
 	cancelAfter := e.opts.CancelAfter
+	dl, hasDeadline := ctx.Deadline()
 	if cancelAfter == 0 {
 		cancelAfter = CancelAtOnce // without a deadline; with one, 4/5 of the time left
-		if dl, ok := ctx.Deadline(); ok {
+		if hasDeadline {
 			cancelAfter = max(time.Until(dl)/5*4, CancelAtOnce)
 		}
 	}
+	grace := e.settings.Grace
+	if grace <= 0 && hasDeadline {
+		grace = time.Until(dl)
+	}
 	e.mu.Lock()
 	e.isDraining = true
+	e.plan = cancelPlan{after: cancelAfter, grace: grace}
 	stopTimer(e.slowTimer)
+	var cleanupNow bool
 	if e.inFlight > 0 {
 		e.armReport(e.opts.ReportAfter)
 		if cancelAfter > CancelAtOnce {
 			// go: a fake clock calls the func under its lock (a lock-order inversion).
-			e.cancelTmr = e.opts.Clock.AfterFunc(cancelAfter, func() { go e.cancelCalls(false) })
+			e.cancelTmr = e.opts.Clock.AfterFunc(cancelAfter, func() { go e.cancelCalls(passAll, 0) })
+		}
+		armed := map[time.Duration]bool{}
+		for c := e.calls.next; c != &e.calls; c = c.next {
+			at, early := e.cleanupAt(c)
+			switch {
+			case !early || armed[at]:
+			case at == 0:
+				cleanupNow = true
+			default:
+				armed[at] = true
+				e.cleanupTmrs = append(e.cleanupTmrs, e.opts.Clock.AfterFunc(at, func() { go e.cancelCalls(passCleanup, at) }))
+			}
 		}
 	}
 	close(e.draining)
 	e.unlock()
-	e.cancelCalls(cancelAfter != CancelAtOnce)
+	if cancelAfter == CancelAtOnce {
+		e.cancelCalls(passAll, 0)
+	} else {
+		e.cancelCalls(passStart, 0)
+	}
+	if cleanupNow {
+		e.cancelCalls(passCleanup, 0)
+	}
+}
+
+// cleanupDue reports whether c's cleanup window is due by at, the drain's time.
+func (e *Executor) cleanupDue(c *call, at time.Duration) bool {
+	when, early := e.cleanupAt(c)
+	return early && when <= at
+}
+
+// cancelPlan is when the drain cancels calls, from its start: fixed as it begins.
+type cancelPlan struct {
+	after time.Duration // CancelAfter as the drain applies it (CancelAtOnce; negative: never)
+	grace time.Duration // the time until the abandon, for cleanup windows; 0: unknown
+}
+
+// cleanupAt returns when, from the drain's start, c is cancelled to keep its cleanup window
+// (internal.Settings.Cleanups) before the abandon, and whether that comes before CancelAfter.
+func (e *Executor) cleanupAt(c *call) (at time.Duration, early bool) {
+	p := e.plan
+	window := e.settings.CleanupOf(c.opts.Controller)
+	if window <= 0 || p.grace <= 0 || p.after == CancelAtOnce {
+		return 0, false
+	}
+	at = max(p.grace-window, 0)
+	return at, p.after < 0 || at < p.after
 }
 
 // armReport arms the next report in d, a new timer each time (fake clocks' AfterFunc
@@ -572,13 +633,23 @@ func (e *Executor) armReport(d time.Duration) {
 	e.report = e.opts.Clock.AfterFunc(d, func() { go e.reportDue() })
 }
 
-// cancelCalls ends the contexts of daemons and CancelAtStop calls (atStart), or of all (at
-// CancelAfter); those it cuts, daemons aside, are counted in Stats.Cancelled and logged.
-func (e *Executor) cancelCalls(atStart bool) {
+// Passes of cancelCalls.
+const (
+	passStart   = iota // as the drain begins: daemons and CancelAtStop calls
+	passCleanup        // calls whose cleanup window leaves them until then (cleanupAt)
+	passAll            // at CancelAfter: all
+)
+
+// cancelCalls ends the contexts of the calls that pass (at: the drain's time of a
+// passCleanup) ends; those it cuts, daemons aside, are counted in Stats.Cancelled and logged.
+func (e *Executor) cancelCalls(pass int, at time.Duration) {
 	cause := errCancelledByDrain
-	if atStart {
+	switch pass {
+	case passStart:
 		cause = internal.ErrCancelAtStop
-	} else {
+	case passCleanup:
+		cause = errCancelledForCleanup
+	default:
 		e.mu.Lock()
 		if e.cancelCause == nil { // a fence's cause stays
 			e.cancelCause = errCancelledByDrain
@@ -593,7 +664,7 @@ func (e *Executor) cancelCalls(atStart bool) {
 		switch {
 		case c.opts.Daemon:
 			c.cancel(errCancelledByDrain)
-		case !atStart || c.opts.CancelAtStop:
+		case pass == passAll || pass == passStart && c.opts.CancelAtStop || pass == passCleanup && e.cleanupDue(c, at):
 			targets = append(targets, c)
 			if c.since.Load() != sinceLeft && c.count(countedCancelled) {
 				cut = append(cut, c)

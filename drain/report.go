@@ -23,6 +23,9 @@ func entries(calls []Pending, now time.Time) internal.Entries {
 			Where:       internal.Cut(p.Where),
 			Handler:     internal.Cut(p.Handler),
 		}
+		if p.cleanup > 0 {
+			out[i].Cleanup = p.cleanup.String()
+		}
 	}
 	return out
 }

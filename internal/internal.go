@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -26,6 +27,20 @@ type Settings struct {
 	// stops. The contexts of calls with CallOptions.Shield ignore their caller's
 	// cancellation (not its deadline) and end by the drain (drain.Options.CancelAfter).
 	Owned bool
+
+	// Grace is the owner's grace period (runnable.Options.GracePeriod), from the drain's
+	// start to the abandon; 0 when there is no owner. The drain cancels a call with a
+	// cleanup window (Cleanups) at Grace - window if that comes before CancelAfter;
+	// reconcilers.Wrap refuses a window that cannot fit.
+	Grace time.Duration
+
+	// Cleanups maps a controller (CallOptions.Controller) to its cleanup window
+	// (reconcilers.WrapOptions.Cleanup), string to time.Duration: the drain cancels its
+	// calls, nested ones included, early enough to keep this long before the abandon, at
+	// min(CancelAfter, Grace - window); without an owner the time left until the first
+	// Drain's ctx deadline stands for Grace. Kept per controller, not in CallOptions: a
+	// call's record stays within its allocation size class (drain's TestCallRecordSize).
+	Cleanups sync.Map
 
 	// AfterCall, if set, is called on the call's goroutine right after fn returned, with
 	// the call's controller (CallOptions.Controller, "" for calls that have none), how long
@@ -48,6 +63,16 @@ type Settings struct {
 	// before it asks to be requeued: a refused request comes back once per stop, not every
 	// RequeueAfter.
 	DrainOver func() <-chan struct{}
+}
+
+// CleanupOf returns the cleanup window of controller (Cleanups); 0: none.
+func (s *Settings) CleanupOf(controller string) time.Duration {
+	if controller == "" {
+		return 0
+	}
+	d, _ := s.Cleanups.Load(controller)
+	w, _ := d.(time.Duration)
+	return w
 }
 
 // CallOptions shape one tracked call started through Run, Call or Go.
@@ -86,6 +111,7 @@ type CallOptions struct {
 	// ErrCancelAtStop, instead of at CancelAfter (reconcilers.CancelAtStop; nested calls
 	// inherit it).
 	CancelAtStop bool
+
 	// NoSlot: the call never waits for nor holds a MaxConcurrent slot (webhook calls:
 	// MaxConcurrent bounds reconciles and their calls only).
 	NoSlot bool
@@ -274,6 +300,12 @@ type Entry struct {
 	ReconcileID string `json:"reconcileID,omitempty"`
 	Where       string `json:"where,omitempty"`
 	Handler     string `json:"handler,omitempty"`
+	// Cleanup is the call's cleanup window (Settings.Cleanups) once the drain cancelled
+	// it: the call is in its cleanup. "" for the others.
+	Cleanup string `json:"cleanup,omitempty"`
+	// CleanupUnfinished marks, in the abandoned line, a call cancelled for its cleanup
+	// window and still running at the end of the grace period: its cleanup did not finish.
+	CleanupUnfinished bool `json:"cleanupUnfinished,omitempty"`
 }
 
 // Entries are the calls a log line lists (its "calls" value). They render as a JSON array

@@ -41,7 +41,8 @@ func (ev *eventer) where(loc string) string {
 
 // eventTag marks a reconcile's calls (CallOptions.Tag): one episode, slow at most once.
 type eventTag struct {
-	ev   *eventer
+	ev   *eventer   // nil without WrapOptions.Recorder
+	ab   *abandoner // nil without WrapOptions.OnAbandon
 	key  types.NamespacedName
 	slow atomic.Bool // ReasonReconcileSlow recorded
 }

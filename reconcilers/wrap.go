@@ -59,6 +59,24 @@ type WrapOptions struct {
 
 	// Stop is the controller's stop policy. The zero value: FinishAtStop.
 	Stop StopPolicy
+
+	// Cleanup is the controller's cleanup window: the time kept between the cancel of a
+	// reconcile's context and the abandon at the end of the grace period, for the work a
+	// cancelled reconcile still does (Helm's atomic rollback). The drain cancels such a
+	// reconcile, and the Calls inside it, at min(CancelAfter, GracePeriod - Cleanup) from
+	// its start. 0: at CancelAfter. Wrap panics on a negative value, or one not below the
+	// GracePeriod of the Runnable that owns ex. docs/stop-policy.md, "Long work".
+	Cleanup time.Duration
+
+	// OnAbandon, if set, is called for each reconcile of the controller still running at
+	// the end of the grace period, so that the operator records what it leaves half-done
+	// (a Helm operator marks the release failed). It runs while the abandoned reconcile
+	// may still run, concurrently with the other hooks and the Events, before the
+	// Runnable's Start returns. ctx ends with the budget of the Events of abandoned calls
+	// (at most 5s) and when the lease is lost; it carries quiesce's logger. A panic in it is
+	// logged. It is never called once the lease is lost (the skip is logged). It needs
+	// reconcile.Request requests: Wrap panics otherwise.
+	OnAbandon func(ctx context.Context, req reconcile.Request)
 }
 
 // Wrap runs each Reconcile of r as a tracked call of ex named
@@ -107,6 +125,16 @@ func wrap[R comparable](
 	case recorder && (internal.IsNil(opts.Reader) || internal.IsNil(opts.Object)):
 		panic(fmt.Sprintf("reconcilers.%s(%q): WrapOptions.Recorder needs WrapOptions.Reader and WrapOptions.Object "+
 			"(Reader nil: %t, Object nil: %t)", fn, controller, internal.IsNil(opts.Reader), internal.IsNil(opts.Object)))
+	case opts.OnAbandon != nil && !byRequest:
+		panic(fmt.Sprintf("reconcilers.%s(%q): WrapOptions.OnAbandon needs reconcile.Request requests, not %T",
+			fn, controller, zero))
+	case opts.Cleanup < 0:
+		panic(fmt.Sprintf("reconcilers.%s(%q): WrapOptions.Cleanup is %v: set it to 0 (none) or more",
+			fn, controller, opts.Cleanup))
+	}
+	if grace := graceOf(ex); grace > 0 && opts.Cleanup >= grace {
+		panic(fmt.Sprintf("reconcilers.%s(%q): WrapOptions.Cleanup (%v) must be below the Runnable's GracePeriod (%v): "+
+			"lower Cleanup, or raise GracePeriod", fn, controller, opts.Cleanup, grace))
 	}
 	w := &wrapped[R]{r: r, name: namer[R](controller), requeueAfter: opts.RequeueAfter,
 		call: internal.CallOptions{Controller: controller, Shield: true, Repanic: true,
@@ -122,8 +150,23 @@ func wrap[R comparable](
 		if w.events != nil {
 			w.ex.Settings().Observers.Add(w.events)
 		}
+		if opts.Cleanup > 0 {
+			w.ex.Settings().Cleanups.Store(controller, opts.Cleanup)
+		}
+		if opts.OnAbandon != nil {
+			w.abandon = &abandoner{controller: controller, fn: opts.OnAbandon, fenced: w.ex.Fenced()}
+			w.ex.Settings().Observers.Add(w.abandon)
+		}
 	}
 	return w
+}
+
+// graceOf returns the GracePeriod of the Runnable that owns ex; 0 if none does.
+func graceOf(ex *drain.Executor) time.Duration {
+	if ex == nil {
+		return 0
+	}
+	return internal.Of(ex).Settings().Grace
 }
 
 type wrapped[R comparable] struct {
@@ -132,7 +175,8 @@ type wrapped[R comparable] struct {
 	name         func(R) (name, namespace, object string) // the call's name for a request
 	call         internal.CallOptions                     // what every reconcile's call shares
 	requeueAfter time.Duration
-	events       *eventer // nil without WrapOptions.Recorder
+	events       *eventer   // nil without WrapOptions.Recorder
+	abandon      *abandoner // nil without WrapOptions.OnAbandon
 	refusedLog   sync.Once
 	untracked    sync.Once
 }
@@ -154,9 +198,9 @@ func (w *wrapped[R]) Reconcile(ctx context.Context, req R) (reconcile.Result, er
 	o := w.call
 	o.Name, o.Namespace, o.Object = w.name(req)
 	o.ReconcileID = string(crcontroller.ReconcileIDFromContext(ctx))
-	if w.events != nil { // WrapOptions.Recorder made sure R is reconcile.Request
+	if w.events != nil || w.abandon != nil { // Recorder and OnAbandon made sure R is reconcile.Request
 		r, _ := any(req).(reconcile.Request)
-		o.Tag = &eventTag{ev: w.events, key: r.NamespacedName}
+		o.Tag = &eventTag{ev: w.events, ab: w.abandon, key: r.NamespacedName}
 	}
 	// Run on the worker's goroutine; request and result travel in rc (docs/performance.md).
 	rc := &reconcileCall[R]{r: w.r, req: req}

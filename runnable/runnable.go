@@ -137,6 +137,7 @@ func newRunnable(opts Options, metered bool) *Runnable {
 	// Fixed here, before the executor is shared.
 	s := internal.Of(ex).Settings()
 	s.Owned = true
+	s.Grace = opts.GracePeriod
 	if metered {
 		s.AfterCall = observeCall
 	}
@@ -307,6 +308,9 @@ func (r *Runnable) drain() error {
 		return err
 	}
 	calls, _ := r.core().Entries(internal.MaxListed)
+	for i := range calls { // cancelled for its cleanup window, and still running
+		calls[i].CleanupUnfinished = calls[i].Cleanup != ""
+	}
 	kv := append(r.sinceStop(), "abandoned", len(pe.Pending), "calls", calls)
 	log.Error(pe.Err, AbandonedMessage, internal.More(kv, len(pe.Pending), len(calls))...)
 

@@ -175,6 +175,7 @@ func TestSlowCallsCaptureOnlyWhenTheyLog(t *testing.T) {
 // A call renamed from fn's goroutine is listed and returned by FromContext under its new
 // name, in one part, while another goroutine lists it (-race checks the lock).
 func TestRenameRunningCall(t *testing.T) {
+	const newName = "webhook/p/ns/real"
 	e := New(Options{})
 	started, rename, renamed := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	release, done := make(chan struct{}), make(chan error)
@@ -186,7 +187,7 @@ func TestRenameRunningCall(t *testing.T) {
 				close(started)
 				<-rename // listed meanwhile under its first name
 				c, _ := internal.CallOf(ctx)
-				c.Rename("webhook/p/ns/real")
+				c.Rename(newName)
 				_, inside, _ = FromContext(ctx)
 				opts = c.Options()
 				close(renamed)
@@ -215,8 +216,8 @@ func TestRenameRunningCall(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if len(pending) != 1 || pending[0].Name != "webhook/p/ns/real" || len(ents) != 1 || ents[0].Name != "webhook/p/ns/real" ||
-		inside != "webhook/p/ns/real" || opts.Name != "webhook/p/ns/real" || opts.Namespace != "" || opts.Object != "" {
+	if len(pending) != 1 || pending[0].Name != newName || len(ents) != 1 || ents[0].Name != newName ||
+		inside != newName || opts.Name != newName || opts.Namespace != "" || opts.Object != "" {
 		t.Errorf("after Rename: Pending %+v, Entries %+v, FromContext %q, Options %+v; want webhook/p/ns/real, in Name alone",
 			pending, ents, inside, opts)
 	}

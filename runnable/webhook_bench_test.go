@@ -155,7 +155,7 @@ func BenchmarkAdmissionInterleaved(b *testing.B) {
 }
 
 // memPerRun returns the mean bytes and allocations of runs calls of f, after one call.
-func memPerRun(runs int, f func()) (bytes, allocs float64) {
+func memPerRun(runs int, f func()) (allocated, allocs float64) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1)) // as testing.AllocsPerRun: no other goroutine's
 	f()
 	var before, after runtime.MemStats

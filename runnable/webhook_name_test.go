@@ -104,7 +104,7 @@ func TestAdmissionCallNames(t *testing.T) {
 			`"labels":{"a":"b"}},"spec":{"template":{}}}`, "webhook/validate-v1-job/ns/pi-"},
 		{"generateName after other keys", "ns", "", `{"spec":{"x":[1,{"metadata":{"generateName":"no-"}}]},` +
 			`"metadata":{"generateName":"g-"}}`, "webhook/validate-v1-job/ns/g-"},
-		{"no name, no generateName", "ns", "", `{"metadata":{"labels":{}}}`, "webhook/validate-v1-job/ns"},
+		{"no name, no generateName", "ns", "", `{"metadata":{"labels":{}}}`, "webhook/validate-v1-job/ns"}, //nolint:goconst // a table
 		{"no name, no object", "ns", "", "", "webhook/validate-v1-job/ns"},
 		{"generateName not a string", "", "", `{"metadata":{"generateName":5}}`, "webhook/validate-v1-job"},
 		{"generateName by another case", "ns", "", `{"Metadata":{"GenerateName":"x-"}}`, "webhook/validate-v1-job/ns"},
@@ -186,8 +186,8 @@ func TestAdmissionNamedAfterWhatTheHandlerServes(t *testing.T) {
 		return admission.Allowed("")
 	})})
 	decoy := `{"uid":"uid-1","namespace":"kube-system","name":"decoy","operation":"CREATE","object":{"metadata":{"name":"decoy"}}}`
-	real := `{"uid":"uid-1","namespace":"prod","name":"real","operation":"CREATE","object":{"metadata":{"name":"real"}}}`
-	for _, order := range [][2]string{{decoy, real}, {real, decoy}} {
+	served2 := `{"uid":"uid-1","namespace":"prod","name":"real","operation":"CREATE","object":{"metadata":{"name":"real"}}}`
+	for _, order := range [][2]string{{decoy, served2}, {served2, decoy}} {
 		served = nil
 		body := `{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":` + order[0] + `,"request":` + order[1] + `}`
 		if res := response(t, post(ws.WebhookMux(), "/v", strings.NewReader(body))); !res.Allowed {

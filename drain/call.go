@@ -161,9 +161,22 @@ func (c *call) name() string { return c.opts.FullName() }
 func (c *call) Core() internal.Core           { return (*core)(c.e) }
 func (c *call) Options() internal.CallOptions { return c.opts }
 
-// pendings returns each call's Pending, without Where and Handler.
+// Rename makes c an internal.Call: see there.
+func (c *call) Rename(name string) {
+	c.e.mu.Lock()
+	c.opts.Name, c.opts.Namespace, c.opts.Object = name, "", ""
+	c.e.mu.Unlock()
+}
+
+// pendings returns each call's Pending, without Where and Handler. calls are of one
+// executor; their names are read under its lock (Rename).
 func pendings(calls []*call) []Pending {
 	out := make([]Pending, len(calls))
+	if len(calls) == 0 {
+		return out
+	}
+	calls[0].e.mu.Lock()
+	defer calls[0].e.mu.Unlock()
 	for i, c := range calls {
 		out[i] = Pending{
 			Name:        c.name(),

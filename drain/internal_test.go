@@ -198,3 +198,54 @@ func TestShieldedCallIsWithoutCancel(t *testing.T) {
 		c.cancel(errFinished)
 	}
 }
+
+// A call renamed from fn's goroutine is listed and returned by FromContext under its new
+// name, in one part, while another goroutine lists it (-race checks the lock).
+func TestRenameRunningCall(t *testing.T) {
+	const newName = "webhook/p/ns/real"
+	e := New(Options{})
+	started, rename, renamed := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	release, done := make(chan struct{}), make(chan error)
+	var inside string
+	var opts internal.CallOptions
+	go func() {
+		done <- internal.Of(e).Run(context.Background(), internal.CallOptions{Name: "webhook/p", Namespace: "ns", Object: "o"},
+			func(ctx context.Context) error {
+				close(started)
+				<-rename // listed meanwhile under its first name
+				c, _ := internal.CallOf(ctx)
+				c.Rename(newName)
+				_, inside, _ = FromContext(ctx)
+				opts = c.Options()
+				close(renamed)
+				<-release
+				return nil
+			})
+	}()
+	<-started
+	if p := e.Pending(); len(p) != 1 || p[0].Name != "webhook/p/ns/o" {
+		t.Errorf("Pending before Rename = %+v, want webhook/p/ns/o", p)
+	}
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	wg.Go(func() { // lists the call while it is renamed
+		for !internal.Closed(stop) {
+			_ = e.Pending()
+		}
+	})
+	close(rename)
+	<-renamed
+	close(stop)
+	wg.Wait()
+	pending := e.Pending()
+	ents, _ := internal.Of(e).Entries(-1)
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if len(pending) != 1 || pending[0].Name != newName || len(ents) != 1 || ents[0].Name != newName ||
+		inside != newName || opts.Name != newName || opts.Namespace != "" || opts.Object != "" {
+		t.Errorf("after Rename: Pending %+v, Entries %+v, FromContext %q, Options %+v; want webhook/p/ns/real, in Name alone",
+			pending, ents, inside, opts)
+	}
+}

@@ -152,9 +152,15 @@ func (e *Executor) checkSlow() {
 	}
 }
 
-// observed pairs the located calls with their entries, for internal.Observer.
+// observed pairs the located calls with their entries, for internal.Observer. calls are of
+// one executor; their options are read under its lock (Rename).
 func observed(calls []*call, ents []internal.Entry) []internal.Observed {
 	out := make([]internal.Observed, len(calls))
+	if len(calls) == 0 {
+		return out
+	}
+	calls[0].e.mu.Lock()
+	defer calls[0].e.mu.Unlock()
 	for i, c := range calls {
 		out[i] = internal.Observed{Entry: ents[i], Options: c.Options()}
 	}

@@ -24,6 +24,7 @@ run ./drain/ '^BenchmarkGoSteadyInterleaved$' 200000x
 run ./drain/ '^BenchmarkReportInterleaved$' 3x
 run ./reconcilers/ '^BenchmarkReconcileDirectInterleaved$' 500000x
 run ./reconcilers/ '^BenchmarkReconcileLoopInterleaved$' 100000x
+run ./runnable/ '^BenchmarkAdmissionInterleaved$' 600x
 
 # Lines: "BenchmarkName-P  N  value unit  value unit ...". The median of each (name, unit).
 awk -v count="${COUNT}" '
@@ -68,6 +69,13 @@ END {
 	row("the same, 2 workers, executor of runnable.Setup (durations observed)", "reported", sprintf("%.2f", wm), 1)
 	wf = median("BenchmarkReconcileLoopInterleaved/workers=2,floor" SUBSEP "wrapped/unwrapped-throughput")
 	row("the same, 2 workers, the floor (alloc, clock, locked list) for Wrap", "reported", sprintf("%.2f", wf), 1)
+	for (i = 1; i <= 2; i++) {
+		sz = i == 1 ? "4KiB" : "1MiB"
+		ad = median("BenchmarkAdmissionInterleaved/" sz SUBSEP "wrapped/unwrapped")
+		row("admission request, " sz " object: wrapped / unwrapped time", "<= 1.10", sprintf("%.2f", ad), ad <= 1.10)
+		am = median("BenchmarkAdmissionInterleaved/" sz SUBSEP "wrapped/unwrapped-B")
+		row("the same: bytes allocated (no body copy)", "<= 1.1", sprintf("%.3f", am), am <= 1.1)
+	}
 	rep = median("BenchmarkReportInterleaved" SUBSEP "report/floor")
 	row("report of 10,000 calls 150 frames deep / protobuf profile", "<= 2", sprintf("%.2f", rep), rep <= 2)
 	if (missing) exit 1

@@ -207,8 +207,14 @@ type CallKey struct{}
 type Call interface {
 	// Core returns the Core of the call's executor.
 	Core() Core
-	// Options returns the options the call was started with (its name in parts).
+	// Options returns the options the call was started with (its name in parts), with the
+	// name Rename gave it.
 	Options() CallOptions
+	// Rename names the call name from now on (Options: Name name, no Namespace nor Object):
+	// reports, Pending and /debug/quiesce show it. It takes the executor's lock, as they do;
+	// fn's goroutine reads the name without it, so Rename is called there, before fn shares
+	// its context (runnable names an admission call from the request once decoded).
+	Rename(name string)
 }
 
 // CallOf returns the innermost tracked call whose fn's context ctx is, or derives from.

@@ -211,8 +211,8 @@ func TestShutdownDelayOnTheLeader(t *testing.T) {
 		recB, cancelB, doneB := rp.inner.serve("/validate", review("ns", "b"))
 		defer cancelB()
 		synctest.Wait()
-		if p := rp.r.Executor().Pending(); len(p) != 1 || p[0].Name != "webhook/validate/ns/b" {
-			t.Fatalf("Pending = %+v, want the call webhook/validate/ns/b", p)
+		if p := rp.r.Executor().Pending(); len(p) != 1 || p[0].Name != "webhook/validate" {
+			t.Fatalf("Pending = %+v, want the call webhook/validate", p)
 		}
 		if err := rp.r.ReadyzCheck(nil); err != nil {
 			t.Fatalf("ReadyzCheck before the stop = %v", err)
@@ -301,13 +301,13 @@ func TestStandbyDrainsItsWebhookCalls(t *testing.T) {
 		}
 		err := rp.r.Err()
 		var pe *drain.PendingError
-		if !errors.As(err, &pe) || len(pe.Pending) != 1 || pe.Pending[0].Name != "webhook/mutate/cluster-scoped" {
-			t.Fatalf("Err = %v, want the abandoned webhook/mutate/cluster-scoped", err)
+		if !errors.As(err, &pe) || len(pe.Pending) != 1 || pe.Pending[0].Name != "webhook/mutate" {
+			t.Fatalf("Err = %v, want the abandoned webhook/mutate", err)
 		}
 		if !strings.Contains(err.Error(), "after the grace period of 4s, after the 1s shutdown delay") {
 			t.Errorf("Err = %q, want it to say what the grace period counts from", err)
 		}
-		if l := rp.logs.line(AbandonedMessage); !strings.Contains(l, `"name"="webhook/mutate/cluster-scoped"`) || !strings.Contains(l, `"sinceStop"="5s"`) {
+		if l := rp.logs.line(AbandonedMessage); !strings.Contains(l, `"name"="webhook/mutate"`) || !strings.Contains(l, `"sinceStop"="5s"`) {
 			t.Errorf("abandoned line %q lacks the call or sinceStop", l)
 		}
 		release <- struct{}{}
@@ -420,7 +420,7 @@ func TestWebhookPanicIsNamedAndAnswered(t *testing.T) {
 	if rec.Code != http.StatusInternalServerError {
 		t.Errorf("a panicking handler's response = %d, want 500", rec.Code)
 	}
-	if l := logs.line("Webhook handler panicked"); !strings.Contains(l, `"name"="webhook/p/ns/x"`) || !strings.Contains(l, "boom") ||
+	if l := logs.line("Webhook handler panicked"); !strings.Contains(l, `"name"="webhook/p"`) || !strings.Contains(l, "boom") ||
 		!strings.Contains(l, "rollout_internal_test.go") {
 		t.Errorf("panic line %q lacks the call's name, the value or the stack", l)
 	}

@@ -80,6 +80,7 @@ type Runnable struct {
 	log          logr.Logger
 	clock        clock.WithTickerAndDelayedExecution // the executor's: stamps calls, times ShutdownDelay
 	grace        time.Duration
+	cancelAfter  time.Duration                 // Options.CancelAfter, defaulted
 	metered      bool                          // made by Setup: in the metrics until the drain is over
 	eventsBudget time.Duration                 // see maxEventsBudget
 	lease        atomic.Pointer[leaseObserver] // set by Add with leader election on
@@ -131,7 +132,8 @@ func newRunnable(opts Options, metered bool) *Runnable {
 		ReportAfter: opts.ReportAfter, ReportEvery: opts.ReportEvery, CancelAfter: opts.CancelAfter,
 		SlowAfter: opts.SlowAfter, Clock: clk})
 	r := &Runnable{ex: ex, log: opts.Logger, clock: clk, grace: opts.GracePeriod, metered: metered,
-		eventsBudget: maxEventsBudget, misuse: make(chan error, 1), stopped: make(chan struct{}),
+		cancelAfter: opts.CancelAfter, eventsBudget: maxEventsBudget,
+		misuse: make(chan error, 1), stopped: make(chan struct{}),
 		debug: flowcontrol.NewTokenBucketPassiveRateLimiterWithClock(debugRate, debugBurst, clk),
 		stop:  &stopState{delay: opts.ShutdownDelay, delayName: opts.name("ShutdownDelay"), stopping: make(chan struct{})}}
 	// Fixed here, before the executor is shared.

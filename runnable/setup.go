@@ -99,12 +99,16 @@ func checkDebugAddress(opts Options) error {
 // metrics server when mgrOpts.Metrics has a FilterProvider, else not, saying so at V(1); and
 // on Options.DebugAddress, stopped with the HTTP servers.
 //
-// The webhook server of Setup serves one manager. Each request is a tracked call named
-// "webhook/<path>/<namespace>/<name>" (generateName when it has no name) after the head of
-// its AdmissionReview, or "webhook/<path>"; it takes no MaxConcurrent slot, keeps a context
-// the server's stop does not cancel, and from the stop on answers "Connection: close". The
-// server stops after the drain; a request during the drain is served untracked. A panic out
-// of a handler is logged ("Webhook handler panicked"), counted and answered 500.
+// The webhook server of Setup serves one manager. Each request is a tracked call from the
+// start of ServeHTTP, named "webhook/<path>"; for an *admission.Webhook (its Handler wrapped
+// in place at Register) the call is renamed "webhook/<path>/<namespace>/<name>" (generateName
+// when it has no name; parts escaped with url.PathEscape, empty ones left out) from the
+// admission.Request the Webhook decoded; quiesce reads no body. A call takes no
+// MaxConcurrent slot, keeps a context the server's stop does not cancel, and from the stop on
+// answers "Connection: close". The server stops after the drain; a request during the drain
+// is served untracked. Once the drain began, a body still arriving is read until CancelAfter
+// (at least a second more), then fails ("Webhook request body stalled"). A panic out of a
+// handler is logged ("Webhook handler panicked"), counted and answered 500.
 //
 // Add fails, naming the fix, when WebhookServer, LeaderElection or the lock of mgrOpts
 // changed since Setup, when GracePeriod is not below its GracefulShutdownTimeout, when

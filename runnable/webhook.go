@@ -1,17 +1,20 @@
 package runnable
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
-	"path"
+	"net/url"
+	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+	kjson "sigs.k8s.io/json"
 
 	"github.com/quiesce-dev/quiesce/drain"
 	"github.com/quiesce-dev/quiesce/internal"
@@ -22,16 +25,30 @@ type webhookServer struct {
 	webhook.Server // the inner server, whose other methods it keeps
 	r              *Runnable
 	started        atomic.Bool
+	bodies         bodies // of the requests in flight
 }
 
 // errServerStopping ends the inner server's context; requests keep theirs (liveContext).
 var errServerStopping = errors.New("quiesce webhook server stopping")
 
+// Register registers h at path on the inner server, serving each request as a tracked call.
+// An *admission.Webhook's Handler is wrapped in place (the Webhook holds a sync.Once, so it is
+// never copied), once, to name the call after the request it decoded.
 func (s *webhookServer) Register(at string, h http.Handler) {
-	s.Server.Register(at, &trackedHook{r: s.r, path: strings.Trim(at, "/"), hook: h})
+	name := "webhook"
+	if p := strings.Trim(at, "/"); p != "" {
+		name += "/" + p
+	}
+	if wh, ok := h.(*admission.Webhook); ok && wh.Handler != nil {
+		if _, named := wh.Handler.(namingHandler); !named {
+			wh.Handler = namingHandler{wh.Handler}
+		}
+	}
+	s.Server.Register(at, &trackedHook{r: s.r, name: name, hook: h, bodies: &s.bodies})
 }
 
 // Start runs the inner server until ctx ends, for one manager, whose Runnable was added.
+// Once the drain begins, the bodies of the requests in flight have until bodyDeadline.
 func (s *webhookServer) Start(ctx context.Context) error {
 	switch {
 	case !s.r.setup.added.Load():
@@ -44,6 +61,17 @@ func (s *webhookServer) Start(ctx context.Context) error {
 	innerCtx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer cancel(nil)
 	defer context.AfterFunc(ctx, func() { cancel(errServerStopping) })()
+	var watch sync.WaitGroup
+	defer watch.Wait()
+	served := make(chan struct{})
+	defer close(served)
+	watch.Go(func() {
+		select {
+		case <-s.r.ex.Draining():
+			s.bodies.drainBegan(time.Now().Add(s.r.bodyWait()))
+		case <-served:
+		}
+	})
 	err := s.Server.Start(innerCtx)
 	if s.r.stop.began() {
 		s.r.stopLog().Info("Webhook server stopped", s.r.sinceStop()...)
@@ -51,26 +79,37 @@ func (s *webhookServer) Start(ctx context.Context) error {
 	return err
 }
 
-// trackedHook serves a registered path as tracked calls.
-type trackedHook struct {
-	r    *Runnable
-	path string // without its slashes
-	hook http.Handler
+// bodyWait is how long, once the drain began, the bodies of requests have to arrive: until
+// the drain cancels the calls (CancelAfter; GracePeriod if it never does).
+func (r *Runnable) bodyWait() time.Duration {
+	if r.cancelAfter < 0 {
+		return r.grace
+	}
+	return r.cancelAfter
 }
 
-// maxReviewBytes is the most read of a body to name its call: controller-runtime's admission
-// webhooks refuse larger ones (admission/http.go, maxRequestSize).
-const maxReviewBytes = 7 << 20
+// minBodyWait is the least time a body has to arrive once the drain saw its request, so that
+// one in transit is not cut. A variable for tests.
+var minBodyWait = time.Second
+
+// trackedHook serves a registered path as tracked calls.
+type trackedHook struct {
+	r      *Runnable
+	name   string // "webhook/<path>", the calls' name until namingHandler renames them
+	hook   http.Handler
+	bodies *bodies
+}
 
 func (h *trackedHook) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	r := h.r
+	b := h.bodies.add(w, req)
+	defer h.bodies.remove(b)
 	w = &closingWriter{ResponseWriter: w, stop: r.stop}
 	ctx, cancel := liveContext(req.Context())
 	defer cancel()
 	req = req.WithContext(ctx)
-	name := h.callName(req)
 	ran := false
-	err := r.core().Run(ctx, internal.CallOptions{Name: name, NoSlot: true}, func(ctx context.Context) error {
+	err := r.core().Run(ctx, internal.CallOptions{Name: h.name, NoSlot: true, Tag: h}, func(ctx context.Context) error {
 		ran = true
 		h.hook.ServeHTTP(w, req.WithContext(ctx))
 		return nil
@@ -88,67 +127,136 @@ func (h *trackedHook) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	case !ran && err != nil: // the client went away before the call began
 		http.Error(w, err.Error(), http.StatusServiceUnavailable)
 	}
-}
-
-// callName names req's call after the AdmissionReview in its body, put back as it came. It
-// reads no further than it needs: the API server sends request.name and namespace before
-// the object (only a create without a name reads on, into its metadata.generateName).
-func (h *trackedHook) callName(req *http.Request) string {
-	if req.Body == nil || req.Body == http.NoBody {
-		return path.Join("webhook", h.path)
+	if b != nil && b.stalled.Load() {
+		r.log.Info("Webhook request body stalled", append(r.sinceStop(), "name", internal.Cut(h.name),
+			"remoteAddr", internal.Cut(req.RemoteAddr), "received", b.received.Load())...)
 	}
-	var seen bytes.Buffer
-	dec := json.NewDecoder(io.TeeReader(io.LimitReader(req.Body, maxReviewBytes), &seen))
-	var ns, name string
-	walkTo(dec, "request", func() {
-		walk(dec, func(key string) bool {
-			switch key {
-			case "namespace":
-				_ = dec.Decode(&ns)
-			case "name":
-				_ = dec.Decode(&name)
-			case "object", "oldObject":
-				if key == "object" && name == "" {
-					walkTo(dec, "metadata", func() { walkTo(dec, "generateName", func() { _ = dec.Decode(&name) }) })
-				}
-				return true
-			default:
-				_ = dec.Decode(&json.RawMessage{})
+}
+
+// namingHandler is the Handler of an *admission.Webhook given to Register: it renames the
+// call that trackedHook runs the request in after the request controller-runtime decoded,
+// then calls the Webhook's own Handler.
+type namingHandler struct{ admission.Handler }
+
+func (n namingHandler) Handle(ctx context.Context, req admission.Request) admission.Response {
+	if c, ok := internal.CallOf(ctx); ok {
+		if o := c.Options(); o.Object == "" {
+			if h, ok := o.Tag.(*trackedHook); ok && o.Name == h.name { // not a call nested in it
+				c.Rename(callName(h.name, &req))
 			}
-			return false
-		})
-	})
-	req.Body = struct { // what was read, put back, then the rest; Close closes the original
-		io.Reader
-		io.Closer
-	}{io.MultiReader(&seen, req.Body), req.Body}
-	return path.Join("webhook", h.path, ns, name) // empty parts left out
-}
-
-// walkTo reads the JSON object next in dec up to key, and has fn read its value.
-func walkTo(dec *json.Decoder, key string, fn func()) {
-	walk(dec, func(k string) bool {
-		if k == key {
-			fn()
-			return true
 		}
-		_ = dec.Decode(&json.RawMessage{})
-		return false
-	})
+	}
+	return n.Handler.Handle(ctx, req)
 }
 
-// walk reads the JSON object next in dec key by key, calling visit on each to read its value,
-// until visit returns true, the object ends, or dec fails (a decoder's error sticks).
-func walk(dec *json.Decoder, visit func(key string) (done bool)) {
-	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+// callName returns "<prefix>/<namespace>/<name>" for req, with its object's generateName
+// when it has no name, each part escaped (url.PathEscape) and empty ones left out.
+func callName(prefix string, req *admission.Request) string {
+	name := req.Name
+	if name == "" && len(req.Object.Raw) > 0 {
+		var obj struct {
+			Metadata struct {
+				GenerateName string `json:"generateName"`
+			} `json:"metadata"`
+		}
+		// Decoded as the handler's decoder would (case-sensitive); only for an unnamed create.
+		if err := kjson.UnmarshalCaseSensitivePreserveInts(req.Object.Raw, &obj); err == nil {
+			name = obj.Metadata.GenerateName
+		}
+	}
+	for _, part := range [...]string{req.Namespace, name} {
+		if part != "" {
+			prefix += "/" + url.PathEscape(part)
+		}
+	}
+	return prefix
+}
+
+// bodies are the request bodies in flight on a webhook server, so that once the drain began
+// a client that stalls its body ends with the drain (http.ResponseController.SetReadDeadline),
+// whether its request is tracked or not.
+type bodies struct {
+	mu       sync.Mutex
+	inFlight map[*body]struct{}
+	cancelAt time.Time // when the drain cancels the calls; zero until it began
+}
+
+// body is a request's body that knows whether it was read to its end.
+type body struct {
+	io.ReadCloser
+	w        http.ResponseWriter // for SetReadDeadline
+	done     atomic.Bool         // a read returned an error: io.EOF, or it failed
+	limited  atomic.Bool         // the drain set a read deadline
+	stalled  atomic.Bool         // a read failed on that deadline
+	received atomic.Int64        // bytes read
+}
+
+func (b *body) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.received.Add(int64(n))
+	if err != nil {
+		if b.limited.Load() && errors.Is(err, os.ErrDeadlineExceeded) {
+			b.stalled.Store(true)
+		}
+		b.done.Store(true)
+	}
+	return n, err
+}
+
+// add tracks req's body, replacing it; nil if req has none.
+func (bs *bodies) add(w http.ResponseWriter, req *http.Request) *body {
+	if req.Body == nil || req.Body == http.NoBody {
+		return nil
+	}
+	b := &body{ReadCloser: req.Body, w: w}
+	req.Body = b
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	if bs.inFlight == nil {
+		bs.inFlight = make(map[*body]struct{})
+	}
+	bs.inFlight[b] = struct{}{}
+	if !bs.cancelAt.IsZero() {
+		b.limit(bs.deadline())
+	}
+	return b
+}
+
+func (bs *bodies) remove(b *body) {
+	if b == nil {
 		return
 	}
-	for dec.More() {
-		t, err := dec.Token()
-		if key, ok := t.(string); err != nil || !ok || visit(key) {
-			return
+	bs.mu.Lock()
+	delete(bs.inFlight, b)
+	bs.mu.Unlock()
+}
+
+// drainBegan gives the bodies still arriving until cancelAt (at least minBodyWait), and
+// those of later requests until then or minBodyWait after they came.
+func (bs *bodies) drainBegan(cancelAt time.Time) {
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	bs.cancelAt = cancelAt
+	deadline := bs.deadline()
+	for b := range bs.inFlight {
+		if !b.done.Load() {
+			b.limit(deadline)
 		}
 	}
+}
+
+// deadline is when a body still arriving now stops being read. The caller holds bs.mu.
+func (bs *bodies) deadline() time.Time {
+	if least := time.Now().Add(minBodyWait); least.After(bs.cancelAt) {
+		return least
+	}
+	return bs.cancelAt
+}
+
+// limit sets b's read deadline; the caller holds bodies.mu, so b's handler has not returned.
+func (b *body) limit(deadline time.Time) {
+	b.limited.Store(true)
+	_ = http.NewResponseController(b.w).SetReadDeadline(deadline) // http.ErrNotSupported: nothing to bound
 }
 
 // closingWriter adds "Connection: close" (HTTP/2: a GOAWAY) to a header written once the

@@ -1,6 +1,7 @@
 package runnable
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -103,9 +104,15 @@ func TestAdmissionCallNames(t *testing.T) {
 			`"labels":{"a":"b"}},"spec":{"template":{}}}`, "webhook/validate-v1-job/ns/pi-"},
 		{"generateName after other keys", "ns", "", `{"spec":{"x":[1,{"metadata":{"generateName":"no-"}}]},` +
 			`"metadata":{"generateName":"g-"}}`, "webhook/validate-v1-job/ns/g-"},
-		{"no name, no generateName", "ns", "", `{"metadata":{"labels":{}}}`, "webhook/validate-v1-job/ns"},
+		{"no name, no generateName", "ns", "", `{"metadata":{"labels":{}}}`, "webhook/validate-v1-job/ns"}, //nolint:goconst // a table
 		{"no name, no object", "ns", "", "", "webhook/validate-v1-job/ns"},
 		{"generateName not a string", "", "", `{"metadata":{"generateName":5}}`, "webhook/validate-v1-job"},
+		{"generateName by another case", "ns", "", `{"Metadata":{"GenerateName":"x-"}}`, "webhook/validate-v1-job/ns"},
+		// Escaped, never cleaned: no name shows as another kind of call.
+		{"a path for a name", "ns", "../../../memcached/prod/db", `{}`,
+			"webhook/validate-v1-job/ns/..%2F..%2F..%2Fmemcached%2Fprod%2Fdb"},
+		{"dots", "..", "..", `{}`, "webhook/validate-v1-job/../.."},
+		{"a generateName with a slash", "ns", "", `{"metadata":{"generateName":"a/b"}}`, "webhook/validate-v1-job/ns/a%2Fb"},
 	} {
 		rec := post(ws.WebhookMux(), "/validate-v1-job", strings.NewReader(string(admissionReview(t, tc.namespace, tc.name, tc.object))))
 		if res := response(t, rec); !res.Allowed || res.UID != reviewUID {
@@ -137,15 +144,18 @@ func (b *countingBody) Close() error {
 }
 
 // A handler that is not an *admission.Webhook (a conversion webhook, a handler of one's
-// own) runs as a call named after its path, with the body as sent: the part read to name
-// the call put back, then the rest, however long, and the original closed.
+// own) runs as a call named after its path, with the body as sent, never read before it
+// (a ConversionReview of 8 MiB included) and closed as the original.
 func TestOtherHandlerCallIsNamedAfterThePath(t *testing.T) {
 	_, ws := connectedWebhookServer(&lines{})
-	for _, size := range []int{0, 100, maxReviewBytes + 10} {
-		sent := strings.Repeat("x", size)
+	conversion := `{"kind":"ConversionReview","apiVersion":"apiextensions.k8s.io/v1","request":{"uid":"u",` +
+		`"desiredAPIVersion":"v2","objects":[{"metadata":{"name":"a","namespace":"ns"},"data":"` + strings.Repeat("x", 8<<20) + `"}]}}`
+	for _, sent := range []string{"", strings.Repeat("x", 100), conversion} {
 		body := &countingBody{r: strings.NewReader(sent)}
 		var name, got string
+		readBefore := -1
 		ws.Register("/convert", http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			readBefore = body.n
 			_, name, _ = drain.FromContext(req.Context())
 			b, _ := io.ReadAll(req.Body)
 			got = string(b)
@@ -156,11 +166,66 @@ func TestOtherHandlerCallIsNamedAfterThePath(t *testing.T) {
 		req.Body = body
 		rec := httptest.NewRecorder()
 		ws.WebhookMux().ServeHTTP(rec, req)
-		if rec.Code != http.StatusTeapot || name != "webhook/convert" || got != sent || !body.closed {
-			t.Errorf("%d bytes: got %d in the call %q, body as sent %v, closed %v; want 418 in webhook/convert, "+
-				"the body as sent, closed", size, rec.Code, name, got == sent, body.closed)
+		if rec.Code != http.StatusTeapot || name != "webhook/convert" || readBefore != 0 || got != sent || !body.closed {
+			t.Errorf("%d bytes: got %d in the call %q, %d bytes read before the handler, body as sent %v, closed %v; "+
+				"want 418 in webhook/convert, none read before, the body as sent, closed", len(sent), rec.Code, name,
+				readBefore, got == sent, body.closed)
 		}
 		ws.Server.(*fakeServer).mux = http.NewServeMux()
+	}
+}
+
+// With "request" twice in the review, controller-runtime decodes both into one request (the
+// later keys win): the call is named after what the handler serves, whatever came first.
+func TestAdmissionNamedAfterWhatTheHandlerServes(t *testing.T) {
+	_, ws := connectedWebhookServer(&lines{})
+	var served []string
+	ws.Register("/v", &admission.Webhook{Handler: admission.HandlerFunc(func(ctx context.Context, req admission.Request) admission.Response {
+		_, name, _ := drain.FromContext(ctx)
+		served = append(served, name, req.Namespace+"/"+req.Name)
+		return admission.Allowed("")
+	})})
+	decoy := `{"uid":"uid-1","namespace":"kube-system","name":"decoy","operation":"CREATE","object":{"metadata":{"name":"decoy"}}}`
+	served2 := `{"uid":"uid-1","namespace":"prod","name":"real","operation":"CREATE","object":{"metadata":{"name":"real"}}}`
+	for _, order := range [][2]string{{decoy, served2}, {served2, decoy}} {
+		served = nil
+		body := `{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":` + order[0] + `,"request":` + order[1] + `}`
+		if res := response(t, post(ws.WebhookMux(), "/v", strings.NewReader(body))); !res.Allowed {
+			t.Fatalf("response %+v, want allowed", res)
+		}
+		if len(served) != 2 || served[0] != "webhook/v/"+served[1] {
+			t.Errorf("the handler served %q in the call %q, want the call named after it", served[1:], served[:1])
+		}
+	}
+}
+
+// An admission request costs what the Webhook alone costs in memory, however large what
+// precedes its request (6 MiB here), and its body reaches the Webhook unread: no copy.
+func TestAdmissionMemory(t *testing.T) {
+	body := []byte(`{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","padding":"` + strings.Repeat("x", 6<<20) +
+		`","request":{"uid":"uid-1","namespace":"ns","name":"cm","operation":"CREATE","object":{"metadata":{"name":"cm"}}}}`)
+	wrapped, unwrapped := admissionServer(t, body, true), admissionServer(t, body, false)
+	wb, _ := memPerRun(3, wrapped)
+	ub, _ := memPerRun(3, unwrapped)
+	if wb > 1.1*ub {
+		t.Errorf("a request of %d bytes allocates %.0f bytes wrapped, %.0f unwrapped (%.2fx); want at most 1.1x",
+			len(body), wb, ub, wb/ub)
+	}
+
+	_, ws := connectedWebhookServer(&lines{})
+	counted := &countingBody{r: bytes.NewReader(body)}
+	readBefore := -1
+	ws.Register("/v", &admission.Webhook{Handler: &callNames{}, WithContextFunc: func(ctx context.Context, _ *http.Request) context.Context {
+		readBefore = counted.n // the Webhook reads the body right after
+		return ctx
+	}})
+	req := httptest.NewRequest(http.MethodPost, "/v", nil)
+	req.Header.Set("Content-Type", jsonType)
+	req.Body = counted
+	rec := httptest.NewRecorder()
+	ws.WebhookMux().ServeHTTP(rec, req)
+	if res := response(t, rec); !res.Allowed || readBefore != 0 || counted.n != len(body) {
+		t.Errorf("response %+v; %d bytes read before the Webhook, %d in all; want allowed, 0, %d", res, readBefore, counted.n, len(body))
 	}
 }
 
@@ -264,7 +329,7 @@ func TestAdmissionPanics(t *testing.T) {
 		}
 	})
 
-	t.Run("outside the Handler: logged, named after the request, 500", func(t *testing.T) {
+	t.Run("outside the Handler: logged, named after the path, 500", func(t *testing.T) {
 		logs := &lines{}
 		r, ws := connectedWebhookServer(logs)
 		names := &callNames{}
@@ -275,7 +340,7 @@ func TestAdmissionPanics(t *testing.T) {
 		if rec.Code != http.StatusInternalServerError {
 			t.Errorf("response %d %q, want 500", rec.Code, rec.Body)
 		}
-		onePanicLine(t, logs, "webhook/p/ns/x")
+		onePanicLine(t, logs, "webhook/p") // before the Webhook decoded the request
 		if s := r.ex.Stats(); s.Panicked != 1 || len(names.get()) != 0 {
 			t.Errorf("Stats = %+v, handler calls %q; want the call panicked, the handler not run", s, names.get())
 		}
@@ -307,8 +372,8 @@ func TestAdmissionWebhookAtTwoPaths(t *testing.T) {
 	wh := &admission.Webhook{Handler: names}
 	ws.Register("/a", wh)
 	ws.Register("/b", wh)
-	if wh.Handler != admission.Handler(names) {
-		t.Fatalf("Handler = %#v, want the caller's Webhook left as it was", wh.Handler)
+	if n, ok := wh.Handler.(namingHandler); !ok || n.Handler != admission.Handler(names) {
+		t.Fatalf("Handler = %#v, want the caller's Handler wrapped once, in place", wh.Handler)
 	}
 	post(ws.WebhookMux(), "/b", strings.NewReader(string(admissionReview(t, "ns", "x", `{}`))))
 	post(ws.WebhookMux(), "/a", strings.NewReader(string(admissionReview(t, "ns", "y", `{}`))))

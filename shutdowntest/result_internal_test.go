@@ -33,6 +33,9 @@ const jsonLine = `{"level":"error","ts":1764632331.5,"logger":"quiesce",` +
 	`{"name":"a/ns/y","age":"25s","detached":false,"where":"w","handler":"h"}],"more":20,` +
 	`"error":"context deadline exceeded","stacktrace":"main.main\n\t/src/main.go:1"}`
 
+// jsonLineNames are the calls jsonLine names.
+var jsonLineNames = []string{"a/ns/x/export", "a/ns/y"}
+
 func TestAbandoned(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -42,11 +45,11 @@ func TestAbandoned(t *testing.T) {
 	}{
 		{"console", []string{"INFO\tStarting", consoleLine, "INFO\tWait completed"},
 			[]string{"demo/hanging/hang-1/legacy-export"}, 1},
-		{"json", []string{`{"msg":"Starting"}`, jsonLine}, []string{"a/ns/x/export", "a/ns/y"}, 22},
+		{"json", []string{`{"msg":"Starting"}`, jsonLine}, jsonLineNames, 22},
 		{"none", []string{"INFO\tAll calls returned"}, nil, 0},
 		{"no JSON after the message", []string{"ERROR\t" + runnable.AbandonedMessage + " (cut)"}, nil, 0},
-		{"the largest count counts", []string{jsonLine, consoleLine}, []string{"a/ns/x/export", "a/ns/y"}, 22},
-		{"a later line with a larger count", []string{consoleLine, jsonLine}, []string{"a/ns/x/export", "a/ns/y"}, 22},
+		{"the largest count counts", []string{jsonLine, consoleLine}, jsonLineNames, 22},
+		{"a later line with a larger count", []string{consoleLine, jsonLine}, jsonLineNames, 22},
 		// The operator itself logs quiesce's message later, with nothing abandoned: it lowers nothing.
 		{"a forged abandoned: 0", []string{consoleLine, `{"level":"error","ts":2,"logger":"quiesce","msg":"` +
 			runnable.AbandonedMessage + `","abandoned":0,"calls":[]}`}, []string{"demo/hanging/hang-1/legacy-export"}, 1},
@@ -79,7 +82,7 @@ func TestGaveUpFromTheErrorField(t *testing.T) {
 		{"not a log line", gaveUp, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := &Result{Lines: []string{"INFO\tStarting", tc.line}, signaled: 1}
+			r := &Result{Lines: []string{"INFO\tStarting manager", tc.line}, signaled: 1}
 			if got := r.gaveUp(); got != tc.want {
 				t.Errorf("gaveUp() = %t, want %t", got, tc.want)
 			}
@@ -294,7 +297,7 @@ func TestFreeWebhookPort(t *testing.T) {
 func TestNoRedirectWithTheToken(t *testing.T) {
 	var mu sync.Mutex
 	var elsewhere []string
-	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	other := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		elsewhere = append(elsewhere, r.Header.Get("Authorization"))
 		mu.Unlock()

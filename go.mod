@@ -5,6 +5,7 @@ go 1.25.0
 retract v0.2.0 // its setup capped every request of a leader-elected manager at 5 s (ObserveLease set a Timeout on the caller's rest.Config)
 
 require (
+	github.com/bombsimon/logrusr/v4 v4.1.0
 	github.com/go-logr/logr v1.4.2
 	github.com/go-logr/zapr v1.3.0
 	github.com/google/pprof v0.0.0-20241029153458-d1b30febd7db
@@ -12,6 +13,7 @@ require (
 	github.com/onsi/gomega v1.36.1
 	github.com/prometheus/client_golang v1.22.0
 	github.com/prometheus/client_model v0.6.1
+	github.com/sirupsen/logrus v1.9.3
 	github.com/spf13/cobra v1.9.1
 	github.com/spf13/pflag v1.0.6
 	go.uber.org/goleak v1.3.0

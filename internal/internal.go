@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -314,22 +315,33 @@ type Entry struct {
 	CleanupUnfinished bool `json:"cleanupUnfinished,omitempty"`
 }
 
-// Entries are the calls a log line lists (its "calls" value). They render as a JSON array
-// of Entry under every logger: logr.Marshaler for zapr and funcr, slog.LogValuer for slog,
-// whose text handler would otherwise print Go structs.
+// Entries are the calls a log line lists (its "calls" value). They print as a JSON array of
+// Entry, keys and all, under every common logr sink: zapr, funcr, klog (klogr, textlogger),
+// logr.FromSlogHandler with slog's text and JSON handlers, and bombsimon/logrusr with logrus'
+// text and JSON formatters (docs/operating.md, "Loggers").
 type Entries []Entry
 
-// MarshalLog implements logr.Marshaler.
-func (e Entries) MarshalLog() any { return []Entry(e) }
+// MarshalLog implements logr.Marshaler, which zapr, funcr, klog and logrusr honour.
+func (e Entries) MarshalLog() any { return entriesJSON(e) }
 
 // LogValue implements slog.LogValuer: slog's JSON handler writes the array, its text
 // handler the array's JSON text.
 func (e Entries) LogValue() slog.Value { return slog.AnyValue(entriesJSON(e)) }
 
+// entriesJSON is what Entries log as. Each sink renders it through the one interface it
+// honours: json.Marshaler (zap's and logrus' JSON, klog), encoding.TextMarshaler (slog's
+// text), fmt.Formatter (logrus' text, which prints values with fmt.Sprint) and reflection over
+// the json tags (funcr). It is no fmt.Stringer: zap and funcr would then log a string.
 type entriesJSON []Entry
 
 func (e entriesJSON) MarshalJSON() ([]byte, error) { return json.Marshal([]Entry(e)) }
 func (e entriesJSON) MarshalText() ([]byte, error) { return e.MarshalJSON() }
+
+// Format implements fmt.Formatter: the JSON text, whatever the verb.
+func (e entriesJSON) Format(f fmt.State, _ rune) {
+	b, _ := e.MarshalJSON() // strings and bools: it cannot fail
+	_, _ = f.Write(b)
+}
 
 // Closed reports whether ch is closed (or ready): the state a done channel tells.
 func Closed(ch <-chan struct{}) bool {

@@ -10,9 +10,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/bombsimon/logrusr/v4"
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 	. "github.com/onsi/gomega"
+	"github.com/sirupsen/logrus"
 	"go.uber.org/zap/zapcore"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
@@ -67,7 +69,7 @@ func emitStop(l logr.Logger, signal func()) {
 	rec("c", "3").Error(fmt.Errorf("failed to work: %w", context.Canceled), "Reconciler error")
 	rec("a", "1").V(5).Info("Reconcile done, requeueing after 5s")
 	q.Error(context.DeadlineExceeded, runnable.AbandonedMessage, "sinceStop", "2.001s", "abandoned", 2,
-		"calls", []internal.Entry{{Name: "demo/ns/b/export", Age: "2s", Where: "main.export (main.go:1)"},
+		"calls", internal.Entries{{Name: "demo/ns/b/export", Age: "2s", Where: "main.export (main.go:1)"},
 			{Name: "demo/ns/b", Age: "2s"}})
 	l.WithName("setup").Error(fmt.Errorf("%s of 3s: %w", GaveUpText, context.DeadlineExceeded), "Problem running manager")
 }
@@ -84,6 +86,8 @@ func TestEachLogFormat(t *testing.T) {
 		{"zap-json", func(w io.Writer) logr.Logger { return zap.New(zap.WriteTo(w), v5) }},
 		{"slog-text", func(w io.Writer) logr.Logger { return logr.FromSlogHandler(slog.NewTextHandler(w, slogV5)) }},
 		{"slog-json", func(w io.Writer) logr.Logger { return logr.FromSlogHandler(slog.NewJSONHandler(w, slogV5)) }},
+		{"logrus-text", func(w io.Writer) logr.Logger { return logrusr.New(logrusV5(w, &logrus.TextFormatter{})) }},
+		{"logrus-json", func(w io.Writer) logr.Logger { return logrusr.New(logrusV5(w, &logrus.JSONFormatter{})) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g := NewWithT(t)
@@ -108,6 +112,16 @@ func TestEachLogFormat(t *testing.T) {
 	}
 }
 
+// logrusV5 is a logrus logger writing f to w at logr's V(5) (logrus' level 9, which logrusr
+// maps V(5) to).
+func logrusV5(w io.Writer, f logrus.Formatter) *logrus.Logger {
+	l := logrus.New()
+	l.SetOutput(w)
+	l.SetFormatter(f)
+	l.SetLevel(logrus.Level(9))
+	return l
+}
+
 // A log the harness cannot read: Stop's error names the formats it reads and how to set one.
 func TestUnreadableLog(t *testing.T) {
 	g := NewWithT(t)
@@ -119,7 +133,8 @@ func TestUnreadableLog(t *testing.T) {
 	err := logError(lines)
 	g.Expect(err).To(MatchError(And(
 		ContainSubstring("failed to read the operator's log: none of its 9 lines is in a format shutdowntest reads"),
-		ContainSubstring("zap logger (log/zap), console or JSON, and log/slog's text or JSON handler"),
+		ContainSubstring("zap logger (log/zap), console or JSON, log/slog's text or JSON handler"),
+		ContainSubstring("and logrus' text or JSON formatter through bombsimon/logrusr"),
 		ContainSubstring("ctrl.SetLogger(logr.FromSlogHandler(slog.NewTextHandler(os.Stderr, nil)))"),
 		ContainSubstring(`"msg"="Reconciling"`), // its first lines
 	)))

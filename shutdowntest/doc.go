@@ -25,7 +25,8 @@
 // waits for lines of the operator's log (n reconciles working), WaitLeader for the
 // leader-election lease (Options.LeaderElection). Stop sends SIGTERM and waits for the
 // exit; its Result reads the log in the formats controller-runtime
-// operators write (zap's console and JSON, slog's text and JSON), and Stop fails, naming
+// operators write (zap's console and JSON, slog's text and JSON, logrus' text and JSON through
+// logrusr), and Stop fails, naming
 // them, when it could read none of the operator's lines. For several replicas with webhooks, NewService stands for
 // the Kubernetes Service in front of them (Options.Service), and Every sends requests
 // throughout a rolling update.

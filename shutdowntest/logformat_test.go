@@ -50,7 +50,8 @@ func TestLogFormats(t *testing.T) {
 			if format == "funcr" {
 				g.Expect(err).To(MatchError(And(
 					ContainSubstring("failed to read the operator's log: none of its"),
-					ContainSubstring("controller-runtime's zap logger (log/zap), console or JSON, and log/slog's text or JSON"),
+					ContainSubstring("controller-runtime's zap logger (log/zap), console or JSON, log/slog's text or JSON"),
+					ContainSubstring("and logrus' text or JSON formatter through bombsimon/logrusr"),
 					ContainSubstring("ctrl.SetLogger(logr.FromSlogHandler(slog.NewTextHandler(os.Stderr, nil)))"),
 				)))
 				g.Expect(res.Timeline).To(BeEmpty())

@@ -26,16 +26,19 @@ type Result struct {
 	Killed bool
 	// Lines is the operator's whole log, stdout and stderr, one string per line.
 	Lines []string
-	// Abandoned, AbandonedCount, Timeline, Cut and Unfinished read the log in any of the formats
-	// controller-runtime operators write: controller-runtime's zap logger, console
-	// (development mode) or JSON, and log/slog's text or JSON handler through
-	// logr.FromSlogHandler. When the harness can read none of the log's lines, Stop says so.
+	// Abandoned, AbandonedCount, Timeline, Cut, Unfinished and GaveUp read the log in any of
+	// the formats controller-runtime operators write: controller-runtime's zap logger, console
+	// (development mode) or JSON, log/slog's text or JSON handler through
+	// logr.FromSlogHandler, and logrus' text or JSON formatter through bombsimon/logrusr. When
+	// the harness can read none of the log's lines, Stop says so.
 
 	// Abandoned are the names of the calls in quiesce's runnable.AbandonedMessage line: the calls
 	// still running at the end of the grace period, oldest first (quiesce lists up to 20 by
 	// name; AbandonedCount counts them all). Empty when nothing was abandoned.
 	Abandoned []string
-	// AbandonedCount is how many calls quiesce abandoned (the line's "abandoned" field).
+	// AbandonedCount is how many calls quiesce abandoned: the largest "abandoned" field of
+	// the log's runnable.AbandonedMessage lines (a line the operator writes later cannot
+	// lower it). Abandoned are the names of that line.
 	AbandonedCount int
 	// Timeline is quiesce's stop, step by step: its lines that carry sinceStop ("Stop
 	// began", "Shutdown delay over", "Draining executor", each report "Waiting for pending
@@ -43,9 +46,12 @@ type Result struct {
 	// Lines quiesce logs at V(1) (a stop that waits for nothing) are here only when the
 	// operator logs V(1).
 	Timeline []Step
-	// GaveUp is set when the log holds GaveUpText: controller-runtime's manager stopped
-	// waiting for its runnables at the end of its GracefulShutdownTimeout, with reconciles
-	// (or other runnables) still running; their work is lost when the process exits.
+	// GaveUp is set when a line logged after SIGTERM has an error that begins with GaveUpText
+	// (alone, or as the last error of the aggregate Manager.Start returns when a runnable
+	// failed too), as a main that logs Start's error writes it: controller-runtime's manager
+	// stopped waiting for its runnables at the end of its GracefulShutdownTimeout, with
+	// reconciles (or other runnables) still running; their work is lost when the process
+	// exits. A line that merely quotes the text elsewhere does not set it.
 	GaveUp bool
 
 	signaled int   // how many of Lines the harness had read when it sent SIGTERM
@@ -56,9 +62,19 @@ type Result struct {
 // did not all return within its GracefulShutdownTimeout (a main logs it, then exits).
 const GaveUpText = "failed waiting for all runnables to end within grace period"
 
-// gaveUp says whether r.Lines hold GaveUpText.
+// gaveUp says whether a line of r.Lines after SIGTERM has an error that begins with
+// GaveUpText, or an aggregate error ("[err, stopErr]", k8s.io/apimachinery's
+// utilerrors.Aggregate) whose last error does.
 func (r *Result) gaveUp() bool {
-	return slices.ContainsFunc(r.Lines, func(l string) bool { return strings.Contains(l, GaveUpText) })
+	return slices.ContainsFunc(r.Lines[min(r.signaled, len(r.Lines)):], func(l string) bool {
+		if !strings.Contains(l, GaveUpText) {
+			return false
+		}
+		e, ok := logline.Parse(l)
+		err := e.Error()
+		return ok && (strings.HasPrefix(err, GaveUpText) ||
+			(strings.HasPrefix(err, "[") && strings.HasSuffix(err, "]") && strings.Contains(err, ", "+GaveUpText)))
+	})
 }
 
 // Reconcile is one reconcile as controller-runtime's log shows it: its keys on the
@@ -171,41 +187,53 @@ func timeline(lines []string) []Step {
 // slog.LogValuer nor an encoding.TextMarshaler.
 var goName = regexp.MustCompile(`\{Name:(.*?) Age:`)
 
-// abandoned finds quiesce's runnable.AbandonedMessage line in lines and returns the names in its
-// "calls" field and its "abandoned" count, in any format logline reads; the calls as JSON, or
-// as slog's text handler writes Go values. The last such line counts.
+// abandoned finds quiesce's runnable.AbandonedMessage lines in lines and returns the names in
+// the "calls" field and the "abandoned" count of the one with the largest count (the last of
+// those with that count), in any format logline reads; the calls as JSON, or as slog's text
+// handler writes Go values. A later line with a smaller count (a forged "abandoned: 0")
+// lowers nothing.
 func abandoned(lines []string) ([]string, int) {
-	for i := len(lines) - 1; i >= 0; i-- {
-		if !strings.Contains(lines[i], runnable.AbandonedMessage) {
+	var names []string
+	count := 0
+	for _, line := range lines {
+		if !strings.Contains(line, runnable.AbandonedMessage) {
 			continue
 		}
-		e, ok := logline.Parse(lines[i])
+		e, ok := logline.Parse(line)
 		if !ok || e.Msg != runnable.AbandonedMessage {
 			continue
 		}
-		var count int
-		e.Decode("abandoned", &count)
-		var calls []struct {
-			Name string `json:"name"`
+		if n, ns := abandonedLine(e); n >= count {
+			names, count = ns, n
 		}
-		var names []string
-		if e.Decode("calls", &calls) {
-			for _, c := range calls {
-				names = append(names, c.Name)
-			}
-		} else {
-			for _, m := range goName.FindAllStringSubmatch(e.String("calls"), -1) {
-				names = append(names, m[1])
-			}
-		}
-		return names, max(count, len(names))
 	}
-	return nil, 0
+	return names, count
+}
+
+// abandonedLine returns the "abandoned" count of a runnable.AbandonedMessage line (at least
+// the names it lists) and the names in its "calls".
+func abandonedLine(e logline.Entry) (int, []string) {
+	var count int
+	e.Decode("abandoned", &count)
+	var calls []struct {
+		Name string `json:"name"`
+	}
+	var names []string
+	if e.Decode("calls", &calls) {
+		for _, c := range calls {
+			names = append(names, c.Name)
+		}
+	} else {
+		for _, m := range goName.FindAllStringSubmatch(e.String("calls"), -1) {
+			names = append(names, m[1])
+		}
+	}
+	return max(count, len(names)), names
 }
 
 // readFormats says what the harness reads, in errors.
-const readFormats = "controller-runtime's zap logger (log/zap), console or JSON, and log/slog's text or " +
-	"JSON handler through logr.FromSlogHandler"
+const readFormats = "controller-runtime's zap logger (log/zap), console or JSON, log/slog's text or " +
+	"JSON handler through logr.FromSlogHandler, and logrus' text or JSON formatter through bombsimon/logrusr"
 
 // logError returns nil when logline reads at least one of lines, and otherwise the error
 // Stop returns: the Result's Timeline, Abandoned, Cut and Unfinished read nothing of such
@@ -216,7 +244,8 @@ func logError(lines []string) error {
 	}
 	fix := "set the operator's logger, before it logs, to one it reads: " +
 		"ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts))) (controller-runtime's log/zap, as kubebuilder's main does), " +
-		"or ctrl.SetLogger(logr.FromSlogHandler(slog.NewTextHandler(os.Stderr, nil))) (or slog.NewJSONHandler)"
+		"or ctrl.SetLogger(logr.FromSlogHandler(slog.NewTextHandler(os.Stderr, nil))) (or slog.NewJSONHandler), " +
+		"or ctrl.SetLogger(logrusr.New(logger)) (a *logrus.Logger with its text or JSON formatter)"
 	if len(lines) == 0 {
 		return fmt.Errorf("failed to read the operator's log: it wrote no line, so Result.Timeline, Abandoned, "+
 			"Cut and Unfinished are empty: %s", fix)

@@ -2,7 +2,10 @@ package shutdowntest
 
 import (
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 
 	. "github.com/onsi/gomega"
@@ -30,6 +33,9 @@ const jsonLine = `{"level":"error","ts":1764632331.5,"logger":"quiesce",` +
 	`{"name":"a/ns/y","age":"25s","detached":false,"where":"w","handler":"h"}],"more":20,` +
 	`"error":"context deadline exceeded","stacktrace":"main.main\n\t/src/main.go:1"}`
 
+// jsonLineNames are the calls jsonLine names.
+var jsonLineNames = []string{"a/ns/x/export", "a/ns/y"}
+
 func TestAbandoned(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -39,16 +45,53 @@ func TestAbandoned(t *testing.T) {
 	}{
 		{"console", []string{"INFO\tStarting", consoleLine, "INFO\tWait completed"},
 			[]string{"demo/hanging/hang-1/legacy-export"}, 1},
-		{"json", []string{`{"msg":"Starting"}`, jsonLine}, []string{"a/ns/x/export", "a/ns/y"}, 22},
+		{"json", []string{`{"msg":"Starting"}`, jsonLine}, jsonLineNames, 22},
 		{"none", []string{"INFO\tAll calls returned"}, nil, 0},
 		{"no JSON after the message", []string{"ERROR\t" + runnable.AbandonedMessage + " (cut)"}, nil, 0},
-		{"the last line counts", []string{jsonLine, consoleLine}, []string{"demo/hanging/hang-1/legacy-export"}, 1},
+		{"the largest count counts", []string{jsonLine, consoleLine}, jsonLineNames, 22},
+		{"a later line with a larger count", []string{consoleLine, jsonLine}, jsonLineNames, 22},
+		// The operator itself logs quiesce's message later, with nothing abandoned: it lowers nothing.
+		{"a forged abandoned: 0", []string{consoleLine, `{"level":"error","ts":2,"logger":"quiesce","msg":"` +
+			runnable.AbandonedMessage + `","abandoned":0,"calls":[]}`}, []string{"demo/hanging/hang-1/legacy-export"}, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g := NewWithT(t)
 			names, count := abandoned(tc.lines)
 			g.Expect(names).To(Equal(tc.want))
 			g.Expect(count).To(Equal(tc.count))
+		})
+	}
+}
+
+// GaveUp reads the error of a line logged after SIGTERM: GaveUpText as its beginning, or as
+// the last error of Manager.Start's aggregate; never a line that quotes the text elsewhere.
+func TestGaveUpFromTheErrorField(t *testing.T) {
+	const gaveUp = GaveUpText + " of 4s: context deadline exceeded"
+	for _, tc := range []struct {
+		name string
+		line string
+		want bool
+	}{
+		{"zap console", "T\tERROR\tsetup\tProblem running manager\t" + `{"error": "` + gaveUp + `"}`, true},
+		{"slog text", `time=T level=ERROR msg="Problem running manager" err="` + gaveUp + `"`, true},
+		{"logrus text", `time="T" level=error msg="Problem running manager" error="` + gaveUp + `"`, true},
+		{"an aggregate", `{"level":"error","ts":1,"msg":"Problem running manager","error":"[failed to serve, ` + gaveUp + `]"}`, true},
+		{"in a message", `{"level":"info","ts":1,"msg":"` + gaveUp + `"}`, false},
+		{"in another key", `{"level":"info","ts":1,"msg":"Working","note":"` + gaveUp + `"}`, false},
+		{"quoted inside an error", `{"level":"error","ts":1,"msg":"Reconciler error","error":"failed to sync: ` + gaveUp + `"}`, false},
+		{"not a log line", gaveUp, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &Result{Lines: []string{"INFO\tStarting manager", tc.line}, signaled: 1}
+			if got := r.gaveUp(); got != tc.want {
+				t.Errorf("gaveUp() = %t, want %t", got, tc.want)
+			}
+			if tc.want {
+				r.signaled = 2 // logged before SIGTERM: not the manager's
+				if r.gaveUp() {
+					t.Error("gaveUp() = true from a line logged before SIGTERM")
+				}
+			}
 		})
 	}
 }
@@ -247,4 +290,32 @@ func TestFreeWebhookPort(t *testing.T) {
 	e, err = endpoints(Options{Env: &envtest.Environment{}, FreeWebhookPort: true})
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(e.Webhook).To(BeEmpty(), "no webhook installed: none")
+}
+
+// The harness's client never follows a redirect: the token would go with it (here to
+// another port in clear). The 3xx is what get returns.
+func TestNoRedirectWithTheToken(t *testing.T) {
+	var mu sync.Mutex
+	var elsewhere []string
+	other := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		elsewhere = append(elsewhere, r.Header.Get("Authorization"))
+		mu.Unlock()
+	}))
+	defer other.Close()
+	redirecting := httptest.NewServer(http.RedirectHandler(other.URL+"/debug/quiesce", http.StatusFound))
+	defer redirecting.Close()
+
+	_, status, err := get(t.Context(), httpClient(nil, false), redirecting.URL+"/debug/quiesce", "secret-token")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if status != http.StatusFound {
+		t.Errorf("status = %d, want %d (the redirect, not followed)", status, http.StatusFound)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(elsewhere) != 0 {
+		t.Errorf("the redirect's target got %d request(s), Authorization %q", len(elsewhere), elsewhere)
+	}
 }

@@ -229,7 +229,8 @@ func metricsCert(dir string) (*x509.CertPool, error) {
 
 // httpClient returns the client of the operator's servers: without keep-alives (no
 // connection outlives a request); for HTTPS, trusting roots only (none: not verifying, as
-// Options.MetricsInsecureSkipVerify asks).
+// Options.MetricsInsecureSkipVerify asks); never following a redirect, which would carry the
+// token elsewhere (a 3xx is returned as it is).
 func httpClient(roots *x509.CertPool, insecure bool) *http.Client {
 	t := &http.Transport{
 		DisableKeepAlives: true,
@@ -238,7 +239,8 @@ func httpClient(roots *x509.CertPool, insecure bool) *http.Client {
 	if insecure {
 		t.TLSClientConfig.InsecureSkipVerify = true //nolint:gosec // asked for: Options.MetricsInsecureSkipVerify
 	}
-	return &http.Client{Transport: t}
+	return &http.Client{Transport: t,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 }
 
 // certHint adds, to an error of a request to the metrics server that failed on its

@@ -3,8 +3,9 @@
 // (development mode: "time\tLEVEL\tlogger\tmessage\t{key/values as JSON}") or its JSON
 // encoder (production mode), and log/slog's text handler ("time=... level=INFO msg=...
 // key=value", values quoted as strconv.Quote quotes them) or JSON handler, behind
-// logr.FromSlogHandler. shutdowntest keeps the parsing here, apart, with a fixture test per
-// format, as goleak keeps its stack parser in internal/stack.
+// logr.FromSlogHandler, and logrus' text formatter (slog's form, time quoted, levels in lower
+// case) or JSON formatter, behind bombsimon/logrusr. shutdowntest keeps the parsing here,
+// apart, with a fixture test per format, as goleak keeps its stack parser in internal/stack.
 package logline
 
 import (
@@ -23,6 +24,8 @@ const (
 	ZapJSON    Format = "zap-json"    // controller-runtime's zap logger, production mode
 	SlogText   Format = "slog-text"   // slog.NewTextHandler
 	SlogJSON   Format = "slog-json"   // slog.NewJSONHandler
+	LogrusText Format = "logrus-text" // logrus.TextFormatter, through logrusr
+	LogrusJSON Format = "logrus-json" // logrus.JSONFormatter, through logrusr
 )
 
 // Entry is one line of the log, read.
@@ -64,17 +67,22 @@ func (e Entry) String(key string) string {
 }
 
 // Decode decodes key's value, as JSON, into out: slog text's value is read as JSON text (a
-// number, true, a JSON array written as a string). It reports whether it could.
+// number, true, a JSON array written as a string), and so is a JSON string's content when
+// out cannot hold the string itself (logrusr marshals values it does not know to such a
+// string). It reports whether it could.
 func (e Entry) Decode(key string, out any) bool {
 	v, ok := e.fields[key]
 	if !ok {
 		return false
 	}
-	data := []byte(v.json)
 	if v.json == nil {
-		data = []byte(v.text)
+		return json.Unmarshal([]byte(v.text), out) == nil
 	}
-	return json.Unmarshal(data, out) == nil
+	if json.Unmarshal(v.json, out) == nil {
+		return true
+	}
+	var s string
+	return json.Unmarshal(v.json, &s) == nil && json.Unmarshal([]byte(s), out) == nil
 }
 
 // Error returns the line's error: the value of "error" (zapr's key) or, when it has none,
@@ -99,8 +107,8 @@ func Parse(line string) (e Entry, ok bool) {
 	}
 }
 
-// parseJSON reads a JSON object with a string "msg": slog's when it has "time" and no "ts"
-// (zap's time key), zap's otherwise.
+// parseJSON reads a JSON object with a string "msg": slog's or logrus' (levels in lower
+// case) when it has "time" and no "ts" (zap's time key), zap's otherwise.
 func parseJSON(line string) (Entry, bool) {
 	var raw map[string]json.RawMessage
 	if json.Unmarshal([]byte(line), &raw) != nil {
@@ -113,10 +121,13 @@ func parseJSON(line string) (Entry, bool) {
 	if !e.Has("msg") || !e.Has("level") {
 		return Entry{}, false
 	}
+	e.Msg, e.Level, e.Logger = e.String("msg"), e.String("level"), e.String("logger")
 	if e.Has("time") && !e.Has("ts") {
 		e.Format = SlogJSON
+		if logrusLevel(e.Level) {
+			e.Format = LogrusJSON
+		}
 	}
-	e.Msg, e.Level, e.Logger = e.String("msg"), e.String("level"), e.String("logger")
 	return e, true
 }
 
@@ -166,7 +177,8 @@ func parseConsole(line string) (Entry, bool) {
 // value that needs quoting (a space, '=', '"', a character not printable) is a Go quoted
 // string. It needs a "level" and a "msg", and the line begins with one of slog's built-in
 // keys (time, level, msg), never quoted: go-logr/funcr's `"level"=0 "msg"="..."` is not
-// slog's.
+// slog's. logrus' text formatter writes the same form (when its output is no terminal, or
+// with DisableColors), its levels in lower case.
 func parseText(line string) (Entry, bool) {
 	first, _, _ := strings.Cut(line, "=")
 	if first != "time" && first != "level" && first != "msg" {
@@ -189,8 +201,15 @@ func parseText(line string) (Entry, bool) {
 		return Entry{}, false
 	}
 	e.Msg, e.Level, e.Logger = e.String("msg"), e.String("level"), e.String("logger")
+	if logrusLevel(e.Level) {
+		e.Format = LogrusText
+	}
 	return e, true
 }
+
+// logrusLevel reports whether level is as logrus writes it: in lower case ("info", "warning",
+// and "unknown" for logr's V(3) and beyond), where slog writes "INFO", "DEBUG-1".
+func logrusLevel(level string) bool { return level != "" && level == strings.ToLower(level) }
 
 // textToken reads a key (up to '=') or a value (up to ' ') at the start of s, quoted or not,
 // and returns it unquoted and what follows it.

@@ -7,8 +7,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/bombsimon/logrusr/v4"
 	"github.com/go-logr/logr"
 	. "github.com/onsi/gomega"
+	"github.com/sirupsen/logrus"
 	"go.uber.org/goleak"
 	"go.uber.org/zap/zapcore"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -54,6 +56,23 @@ var fixtures = map[Format][]string{
 		`{"time":"2026-12-04T14:12:39.862974275Z","level":"ERROR","msg":"Reconciler error","controller":"demo","namespace":"ns",` +
 			`"name":"a","reconcileID":"id-1","err":"failed to work: context canceled"}`,
 	},
+	LogrusText: {
+		`time="2026-12-04T14:12:39Z" level=info msg="Stop began" gracePeriod=2s logger=quiesce sinceStop=0s`,
+		`time="2026-12-04T14:12:39Z" level=error msg="Abandoned calls still running after the grace period" abandoned=1 ` +
+			`calls="[{\"name\":\"demo/ns/a/export\",\"age\":\"2s\"}]" error="context deadline exceeded" logger=quiesce sinceStop=2.007s`,
+		`time="2026-12-04T14:12:39Z" level=unknown msg=Reconciling controller=demo name=a namespace=ns reconcileID=id-1`,
+		`time="2026-12-04T14:12:39Z" level=error msg="Reconciler error" controller=demo error="failed to work: context canceled" ` +
+			`name=a namespace=ns reconcileID=id-1`,
+	},
+	LogrusJSON: {
+		`{"gracePeriod":"2s","level":"info","logger":"quiesce","msg":"Stop began","sinceStop":"0s","time":"2026-12-04T14:12:39Z"}`,
+		`{"abandoned":1,"calls":"[{\"name\":\"demo/ns/a/export\",\"age\":\"2s\"}]","error":"context deadline exceeded",` +
+			`"level":"error","logger":"quiesce","msg":"Abandoned calls still running after the grace period","sinceStop":"2.007s",` +
+			`"time":"2026-12-04T14:12:39Z"}`,
+		`{"controller":"demo","level":"unknown","msg":"Reconciling","name":"a","namespace":"ns","reconcileID":"id-1","time":"2026-12-04T14:12:39Z"}`,
+		`{"controller":"demo","error":"failed to work: context canceled","level":"error","msg":"Reconciler error","name":"a",` +
+			`"namespace":"ns","reconcileID":"id-1","time":"2026-12-04T14:12:39Z"}`,
+	},
 }
 
 // checkFixture checks the four lines of fixtures, as Parse reads them in format f.
@@ -82,9 +101,14 @@ func checkFixture(g Gomega, f Format, lines []string) {
 	g.Expect(n).To(Equal(1))
 	g.Expect(abandoned.String("abandoned")).To(Equal("1"))
 	g.Expect(abandoned.String("calls")).To(ContainSubstring("demo/ns/a/export"))
+	var calls []call
+	if f != SlogText { // slog's text writes []call with %+v
+		g.Expect(abandoned.Decode("calls", &calls)).To(BeTrue())
+		g.Expect(calls).To(Equal([]call{{"demo/ns/a/export", "2s"}}))
+	}
 
 	g.Expect(reconciling.Msg).To(Equal("Reconciling"))
-	g.Expect(reconciling.Level).To(BeElementOf("LEVEL(-5)", "Level(-5)", "DEBUG-1"))
+	g.Expect(reconciling.Level).To(BeElementOf("LEVEL(-5)", "Level(-5)", "DEBUG-1", "unknown"))
 	g.Expect(failed.Msg).To(Equal("Reconciler error"))
 	for _, e := range []Entry{reconciling, failed} {
 		g.Expect(e.Logger).To(BeEmpty())
@@ -129,6 +153,8 @@ func TestRealLoggers(t *testing.T) {
 		{ZapJSON, func(w *bytes.Buffer) logr.Logger { return zap.New(zap.WriteTo(w), debug) }},
 		{SlogText, func(w *bytes.Buffer) logr.Logger { return logr.FromSlogHandler(slog.NewTextHandler(w, slogDebug)) }},
 		{SlogJSON, func(w *bytes.Buffer) logr.Logger { return logr.FromSlogHandler(slog.NewJSONHandler(w, slogDebug)) }},
+		{LogrusText, func(w *bytes.Buffer) logr.Logger { return logrusr.New(logrusDebug(w, &logrus.TextFormatter{})) }},
+		{LogrusJSON, func(w *bytes.Buffer) logr.Logger { return logrusr.New(logrusDebug(w, &logrus.JSONFormatter{})) }},
 	} {
 		t.Run(string(tc.f), func(t *testing.T) {
 			var buf bytes.Buffer
@@ -142,6 +168,15 @@ func TestRealLoggers(t *testing.T) {
 			checkFixture(NewWithT(t), tc.f, lines)
 		})
 	}
+}
+
+// logrusDebug is a logrus logger writing f to w at logr's V(5) (logrus' level 9).
+func logrusDebug(w *bytes.Buffer, f logrus.Formatter) *logrus.Logger {
+	l := logrus.New()
+	l.SetOutput(w)
+	l.SetFormatter(f)
+	l.SetLevel(logrus.Level(9))
+	return l
 }
 
 func TestNotALogLine(t *testing.T) {

@@ -274,8 +274,8 @@ func TestWrapLockMisuse(t *testing.T) {
 		wrap func()
 		want string
 	}{
-		{"nil lock", func() { New(Options{}).WrapLock(nil, LockOptions{}) }, "nil lock"},
-		{"typed-nil lock", func() { New(Options{}).WrapLock((*fakeLock)(nil), LockOptions{}) }, "nil lock"},
+		{"nil", func() { New(Options{}).WrapLock(nil, LockOptions{}) }, "nil lock"},
+		{"typed nil", func() { New(Options{}).WrapLock((*fakeLock)(nil), LockOptions{}) }, "nil lock"},
 		{"twice", func() { off.WrapLock(&fakeLock{id: "me"}, LockOptions{}) }, "called twice"},
 		{"a wrapped lock", func() { New(Options{}).WrapLock(l, LockOptions{}) }, "quiesce's already"},
 		{"Setup's lock with leader election off", func() {

@@ -64,14 +64,22 @@ func (w *writer) Reconcile(ctx context.Context, req reconcile.Request) (reconcil
 	}
 }
 
-// lastWrite is when the last write that landed was sent, and why the context ended.
-func (w *writer) outcome() (last time.Time, n int, cause error, ended time.Time) {
+// writerOutcome is what a writer saw: when the last write that landed was sent, how many
+// landed, and when and why its context ended.
+type writerOutcome struct {
+	last, ended time.Time
+	n           int
+	cause       error
+}
+
+func (w *writer) outcome() writerOutcome {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if len(w.writes) > 0 {
-		last = w.writes[len(w.writes)-1]
+	o := writerOutcome{n: len(w.writes), cause: w.cause, ended: w.ended}
+	if o.n > 0 {
+		o.last = w.writes[o.n-1]
 	}
-	return last, len(w.writes), w.cause, w.ended
+	return o
 }
 
 // quiescedWriter is a manager with controller-runtime's leader election off, quiesce set
@@ -125,15 +133,16 @@ var _ = Describe("Fencing under the operator's own elector", func() {
 		}()
 		configMap(ctx, ns, "work")
 		Eventually(w.started, 15*time.Second).Should(Receive(), "the reconcile is in flight")
-		Eventually(func() int { _, n, _, _ := w.outcome(); return n }, 10*time.Second).Should(BeNumerically(">=", 3))
+		Eventually(func() int { return w.outcome().n }, 10*time.Second).Should(BeNumerically(">=", 3))
 
 		lock.breakRenewals()
-		Eventually(func() error { _, _, cause, _ := w.outcome(); return cause }, fenceGrace).Should(HaveOccurred())
+		Eventually(func() error { return w.outcome().cause }, fenceGrace).Should(HaveOccurred())
 		Eventually(mgrDone, 20*time.Second).Should(Receive(), "the manager stopped on the lost lease")
 		Eventually(electorDone, 20*time.Second).Should(BeClosed())
 		Eventually(q.Done(), 10*time.Second).Should(BeClosed())
 
-		last, n, cause, ended := w.outcome()
+		o := w.outcome()
+		last, n, cause, ended := o.last, o.n, o.cause, o.ended
 		renewed := lock.last()
 		GinkgoWriter.Printf("own elector | %d writes, the last %v after the last renewal, context ended %v after it (%v)\n",
 			n, last.Sub(renewed), ended.Sub(renewed), cause)
@@ -152,11 +161,12 @@ var _ = Describe("Fencing under the operator's own elector", func() {
 		_, done := startManager(mgr, q)
 		configMap(ctx, ns, "work")
 		Eventually(w.started, 15*time.Second).Should(Receive(), "the reconcile is in flight")
-		Eventually(func() int { _, n, _, _ := w.outcome(); return n }, 10*time.Second).Should(BeNumerically(">=", 3))
+		Eventually(func() int { return w.outcome().n }, 10*time.Second).Should(BeNumerically(">=", 3))
 
 		lost := time.Now()
 		q.LeaseLost(errors.New("the operator's elector stopped leading"))
-		last, _, cause, ended := w.outcome()
+		o := w.outcome()
+		last, cause, ended := o.last, o.cause, o.ended
 		Expect(cause).To(MatchError("leader election lost"), "LeaseLost returns once the contexts ended")
 		Expect(ended.Sub(lost)).To(BeNumerically("<", 500*time.Millisecond))
 		Expect(last.Before(lost)).To(BeTrue(), "no write sent after LeaseLost")

@@ -117,9 +117,15 @@ func TestWrapLockFencesUnderTheOperatorsElector(t *testing.T) {
 					t.Fatalf("the call ended %v after the last renewal with %v, want %v and %v",
 						took, cause, retryPeriod+defaultRenewDeadline, errLeadershipLost)
 				}
-				if at := <-mgrEnded; !at.Equal(fenced) || !errors.Is(context.Cause(x.mgrCtx), errLeadershipLost) {
-					t.Errorf("the manager's context ended at %v with %v, want at the fence (%v) with %v",
-						at, context.Cause(x.mgrCtx), fenced, errLeadershipLost)
+				synctest.Wait()
+				select {
+				case at := <-mgrEnded:
+					if !at.Equal(fenced) || !errors.Is(context.Cause(x.mgrCtx), errLeadershipLost) {
+						t.Errorf("the manager's context ended at %v with %v, want at the fence (%v) with %v",
+							at, context.Cause(x.mgrCtx), fenced, errLeadershipLost)
+					}
+				default:
+					t.Errorf("the manager's context did not end at the fence")
 				}
 				<-x.gaveUp
 				if gaveUp := time.Since(fenced); gaveUp > retryPeriod {

@@ -82,7 +82,7 @@ func (r *Runnable) wrapLock(lock resourcelock.Interface, opts LockOptions) (*lea
 // nothing.
 func (r *Runnable) LeaseLost(cause error) {
 	reason := "LeaseLost called"
-	if cause != nil {
+	if !internal.IsNil(cause) {
 		reason = internal.Cut(cause.Error())
 	}
 	r.fence(reason)

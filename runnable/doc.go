@@ -21,7 +21,9 @@
 // controller-runtime's cancellation and ends by the drain (CancelAfter, at most GracePeriod)
 // or by the fence, and the leader-election workers are held until the drain ends. Fencing
 // (see Setup): the contexts of tracked calls end ("leader election lost") when client-go's
-// elector gives the lease up, and a replica whose stop began never acquires it.
+// elector gives the lease up, and a replica whose stop began never acquires it. With an
+// elector of the operator's own, WrapLock wraps its lock for the same fence, and LeaseLost
+// fences at once (docs/adoption.md, "Your own leader election").
 //
 // Setup misuse, one rule in every quiesce package: a function that can report an error (an
 // error result, a test's TestingT, a Gomega matcher's error) reports every misuse of its

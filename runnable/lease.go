@@ -109,7 +109,7 @@ func (l *leaseObserver) write(ctx context.Context, ler resourcelock.LeaderElecti
 ) error {
 	mine := ler.HolderIdentity == l.inner.Identity()
 	l.mu.Lock()
-	lost, campaigning := l.lost, l.r.stop.began() && !l.held
+	lost, campaigning := l.lost || l.r.fenced.Load(), l.r.stop.began() && !l.held
 	l.mu.Unlock()
 	switch {
 	case mine && lost:
@@ -126,7 +126,7 @@ func (l *leaseObserver) write(ctx context.Context, ler resourcelock.LeaderElecti
 	switch {
 	case !mine: // released (LeaderElectionReleaseOnCancel): a planned end, no fence
 		l.held = false
-	case l.lost: // sent before the fence: the elector gives up at its next renewal
+	case l.lost || l.r.fenced.Load(): // sent before the fence: the elector gives up at its next renewal
 	case sent.After(l.lastRenewal):
 		l.held, l.lastRenewal = true, sent
 		// Only a goroutine: a fake clock runs the callback under its lock, where the fence's
@@ -166,7 +166,9 @@ func (l *leaseObserver) lose(sent time.Time) {
 	if expired {
 		reason = "no renewal within the renew deadline"
 	}
-	l.r.fence(last, l.fenceAfter(), reason)
+	l.r.fence(reason, "lastRenewal", last.UTC().Format(time.RFC3339Nano),
+		"sinceLastRenewal", l.r.clock.Since(last).Round(time.Millisecond).String(),
+		"fenceAfter", l.fenceAfter().String())
 }
 
 // used reports whether a write of this replica's ever succeeded through l (the manager's

@@ -91,6 +91,8 @@ type Runnable struct {
 	debug flowcontrol.PassiveRateLimiter // ServeHTTP's
 	setup *setupState                    // see setup.go
 
+	fenceOnce    sync.Once   // see fence
+	fenced       atomic.Bool // the fence began: no lock of r writes the lease
 	started      atomic.Bool
 	drainStarted atomic.Bool
 	drainOnce    sync.Once

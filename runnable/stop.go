@@ -21,6 +21,20 @@ type stopState struct {
 	beginOnce sync.Once
 	at        time.Time     // when the stop began; written before stopping is closed
 	stopping  chan struct{} // closed when the stop began
+
+	mu         sync.Mutex
+	cut        bool                    // the lease was lost: StopContext's context ends at once
+	endManager context.CancelCauseFunc // StopContext's cancel
+}
+
+// cutShort ends StopContext's context at once, now or when StopContext is called.
+func (s *stopState) cutShort() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cut = true
+	if s.endManager != nil {
+		s.endManager(errLeadershipLost)
+	}
 }
 
 func (s *stopState) began() bool { return internal.Closed(s.stopping) }
@@ -53,10 +67,18 @@ func (r *Runnable) sinceStop() []any {
 // When ctx ends the stop begins, and the returned context ends ShutdownDelay later, with
 // ctx's cause: meanwhile the whole manager keeps serving, as kube-apiserver's
 // --shutdown-delay-duration does (controller-runtime cancels a group of runnables at once:
-// only the manager's context keeps them all). Call it once, before mgr.Start.
+// only the manager's context keeps them all). It ends at once, with the cause "leader
+// election lost", when a lease of WrapLock or LeaseLost is lost: the manager stops as on
+// controller-runtime's own lost lease. Call it once, before mgr.Start.
 func (r *Runnable) StopContext(ctx context.Context) context.Context {
 	r.stop.delayed.Store(true)
 	out, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	r.stop.mu.Lock()
+	r.stop.endManager = cancel
+	if r.stop.cut {
+		cancel(errLeadershipLost)
+	}
+	r.stop.mu.Unlock()
 	context.AfterFunc(ctx, func() {
 		r.beginStop()
 		if r.stop.delay <= 0 {
@@ -64,6 +86,9 @@ func (r *Runnable) StopContext(ctx context.Context) context.Context {
 			return
 		}
 		r.clock.AfterFunc(r.stop.delay, func() {
+			if out.Err() != nil { // cut short by a lost lease
+				return
+			}
 			defer cancel(context.Cause(ctx))
 			internal.Safely(func() { r.stopLog().Info("Shutdown delay over", r.sinceStop()...) })
 		})
@@ -82,19 +107,24 @@ func (r *Runnable) startDrain() {
 	})
 }
 
-// fence ends the context of every tracked call: the lease was lost, and another replica may
-// lead already. The stop and the drain begin; the calls stay tracked and reported.
-func (r *Runnable) fence(lastRenewal time.Time, fenceAfter time.Duration, reason string) {
-	r.beginStop()
-	r.startDrain()
-	<-r.ex.Draining() // every call still running is listed, and no other is admitted
-	n := r.core().Fence(errLeadershipLost)
-	internal.Safely(func() {
-		r.log.Info("Leadership lost: cancelling calls", append(r.sinceStop(),
-			"reason", reason,
-			"lastRenewal", lastRenewal.UTC().Format(time.RFC3339Nano),
-			"sinceLastRenewal", r.clock.Since(lastRenewal).Round(time.Millisecond).String(),
-			"fenceAfter", fenceAfter.String(),
-			"cancelled", n)...)
+// fence ends the context of every tracked call, once: the lease was lost, and another
+// replica may lead already. The stop and the drain begin at once, whatever ShutdownDelay;
+// the calls stay tracked and reported. Without the manager's own leader election, whose
+// elector stops the manager itself, StopContext's context ends too. kv (the last renewal)
+// follow reason in the log line. Concurrent callers return once the first fenced.
+func (r *Runnable) fence(reason string, kv ...any) {
+	r.fenceOnce.Do(func() {
+		r.fenced.Store(true) // the locks write the lease no more
+		r.beginStop()
+		r.startDrain()
+		<-r.ex.Draining() // every call still running is listed, and no other is admitted
+		n := r.core().Fence(errLeadershipLost)
+		if r.setup == nil || r.setup.lease == nil {
+			r.stop.cutShort()
+		}
+		internal.Safely(func() {
+			line := append(append(append(r.sinceStop(), "reason", reason), kv...), "cancelled", n)
+			r.log.Info("Leadership lost: cancelling calls", line...)
+		})
 	})
 }

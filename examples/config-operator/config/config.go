@@ -11,6 +11,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
+	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
 	"github.com/quiesce-dev/quiesce/runnable"
@@ -67,11 +68,21 @@ func Load(path string) (*Config, error) {
 	return c, nil
 }
 
-// Parse decodes a config file strictly: an unknown or duplicate field is an error.
+// Parse decodes a config file strictly and case-sensitively: an unknown or duplicate field
+// is an error, and so is one whose name differs from a field's only in case ("publishurl"),
+// which encoding/json, and so sigs.k8s.io/yaml.UnmarshalStrict, would take for the field.
 func Parse(data []byte) (*Config, error) {
-	var c Config
-	if err := yaml.UnmarshalStrict(data, &c); err != nil {
+	js, err := yaml.YAMLToJSONStrict(data)
+	if err != nil {
 		return nil, fmt.Errorf("failed to decode config: %w", err)
+	}
+	var c Config
+	strict, err := kjson.UnmarshalStrict(js, &c)
+	if err != nil {
+		return nil, fmt.Errorf("failed to decode config: %w", err)
+	}
+	if len(strict) > 0 {
+		return nil, fmt.Errorf("failed to decode config: %w (field names are case-sensitive)", errors.Join(strict...))
 	}
 	return &c, nil
 }

@@ -50,8 +50,9 @@ const (
 	// reconcile.TerminalError; it is not retried for this generation of the object.
 	ReasonHandlerFailed = "HandlerFailed"
 	// ReasonProgressNotSaved is the reason of the Event for a Record that could not be saved:
-	// the object is too large (its annotations at the API server's limit), the patch is
-	// invalid or forbidden, or the object changed before each of ConflictsToReport cycles'
+	// the object is too large (its annotations at the API server's limit, or the whole
+	// object at etcd's), the patch is invalid or forbidden (or the kind has no status
+	// subresource for HandlersOptions.StatusField), or the object changed before each of ConflictsToReport cycles'
 	// patches in a row. No handler runs until it is saved. The note says why.
 	ReasonProgressNotSaved = "ProgressNotSaved"
 )

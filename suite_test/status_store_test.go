@@ -308,16 +308,16 @@ func grownWidget(ctx context.Context, editor client.Client, ns, name string) typ
 		}
 		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": add}})
 		Expect(err).NotTo(HaveOccurred())
-		switch err := editor.Patch(ctx, w, client.RawPatch(types.MergePatchType, patch)); {
-		case err == nil:
-		case strings.Contains(err.Error(), "request is too large"):
+		switch perr := editor.Patch(ctx, w, client.RawPatch(types.MergePatchType, patch)); {
+		case perr == nil:
+		case strings.Contains(perr.Error(), "request is too large"):
 			if n > 1 {
 				n /= 2
 			} else {
 				size /= 2
 			}
 		default:
-			Fail("failed to grow the widget: " + err.Error())
+			Fail("failed to grow the widget: " + perr.Error())
 		}
 	}
 	return client.ObjectKeyFromObject(w)

@@ -3,7 +3,9 @@ package config
 import (
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
+	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -94,6 +96,16 @@ func (c *Config) Options(scheme *runtime.Scheme) (ctrl.Options, runnable.Options
 	if c.PublishURL == "" {
 		return ctrl.Options{}, runnable.Options{}, errors.New("publishURL is not set: set it to the config store's URL")
 	}
+	// Printable ASCII only: YAML reads U+2028 and its kin as line breaks.
+	if u, err := url.Parse(c.PublishURL); err != nil || !printable(c.PublishURL) ||
+		u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
+		return ctrl.Options{}, runnable.Options{}, fmt.Errorf("publishURL is %q: set an http(s) URL of printable ASCII",
+			c.PublishURL)
+	}
+	if !printable(c.Webhook.CertDir) {
+		return ctrl.Options{}, runnable.Options{}, fmt.Errorf("webhook.certDir is %q: set a path of printable ASCII",
+			c.Webhook.CertDir)
+	}
 	shutdownTimeout := DefaultGracefulShutdownTimeout
 	if c.GracefulShutdownTimeout != nil {
 		shutdownTimeout = c.GracefulShutdownTimeout.Duration
@@ -120,6 +132,11 @@ func (c *Config) Options(scheme *runtime.Scheme) (ctrl.Options, runnable.Options
 		return ctrl.Options{}, runnable.Options{}, err
 	}
 	return mgrOpts, qopts, nil
+}
+
+// printable reports whether s is printable ASCII, without spaces.
+func printable(s string) bool {
+	return !strings.ContainsFunc(s, func(r rune) bool { return r < '!' || r > '~' })
 }
 
 func orDefault(s, def string) string {

@@ -46,6 +46,9 @@ func TestErrors(t *testing.T) {
 		{"publishURL: http://store\npublishURL: http://elsewhere\n", `duplicate`},
 		{"publishURL: http://store\ngracefulShutdownTimeout: \"30\"\n", "missing unit in duration"},
 		{"metricsAddr: :8080\n", "publishURL is not set"},
+		{"publishURL: \"http://store\\u2028\"\n", `publishURL is "http://store\u2028": set an http(s) URL of printable ASCII`},
+		{"publishURL: store\n", "set an http(s) URL"},
+		{"publishURL: http://store\nwebhook: {certDir: \"/certs\\u2028\"}\n", "webhook.certDir is"},
 		{"publishURL: http://store\nquiesce: {gracePeriod: 10s, cancelAfter: 12s}\n",
 			"quiesce.cancelAfter (CancelAfter) (12s) must be below quiesce.gracePeriod (GracePeriod) (10s)"},
 	} {

@@ -32,6 +32,9 @@ import (
 	"github.com/quiesce-dev/quiesce/runnable"
 )
 
+// statusProgress is the StatusField of the specs: .status.progress, a string in the CRDs.
+const statusProgress = "progress"
+
 // widgetGVK is the kind of testdata/crds/widgets.yaml: a custom resource with a status
 // subresource and a string field .status.progress.
 var widgetGVK = schema.GroupVersionKind{Group: "suite.quiesce.dev", Version: "v1", Kind: "Widget"}
@@ -121,7 +124,7 @@ var _ = Describe("The progress of Handlers beside a user who may edit the object
 		By("running h for generation 1, its progress in .status.progress, the forged annotation unread")
 		var runs handlerRuns
 		// UnsignedProgress: only the operator may patch the status, so the Record is trusted.
-		stop, done := start(ns, "widgets-status", &runs, lifecycle.HandlersOptions{StatusField: "progress", UnsignedProgress: true})
+		stop, done := start(ns, "widgets-status", &runs, lifecycle.HandlersOptions{StatusField: statusProgress, UnsignedProgress: true})
 		progressFor := func(gen int64) {
 			GinkgoHelper()
 			Eventually(func(g Gomega) {
@@ -176,7 +179,7 @@ var _ = Describe("The progress of Handlers beside a user who may edit the object
 		key := grownWidget(ctx, mallory, ns, "grown")
 
 		var runs handlerRuns
-		stop, done := start(ns, "widgets-grown", &runs, lifecycle.HandlersOptions{StatusField: "progress", UnsignedProgress: true})
+		stop, done := start(ns, "widgets-grown", &runs, lifecycle.HandlersOptions{StatusField: statusProgress, UnsignedProgress: true})
 		sized := regexp.MustCompile(`no handler runs until it is: the object is too large for the API server's storage \((\d+) bytes as JSON;`)
 		var note string
 		Eventually(func(g Gomega) {
@@ -206,7 +209,7 @@ var _ = Describe("The progress of Handlers beside a user who may edit the object
 		key := client.ObjectKeyFromObject(g)
 
 		var runs handlerRuns
-		stop, done := startKind(ns, "gadgets-status", newGadget, &runs, lifecycle.HandlersOptions{StatusField: "progress", UnsignedProgress: true})
+		stop, done := startKind(ns, "gadgets-status", newGadget, &runs, lifecycle.HandlersOptions{StatusField: statusProgress, UnsignedProgress: true})
 		expectWarnings(ctx, key, lifecycle.ReasonProgressNotSaved, 1)
 		Expect(warningNotes(ctx, key, lifecycle.ReasonProgressNotSaved)).To(ConsistOf(
 			"Progress of the handlers not saved in status field .status.progress, no handler runs until it is: " +
@@ -221,7 +224,7 @@ var _ = Describe("The progress of Handlers beside a user who may edit the object
 
 	It("should cap labels and annotations with docs/security.md's ValidatingAdmissionPolicy, as written there", func(ctx SpecContext) {
 		ns := newNamespace(ctx)
-		mallory := widgetEditorOf(ctx, ns, "mallory")
+		eve := widgetEditorOf(ctx, ns, "eve")
 		for _, obj := range docsPolicy() {
 			Expect(k8sClient.Create(ctx, obj)).To(Succeed())
 			DeferCleanup(func(ctx SpecContext) { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, obj))).To(Succeed()) })
@@ -239,17 +242,17 @@ var _ = Describe("The progress of Handlers beside a user who may edit the object
 			return w
 		}
 		By("refusing 65 labels, once the policy is in force")
-		Eventually(func() error { return mallory.Create(ctx, widget(65, nil)) }).Should(MatchError(ContainSubstring("at most 64 labels")))
+		Eventually(func() error { return eve.Create(ctx, widget(65, nil)) }).Should(MatchError(ContainSubstring("at most 64 labels")))
 		By("refusing an annotation of 4097 bytes, and 33 annotations")
-		Expect(mallory.Create(ctx, widget(0, map[string]string{"a.example/big": strings.Repeat("x", 4097)}))).
+		Expect(eve.Create(ctx, widget(0, map[string]string{"a.example/big": strings.Repeat("x", 4097)}))).
 			To(MatchError(ContainSubstring("at most 32 annotations, each but quiesce.dev/progress at most 4096 bytes")))
 		many := map[string]string{}
 		for i := range 33 {
 			many[fmt.Sprintf("a.example/a%02d", i)] = "x"
 		}
-		Expect(mallory.Create(ctx, widget(0, many))).To(MatchError(ContainSubstring("at most 32 annotations")))
+		Expect(eve.Create(ctx, widget(0, many))).To(MatchError(ContainSubstring("at most 32 annotations")))
 		By("admitting what is within the caps, and a larger progress annotation")
-		Expect(mallory.Create(ctx, widget(64, map[string]string{
+		Expect(eve.Create(ctx, widget(64, map[string]string{
 			"a.example/big":                     strings.Repeat("x", 4096),
 			lifecycle.DefaultProgressAnnotation: strings.Repeat("x", 10000),
 		}))).To(Succeed())
@@ -348,8 +351,9 @@ func docsPolicy() []*unstructured.Unstructured {
 	block, _, found = strings.Cut(block, "```")
 	Expect(found).To(BeTrue())
 	block = strings.ReplaceAll(block, "example.com", widgetGVK.Group)
-	var objs []*unstructured.Unstructured
-	for _, part := range strings.Split(block, "\n---\n") {
+	parts := strings.Split(block, "\n---\n")
+	objs := make([]*unstructured.Unstructured, 0, len(parts))
+	for _, part := range parts {
 		u := &unstructured.Unstructured{}
 		Expect(yaml.UnmarshalStrict([]byte(part), &u.Object)).To(Succeed())
 		objs = append(objs, u)

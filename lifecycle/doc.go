@@ -72,7 +72,9 @@
 // ClusterRole aggregated into it does, and kubebuilder's <kind>_editor_role, aggregated
 // into it, grants only get on <kind>/status. With
 // the status store, such editors cannot write the Record, nor keep it from being saved by
-// filling annotations; they can still make the patches conflict (below). The annotation is
+// filling annotations; they can still make the patches conflict (below), and grow the
+// object (labels have no limit on their number) until etcd refuses every write: cap them
+// (docs/security.md shows a ValidatingAdmissionPolicy). The annotation is
 // then neither read nor written. Switching stores starts afresh: each object's handlers run
 // once more for its current generation.
 //

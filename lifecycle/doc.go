@@ -72,7 +72,9 @@
 // ClusterRole aggregated into it does, and kubebuilder's <kind>_editor_role, aggregated
 // into it, grants only get on <kind>/status. With
 // the status store, such editors cannot write the Record, nor keep it from being saved by
-// filling annotations; they can still make the patches conflict (below). The annotation is
+// filling annotations; they can still make the patches conflict (below), and grow the
+// object (labels have no limit on their number) until etcd refuses every write: cap them
+// (docs/security.md shows a ValidatingAdmissionPolicy). The annotation is
 // then neither read nor written. Switching stores starts afresh: each object's handlers run
 // once more for its current generation.
 //
@@ -82,12 +84,16 @@
 // invalid, forbidden, any other error; or ConflictsToReport cycles of the object in a row
 // ended on a conflict, someone changing it faster than the operator reads and patches it)
 // is reported by a Warning Event on the object (ReasonProgressNotSaved, its note saying why
-// in words, never the error's text) and counted by the metric
+// in words, never the error's text: an object too large for etcd, with its size; a kind
+// without the status subresource StatusField needs, told from a deleted object by a live
+// read, HandlersOptions.APIReader) and counted by the metric
 // quiesce_progress_save_failures_total{controller, reason} (reason: too_large, invalid,
 // forbidden, conflict or error), registered in controller-runtime's metrics.Registry; the
 // reconcile returns the error, which controller-runtime logs ("Reconciler error", once per
-// reconcile) and retries with its rate limiter's backoff. The Event recorder
-// (client-go's tools/events) folds repeated Events into a series. Fewer conflicts in a row
+// reconcile) and retries with its rate limiter's backoff (not for a missing status
+// subresource: a terminal error). The Event recorder (client-go's tools/events) folds
+// repeated Events into a series: their notes are the same for each failure of a reason (the
+// count of conflicts is in the error alone). Fewer conflicts in a row
 // are the optimistic lock at work: requeued quietly (V(1)).
 //
 // # Who can write the progress

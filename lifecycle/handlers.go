@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -49,8 +50,9 @@ const (
 	// reconcile.TerminalError; it is not retried for this generation of the object.
 	ReasonHandlerFailed = "HandlerFailed"
 	// ReasonProgressNotSaved is the reason of the Event for a Record that could not be saved:
-	// the object is too large (its annotations at the API server's limit), the patch is
-	// invalid or forbidden, or the object changed before each of ConflictsToReport cycles'
+	// the object is too large (its annotations at the API server's limit, or the whole
+	// object at etcd's), the patch is invalid or forbidden (or the kind has no status
+	// subresource for HandlersOptions.StatusField), or the object changed before each of ConflictsToReport cycles'
 	// patches in a row. No handler runs until it is saved. The note says why.
 	ReasonProgressNotSaved = "ProgressNotSaved"
 )
@@ -163,6 +165,13 @@ type HandlersOptions struct {
 	// ProgressKey and UnsignedProgress is set.
 	UnsignedProgress bool
 
+	// APIReader reads the object from the API server when the status patch gets a 404, to
+	// tell an object deleted meanwhile (nothing to do) from a kind without a status
+	// subresource (reported as not saved, reason invalid): give it mgr.GetAPIReader(). nil:
+	// the client, whose cache may still hold an object deleted a moment before the patch, so
+	// that it is reported once. Unused without StatusField.
+	APIReader client.Reader
+
 	// PublishErrors puts a failed handler's error text (its first KiB) in the Record's
 	// Progress.Message and in the Events' notes, which anyone who may read the object or
 	// its Events reads. false, the default: they carry the error's class only (its API
@@ -214,6 +223,14 @@ func (o *HandlersOptions) setDefaults() {
 	if internal.IsNil(o.Recorder) {
 		o.Recorder = nil // a typed nil: no Events, as documented for nil
 	}
+}
+
+// liveReader returns APIReader, or c if it is nil.
+func (o *HandlersOptions) liveReader(c client.Client) client.Reader {
+	if internal.IsNil(o.APIReader) {
+		return c
+	}
+	return o.APIReader
 }
 
 // Handlers returns a reconciler that runs handlers on each object of type T, kopf-style,
@@ -478,10 +495,13 @@ func (h *handlersReconciler[T]) conflicted(ctx context.Context, obj T, err error
 // that conflicted: a Warning Event (ReasonProgressNotSaved) saying why, and the metric. It
 // returns err, wrapped, for Reconcile to return: controller-runtime logs it, once.
 func (h *handlersReconciler[T]) notSaved(obj T, err error, conflicts int) error {
-	reason, why := h.whyNotSaved(err, conflicts)
+	reason, why := h.whyNotSaved(obj, err)
 	progressSaveFailures.WithLabelValues(h.controller, reason).Inc()
 	h.event(obj, corev1.EventTypeWarning, ReasonProgressNotSaved,
 		"Progress of the handlers not saved in %s, no handler runs until it is: %s", h.where, why)
+	if reason == reasonConflict { // the count in the log only: a constant note folds into a series
+		return fmt.Errorf("failed to save progress in %s (conflict, %d cycles in a row): %w", h.where, conflicts, err)
+	}
 	return fmt.Errorf("failed to save progress in %s (%s): %w", h.where, reason, err)
 }
 
@@ -792,6 +812,9 @@ func (h *handlersReconciler[T]) patch(ctx context.Context, obj T, p Record, lock
 			return zero, err
 		}
 		if err := h.c.Status().Patch(ctx, mod, client.RawPatch(types.MergePatchType, data)); err != nil {
+			if apierrors.IsNotFound(err) {
+				return zero, h.notFound(ctx, obj, err)
+			}
 			return zero, fmt.Errorf("failed to patch progress: %w", err)
 		}
 		// Else every cycle would run every handler again, for ever, with no error.
@@ -814,6 +837,24 @@ func (h *handlersReconciler[T]) patch(ctx context.Context, obj T, p Record, lock
 		return zero, fmt.Errorf("failed to patch progress: %w", err)
 	}
 	return mod, nil
+}
+
+// notFound returns the error of a status patch of obj that got err, a 404: err itself if
+// the object is gone (a live read does not find it either), a terminal error if the object
+// is there, for then its kind has no status subresource: every patch would get a 404.
+func (h *handlersReconciler[T]) notFound(ctx context.Context, obj T, err error) error {
+	live := h.newObj()
+	switch gerr := h.opts.liveReader(h.c).Get(ctx, client.ObjectKeyFromObject(obj), live); {
+	case apierrors.IsNotFound(gerr):
+		return fmt.Errorf("failed to patch progress: %w", err)
+	case gerr != nil:
+		return fmt.Errorf("failed to read the object after its status patch got a 404: %w", gerr)
+	}
+	kind := fmt.Sprintf("%T", obj)
+	if gvk, gerr := apiutil.GVKForObject(obj, h.c.Scheme()); gerr == nil {
+		kind = gvk.GroupKind().String()
+	}
+	return reconcile.TerminalError(fmt.Errorf("failed to patch progress: %w", &noStatusError{kind: kind}))
 }
 
 // backoff returns the delay before the next run of a handler that failed retries times:

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -125,13 +127,22 @@ const (
 	reasonError     = "error"
 )
 
-// whyNotSaved returns the metric's reason for err, a failed progress patch, and what the
-// Event says of it: never the error's text, which the operator's log has.
-func (s store) whyNotSaved(err error, conflicts int) (reason, why string) {
+// whyNotSaved returns the metric's reason for err, a failed progress patch of obj, and what
+// the Event says of it: never the error's text, which the operator's log has. The note is
+// the same for every error of a reason and object size, so that the Events fold into a series.
+func (s store) whyNotSaved(obj client.Object, err error) (reason, why string) {
+	var noStatus *noStatusError
 	switch {
 	case apierrors.IsConflict(err):
-		return reasonConflict, fmt.Sprintf("the object changed before each of the last %d patches "+
-			"(someone updates it faster than the operator reads and patches it)", conflicts)
+		return reasonConflict, fmt.Sprintf("the object changed before each of %d or more patches in a row "+
+			"(someone updates it faster than the operator reads and patches it)", ConflictsToReport)
+	case etcdTooLarge(err):
+		size := "of unknown size"
+		if b, jerr := json.Marshal(obj); jerr == nil {
+			size = strconv.Itoa(len(b)) + " bytes as JSON"
+		}
+		return reasonTooLarge, "the object is too large for the API server's storage (" + size +
+			"; anyone who may write it can grow it, with labels for one)"
 	case apierrors.IsRequestEntityTooLargeError(err), apierrors.HasStatusCause(err, metav1.CauseTypeTooLong):
 		if s.field == nil {
 			return reasonTooLarge, "the object is too large (its annotations reach the API server's limit: " +
@@ -140,6 +151,8 @@ func (s store) whyNotSaved(err error, conflicts int) (reason, why string) {
 		return reasonTooLarge, "the object is too large"
 	case errors.Is(err, errFieldDropped):
 		return reasonInvalid, "the object has no " + s.where + " (a string) to keep it in"
+	case errors.As(err, &noStatus):
+		return reasonInvalid, "the kind " + noStatus.kind + " has no status subresource to keep it in"
 	case apierrors.IsInvalid(err):
 		return reasonInvalid, "the API server refused it as invalid: " + errorClass(err)
 	case apierrors.IsForbidden(err):
@@ -147,6 +160,29 @@ func (s store) whyNotSaved(err error, conflicts int) (reason, why string) {
 	default:
 		return reasonError, errorClass(err)
 	}
+}
+
+// etcdTooLarge reports whether err is etcd's refusal of an object over its request limit
+// (--max-request-bytes, 1.5 MiB by default), which kube-apiserver passes on as an internal
+// error with etcd's text; the texts are those kube-apiserver itself matches (isTooLargeError
+// in k8s.io/apiserver/pkg/endpoints/handlers).
+func etcdTooLarge(err error) bool {
+	var status apierrors.APIStatus
+	if !errors.As(err, &status) || status.Status().Code != http.StatusInternalServerError {
+		return false
+	}
+	msg := status.Status().Message
+	return strings.Contains(msg, "etcdserver: request is too large") ||
+		strings.Contains(msg, "trying to send message larger than max")
+}
+
+// noStatusError is the error of a status patch that got a 404 while the object exists: its
+// kind has no status subresource.
+type noStatusError struct{ kind string }
+
+func (e *noStatusError) Error() string {
+	return "the status patch got a 404 while the object exists: " + e.kind + " has no /status subresource: " +
+		"add one (a CRD's subresources.status) or unset HandlersOptions.StatusField"
 }
 
 // whereTitle is where, capitalized, to start an Event's note.

@@ -2,9 +2,12 @@ package lifecycle_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -13,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apivalidation "k8s.io/apimachinery/pkg/api/validation"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -113,6 +117,10 @@ func TestHandlersReportProgressNotSaved(t *testing.T) {
 		{"forbidden", "forbidden", "the operator may not patch it: Forbidden (HTTP 403)",
 			refuse(apierrors.NewForbidden(gr, "obj", errors.New("no"))), false},
 		{"server error", "error", "ServerTimeout (HTTP 500)", refuse(apierrors.NewServerTimeout(gr, "patch", 1)), false},
+		// As kube-apiserver passes etcd's refusal on: an internal error with etcd's text.
+		{"etcd too large", "too_large", "the object is too large for the API server's storage (" + cmJSONSize + " bytes as JSON; " +
+			"anyone who may write it can grow it, with labels for one)", refuse(&apierrors.StatusError{ErrStatus: metav1.Status{
+			Status: metav1.StatusFailure, Code: http.StatusInternalServerError, Message: "etcdserver: request is too large"}}), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var j journal
@@ -146,6 +154,20 @@ func TestHandlersReportProgressNotSaved(t *testing.T) {
 	}
 }
 
+// cmJSONSize is the size of configMap("obj") as the fake client returns it, encoded in JSON.
+var cmJSONSize = func() string {
+	c := fake.NewClientBuilder().WithObjects(configMap("obj")).Build()
+	var cm corev1.ConfigMap
+	if err := c.Get(context.Background(), objKey, &cm); err != nil {
+		panic(err)
+	}
+	b, err := json.Marshal(&cm)
+	if err != nil {
+		panic(err)
+	}
+	return strconv.Itoa(len(b))
+}()
+
 // TestHandlersReportConflictsThatKeepComing: a progress patch that conflicts is the optimistic
 // lock at work (a stale read) and requeues the object quietly; ConflictsToReport cycles of an
 // object in a row that conflict mean that someone changes it faster than the operator reads and
@@ -177,16 +199,22 @@ func TestHandlersReportConflictsThatKeepComing(t *testing.T) {
 			t.Fatalf("events %q, metric %v after %d conflicts; want no Event, the metric at %v", evs, got, n, reports)
 		}
 	}
+	// One note for every report, the count in the error alone: client-go's recorder folds
+	// Events of the same note into a series.
+	const note = "Warning " + lifecycle.ReasonProgressNotSaved + " Progress of the handlers not saved in annotation " +
+		"quiesce.dev/progress, no handler runs until it is: the object changed before each of 5 or more patches in a row " +
+		"(someone updates it faster than the operator reads and patches it)"
+	inRow := lifecycle.ConflictsToReport
 	reported := func(want float64) {
 		t.Helper()
 		_, err := f.r.Reconcile(context.Background(), request("obj"))
-		if !apierrors.IsConflict(err) || !strings.Contains(err.Error(), "failed to save progress in annotation quiesce.dev/progress (conflict)") {
-			t.Fatalf("Reconcile = %v, want the conflict reported as an error", err)
+		wantErr := fmt.Sprintf("failed to save progress in annotation quiesce.dev/progress (conflict, %d cycles in a row)", inRow)
+		if !apierrors.IsConflict(err) || !strings.Contains(err.Error(), wantErr) {
+			t.Fatalf("Reconcile = %v, want the conflict reported as an error saying %q", err, wantErr)
 		}
-		evs := f.events()
-		if len(evs) != 1 || !strings.HasPrefix(evs[0], "Warning "+lifecycle.ReasonProgressNotSaved+" ") ||
-			!strings.Contains(evs[0], "the object changed before each of the last") {
-			t.Fatalf("events = %q, want one %s saying the object keeps changing", evs, lifecycle.ReasonProgressNotSaved)
+		inRow++
+		if evs := f.events(); len(evs) != 1 || evs[0] != note {
+			t.Fatalf("events = %q, want one: %q", evs, note)
 		}
 		if got := saveFailures(t, controller, "conflict"); got != want {
 			t.Fatalf("quiesce_progress_save_failures_total{reason=conflict} = %v, want %v", got, want)
@@ -198,6 +226,7 @@ func TestHandlersReportConflictsThatKeepComing(t *testing.T) {
 	reported(2)
 
 	conflict = false // a cycle saves: a runs, and the count starts again
+	inRow = lifecycle.ConflictsToReport
 	f.reconcile("obj")
 	if runs := j.all(); len(runs) != 1 || runs[0] != "a" {
 		t.Fatalf("runs %q, want a", runs)
@@ -429,4 +458,81 @@ func TestHandlersReportOutcomesNotSaved(t *testing.T) {
 	if got := saveFailures(t, controller, "too_large"); got != 1 || len(j.all()) != 1 {
 		t.Fatalf("metric %v, runs %q; want 1 and a run", got, j.all())
 	}
+}
+
+// TestHandlersStatusSubresourceMissing: a status patch that gets a 404 while a live read finds
+// the object means that its kind has no status subresource: reported (a terminal error naming
+// the kind, the Event, the metric, reason invalid), not read as a deleted object, which it was
+// before (no Event, metric or error, for good). A 404 for an object the live read does not
+// find either (deleted meanwhile, though a cache still has it) stays quiet.
+func TestHandlersStatusSubresourceMissing(t *testing.T) {
+	w := newWidget()
+	w.SetNamespace("ns")
+	w.SetName("obj")
+	w.SetGeneration(1)
+	hs := func(j *journal) []lifecycle.Handler[*unstructured.Unstructured] {
+		return []lifecycle.Handler[*unstructured.Unstructured]{{ID: "a", Fn: func(context.Context, *unstructured.Unstructured) error {
+			j.add("a")
+			return nil
+		}}}
+	}
+	reconciler := func(t *testing.T, controller string, live client.Reader, rec *events.FakeRecorder, j *journal) reconcile.Reconciler {
+		t.Helper()
+		ex := drain.New(drain.Options{})
+		drained(t, ex)
+		// No WithStatusSubresource: the fake client answers a status patch with a 404.
+		c := fake.NewClientBuilder().WithObjects(w.DeepCopy()).Build()
+		r, err := lifecycle.Handlers(ex, c, controller, newWidget, hs(j),
+			lifecycle.HandlersOptions{StatusField: progressField, UnsignedProgress: true, Recorder: rec, APIReader: live})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+
+	t.Run("object there", func(t *testing.T) {
+		controller := uniqueController("widgets-nostatus")
+		rec := events.NewFakeRecorder(10)
+		var j journal
+		r := reconciler(t, controller, nil, rec, &j)
+		for i := 1; i <= 2; i++ {
+			_, err := r.Reconcile(context.Background(), request("obj"))
+			if !errors.Is(err, reconcile.TerminalError(nil)) || apierrors.IsNotFound(err) ||
+				!strings.Contains(err.Error(), "(invalid)") || !strings.Contains(err.Error(), "Widget.example.com has no /status subresource") {
+				t.Fatalf("Reconcile %d = %v, want a terminal error naming the missing subresource", i, err)
+			}
+			want := "Warning ProgressNotSaved Progress of the handlers not saved in status field .status.progress, " +
+				"no handler runs until it is: the kind Widget.example.com has no status subresource to keep it in"
+			select {
+			case e := <-rec.Events:
+				if e != want {
+					t.Fatalf("event %q, want %q", e, want)
+				}
+			default:
+				t.Fatalf("no event after reconcile %d, want %q", i, want)
+			}
+			if got := saveFailures(t, controller, "invalid"); got != float64(i) || len(j.all()) != 0 {
+				t.Fatalf("metric %v, runs %q after %d reconciles; want %d and none", got, j.all(), i, i)
+			}
+		}
+	})
+
+	t.Run("object deleted", func(t *testing.T) {
+		controller := uniqueController("widgets-deleted")
+		rec := events.NewFakeRecorder(10)
+		var j journal
+		gone := fake.NewClientBuilder().Build() // the API server: the object is gone, the client's cache lags
+		r := reconciler(t, controller, gone, rec, &j)
+		if _, err := r.Reconcile(context.Background(), request("obj")); err != nil {
+			t.Fatalf("Reconcile = %v, want nil: a deleted object has nothing left to run", err)
+		}
+		select {
+		case e := <-rec.Events:
+			t.Fatalf("event %q, want none", e)
+		default:
+		}
+		if got := saveFailures(t, controller, "invalid"); got != 0 || len(j.all()) != 0 {
+			t.Fatalf("metric %v, runs %q; want 0 and none", got, j.all())
+		}
+	})
 }

@@ -13,9 +13,10 @@ import (
 
 // Config is the part of Options that a config file holds, for operators configured by a
 // file rather than by flags (component-config style): embed it in the operator's own
-// config struct, decode the file strictly (sigs.k8s.io/yaml.UnmarshalStrict refuses
-// unknown and duplicate fields; Config itself refuses, whatever the decoder, a field whose
-// name differs from one of its own only in case: see UnmarshalJSON), then Apply it.
+// config struct, decode the file strictly and case-sensitively (sigs.k8s.io/yaml.YAMLToJSONStrict,
+// then sigs.k8s.io/json.UnmarshalStrict, which refuses unknown and duplicate fields and
+// names that differ from a field's only in case, among the operator's own fields too;
+// Config itself refuses those, whatever the decoder: see UnmarshalJSON), then Apply it.
 // Durations are written as Go durations ("25s", "1m30s"). A field left out keeps the value
 // Options already has (the zero Options: the documented defaults).
 //

@@ -56,7 +56,8 @@ type Options struct {
 
 	// DebugAddress serves DebugPath on a listener of its own at this loopback address
 	// ("127.0.0.1:8083", "[::1]:8083", "localhost:8083"), reached with kubectl port-forward,
-	// for a metrics server without a FilterProvider. "": none.
+	// for a metrics server without a FilterProvider. Add refuses a listener whose own address
+	// is not loopback (a host name may resolve elsewhere). "": none.
 	DebugAddress string
 
 	// Clock stamps calls and times reports, CancelAfter and ShutdownDelay. nil: the real clock.

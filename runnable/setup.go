@@ -94,6 +94,21 @@ func checkDebugAddress(opts Options) error {
 	return nil
 }
 
+// listenDebug listens on opts.DebugAddress and refuses the listener unless its own address
+// is loopback: a host name such as localhost may resolve to any address.
+func listenDebug(opts Options) (net.Listener, error) {
+	ln, err := net.Listen("tcp", opts.DebugAddress)
+	if err != nil {
+		return nil, fmt.Errorf("failed to listen on %s for the quiesce debug view: %w", opts.name("DebugAddress"), err)
+	}
+	if a, ok := ln.Addr().(*net.TCPAddr); !ok || !a.IP.IsLoopback() {
+		_ = ln.Close()
+		return nil, fmt.Errorf("failed to listen on %s for the quiesce debug view: %q listens on %s, not loopback: "+
+			"set a loopback IP, e.g. 127.0.0.1:8083", opts.name("DebugAddress"), opts.DebugAddress, ln.Addr())
+	}
+	return ln, nil
+}
+
 // Add adds the Runnable of Setup to mgr, made by ctrl.NewManager(cfg, mgrOpts), once, before
 // mgr.Start, with the readyz check "quiesce", the metrics, and ServeHTTP at DebugPath: on the
 // metrics server when mgrOpts.Metrics has a FilterProvider, else not, saying so at V(1); and
@@ -164,9 +179,9 @@ func (r *Runnable) attach(mgr manager.Manager) error {
 	}
 	var debug *manager.Server
 	if addr := s.opts.DebugAddress; addr != "" {
-		ln, err := net.Listen("tcp", addr)
+		ln, err := listenDebug(s.opts)
 		if err != nil {
-			return fmt.Errorf("failed to listen on %s for the quiesce debug view: %w", s.opts.name("DebugAddress"), err)
+			return err
 		}
 		r.log.Info("Serving the debug view on loopback", "address", ln.Addr().String(), "path", DebugPath)
 		mux := http.NewServeMux()

@@ -131,3 +131,25 @@ func TestLeaseEventsInTheLeaseCluster(t *testing.T) {
 		t.Fatal("no Event reached the lease's cluster")
 	}
 }
+
+// TestListenDebugRefusesNonLoopback: the debug listener is refused unless its own address is
+// loopback, whatever the host in DebugAddress resolved to (localhost may resolve elsewhere);
+// before, attach listened wherever the name led and logged "on loopback".
+func TestListenDebugRefusesNonLoopback(t *testing.T) {
+	ln, err := listenDebug(Options{DebugAddress: "0.0.0.0:0"})
+	if err == nil {
+		_ = ln.Close()
+		t.Fatalf("listenDebug(0.0.0.0:0) listens on %s, want it refused", ln.Addr())
+	}
+	if want := `"0.0.0.0:0" listens on `; !strings.Contains(err.Error(), want) ||
+		!strings.Contains(err.Error(), "not loopback") {
+		t.Fatalf("listenDebug(0.0.0.0:0) = %v, want an error with %q and not loopback", err, want)
+	}
+	ln, err = listenDebug(Options{DebugAddress: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatalf("listenDebug(127.0.0.1:0) = %v, want a listener", err)
+	}
+	if err := ln.Close(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -216,6 +216,9 @@ var hostile = []struct {
 	{"the debug view on the pod's network", "/config/quiesce/debugAddress",
 		cfg("quiesce", nest("debugAddress", "0.0.0.0:8083"))},
 	{"an unknown key", "/config", cfg("webhookk", nest("port", 1))},
+	// YAML reads U+2028 as a line break: the config file would not be what the values say.
+	{"a line separator in a URL", "/config/publishURL", cfg("publishURL", "http://store\u2028quiesce: {cancelAfter: 1ns}")},
+	{"a line separator in a path", "/config/webhook/certDir", cfg("webhook", nest("port", 9443, "certDir", "/certs\u2028"))},
 }
 
 // Hostile values are refused by helm lint and helm template (values.schema.json), naming

@@ -3,7 +3,9 @@ package config
 import (
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
+	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -11,6 +13,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
+	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
 	"github.com/quiesce-dev/quiesce/runnable"
@@ -67,11 +70,21 @@ func Load(path string) (*Config, error) {
 	return c, nil
 }
 
-// Parse decodes a config file strictly: an unknown or duplicate field is an error.
+// Parse decodes a config file strictly and case-sensitively: an unknown or duplicate field
+// is an error, and so is one whose name differs from a field's only in case ("publishurl"),
+// which encoding/json, and so sigs.k8s.io/yaml.UnmarshalStrict, would take for the field.
 func Parse(data []byte) (*Config, error) {
-	var c Config
-	if err := yaml.UnmarshalStrict(data, &c); err != nil {
+	js, err := yaml.YAMLToJSONStrict(data)
+	if err != nil {
 		return nil, fmt.Errorf("failed to decode config: %w", err)
+	}
+	var c Config
+	strict, err := kjson.UnmarshalStrict(js, &c)
+	if err != nil {
+		return nil, fmt.Errorf("failed to decode config: %w", err)
+	}
+	if len(strict) > 0 {
+		return nil, fmt.Errorf("failed to decode config: %w (field names are case-sensitive)", errors.Join(strict...))
 	}
 	return &c, nil
 }
@@ -82,6 +95,16 @@ func Parse(data []byte) (*Config, error) {
 func (c *Config) Options(scheme *runtime.Scheme) (ctrl.Options, runnable.Options, error) {
 	if c.PublishURL == "" {
 		return ctrl.Options{}, runnable.Options{}, errors.New("publishURL is not set: set it to the config store's URL")
+	}
+	// Printable ASCII only: YAML reads U+2028 and its kin as line breaks.
+	if u, err := url.Parse(c.PublishURL); err != nil || !printable(c.PublishURL) ||
+		u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
+		return ctrl.Options{}, runnable.Options{}, fmt.Errorf("publishURL is %q: set an http(s) URL of printable ASCII",
+			c.PublishURL)
+	}
+	if !printable(c.Webhook.CertDir) {
+		return ctrl.Options{}, runnable.Options{}, fmt.Errorf("webhook.certDir is %q: set a path of printable ASCII",
+			c.Webhook.CertDir)
 	}
 	shutdownTimeout := DefaultGracefulShutdownTimeout
 	if c.GracefulShutdownTimeout != nil {
@@ -109,6 +132,11 @@ func (c *Config) Options(scheme *runtime.Scheme) (ctrl.Options, runnable.Options
 		return ctrl.Options{}, runnable.Options{}, err
 	}
 	return mgrOpts, qopts, nil
+}
+
+// printable reports whether s is printable ASCII, without spaces.
+func printable(s string) bool {
+	return !strings.ContainsFunc(s, func(r rune) bool { return r < '!' || r > '~' })
 }
 
 func orDefault(s, def string) string {

@@ -39,8 +39,16 @@ func TestDefaults(t *testing.T) {
 func TestErrors(t *testing.T) {
 	for _, tc := range []struct{ file, want string }{
 		{"publishURL: http://store\nmetricsAddres: :8080\n", `unknown field "metricsAddres"`},
+		// Outer keys are case-sensitive too: with encoding/json's folding, the key sorted last
+		// would replace the real one (quiesce's settings, the store's URL).
+		{"publishURL: http://store\nquiesce: {gracePeriod: 20s}\nquie\u017fce: {gracePeriod: 1ns}\n", "unknown field \"quie\u017fce\""},
+		{"publishURL: http://store\npublishurl: http://elsewhere\n", `unknown field "publishurl"`},
+		{"publishURL: http://store\npublishURL: http://elsewhere\n", `key "publishURL" already set`},
 		{"publishURL: http://store\ngracefulShutdownTimeout: \"30\"\n", "missing unit in duration"},
 		{"metricsAddr: :8080\n", "publishURL is not set"},
+		{"publishURL: \"http://store\\u2028\"\n", `publishURL is "http://store\u2028": set an http(s) URL of printable ASCII`},
+		{"publishURL: store\n", "set an http(s) URL"},
+		{"publishURL: http://store\nwebhook: {certDir: \"/certs\\u2028\"}\n", "webhook.certDir is"},
 		{"publishURL: http://store\nquiesce: {gracePeriod: 10s, cancelAfter: 12s}\n",
 			"quiesce.cancelAfter (CancelAfter) (12s) must be below quiesce.gracePeriod (GracePeriod) (10s)"},
 	} {

@@ -42,7 +42,7 @@ test: ## Unit tests, the envtest suite, then the adoption check (docs/adoption.m
 test-realnode: ## Specs on a real single node (kubelet, containerd, kube-proxy; root, offline), quiesce and plain controller-runtime side by side (docs/realnode.md).
 	assets="$$($(ENVTEST))"; node="$$(hack/setup-realnode.sh)"; \
 	KUBEBUILDER_ASSETS="$$assets" REALNODE_ASSETS="$$node" \
-		$(GO) test -race -v -tags realnode -count=1 -timeout 20m ./suite_test/realnode/ -args -ginkgo.v
+		$(GO) -C realnode test -race -v -tags realnode -count=1 -timeout 20m ./suite_test/ -args -ginkgo.v
 
 .PHONY: check-adoption
 check-adoption: ## docs/adoption.md diff applied to kubebuilder's scaffold equals examples/memcached-operator; its tests.
@@ -80,9 +80,11 @@ bench-all: ## Every benchmark, with its in-file baseline.
 lint: ## go.mod tidy, gofmt, go vet, golangci-lint (.golangci.yml), actionlint (workflows), then every relative link of the docs.
 	$(GO) mod tidy -diff
 	cd hack/tools && $(GO) mod tidy -diff
+	cd realnode && $(GO) mod tidy -diff
 	@out="$$(gofmt -l .)"; if [[ -n "$$out" ]]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet -race ./...
-	lint="$$($(GO) tool -modfile=hack/tools/go.mod -n golangci-lint)"; GOFLAGS="$(LINT_GOFLAGS)" "$$lint" run ./...
+	lint="$$($(GO) tool -modfile=hack/tools/go.mod -n golangci-lint)"; GOFLAGS="$(LINT_GOFLAGS)" "$$lint" run ./...; \
+		cd realnode && $(GO) vet -race -tags realnode ./... && GOFLAGS="$(LINT_GOFLAGS)" "$$lint" run --config ../.golangci.yml ./...
 	cd hack/tools/apidiff && $(GO) mod tidy -diff
 	cd hack/tools/actionlint && $(GO) mod tidy -diff
 	cd hack/tools/helm && $(GO) mod tidy -diff
@@ -93,6 +95,7 @@ lint: ## go.mod tidy, gofmt, go vet, golangci-lint (.golangci.yml), actionlint (
 lint-fix: ## go mod tidy, and the fixes golangci-lint can make itself (gofmt, goimports, ...).
 	$(GO) mod tidy
 	cd hack/tools && $(GO) mod tidy
+	cd realnode && $(GO) mod tidy
 	$(GOLANGCI_LINT) run --fix ./...
 	cd hack/tools/apidiff && $(GO) mod tidy
 	cd hack/tools/actionlint && $(GO) mod tidy

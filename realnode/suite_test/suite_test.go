@@ -14,7 +14,7 @@ import (
 	"go.uber.org/goleak"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/quiesce-dev/quiesce/shutdowntest/realnode"
+	"github.com/quiesce-dev/quiesce/realnode"
 )
 
 // The operator under test: examples/rollout's, as a static binary in a one-layer image.

@@ -52,6 +52,10 @@ var globalSysctls = []string{
 // Main blocks until the tests end.
 func Main(m interface{ Run() int }) int {
 	if dir := os.Getenv(envDir); dir != "" {
+		if err := checkNamespaces(os.Getppid()); err != nil {
+			fmt.Fprintf(os.Stderr, "realnode: refusing to prepare the node: %v\n", err)
+			return 1
+		}
 		if err := enterNode(dir); err != nil {
 			fmt.Fprintf(os.Stderr, "realnode: failed to prepare the node's namespaces: %v\n", err)
 			return 1
@@ -64,6 +68,27 @@ func Main(m interface{ Run() int }) int {
 		return 1
 	}
 	return code
+}
+
+// checkNamespaces refuses to prepare the node unless this process runs in mount and network
+// namespaces of its own, not its parent's: envDir in the environment is only a claim (set by
+// hand, or inherited), and enterNode mounts over /run, /var/lib and /var/log.
+func checkNamespaces(parent int) error {
+	for _, ns := range []string{"mnt", "net"} {
+		mine, err := os.Readlink("/proc/self/ns/" + ns)
+		if err != nil {
+			return fmt.Errorf("failed to read this process's %s namespace: %w", ns, err)
+		}
+		theirs, err := os.Readlink("/proc/" + strconv.Itoa(parent) + "/ns/" + ns)
+		if err != nil {
+			return fmt.Errorf("failed to read the parent's %s namespace: %w", ns, err)
+		}
+		if mine == theirs {
+			return fmt.Errorf("%s is set but this process shares its parent's %s namespace (%s): "+
+				"unset it; only Main sets it, in the test binary it re-executes", envDir, ns, mine)
+		}
+	}
+	return nil
 }
 
 // preflight names what this machine lacks to run a node.

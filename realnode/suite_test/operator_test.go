@@ -17,7 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
-	"github.com/quiesce-dev/quiesce/shutdowntest/realnode"
+	"github.com/quiesce-dev/quiesce/realnode"
 )
 
 // Names shared with examples/rollout/operator.

@@ -6,7 +6,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/quiesce-dev/quiesce/shutdowntest/realnode"
+	"github.com/quiesce-dev/quiesce/realnode"
 )
 
 // Start runs only inside the namespaces that Main prepares (call it from TestMain); anywhere

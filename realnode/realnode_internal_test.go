@@ -175,3 +175,23 @@ func TestDiffStateNamesWhatChanged(t *testing.T) {
 		t.Errorf("diffState of equal states = %q, want none", d)
 	}
 }
+
+// runCounter counts its Runs: Main must not run the tests it refused to set up.
+type runCounter struct{ runs int }
+
+func (m *runCounter) Run() int {
+	m.runs++
+	return 0
+}
+
+func TestMainRefusesTheNodeDirInTheParentsNamespaces(t *testing.T) {
+	t.Setenv(envDir, t.TempDir()) // a claim this process makes in its parent's namespaces
+	var m runCounter
+	if code := Main(&m); code != 1 || m.runs != 0 {
+		t.Fatalf("Main = %d after %d run(s), want 1 and no run: it must not mount over /run here", code, m.runs)
+	}
+	err := checkNamespaces(os.Getppid())
+	if err == nil || !strings.Contains(err.Error(), "shares its parent's mnt namespace") {
+		t.Fatalf("checkNamespaces(parent) = %v, want it to name the shared mount namespace", err)
+	}
+}

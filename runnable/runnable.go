@@ -74,7 +74,7 @@ const DefaultGracePeriod = 25 * time.Second
 const DebugPath = "/debug/quiesce"
 
 // Runnable is a manager.Runnable that owns a drain.Executor and drains it when the manager
-// stops. Make it with Setup, or New without a manager.
+// stops. Make it with Setup and add it with Runnable.Add.
 type Runnable struct {
 	ex           *drain.Executor
 	log          logr.Logger
@@ -99,16 +99,33 @@ type Runnable struct {
 
 var _ manager.LeaderElectionRunnable = (*Runnable)(nil) // manager.Runnable and http.Handler: see Add
 
-// New returns a Runnable owning a new executor, without a manager (unit tests, libraries):
-// it drains when the context given to Start ends. In an operator use Setup, which also
-// fences, tracks admission and adds readiness, metrics and the debug view. It panics on the
-// Options that Setup refuses (DebugAddress aside).
-func New(opts Options) *Runnable {
+// Runner owns an executor and drains it when the context given to Run ends, without a
+// manager: for unit tests and libraries. It is not a manager.Runnable, so that it cannot be
+// given to mgr.Add, where no lease would fence its shielded calls (docs/design.md, "Seams").
+type Runner struct{ r *Runnable }
+
+// New returns a Runner owning a new executor. In an operator use Setup, which also fences,
+// tracks admission and adds readiness, metrics and the debug view. It panics on the Options
+// that Setup refuses (DebugAddress aside).
+func New(opts Options) *Runner {
 	if err := checkDurations(opts); err != nil {
 		panic("runnable.New: " + err.Error())
 	}
-	return newRunnable(withDefaults(opts), false)
+	return &Runner{r: newRunnable(withDefaults(opts), false)}
 }
+
+// Run blocks until ctx ends, then drains the executor within GracePeriod, as a Runnable's
+// Start does, and returns the same result. It fails at once when called a second time.
+func (r *Runner) Run(ctx context.Context) error { return r.r.Start(ctx) }
+
+// Executor returns the executor the Runner owns and drains.
+func (r *Runner) Executor() *drain.Executor { return r.r.ex }
+
+// Done returns a channel closed when the drain is over, as Run returns.
+func (r *Runner) Done() <-chan struct{} { return r.r.stopped }
+
+// Err returns the drain's result once Done is closed (nil before).
+func (r *Runner) Err() error { return r.r.Err() }
 
 // withDefaults fills in the documented defaults of opts.
 func withDefaults(opts Options) Options {
@@ -219,12 +236,21 @@ func (r *Runnable) ReadyzCheck(*http.Request) error {
 // Start blocks until ctx ends, then drains (see the package documentation) and returns nil
 // when every call returned, or an error counting the abandoned calls that wraps the
 // *drain.PendingError listing them. It fails at once on a second Start, or with a
-// ShutdownDelay when the manager's context is not StopContext's. It drains and returns an
-// error naming the fix as soon as the manager shows it was not made from the Options Setup
-// prepared: it leads without the lock of Setup, or leader election was turned on after Setup.
+// ShutdownDelay when the manager's context is not StopContext's. It drains at once and
+// returns an error naming the fix, which mgr.Start returns, when Add did not add it
+// (mgr.Add(q) instead of q.Add(mgr) leaves the manager without the readyz check, metrics,
+// debug view and lease check), and as soon as the manager shows it was not made from the
+// Options Setup prepared: it leads without the lock of Setup, or leader election was turned
+// on after Setup.
 func (r *Runnable) Start(ctx context.Context) error {
 	if !r.started.CompareAndSwap(false, true) {
 		return errors.New("failed to start quiesce runnable: already started")
+	}
+	if s := r.setup; s != nil && !s.attached.Load() {
+		r.beginStop()
+		r.startDrain()
+		<-r.stopped
+		return errNotAdded
 	}
 	if r.stop.delay > 0 && !r.stop.delayed.Load() {
 		return fmt.Errorf("failed to start quiesce runnable: %s is %v, "+
@@ -260,6 +286,9 @@ func (r *Runnable) Start(ctx context.Context) error {
 	}
 	return r.err
 }
+
+var errNotAdded = errors.New("failed to start quiesce runnable: it was not added with q.Add(mgr): " +
+	"call q.Add(mgr) instead of mgr.Add(q)")
 
 var errLeadsWithoutLock = errors.New("failed to start quiesce runnable: the manager leads without the lease " +
 	"lock of runnable.Setup (it was made before Setup, or from a copy of the Options with another lock or with " +

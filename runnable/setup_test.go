@@ -173,7 +173,7 @@ func TestRunnableAddRefusesOrderMistakes(t *testing.T) {
 			}
 		})
 	}
-	if err := runnable.New(runnable.Options{}).Add(newManager(t, &ctrl.Options{})); err == nil ||
+	if err := runnable.NewUnmanaged(runnable.Options{}).Add(newManager(t, &ctrl.Options{})); err == nil ||
 		!strings.Contains(err.Error(), "it was not made by runnable.Setup") {
 		t.Fatalf("Add of a Runnable of New = %v", err)
 	}
@@ -222,6 +222,41 @@ func TestLeaderElectionTurnedOnAfterSetupFailsTheManager(t *testing.T) {
 	case <-mgr.Elected():
 		t.Fatal("the manager led through the lock of Setup")
 	default:
+	}
+}
+
+// controller-runtime's idiom, mgr.Add(q) instead of q.Add(mgr), fails mgr.Start naming the
+// fix, with leader election on and off, and the executor drains. Fails on v0.3.0: mgr.Start
+// ran until its context ended and returned nil, with no readyz check, metrics or lease check.
+func TestMgrAddInsteadOfAddFailsTheManager(t *testing.T) {
+	for name, mo := range map[string]ctrl.Options{"leaderElection": leaderOptions(),
+		"noLeaderElection": {Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0"}} {
+		t.Run(name, func(t *testing.T) {
+			q, err := runnable.Setup(&rest.Config{Host: noAPIServer}, &mo, runnable.Options{Logger: logr.Discard()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			mgr, err := ctrl.NewManager(&rest.Config{Host: noAPIServer}, mo)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := mgr.Add(q); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := mgr.Start(ctx); err == nil || !strings.Contains(err.Error(), "call q.Add(mgr) instead of mgr.Add(q)") {
+				t.Fatalf("mgr.Start = %v, want the error naming q.Add(mgr)", err)
+			}
+			if ctx.Err() != nil {
+				t.Fatal("mgr.Start returned only when its context ended")
+			}
+			select {
+			case <-q.Executor().Draining():
+			default:
+				t.Error("the executor of a Runnable refused at Start does not drain")
+			}
+		})
 	}
 }
 

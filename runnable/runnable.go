@@ -54,6 +54,12 @@ type Options struct {
 	// never fails. Timed on Clock. See docs/operating.md for the budget.
 	ShutdownDelay time.Duration
 
+	// TerminationGracePeriod is how long the process has from SIGTERM to SIGKILL: the Pod's
+	// terminationGracePeriodSeconds (less a preStop hook's time), or systemd's TimeoutStopSec.
+	// When set, Setup refuses a ShutdownDelay plus the manager's GracefulShutdownTimeout that
+	// is not below it. 0: unknown, not checked. See docs/operating.md.
+	TerminationGracePeriod time.Duration
+
 	// DebugAddress serves DebugPath on a listener of its own at this loopback address
 	// ("127.0.0.1:8083", "[::1]:8083", "localhost:8083"), reached with kubectl port-forward,
 	// for a metrics server without a FilterProvider. "": none.
@@ -172,6 +178,9 @@ func (r *Runnable) core() internal.Core { return internal.Of(r.ex) }
 // checkDurations checks opts before their defaults are filled in.
 func checkDurations(opts Options) error {
 	grace := withDefaults(opts).GracePeriod
+	if opts.TerminationGracePeriod < 0 {
+		return fmt.Errorf("%s is %v: set it to 0 (not checked) or more", opts.name("TerminationGracePeriod"), opts.TerminationGracePeriod)
+	}
 	if opts.ShutdownDelay < 0 {
 		return fmt.Errorf("%s is %v: set it to 0 (no delay) or more", opts.name("ShutdownDelay"), opts.ShutdownDelay)
 	}
@@ -200,7 +209,8 @@ func shutdownTimeout(mo *manager.Options) (time.Duration, string) {
 	return 30 * time.Second, "controller-runtime's default, as the manager's Options set none"
 }
 
-// checkBudget checks GracePeriod against the manager's GracefulShutdownTimeout.
+// checkBudget checks GracePeriod against the manager's GracefulShutdownTimeout, and that
+// with ShutdownDelay against TerminationGracePeriod.
 func checkBudget(opts Options, mo *manager.Options) error {
 	grace := withDefaults(opts).GracePeriod
 	if timeout, source := shutdownTimeout(mo); timeout >= 0 && grace >= timeout {
@@ -208,6 +218,21 @@ func checkBudget(opts Options, mo *manager.Options) error {
 			"raise the manager's GracefulShutdownTimeout above %v (ctrl.Options.GracefulShutdownTimeout, or the "+
 			"operator's own flag or setting for it), or lower %s",
 			opts.name("GracePeriod"), grace, timeout, source, grace, opts.name("GracePeriod"))
+	}
+	kill := opts.TerminationGracePeriod
+	if kill <= 0 {
+		return nil
+	}
+	timeout, source := shutdownTimeout(mo)
+	need, what := opts.ShutdownDelay+timeout, "the manager's GracefulShutdownTimeout ("+timeout.String()+", "+source+")"
+	if timeout < 0 { // no timeout: the drain still ends within GracePeriod
+		need, what = opts.ShutdownDelay+grace, opts.name("GracePeriod")+" ("+grace.String()+")"
+	}
+	if need >= kill {
+		return fmt.Errorf("%s (%v) plus %s must be below %s (%v), or the process is killed before its stop ends: "+
+			"raise terminationGracePeriodSeconds (or TimeoutStopSec) and %s above %v",
+			opts.name("ShutdownDelay"), opts.ShutdownDelay, what, opts.name("TerminationGracePeriod"), kill,
+			opts.name("TerminationGracePeriod"), need)
 	}
 	return nil
 }

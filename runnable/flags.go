@@ -20,12 +20,12 @@ import (
 //
 // The flags, each bound to the Options field of the same name, are:
 //
-//	--quiesce-shutdown-delay  ShutdownDelay
-//	--quiesce-grace-period    GracePeriod
-//	--quiesce-cancel-after    CancelAfter
-//	--quiesce-report-every    ReportEvery
-//	--quiesce-slow-after      SlowAfter
-//	--quiesce-debug-address   DebugAddress
+//	--quiesce-shutdown-delay            ShutdownDelay
+//	--quiesce-grace-period              GracePeriod
+//	--quiesce-cancel-after              CancelAfter
+//	--quiesce-report-every              ReportEvery
+//	--quiesce-slow-after                SlowAfter
+//	--quiesce-debug-address             DebugAddress
 //	--quiesce-termination-grace-period  TerminationGracePeriod
 //
 // Each flag's default is the field's value when BindFlags is called, and a field left zero

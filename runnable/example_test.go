@@ -60,7 +60,7 @@ func ExampleSetup() {
 func ExampleRunnable_ServeHTTP() {
 	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	mgrOpts := ctrl.Options{Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0"}
-	q, err := runnable.Setup(&rest.Config{Host: "http://127.0.0.1:1"}, &mgrOpts, runnable.Options{Clock: clk})
+	q, err := runnable.Setup(&rest.Config{Host: noAPIServer}, &mgrOpts, runnable.Options{Clock: clk})
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -179,7 +179,8 @@ func (r *Runnable) core() internal.Core { return internal.Of(r.ex) }
 func checkDurations(opts Options) error {
 	grace := withDefaults(opts).GracePeriod
 	if opts.TerminationGracePeriod < 0 {
-		return fmt.Errorf("%s is %v: set it to 0 (not checked) or more", opts.name("TerminationGracePeriod"), opts.TerminationGracePeriod)
+		return fmt.Errorf("%s is %v: set it to 0 (not checked) or more",
+			opts.name("TerminationGracePeriod"), opts.TerminationGracePeriod)
 	}
 	if opts.ShutdownDelay < 0 {
 		return fmt.Errorf("%s is %v: set it to 0 (no delay) or more", opts.name("ShutdownDelay"), opts.ShutdownDelay)

@@ -63,7 +63,7 @@ func stopWithPolicy(b *testing.B, stop reconcilers.StopPolicy) (took time.Durati
 	}), reconcilers.WrapOptions{Stop: stop})
 	ctx, cancel := context.WithCancel(context.Background())
 	started := make(chan error, 1)
-	go func() { started <- q.Start(ctx) }()
+	go func() { started <- q.Run(ctx) }()
 	done := make(chan struct{}, inFlight)
 	for i := range inFlight {
 		go func() {

@@ -520,7 +520,7 @@ func TestRefusedRequestHeldUntilTheDrainIsOver(t *testing.T) {
 		ctx, stop := context.WithCancel(context.Background())
 		stop()
 		started := make(chan error, 1)
-		go func() { started <- q.Start(ctx) }()
+		go func() { started <- q.Run(ctx) }()
 		<-q.Executor().Draining()
 
 		// controller-runtime's context ends first (the controller stops): released then.
@@ -550,7 +550,7 @@ func TestRefusedRequestHeldUntilTheDrainIsOver(t *testing.T) {
 }
 
 // A refused request waits only for a drain that its Runnable began: the executor of a
-// Runnable never started, drained directly, is not waited for, so Reconcile with a context
+// Runner never run, drained directly, is not waited for, so Reconcile with a context
 // that never ends returns (a wait for the Runnable's Done would never end).
 func TestRefusedRequestNotHeldWithoutTheRunnablesDrain(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -574,7 +574,7 @@ func TestRefusedRequestNotHeldWithoutTheRunnablesDrain(t *testing.T) {
 		select {
 		case <-done:
 		default:
-			t.Fatal("Reconcile(context.Background()) still waits for a Runnable that never started")
+			t.Fatal("Reconcile(context.Background()) still waits for a Runner that never ran")
 		}
 	})
 }

@@ -38,6 +38,8 @@ type Config struct {
 	ReportEvery   *metav1.Duration `json:"reportEvery,omitempty"`
 	MaxConcurrent *int             `json:"maxConcurrent,omitempty"`
 	DebugAddress  *string          `json:"debugAddress,omitempty"`
+
+	TerminationGracePeriod *metav1.Duration `json:"terminationGracePeriod,omitempty"`
 }
 
 // UnmarshalJSON decodes c strictly and case-sensitively (sigs.k8s.io/json.UnmarshalStrict):
@@ -82,6 +84,7 @@ func (c Config) Apply(path string, opts *Options) error {
 	set(c.SlowAfter, &o.SlowAfter)
 	set(c.ReportAfter, &o.ReportAfter)
 	set(c.ReportEvery, &o.ReportEvery)
+	set(c.TerminationGracePeriod, &o.TerminationGracePeriod)
 	o.MaxConcurrent = ptr.Deref(c.MaxConcurrent, o.MaxConcurrent)
 	o.DebugAddress = ptr.Deref(c.DebugAddress, o.DebugAddress)
 	o.fromConfig, o.configPrefix = true, ""

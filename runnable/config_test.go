@@ -41,6 +41,7 @@ quiesce:
   reportEvery: 10s
   maxConcurrent: 4
   debugAddress: 127.0.0.1:8083
+  terminationGracePeriod: 90s
 `)
 	opts := runnable.Options{SlowAfter: time.Hour}
 	if err := c.Quiesce.Apply("quiesce", &opts); err != nil {
@@ -54,6 +55,9 @@ quiesce:
 		want.GracePeriod, want.CancelAfter, want.SlowAfter, want.ReportAfter, want.ReportEvery, want.MaxConcurrent,
 		want.DebugAddress) {
 		t.Fatalf("Options = %s, want %+v", got, want)
+	}
+	if opts.TerminationGracePeriod != 90*time.Second {
+		t.Fatalf("TerminationGracePeriod = %v, want 90s", opts.TerminationGracePeriod)
 	}
 
 	// Fields left out keep what Options had: the defaults, or values set in code.

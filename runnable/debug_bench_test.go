@@ -25,7 +25,7 @@ func BenchmarkServeHTTPUnderStream(b *testing.B) {
 	const waiting = 20_000
 	for _, scenario := range []string{"calls", "goroutines"} {
 		b.Run(scenario, func(b *testing.B) {
-			r := New(Options{CancelAfter: -1})
+			r := New(Options{CancelAfter: -1}).r
 			r.debug = flowcontrol.NewFakeAlwaysRateLimiter()
 			ex := r.Executor()
 			release := make(chan struct{})

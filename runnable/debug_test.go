@@ -62,7 +62,7 @@ func names(calls []debugCall) []string {
 
 func TestServeHTTP(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		r := runnable.New(runnable.Options{CancelAfter: -1})
+		r := runnable.NewUnmanaged(runnable.Options{CancelAfter: -1})
 		_, body := serve(t, r, http.MethodGet, "/debug/quiesce")
 		if body.Draining || body.Count != 0 || body.Calls == nil || len(body.Calls) != 0 {
 			t.Fatalf("with nothing pending: %+v, want not draining, count 0 and calls []", body)
@@ -119,7 +119,7 @@ func TestServeHTTP(t *testing.T) {
 }
 
 func TestServeHTTPBadRequests(t *testing.T) {
-	r := runnable.New(runnable.Options{})
+	r := runnable.NewUnmanaged(runnable.Options{})
 	for _, target := range []string{"/?limit=-1", "/?limit=x", "/?limit=", "/?limit=1.5"} {
 		if res, _ := serve(t, r, http.MethodGet, target); res.StatusCode != http.StatusBadRequest {
 			t.Errorf("GET %s: status %d, want 400", target, res.StatusCode)
@@ -134,7 +134,7 @@ func TestServeHTTPBadRequests(t *testing.T) {
 }
 
 func TestServeHTTPCutsLongNames(t *testing.T) {
-	r := runnable.New(runnable.Options{})
+	r := runnable.NewUnmanaged(runnable.Options{})
 	release := make(chan struct{})
 	huge := "line one\n" + strings.Repeat("x", 10<<20)
 	if err := r.Executor().Go(context.Background(), huge, func(context.Context) error { <-release; return nil }); err != nil {
@@ -156,7 +156,7 @@ func TestServeHTTPCutsLongNames(t *testing.T) {
 
 func TestServeHTTPDefaultLimitAndAll(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		r := runnable.New(runnable.Options{CancelAfter: -1})
+		r := runnable.NewUnmanaged(runnable.Options{CancelAfter: -1})
 		release := make(chan struct{})
 		hangAll(t, r, runnable.DebugLimitForTest+5, release)
 		defer func() {
@@ -183,7 +183,7 @@ func TestServeHTTPDefaultLimitAndAll(t *testing.T) {
 
 func TestServeHTTPSharesOneCaptureASecond(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		r := runnable.New(runnable.Options{CancelAfter: -1})
+		r := runnable.NewUnmanaged(runnable.Options{CancelAfter: -1})
 		release := make(chan struct{})
 		hangAll(t, r, 1, release)
 		defer func() {
@@ -229,7 +229,7 @@ func TestServeHTTPSharesOneCaptureASecond(t *testing.T) {
 // second.
 func TestServeHTTPUnderStreamOfCalls(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		r := runnable.New(runnable.Options{CancelAfter: -1})
+		r := runnable.NewUnmanaged(runnable.Options{CancelAfter: -1})
 		ex := r.Executor()
 		stop := make(chan struct{})
 		var streamed sync.WaitGroup
@@ -273,7 +273,7 @@ func TestServeHTTPCostIsBoundedByWhatItShows(t *testing.T) {
 	allocs := func(pending int) float64 {
 		var out float64
 		synctest.Test(t, func(t *testing.T) {
-			r := runnable.New(runnable.Options{CancelAfter: -1})
+			r := runnable.NewUnmanaged(runnable.Options{CancelAfter: -1})
 			release := make(chan struct{})
 			for range pending {
 				if err := r.Executor().Go(context.Background(), "wait", func(context.Context) error { <-release; return nil }); err != nil {
@@ -305,7 +305,7 @@ func TestServeHTTPCostIsBoundedByWhatItShows(t *testing.T) {
 
 func TestServeHTTPRateLimit(t *testing.T) {
 	clk := testingclock.NewFakeClock(time.Unix(1, 0))
-	r := runnable.New(runnable.Options{Clock: clk})
+	r := runnable.NewUnmanaged(runnable.Options{Clock: clk})
 	for i := range runnable.DebugBurstForTest {
 		if res, _ := serve(t, r, http.MethodGet, "/debug/quiesce"); res.StatusCode != http.StatusOK {
 			t.Fatalf("GET %d of a burst: status %d, want 200", i, res.StatusCode)
@@ -350,7 +350,7 @@ func TestServeHTTPAnswersAreBounded(t *testing.T) {
 			{"short names, 5", 10, "5", 5, false},
 			{"long names, all", 250, "all", -1, true},
 		} {
-			r := runnable.New(runnable.Options{CancelAfter: -1})
+			r := runnable.NewUnmanaged(runnable.Options{CancelAfter: -1})
 			release := make(chan struct{})
 			const pending = 1500
 			for i := range pending {

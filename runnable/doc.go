@@ -8,7 +8,8 @@
 //	err = mgr.Start(q.StopContext(ctrl.SetupSignalHandler()))
 //	if q.Err() != nil { os.Exit(1) } // calls were abandoned
 //
-// New makes one without a manager, for unit tests and libraries.
+// New makes a Runner without a manager, for unit tests and libraries: it is not a
+// manager.Runnable (docs/design.md says why).
 //
 // The Runnable needs no leader election: it runs on every replica, and controller-runtime
 // stops it first and waits for it before the leader-election group, the caches, the webhooks

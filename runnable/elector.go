@@ -30,8 +30,7 @@ type LockOptions struct {
 //
 // It panics on misuse, found at setup: a nil lock, a lock wrapped already (by WrapLock or
 // by Setup), a second WrapLock, a Runnable of Setup with the manager's leader election on
-// (Setup fences that lock already), or timings client-go's elector refuses. A Runnable of
-// New may wrap a lock: it fences without a manager.
+// (Setup fences that lock already), or timings client-go's elector refuses.
 func (r *Runnable) WrapLock(lock resourcelock.Interface, opts LockOptions) resourcelock.Interface {
 	l, err := r.wrapLock(lock, opts)
 	if err != nil {

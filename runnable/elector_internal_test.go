@@ -57,7 +57,7 @@ func newOwnElector(t *testing.T, opts Options) *ownElector {
 	x := &ownElector{logs: &lines{}, lock: &timedLock{flakyLock: flakyLock{fakeLock: fakeLock{id: "me"}}},
 		leading: make(chan struct{}), gaveUp: make(chan struct{})}
 	opts.Logger = x.logs.logger()
-	x.r = New(opts)
+	x.r = NewUnmanaged(opts)
 	var signal context.Context
 	signal, x.signal = context.WithCancel(context.Background())
 	x.mgrCtx = x.r.StopContext(signal)
@@ -204,7 +204,7 @@ func TestLeaseLostFencesAtOnce(t *testing.T) {
 
 // LeaseLost before the manager starts: StopContext's context is over from the start.
 func TestLeaseLostBeforeStopContext(t *testing.T) {
-	r := New(Options{Logger: (&lines{}).logger()})
+	r := NewUnmanaged(Options{Logger: (&lines{}).logger()})
 	r.LeaseLost(nil)
 	if ctx := r.StopContext(context.Background()); !errors.Is(context.Cause(ctx), errLeadershipLost) {
 		t.Errorf("StopContext after LeaseLost: %v, want ended with %v", context.Cause(ctx), errLeadershipLost)
@@ -236,7 +236,7 @@ func TestFenceOfTheManagersLockLeavesItsContext(t *testing.T) {
 
 // A replica whose stop began does not acquire the lease through a lock of WrapLock.
 func TestWrapLockNoCampaigningOnceTheStopBegan(t *testing.T) {
-	r := New(Options{Logger: (&lines{}).logger()})
+	r := NewUnmanaged(Options{Logger: (&lines{}).logger()})
 	inner := &fakeLock{id: "me"}
 	lock := r.WrapLock(inner, LockOptions{})
 	ctx, stop := context.WithCancel(context.Background())
@@ -257,7 +257,7 @@ func TestWrapLockNoCampaigningOnceTheStopBegan(t *testing.T) {
 // WrapLock defaults to controller-runtime's timings, and panics on every assembly but one
 // lock per Runnable with the manager's leader election off.
 func TestWrapLockMisuse(t *testing.T) {
-	l := New(Options{}).WrapLock(&fakeLock{id: "me"}, LockOptions{}).(*leaseObserver)
+	l := NewUnmanaged(Options{}).WrapLock(&fakeLock{id: "me"}, LockOptions{}).(*leaseObserver)
 	if l.leaseDuration != defaultLeaseDuration || l.renewDeadline != defaultRenewDeadline ||
 		l.retryPeriod != defaultRetryPeriod || l.fenceAfter() != 12*time.Second {
 		t.Errorf("WrapLock with zero LockOptions: %v, %v, %v; want controller-runtime's defaults",
@@ -280,16 +280,16 @@ func TestWrapLockMisuse(t *testing.T) {
 		wrap func()
 		want string
 	}{
-		{"nil", func() { New(Options{}).WrapLock(nil, LockOptions{}) }, "nil lock"},
-		{"typed nil", func() { New(Options{}).WrapLock((*fakeLock)(nil), LockOptions{}) }, "nil lock"},
+		{"nil", func() { NewUnmanaged(Options{}).WrapLock(nil, LockOptions{}) }, "nil lock"},
+		{"typed nil", func() { NewUnmanaged(Options{}).WrapLock((*fakeLock)(nil), LockOptions{}) }, "nil lock"},
 		{"twice", func() { off.WrapLock(&fakeLock{id: "me"}, LockOptions{}) }, "called twice"},
-		{"a wrapped lock", func() { New(Options{}).WrapLock(l, LockOptions{}) }, "quiesce's already"},
+		{"a wrapped lock", func() { NewUnmanaged(Options{}).WrapLock(l, LockOptions{}) }, "quiesce's already"},
 		{"Setup's lock with leader election off", func() {
 			mo := manager.Options{}
 			if _, err := Setup(&rest.Config{Host: noServer}, &mo, Options{}); err != nil {
 				t.Fatal(err)
 			}
-			New(Options{}).WrapLock(mo.LeaderElectionResourceLockInterface, LockOptions{})
+			NewUnmanaged(Options{}).WrapLock(mo.LeaderElectionResourceLockInterface, LockOptions{})
 		}, "quiesce's already"},
 		{"the manager's leader election on", func() { setup(true).WrapLock(&fakeLock{id: "me"}, LockOptions{}) },
 			"the manager's leader election is on"},
@@ -303,13 +303,13 @@ func TestWrapLockMisuse(t *testing.T) {
 			r.WrapLock(&fakeLock{id: "me"}, LockOptions{})
 		}, "the manager's leader election is on"},
 		{"LeaseDuration not above RenewDeadline", func() {
-			New(Options{}).WrapLock(&fakeLock{id: "me"}, LockOptions{LeaseDuration: 10 * time.Second})
+			NewUnmanaged(Options{}).WrapLock(&fakeLock{id: "me"}, LockOptions{LeaseDuration: 10 * time.Second})
 		}, "LockOptions.LeaseDuration (10s) must be greater than RenewDeadline (10s)"},
 		{"RenewDeadline within the jittered RetryPeriod", func() {
-			New(Options{}).WrapLock(&fakeLock{id: "me"}, LockOptions{RetryPeriod: 9 * time.Second})
+			NewUnmanaged(Options{}).WrapLock(&fakeLock{id: "me"}, LockOptions{RetryPeriod: 9 * time.Second})
 		}, "LockOptions.RenewDeadline (10s) must be greater than 1.2 times RetryPeriod (9s)"},
 		{"negative", func() {
-			New(Options{}).WrapLock(&fakeLock{id: "me"}, LockOptions{RetryPeriod: -time.Second})
+			NewUnmanaged(Options{}).WrapLock(&fakeLock{id: "me"}, LockOptions{RetryPeriod: -time.Second})
 		}, "negative LockOptions"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

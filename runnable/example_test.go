@@ -59,7 +59,12 @@ func ExampleSetup() {
 // manager's metrics server (curl it where you scrape /metrics).
 func ExampleRunnable_ServeHTTP() {
 	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	q := runnable.New(runnable.Options{Clock: clk})
+	mgrOpts := ctrl.Options{Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0"}
+	q, err := runnable.Setup(&rest.Config{Host: noAPIServer}, &mgrOpts, runnable.Options{Clock: clk})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	release := make(chan struct{})
 	_ = q.Executor().Go(context.Background(), "backup", func(context.Context) error {
 		<-release // a call that takes a while
@@ -119,19 +124,19 @@ func ExampleSetup_shutdownDelay() {
 	// set up
 }
 
-// New makes a Runnable without a manager, for unit tests and libraries: start it yourself,
-// and its Start drains the executor when ctx ends. A manager's main uses Setup.
+// New makes a Runner without a manager, for unit tests and libraries: run it yourself, and
+// Run drains the executor when ctx ends. A manager's main uses Setup.
 func ExampleNew() {
 	q := runnable.New(runnable.Options{GracePeriod: 5 * time.Second})
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- q.Start(ctx) }()
+	go func() { done <- q.Run(ctx) }()
 
 	err := q.Executor().Call(context.Background(), "job", func(context.Context) error { return nil })
 	fmt.Println("call:", err)
-	stop() // the manager's stop
-	fmt.Println("start:", <-done, "err:", q.Err())
+	stop() // the end of the test
+	fmt.Println("run:", <-done, "err:", q.Err())
 	// Output:
 	// call: <nil>
-	// start: <nil> err: <nil>
+	// run: <nil> err: <nil>
 }

@@ -8,3 +8,7 @@ const (
 	DebugMaxCallsForTest = maxDebugCalls
 	DebugMaxBytesForTest = maxDebugBytes
 )
+
+// NewUnmanaged returns the Runnable inside New's Runner: what a Runnable does without a
+// manager (Start, ReadyzCheck, ServeHTTP) is tested on it.
+func NewUnmanaged(opts Options) *Runnable { return New(opts).r }

@@ -20,12 +20,13 @@ import (
 //
 // The flags, each bound to the Options field of the same name, are:
 //
-//	--quiesce-shutdown-delay  ShutdownDelay
-//	--quiesce-grace-period    GracePeriod
-//	--quiesce-cancel-after    CancelAfter
-//	--quiesce-report-every    ReportEvery
-//	--quiesce-slow-after      SlowAfter
-//	--quiesce-debug-address   DebugAddress
+//	--quiesce-shutdown-delay            ShutdownDelay
+//	--quiesce-grace-period              GracePeriod
+//	--quiesce-cancel-after              CancelAfter
+//	--quiesce-report-every              ReportEvery
+//	--quiesce-slow-after                SlowAfter
+//	--quiesce-debug-address             DebugAddress
+//	--quiesce-termination-grace-period  TerminationGracePeriod
 //
 // Each flag's default is the field's value when BindFlags is called, and a field left zero
 // is bound to the default that zero stands for (GracePeriod: 25s, ReportEvery: 5s,
@@ -62,12 +63,13 @@ type flagSet interface {
 
 // flagNames are the flags bound to the fields, by field.
 var flagNames = map[string]string{
-	"ShutdownDelay":  "quiesce-shutdown-delay",
-	"GracePeriod":    "quiesce-grace-period",
-	"CancelAfter":    "quiesce-cancel-after",
-	fieldReportEvery: "quiesce-report-every",
-	fieldSlowAfter:   "quiesce-slow-after",
-	"DebugAddress":   "quiesce-debug-address",
+	"ShutdownDelay":          "quiesce-shutdown-delay",
+	"GracePeriod":            "quiesce-grace-period",
+	"CancelAfter":            "quiesce-cancel-after",
+	fieldReportEvery:         "quiesce-report-every",
+	fieldSlowAfter:           "quiesce-slow-after",
+	"DebugAddress":           "quiesce-debug-address",
+	"TerminationGracePeriod": "quiesce-termination-grace-period",
 }
 
 func (o *Options) bind(fs flagSet) {
@@ -88,6 +90,10 @@ func (o *Options) bind(fs flagSet) {
 		"How often, while the operator waits for calls at its stop, it logs those still running and where.")
 	fs.DurationVar(&o.SlowAfter, flagNames[fieldSlowAfter], cmp.Or(o.SlowAfter, internal.DefaultSlowAfter),
 		"Calls running longer than this are logged as slow. Negative: never.")
+	fs.DurationVar(&o.TerminationGracePeriod, flagNames["TerminationGracePeriod"], o.TerminationGracePeriod,
+		"The pod's terminationGracePeriodSeconds (less a preStop hook's time), or systemd's TimeoutStopSec: "+
+			"the operator refuses to start unless the shutdown delay plus its graceful shutdown timeout fit "+
+			"below it. Pass the value the pod spec sets. 0: not checked.")
 	fs.StringVar(&o.DebugAddress, flagNames["DebugAddress"], o.DebugAddress,
 		"Serve /debug/quiesce (the objects in flight, the code lines they wait on) on this loopback address "+
 			"(e.g. 127.0.0.1:8083), to be reached with kubectl port-forward. Empty: not served there.")

@@ -58,11 +58,13 @@ func TestBindFlags(t *testing.T) {
 				t.Fatalf("with no flags: %+v, want the values given, or the defaults, as defaults", opts)
 			}
 			if err := parse("--quiesce-shutdown-delay=5s", "--quiesce-grace-period=25s", "--quiesce-cancel-after=-1s",
-				"--quiesce-report-every=10s", "--quiesce-slow-after=-1s", "--quiesce-debug-address=127.0.0.1:8083"); err != nil {
+				"--quiesce-report-every=10s", "--quiesce-slow-after=-1s", "--quiesce-debug-address=127.0.0.1:8083",
+				"--quiesce-termination-grace-period=1m"); err != nil {
 				t.Fatal(err)
 			}
 			if opts.DebugAddress != "127.0.0.1:8083" || opts.ShutdownDelay != 5*time.Second || opts.GracePeriod != 25*time.Second ||
-				opts.CancelAfter != -time.Second || opts.ReportEvery != 10*time.Second || opts.SlowAfter != -time.Second {
+				opts.CancelAfter != -time.Second || opts.ReportEvery != 10*time.Second || opts.SlowAfter != -time.Second ||
+				opts.TerminationGracePeriod != time.Minute {
 				t.Fatalf("after the flags: %+v", opts)
 			}
 			// The parser's error names the flag.

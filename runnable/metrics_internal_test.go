@@ -154,9 +154,9 @@ func TestStoppedRunnablesAreFoldedAndReleased(t *testing.T) {
 func TestOldestCallAgeAndSlowCalls(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := &statsCollector{live: make(map[*Runnable]struct{})}
-		byDefault := New(Options{}) // SlowAfter: 1m
-		quick := New(Options{SlowAfter: 10 * time.Second})
-		never := New(Options{SlowAfter: -1})
+		byDefault := New(Options{}).r // SlowAfter: 1m
+		quick := New(Options{SlowAfter: 10 * time.Second}).r
+		never := New(Options{SlowAfter: -1}).r
 		for _, r := range []*Runnable{byDefault, quick, never} {
 			c.track(r)
 		}

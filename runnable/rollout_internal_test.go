@@ -601,6 +601,7 @@ func wrapServer(r *Runnable, inner webhook.Server) *webhookServer {
 		r.setup = &setupState{}
 	}
 	r.setup.added.Store(true)
+	r.setup.attached.Store(true) // as Add does: Start refuses a Runnable of Setup that Add did not add
 	return &webhookServer{Server: inner, r: r}
 }
 

@@ -54,6 +54,12 @@ type Options struct {
 	// never fails. Timed on Clock. See docs/operating.md for the budget.
 	ShutdownDelay time.Duration
 
+	// TerminationGracePeriod is how long the process has from SIGTERM to SIGKILL: the Pod's
+	// terminationGracePeriodSeconds (less a preStop hook's time), or systemd's TimeoutStopSec.
+	// When set, Setup refuses a ShutdownDelay plus the manager's GracefulShutdownTimeout that
+	// is not below it. 0: unknown, not checked. See docs/operating.md.
+	TerminationGracePeriod time.Duration
+
 	// DebugAddress serves DebugPath on a listener of its own at this loopback address
 	// ("127.0.0.1:8083", "[::1]:8083", "localhost:8083"), reached with kubectl port-forward,
 	// for a metrics server without a FilterProvider. Add refuses a listener whose own address
@@ -75,7 +81,7 @@ const DefaultGracePeriod = 25 * time.Second
 const DebugPath = "/debug/quiesce"
 
 // Runnable is a manager.Runnable that owns a drain.Executor and drains it when the manager
-// stops. Make it with Setup, or New without a manager.
+// stops. Make it with Setup and add it with Runnable.Add.
 type Runnable struct {
 	ex           *drain.Executor
 	log          logr.Logger
@@ -103,16 +109,33 @@ type Runnable struct {
 
 var _ manager.LeaderElectionRunnable = (*Runnable)(nil) // manager.Runnable and http.Handler: see Add
 
-// New returns a Runnable owning a new executor, without a manager (unit tests, libraries):
-// it drains when the context given to Start ends. In an operator use Setup, which also
-// fences, tracks admission and adds readiness, metrics and the debug view. It panics on the
-// Options that Setup refuses (DebugAddress aside).
-func New(opts Options) *Runnable {
+// Runner owns an executor and drains it when the context given to Run ends, without a
+// manager: for unit tests and libraries. It is not a manager.Runnable, so that it cannot be
+// given to mgr.Add, where no lease would fence its shielded calls (docs/design.md, "Seams").
+type Runner struct{ r *Runnable }
+
+// New returns a Runner owning a new executor. In an operator use Setup, which also fences,
+// tracks admission and adds readiness, metrics and the debug view. It panics on the Options
+// that Setup refuses (DebugAddress aside).
+func New(opts Options) *Runner {
 	if err := checkDurations(opts); err != nil {
 		panic("runnable.New: " + err.Error())
 	}
-	return newRunnable(withDefaults(opts), false)
+	return &Runner{r: newRunnable(withDefaults(opts), false)}
 }
+
+// Run blocks until ctx ends, then drains the executor within GracePeriod, as a Runnable's
+// Start does, and returns the same result. It fails at once when called a second time.
+func (r *Runner) Run(ctx context.Context) error { return r.r.Start(ctx) }
+
+// Executor returns the executor the Runner owns and drains.
+func (r *Runner) Executor() *drain.Executor { return r.r.ex }
+
+// Done returns a channel closed when the drain is over, as Run returns.
+func (r *Runner) Done() <-chan struct{} { return r.r.stopped }
+
+// Err returns the drain's result once Done is closed (nil before).
+func (r *Runner) Err() error { return r.r.Err() }
 
 // withDefaults fills in the documented defaults of opts.
 func withDefaults(opts Options) Options {
@@ -161,6 +184,10 @@ func (r *Runnable) core() internal.Core { return internal.Of(r.ex) }
 // checkDurations checks opts before their defaults are filled in.
 func checkDurations(opts Options) error {
 	grace := withDefaults(opts).GracePeriod
+	if opts.TerminationGracePeriod < 0 {
+		return fmt.Errorf("%s is %v: set it to 0 (not checked) or more",
+			opts.name("TerminationGracePeriod"), opts.TerminationGracePeriod)
+	}
 	if opts.ShutdownDelay < 0 {
 		return fmt.Errorf("%s is %v: set it to 0 (no delay) or more", opts.name("ShutdownDelay"), opts.ShutdownDelay)
 	}
@@ -189,7 +216,8 @@ func shutdownTimeout(mo *manager.Options) (time.Duration, string) {
 	return 30 * time.Second, "controller-runtime's default, as the manager's Options set none"
 }
 
-// checkBudget checks GracePeriod against the manager's GracefulShutdownTimeout.
+// checkBudget checks GracePeriod against the manager's GracefulShutdownTimeout, and that
+// with ShutdownDelay against TerminationGracePeriod.
 func checkBudget(opts Options, mo *manager.Options) error {
 	grace := withDefaults(opts).GracePeriod
 	if timeout, source := shutdownTimeout(mo); timeout >= 0 && grace >= timeout {
@@ -197,6 +225,21 @@ func checkBudget(opts Options, mo *manager.Options) error {
 			"raise the manager's GracefulShutdownTimeout above %v (ctrl.Options.GracefulShutdownTimeout, or the "+
 			"operator's own flag or setting for it), or lower %s",
 			opts.name("GracePeriod"), grace, timeout, source, grace, opts.name("GracePeriod"))
+	}
+	kill := opts.TerminationGracePeriod
+	if kill <= 0 {
+		return nil
+	}
+	timeout, source := shutdownTimeout(mo)
+	need, what := opts.ShutdownDelay+timeout, "the manager's GracefulShutdownTimeout ("+timeout.String()+", "+source+")"
+	if timeout < 0 { // no timeout: the drain still ends within GracePeriod
+		need, what = opts.ShutdownDelay+grace, opts.name("GracePeriod")+" ("+grace.String()+")"
+	}
+	if need >= kill {
+		return fmt.Errorf("%s (%v) plus %s must be below %s (%v), or the process is killed before its stop ends: "+
+			"raise terminationGracePeriodSeconds (or TimeoutStopSec) and %s above %v",
+			opts.name("ShutdownDelay"), opts.ShutdownDelay, what, opts.name("TerminationGracePeriod"), kill,
+			opts.name("TerminationGracePeriod"), need)
 	}
 	return nil
 }
@@ -225,12 +268,21 @@ func (r *Runnable) ReadyzCheck(*http.Request) error {
 // Start blocks until ctx ends, then drains (see the package documentation) and returns nil
 // when every call returned, or an error counting the abandoned calls that wraps the
 // *drain.PendingError listing them. It fails at once on a second Start, or with a
-// ShutdownDelay when the manager's context is not StopContext's. It drains and returns an
-// error naming the fix as soon as the manager shows it was not made from the Options Setup
-// prepared: it leads without the lock of Setup, or leader election was turned on after Setup.
+// ShutdownDelay when the manager's context is not StopContext's. It drains at once and
+// returns an error naming the fix, which mgr.Start returns, when Add did not add it
+// (mgr.Add(q) instead of q.Add(mgr) leaves the manager without the readyz check, metrics,
+// debug view and lease check), and as soon as the manager shows it was not made from the
+// Options Setup prepared: it leads without the lock of Setup, or leader election was turned
+// on after Setup.
 func (r *Runnable) Start(ctx context.Context) error {
 	if !r.started.CompareAndSwap(false, true) {
 		return errors.New("failed to start quiesce runnable: already started")
+	}
+	if s := r.setup; s != nil && !s.attached.Load() {
+		r.beginStop()
+		r.startDrain()
+		<-r.stopped
+		return errNotAdded
 	}
 	if r.stop.delay > 0 && !r.stop.delayed.Load() {
 		return fmt.Errorf("failed to start quiesce runnable: %s is %v, "+
@@ -266,6 +318,9 @@ func (r *Runnable) Start(ctx context.Context) error {
 	}
 	return r.err
 }
+
+var errNotAdded = errors.New("failed to start quiesce runnable: it was not added with q.Add(mgr): " +
+	"call q.Add(mgr) instead of mgr.Add(q)")
 
 var errLeadsWithoutLock = errors.New("failed to start quiesce runnable: the manager leads without the lease " +
 	"lock of runnable.Setup (it was made before Setup, or from a copy of the Options with another lock or with " +

@@ -18,6 +18,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 	ctrl "sigs.k8s.io/controller-runtime"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/quiesce-dev/quiesce/drain"
@@ -78,15 +79,74 @@ func messages(lines []string) []string {
 
 // The Runnable runs on every replica: fencing comes from the lease, not from its group.
 func TestNeedLeaderElection(t *testing.T) {
-	if runnable.New(runnable.Options{}).NeedLeaderElection() {
+	if runnable.NewUnmanaged(runnable.Options{}).NeedLeaderElection() {
 		t.Error("NeedLeaderElection = true, want false")
 	}
+}
+
+// What New returns cannot be given to mgr.Add: nothing would fence its shielded calls.
+// Fails on v0.3.0, whose New returned a *Runnable.
+func TestNewIsNotAManagerRunnable(t *testing.T) {
+	if _, ok := any(runnable.New(runnable.Options{})).(manager.Runnable); ok {
+		t.Error("New returns a manager.Runnable")
+	}
+}
+
+// Run drains when its context ends: it waits for the calls, then Done is closed and Err is
+// the result; a second Run fails at once.
+func TestRunnerRunDrains(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := runnable.New(runnable.Options{Logger: logr.Discard(), CancelAfter: -1, GracePeriod: 10 * time.Second})
+		ctx, stop := context.WithCancel(context.Background())
+		ran := make(chan error, 1)
+		go func() { ran <- q.Run(ctx) }()
+		if err := q.Executor().Go(context.Background(), "job", func(context.Context) error {
+			time.Sleep(3 * time.Second)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		begin := time.Now()
+		stop()
+		if err := <-ran; err != nil || time.Since(begin) != 3*time.Second {
+			t.Fatalf("Run = %v after %v, want nil once the call returned (3s)", err, time.Since(begin))
+		}
+		if !internal.Closed(q.Done()) || q.Err() != nil {
+			t.Fatalf("after Run: Done closed %v, Err %v; want closed, nil", internal.Closed(q.Done()), q.Err())
+		}
+		if err := q.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "already started") {
+			t.Fatalf("second Run = %v, want already started", err)
+		}
+	})
+}
+
+// A drain that abandons calls: Run and Err return the error wrapping *drain.PendingError.
+func TestRunnerRunReportsAbandonedCalls(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := runnable.New(runnable.Options{Logger: logr.Discard(), CancelAfter: -1, GracePeriod: 2 * time.Second})
+		release := make(chan struct{})
+		if err := q.Executor().Go(context.Background(), "stuck", func(context.Context) error {
+			<-release
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		ctx, stop := context.WithCancel(context.Background())
+		stop()
+		err := q.Run(ctx)
+		var pe *drain.PendingError
+		if !errors.As(err, &pe) || len(pe.Pending) != 1 || pe.Pending[0].Name != "stuck" || !errors.Is(q.Err(), err) {
+			t.Fatalf("Run = %v, Err = %v; want the abandoned call \"stuck\"", err, q.Err())
+		}
+		close(release)
+		synctest.Wait()
+	})
 }
 
 func TestStartDrainsWhenAllCallsReturnInTime(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var logs capture
-		r := runnable.New(runnable.Options{Logger: logs.logger(), CancelAfter: -1, GracePeriod: 10 * time.Second})
+		r := runnable.NewUnmanaged(runnable.Options{Logger: logs.logger(), CancelAfter: -1, GracePeriod: 10 * time.Second})
 		ctx, stop := context.WithCancel(context.Background())
 		started := make(chan error, 1)
 		go func() { started <- r.Start(ctx) }()
@@ -134,7 +194,7 @@ func TestStartDrainsWhenAllCallsReturnInTime(t *testing.T) {
 func TestStartAbandonsCallsAfterTheGracePeriod(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var logs capture
-		r := runnable.New(runnable.Options{Logger: logs.logger(), CancelAfter: -1, GracePeriod: 4 * time.Second})
+		r := runnable.NewUnmanaged(runnable.Options{Logger: logs.logger(), CancelAfter: -1, GracePeriod: 4 * time.Second})
 		ctx, stop := context.WithCancel(context.Background())
 		result := make(chan error, 1)
 		go func() { result <- r.Start(ctx) }()
@@ -194,7 +254,7 @@ func TestStartAbandonsCallsAfterTheGracePeriod(t *testing.T) {
 func TestStartWithNothingPendingLogsNothing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var logs capture
-		r := runnable.New(runnable.Options{Logger: logs.logger()})
+		r := runnable.NewUnmanaged(runnable.Options{Logger: logs.logger()})
 		ctx, stop := context.WithCancel(context.Background())
 		stop()
 		if err := r.Start(ctx); err != nil {
@@ -207,7 +267,7 @@ func TestStartWithNothingPendingLogsNothing(t *testing.T) {
 }
 
 func TestStartTwiceOrAfterTheDrainFails(t *testing.T) {
-	r := runnable.New(runnable.Options{})
+	r := runnable.NewUnmanaged(runnable.Options{})
 	ctx, stop := context.WithCancel(context.Background())
 	stop()
 	if err := r.Start(ctx); err != nil {
@@ -217,7 +277,7 @@ func TestStartTwiceOrAfterTheDrainFails(t *testing.T) {
 		t.Fatalf("second Start = %v, want an 'already started' error", err)
 	}
 
-	r = runnable.New(runnable.Options{})
+	r = runnable.NewUnmanaged(runnable.Options{})
 	if err := r.Executor().Drain(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -257,7 +317,7 @@ func hangAll(t *testing.T, r *runnable.Runnable, n int, release <-chan struct{})
 func TestAbandonedCallsAreListedOnceAndBounded(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var logs capture
-		r := runnable.New(runnable.Options{Logger: logs.logger(), CancelAfter: -1, ReportEvery: time.Hour, GracePeriod: 2 * time.Second})
+		r := runnable.NewUnmanaged(runnable.Options{Logger: logs.logger(), CancelAfter: -1, ReportEvery: time.Hour, GracePeriod: 2 * time.Second})
 		ctx, stop := context.WithCancel(context.Background())
 		result := make(chan error, 1)
 		go func() { result <- r.Start(ctx) }()
@@ -319,7 +379,7 @@ func TestZeroAndTypedNilPlugins(t *testing.T) {
 	} {
 		synctest.Test(t, func(t *testing.T) {
 			opts.CancelAfter, opts.GracePeriod = -1, time.Second
-			r := runnable.New(opts)
+			r := runnable.NewUnmanaged(opts)
 			before := len(crLog.all())
 			ctx, stop := context.WithCancel(context.Background())
 			result := make(chan error, 1)
@@ -386,7 +446,7 @@ func TestShieldedFromCreation(t *testing.T) {
 		if err := reconcileOnce(drain.New(drain.Options{})); !errors.Is(err, context.Canceled) {
 			t.Errorf("a reconcile on an executor of drain.New saw %v, want its caller's cancellation", err)
 		}
-		r := runnable.New(runnable.Options{CancelAfter: -1})
+		r := runnable.NewUnmanaged(runnable.Options{CancelAfter: -1})
 		if err := reconcileOnce(r.Executor()); err != nil {
 			t.Errorf("a reconcile on a Runnable's executor saw its caller's cancellation: %v", err)
 		}
@@ -403,7 +463,7 @@ func TestShieldedFromCreation(t *testing.T) {
 func TestStartSaysWhenCallsReturnedAfterBeingCancelled(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var logs capture
-		r := runnable.New(runnable.Options{Logger: logs.logger(), CancelAfter: time.Second, GracePeriod: 4 * time.Second})
+		r := runnable.NewUnmanaged(runnable.Options{Logger: logs.logger(), CancelAfter: time.Second, GracePeriod: 4 * time.Second})
 		ctx, stop := context.WithCancel(context.Background())
 		started := make(chan error, 1)
 		go func() { started <- r.Start(ctx) }()

@@ -78,6 +78,7 @@ type setupState struct {
 	lease    *leaseObserver // nil with leader election off
 	lock     resourcelock.Interface
 	added    atomic.Bool
+	attached atomic.Bool // set by Add before mgr.Add: Start refuses a Runnable without it
 }
 
 // checkDebugAddress refuses a DebugAddress that is not a loopback host and port.
@@ -136,7 +137,7 @@ func (r *Runnable) Add(mgr manager.Manager) error {
 		return errors.New("failed to add quiesce runnable: nil manager")
 	case s == nil:
 		return errors.New("failed to add quiesce runnable: it was not made by runnable.Setup " +
-			"(call runnable.Setup before ctrl.NewManager; runnable.New is for use without a manager)")
+			"(call runnable.Setup before ctrl.NewManager)")
 	case s.mgrOpts.WebhookServer != webhook.Server(s.webhooks) || s.mgrOpts.LeaderElection != (s.lease != nil) ||
 		s.mgrOpts.LeaderElectionResourceLockInterface != s.lock:
 		return errors.New("failed to add quiesce runnable: the manager's WebhookServer, LeaderElection or " +
@@ -195,6 +196,7 @@ func (r *Runnable) attach(mgr manager.Manager) error {
 		r.lease.Store(s.lease)
 	}
 	stats.track(r) // before mgr.Add: a drain over before it would leave r tracked for good
+	s.attached.Store(true)
 	if err := mgr.Add(r); err != nil {
 		stats.fold(r)
 		if debug != nil {

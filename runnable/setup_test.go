@@ -3,6 +3,7 @@ package runnable_test
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"net/http"
 	"reflect"
@@ -173,7 +174,7 @@ func TestRunnableAddRefusesOrderMistakes(t *testing.T) {
 			}
 		})
 	}
-	if err := runnable.New(runnable.Options{}).Add(newManager(t, &ctrl.Options{})); err == nil ||
+	if err := runnable.NewUnmanaged(runnable.Options{}).Add(newManager(t, &ctrl.Options{})); err == nil ||
 		!strings.Contains(err.Error(), "it was not made by runnable.Setup") {
 		t.Fatalf("Add of a Runnable of New = %v", err)
 	}
@@ -222,6 +223,41 @@ func TestLeaderElectionTurnedOnAfterSetupFailsTheManager(t *testing.T) {
 	case <-mgr.Elected():
 		t.Fatal("the manager led through the lock of Setup")
 	default:
+	}
+}
+
+// controller-runtime's idiom, mgr.Add(q) instead of q.Add(mgr), fails mgr.Start naming the
+// fix, with leader election on and off, and the executor drains. Fails on v0.3.0: mgr.Start
+// ran until its context ended and returned nil, with no readyz check, metrics or lease check.
+func TestMgrAddInsteadOfAddFailsTheManager(t *testing.T) {
+	for name, mo := range map[string]ctrl.Options{"leaderElection": leaderOptions(),
+		"noLeaderElection": {Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0"}} {
+		t.Run(name, func(t *testing.T) {
+			q, err := runnable.Setup(&rest.Config{Host: noAPIServer}, &mo, runnable.Options{Logger: logr.Discard()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			mgr, err := ctrl.NewManager(&rest.Config{Host: noAPIServer}, mo)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := mgr.Add(q); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := mgr.Start(ctx); err == nil || !strings.Contains(err.Error(), "call q.Add(mgr) instead of mgr.Add(q)") {
+				t.Fatalf("mgr.Start = %v, want the error naming q.Add(mgr)", err)
+			}
+			if ctx.Err() != nil {
+				t.Fatal("mgr.Start returned only when its context ended")
+			}
+			select {
+			case <-q.Executor().Draining():
+			default:
+				t.Error("the executor of a Runnable refused at Start does not drain")
+			}
+		})
 	}
 }
 
@@ -340,5 +376,47 @@ func TestDebugAddressServesOnLoopback(t *testing.T) {
 	client.CloseIdleConnections()
 	if _, err := client.Get("http://" + addr + runnable.DebugPath); err == nil {
 		t.Fatal("the debug listener still serves after the manager stopped")
+	}
+}
+
+// The budget where the process runs: ShutdownDelay plus the manager's GracefulShutdownTimeout
+// below TerminationGracePeriod, refused by Setup naming the fields (their flags when bound).
+// Fails on v0.3.0, which had no TerminationGracePeriod: a kubelet's SIGKILL cut the stop.
+func TestSetupRefusesAStopLongerThanTheTerminationGracePeriod(t *testing.T) {
+	timeout := 40 * time.Second
+	for _, tc := range []struct {
+		name    string
+		opts    runnable.Options
+		flags   []string
+		timeout *time.Duration
+		want    string // "": no error
+	}{
+		{name: "default timeout", opts: runnable.Options{TerminationGracePeriod: 30 * time.Second},
+			want: "ShutdownDelay (0s) plus the manager's GracefulShutdownTimeout (30s, controller-runtime's default, as the manager's Options set none) must be below TerminationGracePeriod (30s)"},
+		{name: "fits", opts: runnable.Options{TerminationGracePeriod: 31 * time.Second}},
+		{name: "delay", opts: runnable.Options{ShutdownDelay: 10 * time.Second, TerminationGracePeriod: 45 * time.Second},
+			timeout: &timeout, want: "above 50s"},
+		{name: "flags", flags: []string{"--quiesce-shutdown-delay=5s", "--quiesce-termination-grace-period=30s"},
+			want: "--quiesce-shutdown-delay (ShutdownDelay) (5s) plus the manager's GracefulShutdownTimeout (30s"},
+		{name: "not checked", opts: runnable.Options{ShutdownDelay: time.Hour}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := tc.opts
+			if tc.flags != nil {
+				fs := flag.NewFlagSet("operator", flag.ContinueOnError)
+				opts.BindFlags(fs)
+				if err := fs.Parse(tc.flags); err != nil {
+					t.Fatal(err)
+				}
+			}
+			mo := ctrl.Options{GracefulShutdownTimeout: tc.timeout}
+			_, err := runnable.Setup(&rest.Config{Host: noAPIServer}, &mo, opts)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("Setup = %v, want nil", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("Setup = %v, want an error with %q", err, tc.want)
+			}
+		})
 	}
 }

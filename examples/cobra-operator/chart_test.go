@@ -118,10 +118,12 @@ func TestChart(t *testing.T) {
 		{name: "every quiesce setting", values: q("cancelAfter", "20s", "reportEvery", "10s", "slowAfter", "2m",
 			"debugAddress", "127.0.0.1:8083")},
 		{name: "kubebuilder's 10s", values: nest("terminationGracePeriodSeconds", 10),
-			want: "terminationGracePeriodSeconds (10s) must exceed --quiesce-shutdown-delay (10s) + --graceful-shutdown-timeout (30s)"},
+			// the operator refuses it itself: the chart passes the Pod's value as a flag
+			want: "--quiesce-shutdown-delay (ShutdownDelay) (10s) plus the manager's GracefulShutdownTimeout (30s, " +
+				"from the manager's Options) must be below --quiesce-termination-grace-period (TerminationGracePeriod) (10s)"},
 		{name: "gracefulShutdownTimeout left out: the default 30s counts",
 			values: nest("gracefulShutdownTimeout", nil, "terminationGracePeriodSeconds", 35),
-			want:   "+ --graceful-shutdown-timeout (30s)"},
+			want:   "GracefulShutdownTimeout (30s, from the manager's Options) must be below --quiesce-termination-grace-period (TerminationGracePeriod) (35s)"},
 		{name: "shutdown delay shorter than the probe's failures", values: q("shutdownDelay", "5s"),
 			want: "periodSeconds × failureThreshold (2 × 3) must not exceed --quiesce-shutdown-delay (5s)"},
 		{name: "probe failing later", values: nest("readinessProbe", nest("periodSeconds", 7, "failureThreshold", 3)),

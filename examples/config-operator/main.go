@@ -44,7 +44,7 @@ func run(configFile string) int {
 	cfg := ctrl.GetConfigOrDie()
 	q, err := runnable.Setup(cfg, &mgrOpts, qopts)
 	if err != nil {
-		setupLog.Error(err, "Failed to set up quiesce")
+		setupLog.Error(err, "Quiesce setup refused")
 		return 1
 	}
 	mgr, err := ctrl.NewManager(cfg, mgrOpts)
@@ -54,7 +54,7 @@ func run(configFile string) int {
 	}
 	// quiesce: its runnable, the readyz check "quiesce" and its metrics.
 	if err := q.Add(mgr); err != nil {
-		setupLog.Error(err, "Failed to set up quiesce")
+		setupLog.Error(err, "Quiesce setup refused")
 		return 1
 	}
 

@@ -127,7 +127,7 @@ func run(setupLog logr.Logger, c managerConfig) int {
 		CancelAfter:  c.cancelAfter,
 	})
 	if err != nil {
-		setupLog.Error(err, "Failed to set up quiesce")
+		setupLog.Error(err, "Quiesce setup refused")
 		return 1
 	}
 	mgr, err := ctrl.NewManager(cfg, mgrOpts)

@@ -73,7 +73,8 @@ func (r *Mirror) SetupWithManager(mgr ctrl.Manager) error {
 	err := ctrl.NewControllerManagedBy(mgr).
 		For(&corev1.ConfigMap{}, builder.WithPredicates(labelled)).
 		Named(Name).
-		Complete(reconcilers.Wrap(r.Executor, Name, r, reconcilers.WrapOptions{})) // quiesce: track each reconcile
+		// quiesce: track each reconcile; idempotent, so cancelled as the stop begins (docs/stop-policy.md)
+		Complete(reconcilers.Wrap(r.Executor, Name, r, reconcilers.WrapOptions{Stop: reconcilers.CancelAtStop}))
 	if err != nil {
 		return err
 	}

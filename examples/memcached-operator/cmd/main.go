@@ -191,7 +191,7 @@ func main() {
 	cfg := ctrl.GetConfigOrDie()
 	q, err := runnable.Setup(cfg, &mgrOpts, qopts)
 	if err != nil {
-		setupLog.Error(err, "Failed to set up quiesce")
+		setupLog.Error(err, "Quiesce setup refused")
 		os.Exit(1)
 	}
 	mgr, err := ctrl.NewManager(cfg, mgrOpts)
@@ -202,7 +202,7 @@ func main() {
 	// quiesce: its runnable, a readyz check, metrics and /debug/quiesce (behind the metrics
 	// server's filter).
 	if err := q.Add(mgr); err != nil {
-		setupLog.Error(err, "Failed to set up quiesce")
+		setupLog.Error(err, "Quiesce setup refused")
 		os.Exit(1)
 	}
 

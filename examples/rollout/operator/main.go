@@ -136,7 +136,7 @@ func run(setupLog logr.Logger, c config) int {
 		// lease (fencing); a replica whose stop began never acquires it.
 		var err error
 		if q, err = setupQuiesce(restCfg, &mgrOpts, c); err != nil {
-			setupLog.Error(err, "Failed to set up quiesce")
+			setupLog.Error(err, "Quiesce setup refused")
 			return 1
 		}
 	}

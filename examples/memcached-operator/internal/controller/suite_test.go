@@ -96,17 +96,17 @@ var _ = AfterSuite(func() {
 	Expect(err).NotTo(HaveOccurred())
 })
 
-// startQuiesce starts, for the current spec, a quiesce runnable as the manager would (this
-// suite starts no manager). When the spec ends, it stops the runnable, which waits up to a
-// short grace period for the tracked calls, and fails the spec (not AfterSuite) if one is
-// still running, naming it and the line where it waits.
-func startQuiesce() *runnable.Runnable {
+// startQuiesce runs, for the current spec, a quiesce runner (this suite starts no manager).
+// When the spec ends, it stops the runner, which waits up to a short grace period for the
+// tracked calls, and fails the spec (not AfterSuite) if one is still running, naming it and
+// the line where it waits.
+func startQuiesce() *runnable.Runner {
 	q := runnable.New(runnable.Options{
 		GracePeriod: 2 * time.Second,
 		Logger:      logf.Log.WithName("quiesce"),
 	})
 	ctx, stop := context.WithCancel(context.Background())
-	go func() { _ = q.Start(ctx) }()
+	go func() { _ = q.Run(ctx) }()
 	DeferCleanup(func() {
 		stop()
 		<-q.Done()

@@ -166,7 +166,10 @@ func TestLeaseLostFencesAtOnce(t *testing.T) {
 		for range 8 {
 			wg.Go(func() { x.r.LeaseLost(errors.New("the operator's elector stopped leading")) })
 		}
-		wg.Wait() // LeaseLost returns once the contexts ended
+		wg.Wait()
+		// No time passes in the bubble: the call saw its context end at the instant of
+		// LeaseLost (reading ended without this Wait raced the call's goroutine).
+		synctest.Wait()
 		select {
 		case cause := <-ended:
 			if !errors.Is(cause, errLeadershipLost) {

@@ -165,9 +165,10 @@ var _ = Describe("Fencing under the operator's own elector", func() {
 
 		lost := time.Now()
 		q.LeaseLost(errors.New("the operator's elector stopped leading"))
+		// The contexts ended as LeaseLost returned; the reconcile sees it on its own goroutine.
+		Eventually(func() error { return w.outcome().cause }, 10*time.Second).Should(MatchError("leader election lost"))
 		o := w.outcome()
-		last, cause, ended := o.last, o.cause, o.ended
-		Expect(cause).To(MatchError("leader election lost"), "LeaseLost returns once the contexts ended")
+		last, ended := o.last, o.ended
 		Expect(ended.Sub(lost)).To(BeNumerically("<", 500*time.Millisecond))
 		Expect(last.Before(lost)).To(BeTrue(), "no write sent after LeaseLost")
 		Eventually(done, 20*time.Second).Should(Receive(BeNil()), "the manager stopped, without the shutdown delay")

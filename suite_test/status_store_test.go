@@ -350,7 +350,8 @@ func docsPolicy() []*unstructured.Unstructured {
 	Expect(found).To(BeTrue(), "docs/security.md shows the policy")
 	block, _, found = strings.Cut(block, "```")
 	Expect(found).To(BeTrue())
-	block = strings.ReplaceAll(block, "example.com", widgetGVK.Group)
+	// The rest of the marker's comment line, a comment again.
+	block = "#" + strings.ReplaceAll(block, "example.com", widgetGVK.Group)
 	parts := strings.Split(block, "\n---\n")
 	objs := make([]*unstructured.Unstructured, 0, len(parts))
 	for _, part := range parts {

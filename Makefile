@@ -31,12 +31,18 @@ envtest: ## Print the directory holding kube-apiserver and etcd (building them i
 	@$(ENVTEST)
 
 .PHONY: test
-test: ## Unit tests, the envtest suite, then the adoption check (docs/adoption.md diff, README quickstart, example's tests), with -race.
+test: ## Unit tests, the envtest suite, the adoption check (docs/adoption.md diff, README quickstart, example's tests), the Helm operator's stops, with -race.
 	$(HELM) >/dev/null # the examples' chart tests run it: built here, cold, outside go test's timeout
 	assets="$$($(ENVTEST))"; \
 	KUBEBUILDER_ASSETS="$$assets" $(GO) test -race -timeout 30m ./...; \
 	KUBEBUILDER_ASSETS="$$assets" GO=$(GO) hack/check-adoption.sh
+	$(MAKE) --no-print-directory test-helm-operator
 	hack/check-go-get.sh
+
+.PHONY: test-helm-operator
+test-helm-operator: ## examples/helm-operator's specs: issue 49's table (a Helm upgrade stopped mid-way), quiesce beside plain controller-runtime, on envtest.
+	assets="$$($(ENVTEST))"; cd examples/helm-operator && \
+	KUBEBUILDER_ASSETS="$$assets" $(GO) test -race -count=1 -timeout 30m ./...
 
 .PHONY: test-realnode
 test-realnode: ## Specs on a real single node (kubelet, containerd, kube-proxy; root, offline), quiesce and plain controller-runtime side by side (docs/realnode.md).
@@ -86,8 +92,9 @@ lint: ## go.mod tidy, gofmt, go vet, golangci-lint (.golangci.yml), actionlint (
 	cd hack/tools/apidiff && $(GO) mod tidy -diff
 	cd hack/tools/actionlint && $(GO) mod tidy -diff
 	cd hack/tools/helm && $(GO) mod tidy -diff
+	cd examples/helm-operator && $(GO) mod tidy -diff
 	$(ACTIONLINT)
-	$(GO) run ./hack/linkcheck README.md CONTRIBUTING.md CHANGELOG.md VERSIONING.md examples/README.md $$(find docs -name '*.md')
+	$(GO) run ./hack/linkcheck README.md CONTRIBUTING.md CHANGELOG.md VERSIONING.md examples/README.md examples/helm-operator/README.md $$(find docs -name '*.md')
 
 .PHONY: lint-fix
 lint-fix: ## go mod tidy, and the fixes golangci-lint can make itself (gofmt, goimports, ...).
@@ -97,6 +104,7 @@ lint-fix: ## go mod tidy, and the fixes golangci-lint can make itself (gofmt, go
 	cd hack/tools/apidiff && $(GO) mod tidy
 	cd hack/tools/actionlint && $(GO) mod tidy
 	cd hack/tools/helm && $(GO) mod tidy
+	cd examples/helm-operator && $(GO) mod tidy
 
 .PHONY: help
 help:

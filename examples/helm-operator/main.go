@@ -39,8 +39,8 @@ func main() {
 	flag.DurationVar(&pollInterval, "helm-poll-interval", 0, "How often Helm's wait polls; 0: Helm's own (2s).")
 	var qopts runnable.Options
 	qopts.BindFlags(flag.CommandLine)
+	// Not one of BindFlags': the tests scale it down with the rest.
 	flag.DurationVar(&qopts.ReportAfter, "quiesce-report-after", 0, "When the drain's first report of pending calls comes; 0: 1s.")
-	flag.DurationVar(&qopts.ReportEvery, "quiesce-report-every", 0, "How often later reports come; 0: 5s.")
 	zopts := zap.Options{Development: true, StacktraceLevel: zapcore.DPanicLevel}
 	zopts.BindFlags(flag.CommandLine)
 	flag.Parse()

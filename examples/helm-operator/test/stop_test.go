@@ -26,14 +26,19 @@ import (
 )
 
 // scale is what one second of issue 49's table takes here: every duration of a case (the
-// upgrade U, the rollback R, the stop 3 s into the upgrade, Helm's 2 s poll, its 10 min
-// timeout, quiesce's and the manager's budgets, the restarted operator's watch) is scaled
-// down by this one factor, so that the order of events, which decides each cell, is the
-// issue's.
+// upgrade U, the rollback R, the stop 3 s into the upgrade, Helm's 10 min timeout, quiesce's
+// and the manager's budgets, quiesce's reports, the restarted operator's watch) is scaled
+// down by this one factor (Helm's poll by more: helmPoll), so that the order of events,
+// which decides each cell, is the issue's.
 const scale = 200 * time.Millisecond
 
 // s is n seconds of the issue, scaled.
 func s(n float64) time.Duration { return time.Duration(n * float64(scale)) }
+
+// helmPoll is how often Helm's wait polls here: Helm's 2 s, scaled, would be 400 ms, as long
+// as the shortest rollback (R 2 s): a cell would then be decided by where a poll falls, not by
+// U and R. 100 ms is half a second of the issue.
+const helmPoll = 100 * time.Millisecond
 
 // otherOperation is Helm's error for a release left pending-install, pending-upgrade or
 // pending-rollback: every upgrade of it fails with it until someone rolls it back by hand.
@@ -251,7 +256,7 @@ func start(ctx context.Context, c stopCase, prefix string) *shutdowntest.Operato
 		"--quiesce=" + strconv.FormatBool(c.Quiesce),
 		"--graceful-shutdown-timeout=" + c.Budget.GracefulShutdownTimeout.String(),
 		"--chart-timeout=" + s(600).String(),
-		"--helm-poll-interval=" + s(2).String(),
+		"--helm-poll-interval=" + helmPoll.String(),
 	}
 	if c.Quiesce {
 		args = append(args,

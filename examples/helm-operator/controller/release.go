@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/quiesce-dev/quiesce/drain"
 	"github.com/quiesce-dev/quiesce/reconcilers"
@@ -121,7 +122,7 @@ func (r *Reconciler) actionConfig(log logr.Logger, namespace string) (*action.Co
 // SetupWithManager registers the reconciler, run through ex's wrapper when ex is not nil
 // (quiesce); nil: as plain controller-runtime runs it.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, ex *drain.Executor, opts reconcilers.WrapOptions) error {
-	var rec = ctrl.Reconciler(r)
+	var rec reconcile.Reconciler = r
 	if ex != nil {
 		rec = reconcilers.Wrap(ex, Name, r, opts)
 	}

@@ -31,16 +31,20 @@ func main() {
 		chartTimeout           time.Duration
 		pollInterval           time.Duration
 	)
-	flag.StringVar(&metricsAddr, "metrics-bind-address", "0", "The address the metrics server binds to (plain HTTP); 0 disables it.")
+	flag.StringVar(&metricsAddr, "metrics-bind-address", "0",
+		"The address the metrics server binds to (plain HTTP); 0 disables it.")
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "The address the probe endpoint binds to.")
 	flag.BoolVar(&withQuiesce, "quiesce", true, "Stop through quiesce; false: plain controller-runtime.")
-	flag.DurationVar(&shutdownTimeout, "graceful-shutdown-timeout", 30*time.Second, "The manager's GracefulShutdownTimeout.")
-	flag.DurationVar(&chartTimeout, "chart-timeout", 10*time.Minute, "Helm's --timeout for install, upgrade and the atomic rollback.")
+	flag.DurationVar(&shutdownTimeout, "graceful-shutdown-timeout", 30*time.Second,
+		"The manager's GracefulShutdownTimeout.")
+	flag.DurationVar(&chartTimeout, "chart-timeout", 10*time.Minute,
+		"Helm's --timeout for install, upgrade and the atomic rollback.")
 	flag.DurationVar(&pollInterval, "helm-poll-interval", 0, "How often Helm's wait polls; 0: Helm's own (2s).")
 	var qopts runnable.Options
 	qopts.BindFlags(flag.CommandLine)
 	// Not one of BindFlags': the tests scale it down with the rest.
-	flag.DurationVar(&qopts.ReportAfter, "quiesce-report-after", 0, "When the drain's first report of pending calls comes; 0: 1s.")
+	flag.DurationVar(&qopts.ReportAfter, "quiesce-report-after", 0,
+		"When the drain's first report of pending calls comes; 0: 1s.")
 	zopts := zap.Options{Development: true, StacktraceLevel: zapcore.DPanicLevel}
 	zopts.BindFlags(flag.CommandLine)
 	flag.Parse()

@@ -153,38 +153,44 @@ var _ = Describe("A Helm operator stopped 3 s into pending-upgrade", func() {
 		// lets the upgrade finish (7 s after the stop, before the cancel at 20 s).
 		Entry("should leave plain controller-runtime pending-rollback (U 10 s, R 45 s)",
 			stopCase{U: 10, R: 45, Budget: plain},
-			want{State: "pending-rollback", Stuck: true, GaveUp: true, TookAtLeast: s(30)}),
+			want{State: pendingRollback, Stuck: true, GaveUp: true, TookAtLeast: s(30)}),
 		Entry("should let quiesce finish the upgrade: deployed (U 10 s, R 45 s)",
 			stopCase{U: 10, R: 45, Quiesce: true, Budget: defaults},
-			want{State: "deployed", TookAtLeast: s(10 - 3)}),
+			want{State: deployed, TookAtLeast: s(10 - 3)}),
 		// U 45 s, R 45 s: quiesce cancels at 20 s; the rollback has 5 s of its 45: abandoned.
 		Entry("should leave plain controller-runtime pending-rollback (U 45 s, R 45 s)",
 			stopCase{U: 45, R: 45, Budget: plain},
-			want{State: "pending-rollback", Stuck: true, GaveUp: true, TookAtLeast: s(30)}),
+			want{State: pendingRollback, Stuck: true, GaveUp: true, TookAtLeast: s(30)}),
 		Entry("should leave quiesce's abandoned rollback pending (U 45 s, R 45 s)",
 			stopCase{U: 45, R: 45, Quiesce: true, Budget: defaults},
-			want{State: "pending-rollback", Stuck: true, Abandoned: true, Cancelled: true, TookAtLeast: s(25)}),
+			want{State: pendingRollback, Stuck: true, Abandoned: true, Cancelled: true, TookAtLeast: s(25)}),
 		// U 60 s, R 2 s: both roll back; plain at once, quiesce from its cancel at 20 s, with
 		// 5 s left of its grace period for the 2 s rollback (plain: 30 s).
 		Entry("should let plain controller-runtime roll back (U 60 s, R 2 s)",
 			stopCase{U: 60, R: 2, Budget: plain},
-			want{State: "deployed", TookAtLeast: 0}),
+			want{State: deployed, TookAtLeast: 0}),
 		Entry("should let quiesce roll back after its cancel (U 60 s, R 2 s)",
 			stopCase{U: 60, R: 2, Quiesce: true, Budget: defaults},
-			want{State: "deployed", Cancelled: true, TookAtLeast: s(20)}),
+			want{State: deployed, Cancelled: true, TookAtLeast: s(20)}),
 		// U 60 s, R 45 s: neither fits.
 		Entry("should leave plain controller-runtime pending-rollback (U 60 s, R 45 s)",
 			stopCase{U: 60, R: 45, Budget: plain},
-			want{State: "pending-rollback", Stuck: true, GaveUp: true, TookAtLeast: s(30)}),
+			want{State: pendingRollback, Stuck: true, GaveUp: true, TookAtLeast: s(30)}),
 		Entry("should leave quiesce's abandoned rollback pending (U 60 s, R 45 s)",
 			stopCase{U: 60, R: 45, Quiesce: true, Budget: defaults},
-			want{State: "pending-rollback", Stuck: true, Abandoned: true, Cancelled: true, TookAtLeast: s(25)}),
+			want{State: pendingRollback, Stuck: true, Abandoned: true, Cancelled: true, TookAtLeast: s(25)}),
 		// A budget long enough for the work: the upgrade finishes, 42 s after the stop.
 		Entry("should let quiesce finish the upgrade under a longer budget (U 45 s, R 45 s)",
 			stopCase{U: 45, R: 45, Quiesce: true, Budget: longer},
-			want{State: "deployed", TookAtLeast: s(45 - 3)}),
+			want{State: deployed, TookAtLeast: s(45 - 3)}),
 	)
 })
+
+// The release states the cells end in, as Helm's Secret driver labels them.
+const (
+	deployed        = "deployed"
+	pendingRollback = "pending-rollback"
+)
 
 // release is the release (and ConfigMap) name of every case: each runs in a namespace of its own.
 const release = "work"
@@ -209,7 +215,7 @@ func runStop(ctx context.Context, c stopCase) outcome {
 	}
 	Expect(k8sClient.Create(ctx, cm)).To(Succeed())
 	Eventually(lastRelease).WithContext(ctx).WithArguments(ns.Name).WithTimeout(time.Minute).
-		Should(Equal(record{Revision: 1, State: "deployed"}), "the install")
+		Should(Equal(record{Revision: 1, State: deployed}), "the install")
 
 	cm.Data["version"] = "2"
 	Expect(k8sClient.Update(ctx, cm)).To(Succeed())

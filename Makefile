@@ -38,6 +38,11 @@ test: ## Unit tests, the envtest suite, then the adoption check (docs/adoption.m
 	KUBEBUILDER_ASSETS="$$assets" GO=$(GO) hack/check-adoption.sh
 	hack/check-go-get.sh
 
+.PHONY: test-helm-operator
+test-helm-operator: ## examples/helm-operator's specs (issue 49's table, not yet measured: not in make test until they ran green), on envtest.
+	assets="$$($(ENVTEST))"; cd examples/helm-operator && \
+	KUBEBUILDER_ASSETS="$$assets" $(GO) test -race -count=1 -timeout 30m ./...
+
 .PHONY: test-realnode
 test-realnode: ## Specs on a real single node (kubelet, containerd, kube-proxy; root, offline), quiesce and plain controller-runtime side by side (docs/realnode.md).
 	assets="$$($(ENVTEST))"; node="$$(hack/setup-realnode.sh)"; \
@@ -88,8 +93,9 @@ lint: ## go.mod tidy, gofmt, go vet, golangci-lint (.golangci.yml), actionlint (
 	cd hack/tools/apidiff && $(GO) mod tidy -diff
 	cd hack/tools/actionlint && $(GO) mod tidy -diff
 	cd hack/tools/helm && $(GO) mod tidy -diff
+	cd examples/helm-operator && $(GO) mod tidy -diff
 	$(ACTIONLINT)
-	$(GO) run ./hack/linkcheck README.md CONTRIBUTING.md CHANGELOG.md VERSIONING.md examples/README.md $$(find docs -name '*.md')
+	$(GO) run ./hack/linkcheck README.md CONTRIBUTING.md CHANGELOG.md VERSIONING.md examples/README.md examples/helm-operator/README.md $$(find docs -name '*.md')
 
 .PHONY: lint-fix
 lint-fix: ## go mod tidy, and the fixes golangci-lint can make itself (gofmt, goimports, ...).
@@ -100,6 +106,7 @@ lint-fix: ## go mod tidy, and the fixes golangci-lint can make itself (gofmt, go
 	cd hack/tools/apidiff && $(GO) mod tidy
 	cd hack/tools/actionlint && $(GO) mod tidy
 	cd hack/tools/helm && $(GO) mod tidy
+	cd examples/helm-operator && $(GO) mod tidy
 
 .PHONY: help
 help:

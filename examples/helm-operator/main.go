@@ -1,0 +1,113 @@
+// Command helm-operator installs and upgrades a Helm release per labelled ConfigMap with Helm 3
+// (Atomic, Wait, WaitForJobs, a long timeout), with quiesce (--quiesce, the default) or as plain
+// controller-runtime (--quiesce=false), so that its tests can stop both mid-upgrade and compare.
+package main
+
+import (
+	"flag"
+	"os"
+	"time"
+
+	"go.uber.org/zap/zapcore"
+	"k8s.io/client-go/kubernetes/scheme"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/quiesce-dev/quiesce/drain"
+	"github.com/quiesce-dev/quiesce/reconcilers"
+	"github.com/quiesce-dev/quiesce/runnable"
+
+	"example.com/helm-operator/chart"
+	"example.com/helm-operator/controller"
+)
+
+func main() {
+	var (
+		metricsAddr, probeAddr string
+		withQuiesce            bool
+		shutdownTimeout        time.Duration
+		chartTimeout           time.Duration
+		pollInterval           time.Duration
+	)
+	flag.StringVar(&metricsAddr, "metrics-bind-address", "0",
+		"The address the metrics server binds to (plain HTTP); 0 disables it.")
+	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "The address the probe endpoint binds to.")
+	flag.BoolVar(&withQuiesce, "quiesce", true, "Stop through quiesce; false: plain controller-runtime.")
+	flag.DurationVar(&shutdownTimeout, "graceful-shutdown-timeout", 30*time.Second,
+		"The manager's GracefulShutdownTimeout.")
+	flag.DurationVar(&chartTimeout, "chart-timeout", 10*time.Minute,
+		"Helm's --timeout for install, upgrade and the atomic rollback.")
+	flag.DurationVar(&pollInterval, "helm-poll-interval", 0, "How often Helm's wait polls; 0: Helm's own (2s).")
+	var qopts runnable.Options
+	qopts.BindFlags(flag.CommandLine)
+	// Not one of BindFlags': the tests scale it down with the rest.
+	flag.DurationVar(&qopts.ReportAfter, "quiesce-report-after", 0,
+		"When the drain's first report of pending calls comes; 0: 1s.")
+	zopts := zap.Options{Development: true, StacktraceLevel: zapcore.DPanicLevel}
+	zopts.BindFlags(flag.CommandLine)
+	flag.Parse()
+
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zopts)))
+	log := ctrl.Log.WithName("setup")
+
+	c, err := chart.Load()
+	if err != nil {
+		log.Error(err, "Failed to load the chart")
+		os.Exit(1)
+	}
+	cfg := ctrl.GetConfigOrDie()
+	mgrOpts := ctrl.Options{
+		Scheme:                  scheme.Scheme,
+		Metrics:                 metricsserver.Options{BindAddress: metricsAddr},
+		HealthProbeBindAddress:  probeAddr,
+		GracefulShutdownTimeout: &shutdownTimeout,
+	}
+	var q *runnable.Runnable
+	if withQuiesce {
+		if q, err = runnable.Setup(cfg, &mgrOpts, qopts); err != nil {
+			log.Error(err, "Failed to set up quiesce")
+			os.Exit(1)
+		}
+	}
+	mgr, err := ctrl.NewManager(cfg, mgrOpts)
+	if err != nil {
+		log.Error(err, "Failed to make the manager")
+		os.Exit(1)
+	}
+	var ex *drain.Executor
+	if q != nil {
+		if err := q.Add(mgr); err != nil {
+			log.Error(err, "Failed to set up quiesce")
+			os.Exit(1)
+		}
+		ex = q.Executor()
+	}
+	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
+		log.Error(err, "Failed to add the readyz check")
+		os.Exit(1)
+	}
+	r := &controller.Reconciler{Client: mgr.GetClient(), Config: mgr.GetConfig(), Chart: c,
+		Timeout: chartTimeout, PollInterval: pollInterval}
+	// Issue 49's cleanup window and abandon hook (WrapOptions.Cleanup, WrapOptions.OnAbandon)
+	// go here once quiesce has them.
+	if err := r.SetupWithManager(mgr, ex, reconcilers.WrapOptions{}); err != nil {
+		log.Error(err, "Failed to set up the controller")
+		os.Exit(1)
+	}
+
+	log.Info("Starting manager", "quiesce", withQuiesce)
+	ctx := ctrl.SetupSignalHandler()
+	if q != nil {
+		ctx = q.StopContext(ctx)
+	}
+	if err := mgr.Start(ctx); err != nil {
+		log.Error(err, "Failed to run manager")
+		os.Exit(1)
+	}
+	if q != nil && q.Err() != nil {
+		log.Error(q.Err(), "Calls were still running at the end of the grace period")
+		os.Exit(1)
+	}
+}

@@ -20,6 +20,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"helm.sh/helm/v3/pkg/storage"
+	"helm.sh/helm/v3/pkg/storage/driver"
+
 	"github.com/quiesce-dev/quiesce/shutdowntest"
 
 	"example.com/helm-operator/controller"
@@ -48,8 +51,8 @@ const otherOperation = "another operation (install/upgrade/rollback) is in progr
 // the manager's.
 type budget struct {
 	GracePeriod, CancelAfter, GracefulShutdownTimeout time.Duration
-	// Args are further flags of the operator: the place of the cleanup window and the abandon
-	// hook (issue 49 item 2, reconcilers.WrapOptions.Cleanup and OnAbandon) once they exist.
+	// Args are further flags of the operator: its cleanup window (--cleanup, quiesce's
+	// reconcilers.WrapOptions.Cleanup) and abandon hook (--mark-failed-on-abandon, OnAbandon).
 	Args []string
 }
 
@@ -62,6 +65,16 @@ var (
 	// longer is a budget long enough for the upgrade itself (issue 49's last row): GracePeriod
 	// 80 s, cancel at 60 s, the manager's 85 s.
 	longer = budget{GracePeriod: s(80), CancelAfter: s(60), GracefulShutdownTimeout: s(85)}
+	// cleanup is docs/stop-policy.md's worked example: a cleanup window of 60 s in a
+	// GracePeriod of 90 s (CancelAfter its default, 4/5), the manager's 100 s: the upgrade is
+	// cancelled at 90 - 60 = 30 s, its rollback has until 90 s.
+	cleanup = budget{GracePeriod: s(90), CancelAfter: s(72), GracefulShutdownTimeout: s(100),
+		Args: []string{"--cleanup=" + s(60).String()}}
+	// plainLonger is plain controller-runtime under cleanup's manager timeout.
+	plainLonger = budget{GracefulShutdownTimeout: s(100)}
+	// markFailed is defaults with the operator's OnAbandon hook: mark the release failed.
+	markFailed = budget{GracePeriod: s(25), CancelAfter: s(20), GracefulShutdownTimeout: s(30),
+		Args: []string{"--mark-failed-on-abandon"}}
 )
 
 // stopCase is one cell of the table: the upgrade takes U seconds (of the issue) and its atomic
@@ -74,9 +87,11 @@ type stopCase struct {
 
 // outcome is what a stop 3 s into pending-upgrade left and logged.
 type outcome struct {
-	// State and Revision are the release's last record's, once the operator exited.
+	// State, Revision and Version (the chart value: "2" once the upgrade finished, "1" once
+	// rolled back) are the release's last record's, once the operator exited.
 	State    string
 	Revision int
+	Version  string
 	// OtherOps counts the restarted operator's otherOperation errors in restartWatch.
 	OtherOps int
 	// Took is SIGTERM to exit; ExitCode the operator's.
@@ -90,11 +105,13 @@ type outcome struct {
 	Cancelled bool
 	// Reported: a report of pending calls named the upgrade with its line in release.go.
 	Reported bool
+	// Marked: the operator's OnAbandon hook marked the release failed.
+	Marked bool
 }
 
 func (o outcome) String() string {
-	return fmt.Sprintf("state %s (revision %d), %d %q errors after restart, stop %v (exit %d), gave up %t, abandoned %v, cancelled %t, reported %t",
-		o.State, o.Revision, o.OtherOps, otherOperation, o.Took.Round(time.Millisecond), o.ExitCode, o.GaveUp, o.Abandoned, o.Cancelled, o.Reported)
+	return fmt.Sprintf("state %s (revision %d, version %s), %d %q errors after restart, stop %v (exit %d), gave up %t, abandoned %v, cancelled %t, reported %t, marked failed %t",
+		o.State, o.Revision, o.Version, o.OtherOps, otherOperation, o.Took.Round(time.Millisecond), o.ExitCode, o.GaveUp, o.Abandoned, o.Cancelled, o.Reported, o.Marked)
 }
 
 // restartWatch is how long the restarted operator is watched for otherOperation errors.
@@ -103,11 +120,15 @@ var restartWatch = s(25)
 // want is what a cell must show.
 type want struct {
 	State string
+	// Version is the last record's chart value: "2" the upgrade finished, "1" rolled back.
+	Version string
 	// Stuck: the restarted operator fails with otherOperation (at least once in restartWatch).
 	Stuck     bool
 	Abandoned bool
 	Cancelled bool
 	GaveUp    bool
+	// Marked: the OnAbandon hook marked the release failed.
+	Marked bool
 	// TookAtLeast bounds the stop (SIGTERM to exit) from below; from above, the manager's
 	// GracefulShutdownTimeout does (with a margin for the machine's load).
 	TookAtLeast time.Duration
@@ -125,6 +146,8 @@ var _ = Describe("A Helm operator stopped 3 s into pending-upgrade", func() {
 			GinkgoWriter.Printf("outcome: %s\n", o)
 
 			Expect(o.State).To(Equal(w.State), "the release's state after the stop")
+			Expect(o.Version).To(Equal(w.Version), "the release's version after the stop")
+			Expect(o.Marked).To(Equal(w.Marked), "the OnAbandon hook marked the release failed")
 			if w.Stuck {
 				Expect(o.OtherOps).To(BeNumerically(">", 0), "the restarted operator's %q errors", otherOperation)
 			} else {
@@ -153,36 +176,53 @@ var _ = Describe("A Helm operator stopped 3 s into pending-upgrade", func() {
 		// lets the upgrade finish (7 s after the stop, before the cancel at 20 s).
 		Entry("should leave plain controller-runtime pending-rollback (U 10 s, R 45 s)",
 			stopCase{U: 10, R: 45, Budget: plain},
-			want{State: pendingRollback, Stuck: true, GaveUp: true, TookAtLeast: s(30)}),
+			want{State: pendingRollback, Version: "1", Stuck: true, GaveUp: true, TookAtLeast: s(30)}),
 		Entry("should let quiesce finish the upgrade: deployed (U 10 s, R 45 s)",
 			stopCase{U: 10, R: 45, Quiesce: true, Budget: defaults},
-			want{State: deployed, TookAtLeast: s(10 - 3)}),
+			want{State: deployed, Version: "2", TookAtLeast: s(10 - 3)}),
 		// U 45 s, R 45 s: quiesce cancels at 20 s; the rollback has 5 s of its 45: abandoned.
 		Entry("should leave plain controller-runtime pending-rollback (U 45 s, R 45 s)",
 			stopCase{U: 45, R: 45, Budget: plain},
-			want{State: pendingRollback, Stuck: true, GaveUp: true, TookAtLeast: s(30)}),
+			want{State: pendingRollback, Version: "1", Stuck: true, GaveUp: true, TookAtLeast: s(30)}),
 		Entry("should leave quiesce's abandoned rollback pending (U 45 s, R 45 s)",
 			stopCase{U: 45, R: 45, Quiesce: true, Budget: defaults},
-			want{State: pendingRollback, Stuck: true, Abandoned: true, Cancelled: true, TookAtLeast: s(25)}),
+			want{State: pendingRollback, Version: "1", Stuck: true, Abandoned: true, Cancelled: true, TookAtLeast: s(25)}),
 		// U 60 s, R 2 s: both roll back; plain at once, quiesce from its cancel at 20 s, with
 		// 5 s left of its grace period for the 2 s rollback (plain: 30 s).
 		Entry("should let plain controller-runtime roll back (U 60 s, R 2 s)",
 			stopCase{U: 60, R: 2, Budget: plain},
-			want{State: deployed, TookAtLeast: 0}),
+			want{State: deployed, Version: "1", TookAtLeast: s(2)}),
 		Entry("should let quiesce roll back after its cancel (U 60 s, R 2 s)",
 			stopCase{U: 60, R: 2, Quiesce: true, Budget: defaults},
-			want{State: deployed, Cancelled: true, TookAtLeast: s(20)}),
-		// U 60 s, R 45 s: neither fits.
+			want{State: deployed, Version: "1", Cancelled: true, TookAtLeast: s(20 + 2)}),
+		// U 60 s, R 45 s: neither fits the defaults.
 		Entry("should leave plain controller-runtime pending-rollback (U 60 s, R 45 s)",
 			stopCase{U: 60, R: 45, Budget: plain},
-			want{State: pendingRollback, Stuck: true, GaveUp: true, TookAtLeast: s(30)}),
+			want{State: pendingRollback, Version: "1", Stuck: true, GaveUp: true, TookAtLeast: s(30)}),
 		Entry("should leave quiesce's abandoned rollback pending (U 60 s, R 45 s)",
 			stopCase{U: 60, R: 45, Quiesce: true, Budget: defaults},
-			want{State: pendingRollback, Stuck: true, Abandoned: true, Cancelled: true, TookAtLeast: s(25)}),
+			want{State: pendingRollback, Version: "1", Stuck: true, Abandoned: true, Cancelled: true, TookAtLeast: s(25)}),
+		// The abandon hook: the release it cannot save is marked failed, not left pending, so
+		// the next operator upgrades it instead of failing on "another operation".
+		Entry("should let quiesce's abandon hook mark the release failed (U 60 s, R 45 s)",
+			stopCase{U: 60, R: 45, Quiesce: true, Budget: markFailed},
+			want{State: failed, Version: "1", Abandoned: true, Cancelled: true, Marked: true, TookAtLeast: s(25)}),
 		// A budget long enough for the work: the upgrade finishes, 42 s after the stop.
 		Entry("should let quiesce finish the upgrade under a longer budget (U 45 s, R 45 s)",
 			stopCase{U: 45, R: 45, Quiesce: true, Budget: longer},
-			want{State: deployed, TookAtLeast: s(45 - 3)}),
+			want{State: deployed, Version: "2", TookAtLeast: s(45 - 3)}),
+		// The cleanup window (GracePeriod 90 s, Cleanup 60 s): the upgrade is cancelled at 30 s,
+		// its 45 s rollback ends at 75 s, within the grace period: rolled back, nothing pending.
+		Entry("should let quiesce's cleanup window finish the rollback (U 45 s, R 45 s)",
+			stopCase{U: 45, R: 45, Quiesce: true, Budget: cleanup},
+			want{State: deployed, Version: "1", Cancelled: true, TookAtLeast: s(30 + 45)}),
+		Entry("should let quiesce's cleanup window finish the rollback (U 60 s, R 45 s)",
+			stopCase{U: 60, R: 45, Quiesce: true, Budget: cleanup},
+			want{State: deployed, Version: "1", Cancelled: true, TookAtLeast: s(30 + 45)}),
+		// Plain controller-runtime under the same manager timeout: rolled back too, at once.
+		Entry("should let plain controller-runtime roll back under a longer timeout (U 45 s, R 45 s)",
+			stopCase{U: 45, R: 45, Budget: plainLonger},
+			want{State: deployed, Version: "1", TookAtLeast: s(45)}),
 	)
 })
 
@@ -190,6 +230,7 @@ var _ = Describe("A Helm operator stopped 3 s into pending-upgrade", func() {
 const (
 	deployed        = "deployed"
 	pendingRollback = "pending-rollback"
+	failed          = "failed"
 )
 
 // release is the release (and ConfigMap) name of every case: each runs in a namespace of its own.
@@ -208,19 +249,19 @@ func runStop(ctx context.Context, c stopCase) outcome {
 	jobs.Go(func() { completeJobs(jobsCtx, ns.Name, s(c.U), s(c.R)) })
 	DeferCleanup(func() { stopJobs(); jobs.Wait() })
 
-	op := start(ctx, c, "stopped | ")
+	op := start(ctx, c, ns.Name, "stopped | ")
 	cm := &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Name: release, Namespace: ns.Name, Labels: map[string]string{controller.LabelKey: "true"}},
 		Data:       map[string]string{"version": "1"},
 	}
 	Expect(k8sClient.Create(ctx, cm)).To(Succeed())
 	Eventually(lastRelease).WithContext(ctx).WithArguments(ns.Name).WithTimeout(time.Minute).
-		Should(Equal(record{Revision: 1, State: deployed}), "the install")
+		Should(Equal(record{Revision: 1, State: deployed, Version: "1"}), "the install")
 
 	cm.Data["version"] = "2"
 	Expect(k8sClient.Update(ctx, cm)).To(Succeed())
 	Eventually(lastRelease).WithContext(ctx).WithArguments(ns.Name).WithTimeout(time.Minute).
-		WithPolling(10*time.Millisecond).Should(Equal(record{Revision: 2, State: "pending-upgrade"}), "the upgrade")
+		WithPolling(10*time.Millisecond).Should(Equal(record{Revision: 2, State: "pending-upgrade", Version: "2"}), "the upgrade")
 	// The stop comes 3 s into pending-upgrade: the case's chosen moment, not a wait for a state.
 	select {
 	case <-time.After(s(3)):
@@ -232,17 +273,18 @@ func runStop(ctx context.Context, c stopCase) outcome {
 	last, err := lastRelease(ctx, ns.Name)
 	Expect(err).NotTo(HaveOccurred())
 	o := outcome{
-		State: last.State, Revision: last.Revision,
+		State: last.State, Revision: last.Revision, Version: last.Version,
 		Took: res.Took, ExitCode: res.ExitCode, GaveUp: res.GaveUp, Abandoned: res.Abandoned,
 	}
 	reported := regexp.MustCompile(`Waiting for pending calls.*release/` + ns.Name + `/` + release + `/upgrade.*release\.go:\d+`)
 	for _, l := range res.Lines {
 		o.Cancelled = o.Cancelled || strings.Contains(l, "Cancelling calls still running")
 		o.Reported = o.Reported || reported.MatchString(l)
+		o.Marked = o.Marked || strings.Contains(l, "Marked the release failed")
 	}
 
 	// The restart: a new operator, as the Deployment's next pod, for restartWatch.
-	again := start(ctx, c, "restarted | ")
+	again := start(ctx, c, ns.Name, "restarted | ")
 	select {
 	case <-time.After(restartWatch):
 	case <-ctx.Done():
@@ -256,9 +298,11 @@ func runStop(ctx context.Context, c stopCase) outcome {
 	return o
 }
 
-// start runs the operator's binary for c.
-func start(ctx context.Context, c stopCase, prefix string) *shutdowntest.Operator {
+// start runs the operator's binary for c, on namespace's ConfigMaps alone (the other cases'
+// releases are left as they ended: a stuck one would fail this case's count).
+func start(ctx context.Context, c stopCase, namespace, prefix string) *shutdowntest.Operator {
 	args := []string{
+		"--namespace=" + namespace,
 		"--quiesce=" + strconv.FormatBool(c.Quiesce),
 		"--graceful-shutdown-timeout=" + c.Budget.GracefulShutdownTimeout.String(),
 		"--chart-timeout=" + s(600).String(),
@@ -285,30 +329,21 @@ func start(ctx context.Context, c stopCase, prefix string) *shutdowntest.Operato
 	return op
 }
 
-// record is a release's revision and state, as Helm's Secret driver labels its record.
+// record is a release's revision, state and chart value version, as Helm's storage reads it.
 type record struct {
 	Revision int
 	State    string
+	Version  string
 }
 
-// lastRelease is the release's last record in namespace.
-func lastRelease(ctx context.Context, namespace string) (record, error) {
-	var secrets corev1.SecretList
-	if err := k8sClient.List(ctx, &secrets, client.InNamespace(namespace),
-		client.MatchingLabels{"owner": "helm", "name": release}); err != nil {
+// lastRelease is the release's last record in namespace, read through Helm's own storage.
+func lastRelease(_ context.Context, namespace string) (record, error) {
+	last, err := storage.Init(driver.NewSecrets(clientset.CoreV1().Secrets(namespace))).Last(release)
+	if err != nil {
 		return record{}, err
 	}
-	var last record
-	for _, sec := range secrets.Items {
-		rev, err := strconv.Atoi(sec.Labels["version"])
-		if err != nil {
-			return record{}, fmt.Errorf("failed to read the revision of %s: %w", sec.Name, err)
-		}
-		if rev > last.Revision {
-			last = record{Revision: rev, State: sec.Labels["status"]}
-		}
-	}
-	return last, nil
+	version, _ := last.Config["version"].(string)
+	return record{Revision: last.Version, State: last.Info.Status.String(), Version: version}, nil
 }
 
 // completeJobs stands for the Job controller that envtest lacks: it completes each Job of the

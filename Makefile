@@ -41,7 +41,7 @@ test: ## Unit tests, the envtest suite, then the adoption check (docs/adoption.m
 .PHONY: test-helm-operator
 test-helm-operator: ## examples/helm-operator's specs (issue 49's table, not yet measured: not in make test until they ran green), on envtest.
 	assets="$$($(ENVTEST))"; cd examples/helm-operator && \
-	KUBEBUILDER_ASSETS="$$assets" $(GO) test -race -count=1 -timeout 30m ./...
+	KUBEBUILDER_ASSETS="$$assets" $(GO) test -race -count=1 -timeout 30m -v ./...
 
 .PHONY: test-realnode
 test-realnode: ## Specs on a real single node (kubelet, containerd, kube-proxy; root, offline), quiesce and plain controller-runtime side by side (docs/realnode.md).

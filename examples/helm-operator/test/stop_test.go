@@ -142,8 +142,7 @@ var _ = Describe("A Helm operator stopped 3 s into pending-upgrade", func() {
 				Eventually(func() error { return goleak.Find(cur) }).Should(Succeed())
 			})
 			o := runStop(ctx, c)
-			AddReportEntry("outcome", o.String())
-			GinkgoWriter.Printf("outcome: %s\n", o)
+			AddReportEntry("outcome", o.String(), ReportEntryVisibilityAlways)
 
 			Expect(o.State).To(Equal(w.State), "the release's state after the stop")
 			Expect(o.Version).To(Equal(w.Version), "the release's version after the stop")

@@ -178,12 +178,10 @@ func TestChart(t *testing.T) {
 			want:   "GracefulShutdownTimeout (30s, from the manager's Options) must be below quiesce.terminationGracePeriod (TerminationGracePeriod) (35s)"},
 		{name: "longer shutdown delay", values: cfg("quiesce", nest("shutdownDelay", "20s")),
 			want: "quiesce.shutdownDelay (ShutdownDelay) (20s) plus"},
-		{name: "the Pod's value not passed", edit: func(f map[string]string) {
-			f["configmap.yaml"] = strings.Replace(f["configmap.yaml"], "terminationGracePeriod: 45s", "", 1)
-		}, want: "quiesce.terminationGracePeriod (0s) is not the Pod's terminationGracePeriodSeconds (45s)"},
-		{name: "another value passed", edit: func(f map[string]string) {
-			f["configmap.yaml"] = strings.Replace(f["configmap.yaml"], "terminationGracePeriod: 45s", "terminationGracePeriod: 90s", 1)
-		}, want: "quiesce.terminationGracePeriod (1m30s) is not the Pod's terminationGracePeriodSeconds (45s)"},
+		{name: "the Pod's value not passed", edit: replace("configmap.yaml", "terminationGracePeriod: 45s", ""),
+			want: "quiesce.terminationGracePeriod (0s) is not the Pod's terminationGracePeriodSeconds (45s)"},
+		{name: "another value passed", edit: replace("configmap.yaml", "terminationGracePeriod: 45s", "terminationGracePeriod: 90s"),
+			want: "quiesce.terminationGracePeriod (1m30s) is not the Pod's terminationGracePeriodSeconds (45s)"},
 		{name: "shutdown delay shorter than the probe's failures", values: cfg("quiesce", nest("shutdownDelay", "5s")),
 			want: "periodSeconds × failureThreshold (2 × 3) must not exceed quiesce.shutdownDelay (5s)"},
 		{name: "grace period not below the manager's", values: cfg("quiesce", nest("gracePeriod", "30s")),
@@ -191,12 +189,10 @@ func TestChart(t *testing.T) {
 		{name: "cancelAfter not below gracePeriod", values: cfg("quiesce", nest("cancelAfter", "25s")),
 			want: "quiesce.cancelAfter (CancelAfter) (25s) must be below quiesce.gracePeriod"},
 		{name: "probe port", values: cfg("probeAddr", ":9090"), want: "the readiness probe's port is 8081, probeAddr's is 9090"},
-		{name: "readiness on /healthz", edit: func(f map[string]string) {
-			f["deployment.yaml"] = strings.Replace(f["deployment.yaml"], "path: /readyz", "path: /healthz", 1)
-		}, want: "the readiness probe must GET /readyz"},
-		{name: "config file elsewhere", edit: func(f map[string]string) {
-			f["deployment.yaml"] = strings.Replace(f["deployment.yaml"], "--config=/etc/config-operator/", "--config=/etc/", 1)
-		}, want: "--config=/etc/config.yaml is not the file of ConfigMap config-operator-config"},
+		{name: "readiness on /healthz", edit: replace("deployment.yaml", "path: /readyz", "path: /healthz"),
+			want: "the readiness probe must GET /readyz"},
+		{name: "config file elsewhere", edit: replace("deployment.yaml", "--config=/etc/config-operator/", "--config=/etc/"),
+			want: "--config=/etc/config.yaml is not the file of ConfigMap config-operator-config"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			files := render(t, tc.values)
@@ -285,6 +281,11 @@ func TestChartHostileValues(t *testing.T) {
 			}
 		})
 	}
+}
+
+// replace returns an edit of the rendered file that replaces the first from by to.
+func replace(file, from, to string) func(files map[string]string) {
+	return func(files map[string]string) { files[file] = strings.Replace(files[file], from, to, 1) }
 }
 
 // cfg makes the values of config, the operator's config file, from key, value pairs.

@@ -16,6 +16,7 @@ import (
 	. "github.com/onsi/gomega"
 	"github.com/sirupsen/logrus"
 	"go.uber.org/zap/zapcore"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/quiesce-dev/quiesce/internal"
@@ -57,7 +58,9 @@ func TestUnfinishedAndGaveUp(t *testing.T) {
 // cut, a done, b never ends, one call abandoned and the manager gives up.
 func emitStop(l logr.Logger, signal func()) {
 	rec := func(name, id string) logr.Logger {
-		return l.WithName("controller").WithValues("controller", "demo", "namespace", "ns", "name", name, "reconcileID", id)
+		// reconcileID a types.UID, as controller-runtime logs it.
+		return l.WithName("controller").WithValues("controller", "demo", "namespace", "ns", "name", name,
+			"reconcileID", types.UID(id))
 	}
 	for _, r := range []struct{ name, id string }{{"a", "1"}, {"b", "2"}, {"c", "3"}} {
 		rec(r.name, r.id).V(5).Info("Reconciling")

@@ -13,15 +13,17 @@ import (
 
 	"github.com/quiesce-dev/quiesce/runnable"
 	"github.com/quiesce-dev/quiesce/shutdowntest"
+	"github.com/quiesce-dev/quiesce/shutdowntest/internal/logline"
 )
 
-// The same operator (testdata/logformats) in each log format the harness reads: the stop's
+// The same operator (testdata/logformats) in each log format the harness reads (each line read
+// as that format): the stop's
 // timeline, the reconcile SIGTERM cut, the call quiesce abandoned, the reconcile that never
 // ended and the manager giving up on it are read alike; in a format it does not read
 // (go-logr/funcr), Stop says so and how to switch.
 func TestLogFormats(t *testing.T) {
 	env, c := environment(t)
-	for _, format := range []string{"zap-console", "zap-json", "slog-text", "slog-json", "funcr"} {
+	for _, format := range []string{"zap-console", "zap-json", "slog-text", "slog-json", "logrus-text", "logrus-json", "funcr"} {
 		t.Run(format, func(t *testing.T) {
 			g := NewWithT(t)
 			ctx := t.Context()
@@ -59,6 +61,15 @@ func TestLogFormats(t *testing.T) {
 				return
 			}
 			g.Expect(err).NotTo(HaveOccurred())
+			// Every line the harness read is read as the format the operator wrote.
+			read := 0
+			for _, l := range res.Lines {
+				if e, ok := logline.Parse(l); ok {
+					read++
+					g.Expect(e.Format).To(Equal(logline.Format(format)), "%q", l)
+				}
+			}
+			g.Expect(read).To(BeNumerically(">=", 10))
 			g.Expect(res.ExitCode).To(Equal(1))
 			steps := make([]string, 0, len(res.Timeline))
 			for _, s := range res.Timeline {
@@ -69,10 +80,12 @@ func TestLogFormats(t *testing.T) {
 			g.Expect(len(steps)).To(BeNumerically(">=", 3), "%v", steps)
 			g.Expect(steps[:2]).To(Equal([]string{"Stop began", "Draining executor"}))
 			g.Expect(steps[len(steps)-1]).To(Equal(runnable.AbandonedMessage))
+			// controller-runtime's reconcileID, a types.UID, as it is: logrusr writes it as JSON.
+			uid := HaveField("ReconcileID", MatchRegexp(`^[0-9a-f]{8}-[0-9a-f-]{27}$`))
 			g.Expect(res.Cut()).To(ConsistOf(And(HaveField("Controller", "logformat"), HaveField("Namespace", ns),
-				HaveField("Name", "cut"), HaveField("Error", ContainSubstring("context canceled")))))
+				HaveField("Name", "cut"), HaveField("Error", ContainSubstring("context canceled")), uid)))
 			g.Expect(res).To(shutdowntest.HaveAbandoned("logformat/" + ns + "/hang"))
-			g.Expect(res.Unfinished()).To(ConsistOf(And(HaveField("Namespace", ns), HaveField("Name", "hang"))))
+			g.Expect(res.Unfinished()).To(ConsistOf(And(HaveField("Namespace", ns), HaveField("Name", "hang"), uid)))
 			g.Expect(res.GaveUp).To(BeTrue())
 		})
 	}

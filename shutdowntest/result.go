@@ -157,7 +157,7 @@ func reconcileLine(line, msg string) (Reconcile, bool) {
 		return Reconcile{}, false
 	}
 	return Reconcile{Controller: e.String("controller"), Namespace: e.String("namespace"), Name: e.String("name"),
-		ReconcileID: e.String("reconcileID"), Error: e.Error()}, true
+		ReconcileID: e.UID("reconcileID"), Error: e.Error()}, true
 }
 
 // Step is one line of quiesce's stop timeline.

@@ -48,15 +48,22 @@ func render(t *testing.T, overrides map[string]any) map[string]string {
 }
 
 // checkChart returns what is wrong with the rendered chart for quiesce: the config file it
-// renders must load and apply (strict decoding, then the checks of Apply and runnable.Setup),
-// the pod must get longer than quiesce.shutdownDelay + the manager's GracefulShutdownTimeout
-// (the Options the config package builds: its defaults included) between SIGTERM and SIGKILL,
-// and be ready on /readyz, the endpoint quiesce's check fails during the delay.
+// renders must carry the Pod's terminationGracePeriodSeconds as quiesce.terminationGracePeriod
+// (so that the operator itself refuses, at start, a stop that cannot fit), load and apply
+// (strict decoding, then the checks of Apply and runnable.Setup), the pod must get longer than
+// quiesce.shutdownDelay + the manager's GracefulShutdownTimeout (the Options the config package
+// builds: its defaults included) between SIGTERM and SIGKILL, and be ready on /readyz, the
+// endpoint quiesce's check fails during the delay.
 func checkChart(files map[string]string) error {
 	var cm corev1.ConfigMap
 	if err := yaml.UnmarshalStrict([]byte(files["configmap.yaml"]), &cm); err != nil {
 		return fmt.Errorf("configmap.yaml: %w", err)
 	}
+	var d appsv1.Deployment
+	if err := yaml.UnmarshalStrict([]byte(files["deployment.yaml"]), &d); err != nil {
+		return fmt.Errorf("deployment.yaml: %w", err)
+	}
+	pod := d.Spec.Template.Spec
 	c, err := config.Parse([]byte(cm.Data["config.yaml"]))
 	if err != nil {
 		return err
@@ -65,16 +72,17 @@ func checkChart(files map[string]string) error {
 	if err != nil {
 		return err
 	}
+	if pod.TerminationGracePeriodSeconds == nil ||
+		qopts.TerminationGracePeriod != time.Duration(*pod.TerminationGracePeriodSeconds)*time.Second {
+		return fmt.Errorf("quiesce.terminationGracePeriod (%v) is not the Pod's terminationGracePeriodSeconds (%v): "+
+			"the operator cannot check that its stop fits", qopts.TerminationGracePeriod,
+			ptrString(pod.TerminationGracePeriodSeconds))
+	}
 	mgrOpts.LeaderElectionNamespace = releaseNamespace // in a pod, controller-runtime reads the pod's
 	if _, err := runnable.Setup(&rest.Config{Host: "http://127.0.0.1:1"}, &mgrOpts, qopts); err != nil {
 		return err
 	}
 
-	var d appsv1.Deployment
-	if err := yaml.UnmarshalStrict([]byte(files["deployment.yaml"]), &d); err != nil {
-		return fmt.Errorf("deployment.yaml: %w", err)
-	}
-	pod := d.Spec.Template.Spec
 	need := qopts.ShutdownDelay + *mgrOpts.GracefulShutdownTimeout
 	if *mgrOpts.GracefulShutdownTimeout < 0 {
 		return fmt.Errorf("gracefulShutdownTimeout is negative: the manager would wait without a limit")
@@ -159,15 +167,21 @@ func TestChart(t *testing.T) {
 		want   string                        // in checkChart's error; "": none
 	}{
 		{name: "the chart's values"},
+		// The operator refuses these itself: the config file carries the Pod's value.
 		{name: "kubebuilder's 10s", values: map[string]any{tgps: 10},
-			want: "terminationGracePeriodSeconds (10s) must exceed quiesce.shutdownDelay (10s) + gracefulShutdownTimeout (30s)"},
+			want: "quiesce.shutdownDelay (ShutdownDelay) (10s) plus the manager's GracefulShutdownTimeout (30s, " +
+				"from the manager's Options) must be below quiesce.terminationGracePeriod (TerminationGracePeriod) (10s)"},
 		{name: "no margin", values: map[string]any{tgps: 40},
-			want: "terminationGracePeriodSeconds (40s) must exceed"},
+			want: "must be below quiesce.terminationGracePeriod (TerminationGracePeriod) (40s)"},
 		{name: "gracefulShutdownTimeout left out: the default 30s counts",
 			values: merged(cfg("gracefulShutdownTimeout", nil), map[string]any{tgps: 35}),
-			want:   "+ gracefulShutdownTimeout (30s)"},
+			want:   "GracefulShutdownTimeout (30s, from the manager's Options) must be below quiesce.terminationGracePeriod (TerminationGracePeriod) (35s)"},
 		{name: "longer shutdown delay", values: cfg("quiesce", nest("shutdownDelay", "20s")),
-			want: "must exceed quiesce.shutdownDelay (20s)"},
+			want: "quiesce.shutdownDelay (ShutdownDelay) (20s) plus"},
+		{name: "the Pod's value not passed", edit: replace("configmap.yaml", "terminationGracePeriod: 45s", ""),
+			want: "quiesce.terminationGracePeriod (0s) is not the Pod's terminationGracePeriodSeconds (45s)"},
+		{name: "another value passed", edit: replace("configmap.yaml", "terminationGracePeriod: 45s", "terminationGracePeriod: 90s"),
+			want: "quiesce.terminationGracePeriod (1m30s) is not the Pod's terminationGracePeriodSeconds (45s)"},
 		{name: "shutdown delay shorter than the probe's failures", values: cfg("quiesce", nest("shutdownDelay", "5s")),
 			want: "periodSeconds × failureThreshold (2 × 3) must not exceed quiesce.shutdownDelay (5s)"},
 		{name: "grace period not below the manager's", values: cfg("quiesce", nest("gracePeriod", "30s")),
@@ -175,12 +189,10 @@ func TestChart(t *testing.T) {
 		{name: "cancelAfter not below gracePeriod", values: cfg("quiesce", nest("cancelAfter", "25s")),
 			want: "quiesce.cancelAfter (CancelAfter) (25s) must be below quiesce.gracePeriod"},
 		{name: "probe port", values: cfg("probeAddr", ":9090"), want: "the readiness probe's port is 8081, probeAddr's is 9090"},
-		{name: "readiness on /healthz", edit: func(f map[string]string) {
-			f["deployment.yaml"] = strings.Replace(f["deployment.yaml"], "path: /readyz", "path: /healthz", 1)
-		}, want: "the readiness probe must GET /readyz"},
-		{name: "config file elsewhere", edit: func(f map[string]string) {
-			f["deployment.yaml"] = strings.Replace(f["deployment.yaml"], "--config=/etc/config-operator/", "--config=/etc/", 1)
-		}, want: "--config=/etc/config.yaml is not the file of ConfigMap config-operator-config"},
+		{name: "readiness on /healthz", edit: replace("deployment.yaml", "path: /readyz", "path: /healthz"),
+			want: "the readiness probe must GET /readyz"},
+		{name: "config file elsewhere", edit: replace("deployment.yaml", "--config=/etc/config-operator/", "--config=/etc/"),
+			want: "--config=/etc/config.yaml is not the file of ConfigMap config-operator-config"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			files := render(t, tc.values)
@@ -213,6 +225,8 @@ var hostile = []struct {
 		cfg("quiesce", nest("debugaddress", "127.0.0.1:8083"))},
 	{"a duration with a line of its own", "/config/quiesce/gracePeriod",
 		cfg("quiesce", nest("gracePeriod", "20s\n    debugAddress: 127.0.0.1:8083"))},
+	// The chart writes the Pod's own value there: without the schema, the values' is overwritten.
+	{"the Pod's limit in the config", "/config/quiesce", cfg("quiesce", nest("terminationGracePeriod", "90s"))},
 	{"the debug view on the pod's network", "/config/quiesce/debugAddress",
 		cfg("quiesce", nest("debugAddress", "0.0.0.0:8083"))},
 	{"an unknown key", "/config", cfg("webhookk", nest("port", 1))},
@@ -267,6 +281,11 @@ func TestChartHostileValues(t *testing.T) {
 			}
 		})
 	}
+}
+
+// replace returns an edit of the rendered file that replaces the first from by to.
+func replace(file, from, to string) func(files map[string]string) {
+	return func(files map[string]string) { files[file] = strings.Replace(files[file], from, to, 1) }
 }
 
 // cfg makes the values of config, the operator's config file, from key, value pairs.

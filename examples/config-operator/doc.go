@@ -11,9 +11,11 @@
 //     reconcilers.Call per publish; importers may leave its Executor nil;
 //   - controller/suite_test.go starts the manager from a test config file on one envtest
 //     control plane, and its AfterSuite fails on calls left running;
-//   - chart/ deploys it; chart_test.go renders the chart and fails unless the pod's
-//     terminationGracePeriodSeconds covers quiesce.shutdownDelay + gracefulShutdownTimeout,
-//     the readiness probe is on /readyz and the rendered config file is valid.
+//   - chart/ deploys it, the pod's terminationGracePeriodSeconds also written into the config
+//     file (quiesce.terminationGracePeriod: the operator checks its stop fits); chart_test.go
+//     renders the chart and fails unless the file carries that value, it covers
+//     quiesce.shutdownDelay + gracefulShutdownTimeout, the readiness probe is on /readyz and
+//     the rendered config file is valid.
 //
 // docs/adoption.md, "An operator that is not a scaffold", quotes these files; docs_test.go
 // checks that each quoted line is in the file it names.

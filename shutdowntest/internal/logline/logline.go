@@ -66,6 +66,20 @@ func (e Entry) String(key string) string {
 	return string(v.json)
 }
 
+// UID returns key's value as String does, a value of a named string type such as
+// controller-runtime's reconcileID (a types.UID): logrusr writes such a value as its JSON, a
+// quoted string, which UID reads back in logrus' formats.
+func (e Entry) UID(key string) string {
+	s := e.String(key)
+	if e.Format == LogrusText || e.Format == LogrusJSON {
+		var uid string
+		if strings.HasPrefix(s, `"`) && json.Unmarshal([]byte(s), &uid) == nil {
+			return uid
+		}
+	}
+	return s
+}
+
 // Decode decodes key's value, as JSON, into out: slog text's value is read as JSON text (a
 // number, true, a JSON array written as a string), and so is a JSON string's content when
 // out cannot hold the string itself (logrusr marshals values it does not know to such a

@@ -13,6 +13,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"go.uber.org/goleak"
 	"go.uber.org/zap/zapcore"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 )
 
@@ -20,7 +21,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // Lines written by each logger (see TestRealLoggers, which writes them again): quiesce's
 // "Stop began" and abandoned line, controller-runtime's V(5) "Reconciling" and its
-// "Reconciler error".
+// "Reconciler error" (its reconcileID a types.UID, which logrusr writes as JSON).
 var fixtures = map[Format][]string{
 	ZapConsole: {
 		"2026-12-04T14:12:39Z\tINFO\tquiesce\tStop began\t{\"sinceStop\": \"0s\", \"gracePeriod\": \"2s\"}",
@@ -60,18 +61,18 @@ var fixtures = map[Format][]string{
 		`time="2026-12-04T14:12:39Z" level=info msg="Stop began" gracePeriod=2s logger=quiesce sinceStop=0s`,
 		`time="2026-12-04T14:12:39Z" level=error msg="Abandoned calls still running after the grace period" abandoned=1 ` +
 			`calls="[{\"name\":\"demo/ns/a/export\",\"age\":\"2s\"}]" error="context deadline exceeded" logger=quiesce sinceStop=2.007s`,
-		`time="2026-12-04T14:12:39Z" level=unknown msg=Reconciling controller=demo name=a namespace=ns reconcileID=id-1`,
+		`time="2026-12-04T14:12:39Z" level=unknown msg=Reconciling controller=demo name=a namespace=ns reconcileID="\"id-1\""`,
 		`time="2026-12-04T14:12:39Z" level=error msg="Reconciler error" controller=demo error="failed to work: context canceled" ` +
-			`name=a namespace=ns reconcileID=id-1`,
+			`name=a namespace=ns reconcileID="\"id-1\""`,
 	},
 	LogrusJSON: {
 		`{"gracePeriod":"2s","level":"info","logger":"quiesce","msg":"Stop began","sinceStop":"0s","time":"2026-12-04T14:12:39Z"}`,
 		`{"abandoned":1,"calls":"[{\"name\":\"demo/ns/a/export\",\"age\":\"2s\"}]","error":"context deadline exceeded",` +
 			`"level":"error","logger":"quiesce","msg":"Abandoned calls still running after the grace period","sinceStop":"2.007s",` +
 			`"time":"2026-12-04T14:12:39Z"}`,
-		`{"controller":"demo","level":"unknown","msg":"Reconciling","name":"a","namespace":"ns","reconcileID":"id-1","time":"2026-12-04T14:12:39Z"}`,
+		`{"controller":"demo","level":"unknown","msg":"Reconciling","name":"a","namespace":"ns","reconcileID":"\"id-1\"","time":"2026-12-04T14:12:39Z"}`,
 		`{"controller":"demo","error":"failed to work: context canceled","level":"error","msg":"Reconciler error","name":"a",` +
-			`"namespace":"ns","reconcileID":"id-1","time":"2026-12-04T14:12:39Z"}`,
+			`"namespace":"ns","reconcileID":"\"id-1\"","time":"2026-12-04T14:12:39Z"}`,
 	},
 }
 
@@ -112,7 +113,7 @@ func checkFixture(g Gomega, f Format, lines []string) {
 	g.Expect(failed.Msg).To(Equal("Reconciler error"))
 	for _, e := range []Entry{reconciling, failed} {
 		g.Expect(e.Logger).To(BeEmpty())
-		g.Expect([]string{e.String("controller"), e.String("namespace"), e.String("name"), e.String("reconcileID")}).
+		g.Expect([]string{e.String("controller"), e.String("namespace"), e.String("name"), e.UID("reconcileID")}).
 			To(Equal([]string{"demo", "ns", "a", "id-1"}))
 	}
 	g.Expect(failed.Error()).To(Equal("failed to work: context canceled"))
@@ -135,7 +136,8 @@ func emit(l logr.Logger) {
 	q.Info("Stop began", "sinceStop", "0s", "gracePeriod", "2s")
 	q.Error(errors.New("context deadline exceeded"), "Abandoned calls still running after the grace period",
 		"sinceStop", "2.007s", "abandoned", 1, "calls", []call{{"demo/ns/a/export", "2s"}})
-	c := l.WithValues("controller", "demo", "namespace", "ns", "name", "a", "reconcileID", "id-1")
+	// reconcileID a types.UID, as controller-runtime logs it.
+	c := l.WithValues("controller", "demo", "namespace", "ns", "name", "a", "reconcileID", types.UID("id-1"))
 	c.V(5).Info("Reconciling")
 	c.Error(errors.New("failed to work: context canceled"), "Reconciler error")
 }
@@ -223,4 +225,13 @@ func TestConsoleVariants(t *testing.T) {
 	g.Expect(ok).To(BeTrue())
 	g.Expect(e.Error()).To(Equal("a"))
 	g.Expect(e.Decode("missing", new(int))).To(BeFalse())
+	// A quoted UID: logrusr's JSON of a named string type, read back in logrus' formats only.
+	for line, want := range map[string]string{
+		`level=info msg=m id="\"a\""`: "a", `{"level":"info","msg":"m","id":"\"a\"","time":"t"}`: "a",
+		`level=INFO msg=m id="\"a\""`: `"a"`, `level=info msg=m id=a`: "a", `level=info msg=m id="\"a"`: `"a`,
+	} {
+		e, ok = Parse(line)
+		g.Expect(ok).To(BeTrue(), line)
+		g.Expect(e.UID("id")).To(Equal(want), line)
+	}
 }

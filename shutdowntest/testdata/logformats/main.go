@@ -1,7 +1,8 @@
 // Command logformats stands for an operator with quiesce that logs in the format --log-format
 // names: zap-console and zap-json (controller-runtime's log/zap, development and production
-// mode), slog-text and slog-json (log/slog's handlers through logr.FromSlogHandler), or
-// funcr (go-logr/funcr, a format shutdowntest does not read), at V(5), so that
+// mode), slog-text and slog-json (log/slog's handlers through logr.FromSlogHandler),
+// logrus-text and logrus-json (logrus' formatters through bombsimon/logrusr), or funcr
+// (go-logr/funcr, a format shutdowntest does not read), at V(5), so that
 // controller-runtime's "Reconciling" lines show. Its controller "logformat" reconciles the
 // ConfigMaps labelled logformat=quiesce: the one named "hang" never returns (quiesce abandons
 // it, the manager gives up on it); every other one works until its context is cancelled
@@ -17,8 +18,10 @@ import (
 	"os"
 	"time"
 
+	"github.com/bombsimon/logrusr/v4"
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
+	"github.com/sirupsen/logrus"
 	"go.uber.org/zap/zapcore"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -40,7 +43,7 @@ func main() {
 	var metricsAddr, probeAddr, format string
 	flag.StringVar(&metricsAddr, "metrics-bind-address", "0", "")
 	flag.StringVar(&probeAddr, "health-probe-bind-address", "0", "")
-	flag.StringVar(&format, "log-format", "zap-console", "zap-console, zap-json, slog-text, slog-json or funcr")
+	flag.StringVar(&format, "log-format", "zap-console", formats)
 	flag.Parse()
 	log, err := logger(format)
 	if err != nil {
@@ -112,8 +115,19 @@ func logger(format string) (logr.Logger, error) {
 		return logr.FromSlogHandler(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.Level(-v)})), nil
 	case "slog-json":
 		return logr.FromSlogHandler(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.Level(-v)})), nil
+	case "logrus-text", "logrus-json":
+		l := logrus.New() // writes to stderr
+		l.SetFormatter(&logrus.TextFormatter{})
+		if format == "logrus-json" {
+			l.SetFormatter(&logrus.JSONFormatter{})
+		}
+		l.SetLevel(logrus.InfoLevel + v) // logrusr logs V(n) at logrus' InfoLevel + n
+		return logrusr.New(l), nil
 	case "funcr":
 		return funcr.New(func(prefix, args string) { fmt.Fprintln(os.Stderr, prefix, args) }, funcr.Options{Verbosity: v}), nil
 	}
-	return logr.Logger{}, fmt.Errorf("invalid --log-format %q: zap-console, zap-json, slog-text, slog-json or funcr", format)
+	return logr.Logger{}, fmt.Errorf("invalid --log-format %q: %s", format, formats)
 }
+
+// formats are the values of --log-format.
+const formats = "zap-console, zap-json, slog-text, slog-json, logrus-text, logrus-json or funcr"

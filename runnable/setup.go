@@ -60,6 +60,7 @@ func Setup(cfg *rest.Config, mgrOpts *manager.Options, opts Options) (*Runnable,
 	if lease != nil {
 		lease.r = r
 		lock = lease
+		r.claims = newClaims(lease, mgrOpts.LeaderElectionNamespace, r)
 	}
 	inner := mgrOpts.WebhookServer
 	if internal.IsNil(inner) {

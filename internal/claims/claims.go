@@ -171,8 +171,8 @@ func (r *Registry) Take(ctx context.Context, c *Call, duration time.Duration) (t
 	sent := r.o.Clock.Now() // before c.mu: a fake clock's Step holds its lock while a fence locks nothing
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.ended || c.lease != nil {
-		return !c.ended, nil
+	if c.ended || c.released || c.lease != nil {
+		return c.lease != nil, nil
 	}
 	n := Name(c.Controller, c.Namespace, c.Name)
 	now := metav1.NewMicroTime(sent)
@@ -247,6 +247,9 @@ func (r *Registry) renew(c *Call, sent time.Time) {
 		c.mu.Lock()
 		l := c.lease.DeepCopy()
 		c.mu.Unlock()
+		if l == nil { // given up
+			return
+		}
 		now := metav1.NewMicroTime(sent)
 		l.Spec.RenewTime = &now
 		ctx, cancel := context.WithTimeout(context.Background(), r.o.RenewDeadline)
@@ -260,7 +263,9 @@ func (r *Registry) renew(c *Call, sent time.Time) {
 			continue
 		}
 		c.mu.Lock()
-		c.lease = l
+		if c.lease != nil {
+			c.lease = l
+		}
 		c.mu.Unlock()
 		if !deadline.Stop() { // fenced meanwhile: the work's context ended already
 			continue
@@ -276,12 +281,13 @@ type Call struct {
 	r *Registry
 
 	fenceOnce sync.Once
-	fenced    chan struct{}                          // closed by fence
-	cause     atomic.Pointer[error]                  // fence's cause
+	fenced    chan struct{}                           // closed by fence
+	cause     atomic.Pointer[error]                   // fence's cause
 	cancel    atomic.Pointer[context.CancelCauseFunc] // Bind's
 
 	mu       sync.Mutex
 	ended    bool
+	released bool                  // Release gave the claim up
 	lease    *coordinationv1.Lease // the claim as last written; nil until taken
 	stop     chan struct{}         // closed to stop renewing
 	stopOnce sync.Once
@@ -311,39 +317,42 @@ func (c *Call) fence(cause error) {
 	})
 }
 
-// Claimed reports whether c's claim was taken.
-func (c *Call) Claimed() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.lease != nil
-}
-
 // stopRenewing stops the renewals of a taken claim and waits for them to stop.
 func (c *Call) stopRenewing() {
 	c.stopOnce.Do(func() { close(c.stop) })
 	<-c.renewed
 }
 
-// End marks the reconcile returned and, if its claim was taken, stops renewing it and
-// deletes it (a failed delete is logged: the claim then expires by itself). Idempotent.
+// End marks the reconcile returned and gives its claim up, if taken (see Release). Idempotent.
 func (c *Call) End() {
 	c.r.mu.Lock()
 	delete(c.r.inFlight, c)
 	c.r.mu.Unlock()
 	c.mu.Lock()
-	taken := c.lease != nil && !c.ended
 	c.ended = true
 	c.mu.Unlock()
-	if !taken {
+	c.Release()
+}
+
+// Release gives c's claim up, if taken: it stops renewing it and deletes it (a failed delete
+// is logged: the claim then expires by itself). A hand-over that did not happen releases the
+// claims it took while their reconciles still run. Idempotent.
+func (c *Call) Release() {
+	c.mu.Lock()
+	giving := c.lease != nil && !c.released
+	c.released = c.released || giving
+	c.mu.Unlock()
+	if !giving {
 		return
 	}
 	c.stopRenewing()
+	c.mu.Lock()
+	l := c.lease
+	c.lease = nil
+	c.mu.Unlock()
 	c.r.mu.Lock()
 	delete(c.r.taken, c)
 	c.r.mu.Unlock()
-	c.mu.Lock()
-	l := c.lease
-	c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), c.r.o.RenewDeadline)
 	defer cancel()
 	var pre metav1.Preconditions
@@ -353,8 +362,8 @@ func (c *Call) End() {
 	err := c.r.o.Leases.Delete(ctx, l.Name, metav1.DeleteOptions{Preconditions: &pre})
 	if err != nil && !apierrors.IsNotFound(err) {
 		internal.Safely(func() {
-			c.r.o.Logger.Info("Failed to release claim: it expires by itself", "controller", c.Controller,
-				"namespace", c.Namespace, "name", c.Name, "claim", l.Name, "reason", err.Error())
+			c.r.o.Logger.Error(err, "Failed to release claim: it expires by itself", "controller", c.Controller,
+				"namespace", c.Namespace, "name", c.Name, "claim", l.Name)
 		})
 	}
 }

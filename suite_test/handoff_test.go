@@ -55,8 +55,9 @@ func (h *handoffRuns) of(object string) []handoffRun {
 
 // replicasOf returns which replicas ran object, in order of start.
 func (h *handoffRuns) replicasOf(object string) []string {
-	var out []string
-	for _, r := range h.of(object) {
+	runs := h.of(object)
+	out := make([]string, 0, len(runs))
+	for _, r := range runs {
 		out = append(out, r.Replica)
 	}
 	return out
@@ -110,19 +111,19 @@ func done() <-chan struct{} {
 	return ch
 }
 
-// leaseHolder returns the holder of ns's lease named name ("" if none or not found).
-func leaseHolder(ctx context.Context, ns, name string) string {
+// leaseHolder returns the holder of ns's leader lease ("" if none or not found).
+func leaseHolder(ctx context.Context, ns string) string {
 	var l coordinationv1.Lease
-	if err := k8sClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &l); err != nil {
+	if err := k8sClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: handoffLease}, &l); err != nil {
 		return ""
 	}
 	return ptr.Deref(l.Spec.HolderIdentity, "")
 }
 
-// claimOf returns the claim of the controller "handoff" on ns/name, and whether it exists.
-func claimOf(ctx context.Context, ns, name string) (coordinationv1.Lease, bool) {
+// claimOf returns the claim of the controller "handoff" on ns/x, and whether it exists.
+func claimOf(ctx context.Context, ns string) (coordinationv1.Lease, bool) {
 	var l coordinationv1.Lease
-	err := k8sClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: claims.Name("handoff", ns, name)}, &l)
+	err := k8sClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: claims.Name("handoff", ns, "x")}, &l)
 	return l, err == nil
 }
 
@@ -165,7 +166,7 @@ var _ = Describe("HandOffAtStop", func() {
 				a, qa := handoffReplica(ns, "a", releaseOnCancel, runs, hold, logsA)
 				stopA, doneA := startManager(a, qa)
 				Eventually(a.Elected(), 15*time.Second).Should(BeClosed())
-				holderA := leaseHolder(ctx, ns, handoffLease)
+				holderA := leaseHolder(ctx, ns)
 				Expect(holderA).NotTo(BeEmpty())
 				b, qb := handoffReplica(ns, "b", releaseOnCancel, runs, done(), logsB)
 				stopB, doneB := startManager(b, qb)
@@ -179,7 +180,7 @@ var _ = Describe("HandOffAtStop", func() {
 				Eventually(b.Elected(), 10*time.Second).Should(BeClosed(), "the lease is handed over without waiting for the work")
 				Expect(time.Since(stopped)).To(BeNumerically("<", 10*time.Second))
 				Expect(hasLine(logsA.all(), `"msg"="Handed the lease over"`)).To(BeTrue())
-				claim, ok := claimOf(ctx, ns, "x")
+				claim, ok := claimOf(ctx, ns)
 				Expect(ok).To(BeTrue(), "the old leader claims its object in flight")
 				Expect(ptr.Deref(claim.Spec.HolderIdentity, "")).To(Equal(holderA))
 
@@ -199,15 +200,15 @@ var _ = Describe("HandOffAtStop", func() {
 				Eventually(runs.started, 15*time.Second).Should(Receive(And(HaveField("Replica", "b"), HaveField("Object", "x"))))
 				Eventually(func() []string { return runs.replicasOf("x") }).Should(Equal([]string{"a", "b"}))
 				x := runs.of("x")
-				Expect(x[0].cause).To(BeNil(), "the old leader's work finished, not cut")
+				Expect(x[0].cause).ToNot(HaveOccurred(), "the old leader's work finished, not cut")
 				Expect(x[1].start).To(BeTemporally(">=", x[0].end), "the successor ran x only once the old run ended")
-				_, ok = claimOf(ctx, ns, "x")
+				_, ok = claimOf(ctx, ns)
 				Expect(ok).To(BeFalse(), "the claim is deleted when the work ends")
 				Expect(lostAfterStop(logsA.all())).To(BeTrue(),
 					"the old leader's elector never gave up: controller-runtime says \"leader election lost\" only once its stop is over")
-				Consistently(func() string { return leaseHolder(ctx, ns, handoffLease) }, time.Second).
+				Consistently(func() string { return leaseHolder(ctx, ns) }, time.Second).
 					ShouldNot(Equal(""), "the successor's lease is never blanked")
-				Expect(leaseHolder(ctx, ns, handoffLease)).NotTo(Equal(holderA))
+				Expect(leaseHolder(ctx, ns)).NotTo(Equal(holderA))
 
 				stopB()
 				Eventually(doneB, 30*time.Second).Should(Receive(BeNil()))
@@ -262,9 +263,9 @@ var _ = Describe("HandOffAtStop", func() {
 		Eventually(b.Elected(), 10*time.Second).Should(BeClosed())
 
 		By("writing the claim under the old leader: its optimistic renewals conflict from now on")
-		claim, ok := claimOf(ctx, ns, "x")
+		claim, ok := claimOf(ctx, ns)
 		Expect(ok).To(BeTrue())
-		claim.Annotations["example.com/touched"] = "true"
+		claim.Annotations["example.com/touched"] = "by the spec"
 		broken := time.Now()
 		Expect(k8sClient.Update(ctx, &claim)).To(Succeed())
 		Eventually(doneA, 30*time.Second).Should(Receive(BeNil()))
@@ -308,13 +309,13 @@ var _ = Describe("HandOffAtStop", func() {
 			10*time.Second).Should(BeTrue())
 		Consistently(b.Elected(), 3*time.Second).ShouldNot(BeClosed(), "the lease stays with the old leader while its work runs")
 		Expect(hasLine(logsA.all(), `"msg"="Handed the lease over"`)).To(BeFalse())
-		Expect(leaseHolder(ctx, ns, handoffLease)).NotTo(BeEmpty())
+		Expect(leaseHolder(ctx, ns)).NotTo(BeEmpty())
 
 		release()
 		Eventually(doneA, 30*time.Second).Should(Receive(BeNil()))
-		Expect(runs.of("x")[0].cause).To(BeNil(), "the work finished as under FinishAtStop")
+		Expect(runs.of("x")[0].cause).ToNot(HaveOccurred(), "the work finished as under FinishAtStop")
 		Eventually(b.Elected(), 15*time.Second).Should(BeClosed(), "released when the old leader's stop ended")
-		claim, ok := claimOf(ctx, ns, "x")
+		claim, ok := claimOf(ctx, ns)
 		Expect(ok).To(BeTrue())
 		Expect(ptr.Deref(claim.Spec.HolderIdentity, "")).To(Equal("someone-else"), "the other holder's claim is left alone")
 		Expect(k8sClient.Delete(ctx, &claim, client.GracePeriodSeconds(0))).To(Succeed())

@@ -24,6 +24,8 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 const (
+	ctrl          = "configmap"
+	objNS         = "default"
 	ns            = "operator-system"
 	renewDeadline = 10 * time.Second
 	retryPeriod   = 2 * time.Second
@@ -46,8 +48,8 @@ func getClaim(t *testing.T, cs *fake.Clientset, name string) *coordinationv1.Lea
 func TestName(t *testing.T) {
 	names := map[string]bool{}
 	for _, o := range [][3]string{
-		{"configmap", "default", "a"}, {"configmap", "other", "a"}, {"ConfigMap_Ctrl", "default", "a"},
-		{"configmap", "default", strings.Repeat("Long.Name_", 30)}, {"", "", ""}, {"-x-", "", "--"},
+		{ctrl, objNS, "a"}, {ctrl, "other", "a"}, {"ConfigMap_Ctrl", objNS, "a"},
+		{ctrl, objNS, strings.Repeat("Long.Name_", 30)}, {"", "", ""}, {"-x-", "", "--"},
 	} {
 		n := Name(o[0], o[1], o[2])
 		if errs := validation.IsDNS1123Subdomain(n); len(errs) > 0 {
@@ -58,7 +60,7 @@ func TestName(t *testing.T) {
 		}
 		names[n] = true
 	}
-	if got := Name("configmap", "default", "web"); !strings.HasPrefix(got, "claim-configmap-web-") {
+	if got := Name(ctrl, objNS, "web"); !strings.HasPrefix(got, "claim-configmap-web-") {
 		t.Errorf("Name = %q: want the readable prefix claim-configmap-web-", got)
 	}
 }
@@ -70,7 +72,7 @@ func TestTakeRenewRelease(t *testing.T) {
 		cs := fake.NewClientset()
 		clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 		r := newRegistry(cs, clk, "leader")
-		c := r.Begin("configmap", "default", "web", "id1").(*Call)
+		c := r.Begin(ctrl, objNS, "web", "id1").(*Call)
 		if got := r.InFlight(); len(got) != 1 || got[0] != c {
 			t.Fatalf("InFlight = %v, want the call begun", got)
 		}
@@ -78,12 +80,12 @@ func TestTakeRenewRelease(t *testing.T) {
 		if err != nil || !taken {
 			t.Fatalf("Take = %v, %v; want true, nil", taken, err)
 		}
-		name := Name("configmap", "default", "web")
+		name := Name(ctrl, objNS, "web")
 		l := getClaim(t, cs, name)
 		if h, d := ptr.Deref(l.Spec.HolderIdentity, ""), ptr.Deref(l.Spec.LeaseDurationSeconds, 0); h != "leader" || d != 16 {
 			t.Errorf("claim holder %q, duration %ds; want leader, 16s (rounded up)", h, d)
 		}
-		if l.Labels[ControllerLabel] != "configmap" || l.Annotations[ObjectAnnotation] != "default/web" {
+		if l.Labels[ControllerLabel] != ctrl || l.Annotations[ObjectAnnotation] != objNS+"/web" {
 			t.Errorf("claim labels %v, annotations %v", l.Labels, l.Annotations)
 		}
 		first := l.Spec.RenewTime.Time
@@ -113,7 +115,7 @@ func TestFenceOnRenewalFailure(t *testing.T) {
 		cs := fake.NewClientset()
 		clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 		r := newRegistry(cs, clk, "leader")
-		c := r.Begin("configmap", "default", "web", "id1").(*Call)
+		c := r.Begin(ctrl, objNS, "web", "id1").(*Call)
 		ctx, cancel := c.Bind(context.Background())
 		defer cancel()
 		if _, err := r.Take(context.Background(), c, 20*time.Second); err != nil {
@@ -135,7 +137,7 @@ func TestFenceOnRenewalFailure(t *testing.T) {
 		if ctx.Err() == nil {
 			t.Fatal("context still live RenewDeadline after the last renewal")
 		}
-		if cause := context.Cause(ctx).Error(); !strings.Contains(cause, Name("configmap", "default", "web")) {
+		if cause := context.Cause(ctx).Error(); !strings.Contains(cause, Name(ctrl, objNS, "web")) {
 			t.Errorf("cause %q does not name the claim", cause)
 		}
 		// Bound after the fence: ended at once too.
@@ -154,7 +156,7 @@ func TestRenewalsKeepWorkAlive(t *testing.T) {
 		cs := fake.NewClientset()
 		clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 		r := newRegistry(cs, clk, "leader")
-		c := r.Begin("configmap", "default", "web", "id1").(*Call)
+		c := r.Begin(ctrl, objNS, "web", "id1").(*Call)
 		ctx, cancel := c.Bind(context.Background())
 		defer cancel()
 		if _, err := r.Take(context.Background(), c, 20*time.Second); err != nil {
@@ -181,7 +183,7 @@ func TestWaitExpiryByOwnObservation(t *testing.T) {
 		clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 		r := newRegistry(cs, clk, "successor")
 		ctx := context.Background()
-		name := Name("configmap", "default", "web")
+		name := Name(ctrl, objNS, "web")
 		old := metav1.NewMicroTime(time.Unix(1, 0)) // the holder's clock, far behind
 		l, err := cs.CoordinationV1().Leases(ns).Create(ctx, &coordinationv1.Lease{
 			ObjectMeta: metav1.ObjectMeta{Name: name, ResourceVersion: "1"},
@@ -193,7 +195,7 @@ func TestWaitExpiryByOwnObservation(t *testing.T) {
 		}
 		wait := func(want time.Duration) {
 			t.Helper()
-			if got, err := r.Wait(ctx, "configmap", "default", "web"); err != nil || got != want {
+			if got, err := r.Wait(ctx, ctrl, objNS, "web"); err != nil || got != want {
 				t.Errorf("Wait = %v, %v; want %v", got, err, want)
 			}
 		}
@@ -206,25 +208,25 @@ func TestWaitExpiryByOwnObservation(t *testing.T) {
 			t.Fatal(err)
 		}
 		wait(10 * time.Second) // a new write: the duration starts again
-		if _, err := r.Take(ctx, r.Begin("configmap", "default", "web", "x").(*Call), time.Second); !errors.Is(err, ErrHeld) {
+		if _, err := r.Take(ctx, r.Begin(ctrl, objNS, "web", "x").(*Call), time.Second); !errors.Is(err, ErrHeld) {
 			t.Errorf("Take of a claim held unexpired = %v, want ErrHeld", err)
 		}
 		clk.Step(10 * time.Second)
 		wait(0)
 		// Another object, no claim; this replica's own claim.
-		if got, err := r.Wait(ctx, "configmap", "default", "other"); got != 0 || err != nil {
+		if got, err := r.Wait(ctx, ctrl, objNS, "other"); got != 0 || err != nil {
 			t.Errorf("Wait without a claim = %v, %v", got, err)
 		}
-		mine := r.Begin("configmap", "default", "mine", "y").(*Call)
+		mine := r.Begin(ctrl, objNS, "mine", "y").(*Call)
 		if _, err := r.Take(ctx, mine, 20*time.Second); err != nil {
 			t.Fatal(err)
 		}
-		if got, err := r.Wait(ctx, "configmap", "default", "mine"); got != 0 || err != nil {
+		if got, err := r.Wait(ctx, ctrl, objNS, "mine"); got != 0 || err != nil {
 			t.Errorf("Wait on this replica's own claim = %v, %v", got, err)
 		}
 		mine.End()
 		// An expired claim is taken over.
-		c := r.Begin("configmap", "default", "web", "z").(*Call)
+		c := r.Begin(ctrl, objNS, "web", "z").(*Call)
 		if taken, err := r.Take(ctx, c, 20*time.Second); !taken || err != nil {
 			t.Errorf("Take of an expired claim = %v, %v; want true, nil", taken, err)
 		}
@@ -243,25 +245,25 @@ func TestReleaseAndStop(t *testing.T) {
 		clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 		r := newRegistry(cs, clk, "leader")
 		ctx := context.Background()
-		a := r.Begin("configmap", "default", "a", "1").(*Call)
-		b := r.Begin("configmap", "default", "b", "2").(*Call)
+		a := r.Begin(ctrl, objNS, "a", "1").(*Call)
+		b := r.Begin(ctrl, objNS, "b", "2").(*Call)
 		for _, c := range []*Call{a, b} {
 			if _, err := r.Take(ctx, c, 20*time.Second); err != nil {
 				t.Fatal(err)
 			}
 		}
 		a.Release()
-		if _, err := cs.CoordinationV1().Leases(ns).Get(ctx, Name("configmap", "default", "a"), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		if _, err := cs.CoordinationV1().Leases(ns).Get(ctx, Name(ctrl, objNS, "a"), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 			t.Errorf("claim after Release: %v, want NotFound", err)
 		}
 		if len(r.InFlight()) != 2 {
 			t.Errorf("a released claim's reconcile left InFlight")
 		}
 		r.Stop()
-		before := getClaim(t, cs, Name("configmap", "default", "b")).Spec.RenewTime.Time
+		before := getClaim(t, cs, Name(ctrl, objNS, "b")).Spec.RenewTime.Time
 		clk.Step(3 * retryPeriod)
 		synctest.Wait()
-		if got := getClaim(t, cs, Name("configmap", "default", "b")).Spec.RenewTime.Time; !got.Equal(before) {
+		if got := getClaim(t, cs, Name(ctrl, objNS, "b")).Spec.RenewTime.Time; !got.Equal(before) {
 			t.Errorf("claim renewed after Stop: %v, was %v", got, before)
 		}
 		a.End()

@@ -216,6 +216,51 @@ var _ = Describe("HandOffAtStop", func() {
 			})
 	}
 
+	It("should hand over twice in a row, the third replica waiting for both old runs", func(ctx SpecContext) {
+		cur := goleak.IgnoreCurrent()
+		ns := newNamespace(ctx)
+		runs := &handoffRuns{started: make(chan handoffRun, 16)}
+		holdA, releaseA := releaser()
+		holdB, releaseB := releaser()
+		logsA, logsB, logsC := &logLines{}, &logLines{}, &logLines{}
+		a, qa := handoffReplica(ns, "a", true, runs, holdA, logsA)
+		stopA, doneA := startManager(a, qa)
+		Eventually(a.Elected(), 15*time.Second).Should(BeClosed())
+		b, qb := handoffReplica(ns, "b", true, runs, holdB, logsB)
+		stopB, doneB := startManager(b, qb)
+		configMap(ctx, ns, "x")
+		Eventually(runs.started).Should(Receive(And(HaveField("Replica", "a"), HaveField("Object", "x"))))
+
+		By("handing over from a to b, then from b, mid-reconcile of another object, to c")
+		stopA()
+		Eventually(b.Elected(), 10*time.Second).Should(BeClosed())
+		c, qc := handoffReplica(ns, "c", true, runs, done(), logsC)
+		stopC, doneC := startManager(c, qc)
+		configMap(ctx, ns, "y")
+		Eventually(runs.started, 15*time.Second).Should(Receive(And(HaveField("Replica", "b"), HaveField("Object", "y"))),
+			"x stays claimed by a")
+		stopB()
+		Eventually(c.Elected(), 10*time.Second).Should(BeClosed(), "b hands over too while its run and a's still run")
+		Expect(hasLine(logsB.all(), `"msg"="Handed the lease over"`)).To(BeTrue())
+		Consistently(runs.started, 3*time.Second).ShouldNot(Receive(), "c runs neither claimed object")
+
+		By("ending both old runs: c runs both objects")
+		releaseA()
+		releaseB()
+		Eventually(doneA, 30*time.Second).Should(Receive(BeNil()))
+		Eventually(doneB, 30*time.Second).Should(Receive(BeNil()))
+		Eventually(func() []string { return runs.replicasOf("x") }, 15*time.Second).Should(Equal([]string{"a", "c"}))
+		Eventually(func() []string { return runs.replicasOf("y") }, 15*time.Second).Should(Equal([]string{"b", "c"}))
+		for _, o := range []string{"x", "y"} {
+			r := runs.of(o)
+			Expect(r[1].start).To(BeTemporally(">=", r[0].end), "c ran %s only once the old run ended", o)
+		}
+
+		stopC()
+		Eventually(doneC, 30*time.Second).Should(Receive(BeNil()))
+		expectNoLeaks(cur)
+	})
+
 	It("should run an object whose holder died one claim duration later, by the successor's own clock", func(ctx SpecContext) {
 		cur := goleak.IgnoreCurrent()
 		ns := newNamespace(ctx)

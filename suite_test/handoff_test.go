@@ -66,9 +66,9 @@ func (h *handoffRuns) replicasOf(object string) []string {
 // handoffReplica makes a replica of an operator whose controller "handoff" (HandOffAtStop)
 // reconciles the ConfigMaps of ns: a run blocks until hold is closed or its context ends.
 // Its manager and quiesce log to logs.
-func handoffReplica(ns, id string, releaseOnCancel bool, runs *handoffRuns, hold <-chan struct{}, logs *logLines) (
-	manager.Manager, *runnable.Runnable,
-) {
+func handoffReplica(ns, id string, releaseOnCancel bool, runs *handoffRuns, hold <-chan struct{}, logs *logLines,
+	also ...func(manager.Manager, *runnable.Runnable),
+) (manager.Manager, *runnable.Runnable) {
 	GinkgoHelper()
 	// CancelAfter (20s) far above the bounds the specs put on a hand-over (10s): a stop
 	// without one is told apart.
@@ -101,6 +101,9 @@ func handoffReplica(ns, id string, releaseOnCancel bool, runs *handoffRuns, hold
 				runs.runs = append(runs.runs, r)
 				return reconcile.Result{}, nil
 			}), reconcilers.WrapOptions{Stop: reconcilers.HandOffAtStop}))).To(Succeed())
+	for _, f := range also {
+		f(mgr, q)
+	}
 	return mgr, q
 }
 
@@ -323,6 +326,48 @@ var _ = Describe("HandOffAtStop", func() {
 			"ended by the claim's 3s renew deadline, not at CancelAfter (20s)")
 		Expect(x[1].start).To(BeTemporally(">=", x[0].end), "no run of the successor beside the fenced one")
 
+		stopB()
+		Eventually(doneB, 30*time.Second).Should(Receive(BeNil()))
+		expectNoLeaks(cur)
+	})
+
+	It("should not hand the lease over while a reconcile of another policy is in flight", func(ctx SpecContext) {
+		cur := goleak.IgnoreCurrent()
+		ns := newNamespace(ctx)
+		runs := &handoffRuns{started: make(chan handoffRun, 16)}
+		hold, release := releaser()
+		otherStarted := make(chan struct{}, 4)
+		other := func(mgr manager.Manager, q *runnable.Runnable) { // FinishAtStop, on the same objects
+			Expect(ctrl.NewControllerManagedBy(mgr).For(&corev1.ConfigMap{}).Named("other").
+				Complete(reconcilers.Wrap(q.Executor(), "other", reconcile.Func(
+					func(context.Context, reconcile.Request) (reconcile.Result, error) {
+						otherStarted <- struct{}{}
+						<-hold
+						return reconcile.Result{}, nil
+					}), reconcilers.WrapOptions{}))).To(Succeed())
+		}
+		logsA, logsB := &logLines{}, &logLines{}
+		a, qa := handoffReplica(ns, "a", true, runs, hold, logsA, other)
+		stopA, doneA := startManager(a, qa)
+		Eventually(a.Elected(), 15*time.Second).Should(BeClosed())
+		b, qb := handoffReplica(ns, "b", true, runs, done(), logsB)
+		stopB, doneB := startManager(b, qb)
+		configMap(ctx, ns, "x")
+		Eventually(runs.started).Should(Receive(HaveField("Replica", "a")))
+		Eventually(otherStarted).Should(Receive())
+
+		stopA()
+		Eventually(func() bool {
+			return hasLine(logsA.all(), "Not handing the lease over: a reconcile of another stop policy is in flight")
+		}, 10*time.Second).Should(BeTrue())
+		Consistently(b.Elected(), 3*time.Second).ShouldNot(BeClosed(), "the lease stays with the old leader")
+		Expect(hasLine(logsA.all(), `"msg"="Handed the lease over"`)).To(BeFalse())
+		_, claimed := claimOf(ctx, ns)
+		Expect(claimed).To(BeFalse(), "no claim is written when nothing is handed over")
+
+		release()
+		Eventually(doneA, 30*time.Second).Should(Receive(BeNil()))
+		Eventually(b.Elected(), 15*time.Second).Should(BeClosed())
 		stopB()
 		Eventually(doneB, 30*time.Second).Should(Receive(BeNil()))
 		expectNoLeaks(cur)

@@ -64,6 +64,31 @@ type Settings struct {
 	// before it asks to be requeued: a refused request comes back once per stop, not every
 	// RequeueAfter.
 	DrainOver func() <-chan struct{}
+
+	// Claims, if set, are the per-object claims of the owner (runnable.Setup with the
+	// manager's leader election and a lease namespace) that reconcilers.HandOffAtStop needs;
+	// nil otherwise, and reconcilers.Wrap refuses the policy.
+	Claims Claims
+}
+
+// Claims are the per-object claims of one replica (internal/claims.Registry), as
+// reconcilers.Wrap uses them for HandOffAtStop controllers. Safe for concurrent use.
+type Claims interface {
+	// Wait reads the object's claim live (no cache) and returns how long another replica
+	// still holds it, by this replica's own observation; 0 when none does.
+	Wait(ctx context.Context, controller, namespace, name string) (time.Duration, error)
+	// Begin registers a reconcile of the object as in flight, before it is admitted: the
+	// stop claims what is in flight. End it when the reconcile returned.
+	Begin(controller, namespace, name, reconcileID string) Claimed
+}
+
+// Claimed is one reconcile in flight of a HandOffAtStop controller (Claims.Begin).
+type Claimed interface {
+	// Bind returns ctx, ended with a cause naming the claim when the claim taken for the
+	// reconcile is not renewed within its deadline; call cancel when the reconcile returned.
+	Bind(ctx context.Context) (bound context.Context, cancel context.CancelFunc)
+	// End marks the reconcile returned and releases its claim, if taken. Idempotent.
+	End()
 }
 
 // CleanupOf returns the cleanup window of controller (Cleanups); 0: none.

@@ -17,8 +17,9 @@
 // a Logger whose sink is a nil pointer) is nil: it means what leaving it unset means.
 //
 // Here: Wrap and WrapTyped panic on a foreign executor, a nil reconciler, an empty
-// controller name, an unknown Stop, a Recorder without Reader and Object, a Recorder or an
-// OnAbandon with requests other than reconcile.Request, or a Cleanup that cannot fit the
+// controller name, an unknown Stop, a Recorder without Reader and Object, a Recorder, an
+// OnAbandon or HandOffAtStop with requests other than reconcile.Request, HandOffAtStop without
+// the executor of runnable.Setup with leader election on, or a Cleanup that cannot fit the
 // grace period of the Runnable that owns the executor; a nil executor
 // means untracked (logged once). NewDaemons panics on a nil or foreign executor. Call,
 // Ensure and Stop return errors wrapping drain.ErrInvalidCall for an empty name, a nil fn or

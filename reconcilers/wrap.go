@@ -32,6 +32,16 @@ const (
 	// (context.Cause names this policy); they stay tracked. For idempotent controllers,
 	// whose cut work the next leader redoes: the lease is handed over without waiting.
 	CancelAtStop
+	// HandOffAtStop hands the leader lease over at once and lets the reconciles in flight
+	// finish, as FinishAtStop does, each fenced by a claim on its object: a Lease in the
+	// operator's lease namespace, held while the work runs, that the successor honours.
+	// The claim lasts the manager's LeaseDuration + Cleanup, longer than the RenewDeadline +
+	// Cleanup after its last renewal within which the work's context ends if renewals fail.
+	// Each reconcile first reads its object's claim with one GET (no cache): a claim of another
+	// replica, unexpired by this one's clock, requeues the request without running it.
+	// It needs reconcile.Request requests and a Runnable of runnable.Setup with the
+	// manager's leader election on: Wrap panics otherwise. docs/design.md, "Handing over".
+	HandOffAtStop
 )
 
 // WrapOptions configure Wrap and WrapTyped. Zero fields mean the documented defaults.
@@ -116,9 +126,16 @@ func wrap[R comparable](
 		panic(fmt.Sprintf("reconcilers.%s(%q): nil reconciler", fn, controller))
 	case controller == "":
 		panic("reconcilers." + fn + ": empty controller name (pass the controller's name, as given to the builder's Named)")
-	case opts.Stop != FinishAtStop && opts.Stop != CancelAtStop:
-		panic(fmt.Sprintf("reconcilers.%s(%q): unknown WrapOptions.Stop %d (use FinishAtStop or CancelAtStop)",
+	case opts.Stop != FinishAtStop && opts.Stop != CancelAtStop && opts.Stop != HandOffAtStop:
+		panic(fmt.Sprintf("reconcilers.%s(%q): unknown WrapOptions.Stop %d (use FinishAtStop, CancelAtStop or HandOffAtStop)",
 			fn, controller, opts.Stop))
+	case opts.Stop == HandOffAtStop && !byRequest:
+		panic(fmt.Sprintf("reconcilers.%s(%q): HandOffAtStop needs reconcile.Request requests, not %T",
+			fn, controller, zero))
+	case opts.Stop == HandOffAtStop && (ex == nil || internal.Of(ex).Settings().Claims == nil):
+		panic(fmt.Sprintf("reconcilers.%s(%q): HandOffAtStop needs the executor of runnable.Setup with the manager's "+
+			"leader election on and a lease namespace (LeaderElectionNamespace): use FinishAtStop without them",
+			fn, controller))
 	case recorder && !byRequest:
 		panic(fmt.Sprintf("reconcilers.%s(%q): WrapOptions.Recorder needs reconcile.Request requests, not %T",
 			fn, controller, zero))
@@ -153,6 +170,9 @@ func wrap[R comparable](
 		if opts.Cleanup > 0 {
 			w.ex.Settings().Cleanups.Store(controller, opts.Cleanup)
 		}
+		if opts.Stop == HandOffAtStop {
+			w.claims = w.ex.Settings().Claims
+		}
 		if opts.OnAbandon != nil {
 			w.abandon = &abandoner{controller: controller, fn: opts.OnAbandon, fenced: w.ex.Fenced()}
 			w.ex.Settings().Observers.Add(w.abandon)
@@ -175,8 +195,9 @@ type wrapped[R comparable] struct {
 	name         func(R) (name, namespace, object string) // the call's name for a request
 	call         internal.CallOptions                     // what every reconcile's call shares
 	requeueAfter time.Duration
-	events       *eventer   // nil without WrapOptions.Recorder
-	abandon      *abandoner // nil without WrapOptions.OnAbandon
+	events       *eventer        // nil without WrapOptions.Recorder
+	abandon      *abandoner      // nil without WrapOptions.OnAbandon
+	claims       internal.Claims // HandOffAtStop's; nil for the other policies
 	refusedLog   sync.Once
 	untracked    sync.Once
 }
@@ -204,6 +225,18 @@ func (w *wrapped[R]) Reconcile(ctx context.Context, req R) (reconcile.Result, er
 	}
 	// Run on the worker's goroutine; request and result travel in rc (docs/performance.md).
 	rc := &reconcileCall[R]{r: w.r, req: req}
+	if w.claims != nil {
+		wait, err := w.claims.Wait(ctx, o.Controller, o.Namespace, o.Object)
+		if err != nil {
+			return reconcile.Result{}, err
+		}
+		if wait > 0 {
+			return w.claimed(ctx, wait), nil
+		}
+		// Registered before admission: the stop claims every reconcile the drain admitted.
+		rc.claim = w.claims.Begin(o.Controller, o.Namespace, o.Object, o.ReconcileID)
+		defer rc.claim.End()
+	}
 	err := w.ex.RunHandler(ctx, o, rc)
 	if errors.Is(err, drain.ErrDraining) || !rc.ran && errors.Is(err, context.Canceled) || rc.stopped {
 		return w.requeue(ctx), nil
@@ -217,11 +250,18 @@ type reconcileCall[R comparable] struct {
 	req     R
 	res     reconcile.Result
 	ran     bool
-	stopped bool // it failed once CancelAtStop cut it
+	stopped bool             // it failed once CancelAtStop cut it
+	claim   internal.Claimed // HandOffAtStop's; nil for the other policies
 }
 
 func (c *reconcileCall[R]) Handle(ctx context.Context) error {
 	c.ran = true
+	if c.claim != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = c.claim.Bind(ctx)
+		defer c.claim.End() // released before the call returns: the drain waits for it
+		defer cancel()
+	}
 	var err error
 	c.res, err = c.r.Reconcile(ctx, c.req)
 	c.stopped = err != nil && errors.Is(context.Cause(ctx), internal.ErrCancelAtStop)
@@ -244,6 +284,18 @@ func (w *wrapped[R]) requeue(ctx context.Context) reconcile.Result {
 	})
 	return reconcile.Result{RequeueAfter: w.requeueAfter}
 }
+
+// claimed answers a request whose object another replica claims: requeued after the time
+// its claim has left, at most MaxClaimRecheck, so that a released claim is seen soon.
+func (w *wrapped[R]) claimed(ctx context.Context, wait time.Duration) reconcile.Result {
+	log.FromContext(ctx).V(1).Info("Object claimed by another replica: requeueing the request",
+		"claimLeft", wait.Round(time.Millisecond).String())
+	return reconcile.Result{RequeueAfter: min(wait, MaxClaimRecheck)}
+}
+
+// MaxClaimRecheck bounds the RequeueAfter of a request whose object another replica claims
+// (HandOffAtStop): the successor reads the claim again at least this often.
+const MaxClaimRecheck = 2 * time.Second
 
 // namer returns the function naming a reconcile, chosen once; a reconcile.Request's name
 // is put together only when read (CallOptions.FullName): no allocation per reconcile.

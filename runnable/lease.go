@@ -2,12 +2,14 @@ package runnable
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -38,6 +40,9 @@ func observeLease(cfg *rest.Config, mo *manager.Options) (*leaseObserver, error)
 		retryPeriod:   ptr.Deref(mo.RetryPeriod, defaultRetryPeriod),
 		leaseDuration: ptr.Deref(mo.LeaseDuration, defaultLeaseDuration)}
 	if !internal.IsNil(l.inner) {
+		if cfg != nil {
+			l.cfg = rest.CopyConfig(cfg)
+		}
 		return l, nil
 	}
 	lcfg := cfg
@@ -60,7 +65,7 @@ func observeLease(cfg *rest.Config, mo *manager.Options) (*leaseObserver, error)
 	case err != nil:
 		return nil, fmt.Errorf("failed to observe the lease: %w", err)
 	}
-	l.inner = inner
+	l.inner, l.cfg = inner, rest.CopyConfig(lcfg)
 	return l, nil
 }
 
@@ -78,16 +83,29 @@ type leaseObserver struct {
 	retryPeriod   time.Duration // 0 in tests: the fence is at RenewDeadline
 	leaseDuration time.Duration // 0 in tests: no cap
 	events        lockEvents
-	r             *Runnable // set by Setup, before the lock is shared
+	r             *Runnable    // set by Setup, before the lock is shared
+	cfg           *rest.Config // of the lease's cluster, for the claims; nil if unknown
+
+	wmu sync.Mutex // one write at a time: the elector's, or handOver's
 
 	mu          sync.Mutex
-	held        bool      // the last write of ours that succeeded made us the holder
-	lost        bool      // fenced: no write from now on
-	lastRenewal time.Time // when the last successful renewal was sent, on the Runnable's clock
+	held        bool                              // the last write of ours that succeeded made us the holder
+	lost        bool                              // fenced: no write from now on
+	lastRenewal time.Time                         // when the last successful renewal was sent, on the Runnable's clock
+	last        resourcelock.LeaderElectionRecord // the last record of ours written
+	handedOver  bool                              // handOver released the lease: the elector's writes are swallowed
 }
 
 // Get reads the lease; another holder while this replica held it means the lease is lost.
+// Once handed over, it answers the record this replica wrote last, reading nothing.
 func (l *leaseObserver) Get(ctx context.Context) (*resourcelock.LeaderElectionRecord, []byte, error) {
+	l.mu.Lock()
+	handedOver, last := l.handedOver, l.last
+	l.mu.Unlock()
+	if handedOver {
+		raw, err := json.Marshal(last)
+		return &last, raw, err
+	}
 	rec, raw, err := l.inner.Get(ctx)
 	if err == nil && rec != nil && rec.HolderIdentity != "" && rec.HolderIdentity != l.inner.Identity() {
 		l.lose(time.Time{})
@@ -104,14 +122,21 @@ func (l *leaseObserver) Update(ctx context.Context, ler resourcelock.LeaderElect
 }
 
 // write is a renewal, an acquisition or a release; each renewal of ours arms the fence anew.
+// Once handed over, it writes nothing and answers success: the elector keeps leading, so it
+// never gives up (controller-runtime's OnStoppedLeading) nor releases the successor's lease.
 func (l *leaseObserver) write(ctx context.Context, ler resourcelock.LeaderElectionRecord,
 	fn func(context.Context, resourcelock.LeaderElectionRecord) error,
 ) error {
 	mine := ler.HolderIdentity == l.inner.Identity()
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
 	l.mu.Lock()
 	lost, campaigning := l.lost || l.r.fenced.Load(), l.r.stop.began() && !l.held
+	handedOver := l.handedOver
 	l.mu.Unlock()
 	switch {
+	case handedOver:
+		return nil
 	case mine && lost:
 		return errLeaseLost
 	case mine && campaigning:
@@ -123,6 +148,9 @@ func (l *leaseObserver) write(ctx context.Context, ler resourcelock.LeaderElecti
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if mine {
+		l.last = ler
+	}
 	switch {
 	case !mine: // released (LeaderElectionReleaseOnCancel): a planned end, no fence
 		l.held = false
@@ -135,6 +163,34 @@ func (l *leaseObserver) write(ctx context.Context, ler resourcelock.LeaderElecti
 	default:
 		l.held = true
 	}
+	return nil
+}
+
+var errNotHeld = errors.New("this replica does not hold the lease")
+
+// handOver releases the lease as client-go's elector releases it (no holder, a duration of
+// 1s), with the lock's optimistic concurrency, and from then on swallows every write of this
+// replica's elector (see write) and answers its reads (see Get). The fence is disarmed: the
+// claims fence the work from now on. It fails, writing nothing, unless this replica holds
+// the lease unfenced.
+func (l *leaseObserver) handOver(ctx context.Context) error {
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	l.mu.Lock()
+	held, last := l.held && !l.lost && !l.r.fenced.Load(), l.last
+	l.mu.Unlock()
+	if !held {
+		return errNotHeld
+	}
+	now := metav1.NewTime(l.r.clock.Now())
+	if err := l.inner.Update(ctx, resourcelock.LeaderElectionRecord{
+		LeaderTransitions: last.LeaderTransitions, LeaseDurationSeconds: 1, RenewTime: now, AcquireTime: now,
+	}); err != nil {
+		return fmt.Errorf("failed to release the lease: %w", err)
+	}
+	l.mu.Lock()
+	l.held, l.handedOver = false, true
+	l.mu.Unlock()
 	return nil
 }
 

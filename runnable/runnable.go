@@ -18,6 +18,7 @@ import (
 
 	"github.com/quiesce-dev/quiesce/drain"
 	"github.com/quiesce-dev/quiesce/internal"
+	"github.com/quiesce-dev/quiesce/internal/claims"
 )
 
 // Options configure a Runnable; the zero value means every documented default. Setup
@@ -93,6 +94,7 @@ type Runnable struct {
 	lease        atomic.Pointer[leaseObserver] // set by Add with leader election on
 	elected      <-chan struct{}               // the manager's Elected, with lease
 	misuse       chan error                    // a misuse seen by a lock: Start returns it
+	claims       *claims.Registry              // reconcilers.HandOffAtStop's; nil without a lease namespace
 
 	stop  *stopState                     // see stop.go
 	debug flowcontrol.PassiveRateLimiter // ServeHTTP's
@@ -343,14 +345,25 @@ func (r *Runnable) drain() error {
 	}
 	log := r.stopLog().WithValues("gracePeriod", r.grace.String())
 
-	// Step 1: refuse new calls, wait for the tracked ones (the executor reports them).
+	// Step 1: refuse new calls, wait for the tracked ones (the executor reports them); beside
+	// it, once new calls are refused, hand the lease over if HandOffAtStop's claims allow.
 	log.Info("Draining executor", append(r.sinceStop(), "pending", pending)...)
 	ctx, cancel := context.WithTimeout(context.Background(), r.grace)
 	defer cancel()
+	handed := make(chan int, 1)
+	if r.claims != nil {
+		defer r.claims.Stop() // abandoned work's claims expire by themselves
+		go func() { handed <- r.handOver() }()
+	} else {
+		handed <- 0
+	}
 	start := time.Now()
 	err := r.ex.Drain(ctx)
 	if r.metered {
 		drainSeconds.Observe(time.Since(start).Seconds())
+	}
+	if n := <-handed; n > 0 && err == nil {
+		r.log.Info("Claimed work finished", append(r.sinceStop(), "claims", n)...)
 	}
 	if err == nil {
 		if n := r.ex.Stats().Cancelled; n > 0 {

@@ -30,6 +30,11 @@ import (
 //   - WebhookServer (nil: webhook.NewServer(webhook.Options{})), wrapped to track admission
 //     (see Runnable.Add).
 //
+// With leader election on and the lease's namespace known (the lock's, or
+// LeaderElectionNamespace), it also prepares the claims of reconcilers.HandOffAtStop, written
+// with a clientset of the lease's rest.Config under the lock's identity (docs/design.md,
+// "Handing over").
+//
 // It returns an error naming what to change, *mgrOpts unchanged, for nil mgrOpts, Options
 // given to Setup already, bad opts, or a lease lock controller-runtime cannot build.
 func Setup(cfg *rest.Config, mgrOpts *manager.Options, opts Options) (*Runnable, error) {
@@ -60,6 +65,7 @@ func Setup(cfg *rest.Config, mgrOpts *manager.Options, opts Options) (*Runnable,
 	if lease != nil {
 		lease.r = r
 		lock = lease
+		r.claims = newClaims(lease, mgrOpts.LeaderElectionNamespace, r)
 	}
 	inner := mgrOpts.WebhookServer
 	if internal.IsNil(inner) {

@@ -1,0 +1,369 @@
+package claims
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	typedcoordinationv1 "k8s.io/client-go/kubernetes/typed/coordination/v1"
+	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
+
+	"github.com/quiesce-dev/quiesce/internal"
+)
+
+// ControllerLabel labels each claim with its controller (sanitized to a label value), so that
+// `kubectl get leases -l quiesce.dev/claim-controller` lists the claims.
+const ControllerLabel = "quiesce.dev/claim-controller"
+
+// ObjectAnnotation holds the claimed object, "<namespace>/<name>", for reading.
+const ObjectAnnotation = "quiesce.dev/claim-object"
+
+// ErrHeld is wrapped by Take's error when another replica holds the claim and it has not
+// expired by this replica's observation.
+var ErrHeld = errors.New("claim held by another replica")
+
+// Options configure a Registry. Every field is required.
+type Options struct {
+	// Leases is the client of the Leases in the operator's lease namespace.
+	Leases typedcoordinationv1.LeaseInterface
+	// Identity is this replica's: the leader lease lock's Identity().
+	Identity string
+	// RenewDeadline: a claim not renewed this long after its last successful write ends its
+	// work's context (Bind). RetryPeriod: how often a claim is renewed. The leader lease's.
+	RenewDeadline, RetryPeriod time.Duration
+	// Clock times renewals, deadlines and observations.
+	Clock clock.WithTickerAndDelayedExecution
+	// Logger receives the failed renewals and releases.
+	Logger logr.Logger
+}
+
+// Registry keeps one replica's claims. Make it with New.
+type Registry struct {
+	o Options
+
+	mu       sync.Mutex
+	inFlight map[*Call]struct{}
+	taken    map[*Call]struct{}
+	seen     map[string]observation // by claim name: the holder's last write as first seen here
+}
+
+// observation is a claim's holder and last write, and when this replica first saw them.
+type observation struct {
+	holder, renewTime, resourceVersion string
+	at                                 time.Time
+}
+
+// New returns an empty Registry.
+func New(o Options) *Registry {
+	return &Registry{o: o, inFlight: map[*Call]struct{}{}, taken: map[*Call]struct{}{},
+		seen: map[string]observation{}}
+}
+
+// Name returns the name of the claim of controller on the object namespace/name: a DNS-1123
+// subdomain made of "claim-", the controller and the object's name (sanitized, cut to 40
+// bytes each), and a hash of all three.
+func Name(controller, namespace, name string) string {
+	h := sha256.Sum256([]byte(controller + "\x00" + namespace + "\x00" + name))
+	return "claim-" + sanitize(controller, 40) + "-" + sanitize(name, 40) + "-" + hex.EncodeToString(h[:5])
+}
+
+// sanitize lowers s to [a-z0-9-], runs of other bytes made one "-", at most n bytes, with no
+// "-" at either end.
+func sanitize(s string, n int) string {
+	b := make([]byte, 0, min(len(s), n))
+	for i := 0; i < len(s) && len(b) < n; i++ {
+		switch c := s[i]; {
+		case 'a' <= c && c <= 'z', '0' <= c && c <= '9':
+			b = append(b, c)
+		case 'A' <= c && c <= 'Z':
+			b = append(b, c+'a'-'A')
+		case len(b) > 0 && b[len(b)-1] != '-':
+			b = append(b, '-')
+		}
+	}
+	return strings.Trim(string(b), "-")
+}
+
+// Wait reads the object's claim with a GET (never a cache) and returns how long its holder
+// still holds it: 0 when there is none, it is free or this replica's, or it expired. Expiry
+// is judged as client-go's elector judges a lease: the claim's duration from when this
+// replica first saw its holder's last write (holder, renewTime, resourceVersion), on its own
+// clock, never from the holder's renewTime.
+func (r *Registry) Wait(ctx context.Context, controller, namespace, name string) (time.Duration, error) {
+	n := Name(controller, namespace, name)
+	l, err := r.o.Leases.Get(ctx, n, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		r.forget(n)
+		return 0, nil
+	case err != nil:
+		return 0, fmt.Errorf("failed to read claim %s: %w", n, err)
+	}
+	return r.left(l), nil
+}
+
+// left is how long l's holder still holds it, by this replica's observation.
+func (r *Registry) left(l *coordinationv1.Lease) time.Duration {
+	holder := ptr.Deref(l.Spec.HolderIdentity, "")
+	if holder == "" || holder == r.o.Identity {
+		r.forget(l.Name)
+		return 0
+	}
+	o := observation{holder: holder, resourceVersion: l.ResourceVersion}
+	if t := l.Spec.RenewTime; t != nil {
+		o.renewTime = t.UTC().Format(time.RFC3339Nano)
+	}
+	now := r.o.Clock.Now()
+	r.mu.Lock()
+	seen, ok := r.seen[l.Name]
+	if o.at = seen.at; !ok || o != seen {
+		o.at = now
+		r.seen[l.Name] = o
+	}
+	r.mu.Unlock()
+	d := time.Duration(ptr.Deref(l.Spec.LeaseDurationSeconds, 0)) * time.Second
+	return max(0, o.at.Add(d).Sub(now))
+}
+
+func (r *Registry) forget(name string) {
+	r.mu.Lock()
+	delete(r.seen, name)
+	r.mu.Unlock()
+}
+
+// Begin registers a reconcile of controller on namespace/name as in flight, until End.
+func (r *Registry) Begin(controller, namespace, name, reconcileID string) internal.Claimed {
+	c := &Call{Controller: controller, Namespace: namespace, Name: name, ReconcileID: reconcileID,
+		r: r, fenced: make(chan struct{})}
+	r.mu.Lock()
+	r.inFlight[c] = struct{}{}
+	r.mu.Unlock()
+	return c
+}
+
+// InFlight returns the reconciles begun and not ended.
+func (r *Registry) InFlight() []*Call {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	calls := make([]*Call, 0, len(r.inFlight))
+	for c := range r.inFlight {
+		calls = append(calls, c)
+	}
+	return calls
+}
+
+// Take claims c's object for duration (rounded up to whole seconds), unless c ended, and
+// renews the claim every RetryPeriod until c ends. taken reports whether it holds the claim.
+// It fails, holding nothing, when the claim cannot be written, or with an error wrapping
+// ErrHeld when another replica holds it unexpired. Writes are optimistic (resourceVersion).
+func (r *Registry) Take(ctx context.Context, c *Call, duration time.Duration) (taken bool, err error) {
+	sent := r.o.Clock.Now() // before c.mu: a fake clock's Step holds its lock while a fence locks nothing
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ended || c.released || c.lease != nil {
+		return c.lease != nil, nil
+	}
+	n := Name(c.Controller, c.Namespace, c.Name)
+	now := metav1.NewMicroTime(sent)
+	secs := int32((duration + time.Second - 1) / time.Second)
+	spec := coordinationv1.LeaseSpec{HolderIdentity: ptr.To(r.o.Identity), LeaseDurationSeconds: &secs,
+		AcquireTime: &now, RenewTime: &now}
+	meta := metav1.ObjectMeta{Name: n, Labels: map[string]string{ControllerLabel: sanitize(c.Controller, 63)},
+		Annotations: map[string]string{ObjectAnnotation: internal.Cut(c.Namespace + "/" + c.Name)}}
+	l, err := r.o.Leases.Get(ctx, n, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		l, err = r.o.Leases.Create(ctx, &coordinationv1.Lease{ObjectMeta: meta, Spec: spec}, metav1.CreateOptions{})
+	case err != nil:
+	case r.left(l) > 0:
+		return false, fmt.Errorf("failed to take claim %s: held by %q: %w", n, ptr.Deref(l.Spec.HolderIdentity, ""), ErrHeld)
+	default:
+		l = l.DeepCopy() // keeps its resourceVersion: the update fails if another wrote since
+		l.Labels, l.Annotations, l.Spec = meta.Labels, meta.Annotations, spec
+		l, err = r.o.Leases.Update(ctx, l, metav1.UpdateOptions{})
+	}
+	if err != nil {
+		return false, fmt.Errorf("failed to take claim %s: %w", n, err)
+	}
+	c.lease, c.stop, c.renewed = l, make(chan struct{}), make(chan struct{})
+	r.mu.Lock()
+	r.taken[c] = struct{}{}
+	r.mu.Unlock()
+	go r.renew(c, sent)
+	return true, nil
+}
+
+// Stop stops renewing the claims still held (their work was abandoned: each expires one
+// claim duration after its last renewal) and returns once no renewal runs.
+func (r *Registry) Stop() {
+	r.mu.Lock()
+	calls := make([]*Call, 0, len(r.taken))
+	for c := range r.taken {
+		calls = append(calls, c)
+	}
+	r.mu.Unlock()
+	for _, c := range calls {
+		c.stopRenewing()
+	}
+}
+
+// renew renews c's claim every RetryPeriod until c ends or the renewals fail past
+// RenewDeadline from the last one sent that succeeded (sent: the take's); then it fences c.
+func (r *Registry) renew(c *Call, sent time.Time) {
+	defer close(c.renewed)
+	cause := fmt.Errorf("quiesce: claim %s of %s on %s/%s not renewed within %v: "+
+		"another replica may reconcile the object once it expires",
+		Name(c.Controller, c.Namespace, c.Name), c.Controller, c.Namespace, c.Name, r.o.RenewDeadline)
+	fence := func() { c.fence(cause) } // runs under a fake clock's lock: it takes none
+	deadline := r.o.Clock.AfterFunc(r.o.RenewDeadline-r.o.Clock.Since(sent), fence)
+	defer func() { deadline.Stop() }()
+	for {
+		t := r.o.Clock.NewTimer(r.o.RetryPeriod)
+		select {
+		case <-c.stop:
+			t.Stop()
+			return
+		case <-c.fenced:
+			t.Stop()
+			internal.Safely(func() {
+				r.o.Logger.Info("Claim not renewed within its deadline: ending its work", "controller", c.Controller,
+					"namespace", c.Namespace, "name", c.Name, "claim", Name(c.Controller, c.Namespace, c.Name))
+			})
+			return
+		case <-t.C():
+		}
+		sent := r.o.Clock.Now()
+		c.mu.Lock()
+		l := c.lease.DeepCopy()
+		c.mu.Unlock()
+		if l == nil { // given up
+			return
+		}
+		now := metav1.NewMicroTime(sent)
+		l.Spec.RenewTime = &now
+		ctx, cancel := context.WithTimeout(context.Background(), r.o.RenewDeadline)
+		l, err := r.o.Leases.Update(ctx, l, metav1.UpdateOptions{})
+		cancel()
+		if err != nil {
+			internal.Safely(func() {
+				r.o.Logger.V(1).Info("Failed to renew claim", "claim", Name(c.Controller, c.Namespace, c.Name),
+					"reason", err.Error())
+			})
+			continue
+		}
+		c.mu.Lock()
+		if c.lease != nil {
+			c.lease = l
+		}
+		c.mu.Unlock()
+		if !deadline.Stop() { // fenced meanwhile: the work's context ended already
+			continue
+		}
+		deadline = r.o.Clock.AfterFunc(r.o.RenewDeadline-r.o.Clock.Since(sent), fence)
+	}
+}
+
+// Call is one reconcile in flight of a HandOffAtStop controller (Registry.Begin).
+type Call struct {
+	Controller, Namespace, Name, ReconcileID string
+
+	r *Registry
+
+	fenceOnce sync.Once
+	fenced    chan struct{}                           // closed by fence
+	cause     atomic.Pointer[error]                   // fence's cause
+	cancel    atomic.Pointer[context.CancelCauseFunc] // Bind's
+
+	mu       sync.Mutex
+	ended    bool
+	released bool                  // Release gave the claim up
+	lease    *coordinationv1.Lease // the claim as last written; nil until taken
+	stop     chan struct{}         // closed to stop renewing
+	stopOnce sync.Once
+	renewed  chan struct{} // closed when the renewals stopped
+}
+
+var _ internal.Claimed = (*Call)(nil)
+
+// Bind returns ctx, ended with a cause naming the claim when fence ends the work.
+func (c *Call) Bind(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	c.cancel.Store(&cancel)
+	if cause := c.cause.Load(); cause != nil {
+		cancel(*cause)
+	}
+	return ctx, func() { cancel(nil) }
+}
+
+// fence ends the work's context with cause, once.
+func (c *Call) fence(cause error) {
+	c.fenceOnce.Do(func() {
+		c.cause.Store(&cause)
+		close(c.fenced)
+		if cancel := c.cancel.Load(); cancel != nil {
+			(*cancel)(cause)
+		}
+	})
+}
+
+// stopRenewing stops the renewals of a taken claim and waits for them to stop.
+func (c *Call) stopRenewing() {
+	c.stopOnce.Do(func() { close(c.stop) })
+	<-c.renewed
+}
+
+// End marks the reconcile returned and gives its claim up, if taken (see Release). Idempotent.
+func (c *Call) End() {
+	c.r.mu.Lock()
+	delete(c.r.inFlight, c)
+	c.r.mu.Unlock()
+	c.mu.Lock()
+	c.ended = true
+	c.mu.Unlock()
+	c.Release()
+}
+
+// Release gives c's claim up, if taken: it stops renewing it and deletes it (a failed delete
+// is logged: the claim then expires by itself). A hand-over that did not happen releases the
+// claims it took while their reconciles still run. Idempotent.
+func (c *Call) Release() {
+	c.mu.Lock()
+	giving := c.lease != nil && !c.released
+	c.released = c.released || giving
+	c.mu.Unlock()
+	if !giving {
+		return
+	}
+	c.stopRenewing()
+	c.mu.Lock()
+	l := c.lease
+	c.lease = nil
+	c.mu.Unlock()
+	c.r.mu.Lock()
+	delete(c.r.taken, c)
+	c.r.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), c.r.o.RenewDeadline)
+	defer cancel()
+	var pre metav1.Preconditions
+	if l.ResourceVersion != "" { // the claim as this replica wrote it last, not another's
+		pre.ResourceVersion = &l.ResourceVersion
+	}
+	err := c.r.o.Leases.Delete(ctx, l.Name, metav1.DeleteOptions{Preconditions: &pre})
+	if err != nil && !apierrors.IsNotFound(err) {
+		internal.Safely(func() {
+			c.r.o.Logger.Error(err, "Failed to release claim: it expires by itself", "controller", c.Controller,
+				"namespace", c.Namespace, "name", c.Name, "claim", l.Name)
+		})
+	}
+}

@@ -1,0 +1,90 @@
+package runnable
+
+import (
+	"context"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+
+	"github.com/quiesce-dev/quiesce/internal/claims"
+)
+
+// newClaims returns the claims of reconcilers.HandOffAtStop, in the lease's namespace (the
+// lock's, else ns) and cluster, held under the lock's identity and timed by its elector's
+// timings, and gives them to the executor; nil, refusing the policy at Wrap, when the
+// namespace or the cluster is unknown.
+func newClaims(l *leaseObserver, ns string, r *Runnable) *claims.Registry {
+	if ll, ok := l.inner.(*resourcelock.LeaseLock); ok {
+		ns = ll.LeaseMeta.Namespace
+	}
+	if ns == "" || l.cfg == nil {
+		return nil
+	}
+	cs, err := kubernetes.NewForConfig(l.cfg)
+	if err != nil {
+		return nil
+	}
+	reg := claims.New(claims.Options{Leases: cs.CoordinationV1().Leases(ns), Identity: l.inner.Identity(),
+		RenewDeadline: l.renewDeadline, RetryPeriod: l.retryPeriod, Clock: r.clock, Logger: r.log})
+	r.core().Settings().Claims = reg
+	return reg
+}
+
+// handOver runs beside the drain's first step, once the drain refuses new calls. If this
+// replica leads, reconciles of HandOffAtStop controllers are in flight and no other
+// reconcile is, it claims each one's object and, every claim taken, releases the lease
+// through its lock (leaseObserver.handOver); it returns how many claims it holds then. Else,
+// or when a claim or the release fails (the claims taken are released), it returns 0 and the
+// stop is FinishAtStop's: the lease is released when controller-runtime's stop ends.
+func (r *Runnable) handOver() int {
+	l := r.lease.Load()
+	if l == nil {
+		return 0
+	}
+	<-r.ex.Draining()
+	calls := r.claims.InFlight()
+	l.mu.Lock()
+	leads := l.held && !l.lost
+	l.mu.Unlock()
+	if len(calls) == 0 || !leads || r.fenced.Load() {
+		return 0
+	}
+	log := r.stopLog()
+	ids := make(map[string]bool, len(calls))
+	for _, c := range calls {
+		ids[c.ReconcileID] = true
+	}
+	ents, _ := r.core().Entries(-1)
+	for _, e := range ents { // a reconcile that would run beside the successor's
+		if e.ReconcileID != "" && !ids[e.ReconcileID] {
+			log.Info("Not handing the lease over: a reconcile of another stop policy is in flight",
+				append(r.sinceStop(), "call", e.Name, "reconcileID", e.ReconcileID)...)
+			return 0
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), l.renewDeadline)
+	defer cancel()
+	settings := r.core().Settings()
+	var taken []*claims.Call
+	giveUp := func(err error, msg string) int {
+		for _, c := range taken {
+			c.Release()
+		}
+		log.Error(err, msg, r.sinceStop()...)
+		return 0
+	}
+	for _, c := range calls {
+		ok, err := r.claims.Take(ctx, c, l.leaseDuration+settings.CleanupOf(c.Controller))
+		if err != nil {
+			return giveUp(err, "Not handing the lease over: a claim could not be taken")
+		}
+		if ok {
+			taken = append(taken, c)
+		}
+	}
+	if err := l.handOver(ctx); err != nil {
+		return giveUp(err, "Not handing the lease over")
+	}
+	log.Info("Handed the lease over", append(r.sinceStop(), "claims", len(taken))...)
+	return len(taken)
+}

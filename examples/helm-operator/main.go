@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -30,6 +31,9 @@ func main() {
 		shutdownTimeout        time.Duration
 		chartTimeout           time.Duration
 		pollInterval           time.Duration
+		namespace              string
+		cleanup                time.Duration
+		markFailed             bool
 	)
 	flag.StringVar(&metricsAddr, "metrics-bind-address", "0",
 		"The address the metrics server binds to (plain HTTP); 0 disables it.")
@@ -40,6 +44,13 @@ func main() {
 	flag.DurationVar(&chartTimeout, "chart-timeout", 10*time.Minute,
 		"Helm's --timeout for install, upgrade and the atomic rollback.")
 	flag.DurationVar(&pollInterval, "helm-poll-interval", 0, "How often Helm's wait polls; 0: Helm's own (2s).")
+	flag.StringVar(&namespace, "namespace", "", "The one namespace whose ConfigMaps are reconciled; empty: all.")
+	flag.DurationVar(&cleanup, "cleanup", 0,
+		"The upgrade's cleanup window (quiesce's reconcilers.WrapOptions.Cleanup): time kept for Helm's "+
+			"atomic rollback between the upgrade's cancel and the end of the grace period; 0: none.")
+	flag.BoolVar(&markFailed, "mark-failed-on-abandon", false,
+		"Mark a release whose upgrade or rollback quiesce abandons as failed (reconcilers.WrapOptions.OnAbandon), "+
+			"so that the next operator upgrades it instead of failing on \"another operation is in progress\".")
 	var qopts runnable.Options
 	qopts.BindFlags(flag.CommandLine)
 	// Not one of BindFlags': the tests scale it down with the rest.
@@ -63,6 +74,9 @@ func main() {
 		Metrics:                 metricsserver.Options{BindAddress: metricsAddr},
 		HealthProbeBindAddress:  probeAddr,
 		GracefulShutdownTimeout: &shutdownTimeout,
+	}
+	if namespace != "" {
+		mgrOpts.Cache.DefaultNamespaces = map[string]cache.Config{namespace: {}}
 	}
 	var q *runnable.Runnable
 	if withQuiesce {
@@ -90,9 +104,11 @@ func main() {
 	}
 	r := &controller.Reconciler{Client: mgr.GetClient(), Config: mgr.GetConfig(), Chart: c,
 		Timeout: chartTimeout, PollInterval: pollInterval}
-	// Issue 49's cleanup window and abandon hook (WrapOptions.Cleanup, WrapOptions.OnAbandon)
-	// go here once quiesce has them.
-	if err := r.SetupWithManager(mgr, ex, reconcilers.WrapOptions{}); err != nil {
+	wopts := reconcilers.WrapOptions{Cleanup: cleanup}
+	if markFailed {
+		wopts.OnAbandon = r.MarkFailed
+	}
+	if err := r.SetupWithManager(mgr, ex, wopts); err != nil {
 		log.Error(err, "Failed to set up the controller")
 		os.Exit(1)
 	}

@@ -61,7 +61,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if version == "" {
 		return ctrl.Result{}, nil
 	}
-	cfg, err := r.actionConfig(log, req.Namespace)
+	cfg, err := r.actionConfig(log, req.Namespace, 0)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -102,12 +102,51 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	return ctrl.Result{}, nil
 }
 
+// MarkFailed is the operator's quiesce OnAbandon hook (reconcilers.WrapOptions.OnAbandon):
+// quiesce calls it for a reconcile still running at the end of its grace period, an upgrade or
+// its atomic rollback that the process's exit is about to cut. If the release's last revision
+// is pending, it marks it failed, so that the next operator upgrades it (Helm upgrades a failed
+// release, and refuses a pending one with "another operation is in progress"). It runs while
+// the abandoned call may still run: if the rollback ends in between, its deployed record is
+// overwritten with failed, which costs the next operator one more upgrade, never a stuck
+// release. Helm's storage takes no context: its requests are bounded by ctx's deadline.
+func (r *Reconciler) MarkFailed(ctx context.Context, req ctrl.Request) {
+	log := logf.FromContext(ctx).WithValues("namespace", req.Namespace, "name", req.Name)
+	var timeout time.Duration
+	if d, ok := ctx.Deadline(); ok {
+		timeout = max(time.Until(d), time.Millisecond)
+	}
+	cfg, err := r.actionConfig(log, req.Namespace, timeout)
+	if err != nil {
+		log.Error(err, "Failed to mark the release failed")
+		return
+	}
+	last, err := cfg.Releases.Last(req.Name)
+	switch {
+	case err != nil:
+		log.Error(err, "Failed to mark the release failed")
+		return
+	case !last.Info.Status.IsPending():
+		log.Info("Release not pending: left as it is", "revision", last.Version, "status", last.Info.Status)
+		return
+	}
+	was := last.Info.Status
+	last.SetStatus(release.StatusFailed, "abandoned at the operator's stop")
+	if err := cfg.Releases.Update(last); err != nil {
+		log.Error(err, "Failed to mark the release failed", "revision", last.Version)
+		return
+	}
+	log.Info("Marked the release failed", "revision", last.Version, "was", was)
+}
+
 // actionConfig is Helm's configuration for namespace: releases stored in Secrets, as the helm
-// command stores them, its debug log at V(1).
-func (r *Reconciler) actionConfig(log logr.Logger, namespace string) (*action.Configuration, error) {
+// command stores them, its debug log at V(1), each request bounded by timeout (0: none).
+func (r *Reconciler) actionConfig(log logr.Logger, namespace string, timeout time.Duration) (*action.Configuration, error) {
 	helmLog := log.WithName("helm").V(1)
 	cfg := &action.Configuration{}
-	getter := newRESTClientGetter(r.Config, namespace)
+	rc := rest.CopyConfig(r.Config)
+	rc.Timeout = timeout
+	getter := newRESTClientGetter(rc, namespace)
 	if err := cfg.Init(getter, namespace, "secret", func(format string, v ...any) {
 		helmLog.Info("Helm", "detail", fmt.Sprintf(format, v...))
 	}); err != nil {

@@ -4,7 +4,6 @@ package realnode_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"path/filepath"
 	"regexp"
@@ -81,6 +80,8 @@ func (c helmCase) args(ns string) []string {
 		"--namespace=" + ns, "--quiesce=" + strconv.FormatBool(c.Quiesce),
 		"--graceful-shutdown-timeout=" + c.ShutdownTimeout.String(),
 		"--health-probe-bind-address=:8081", "--zap-encoder=json", "--zap-time-encoding=rfc3339nano",
+		// Helm's wait polls every 2 s: 500 ms puts the end of the work closer to the pod's Ready.
+		"--helm-poll-interval=500ms",
 	}
 	if c.Quiesce {
 		args = append(args, "--quiesce-termination-grace-period="+c.terminationGrace().String())
@@ -102,6 +103,11 @@ type helmOutcome struct {
 	Case helmCase
 	// Installed: the ConfigMap's create to revision 1 deployed (R, the pod's start, Helm's poll).
 	Installed time.Duration
+	// Upgraded: pending-upgrade seen to the operator's "Upgraded" line (0: it never upgraded);
+	// RolledBack: quiesce's cancel to the end of the cancelled upgrade, its rollback done (0:
+	// not seen). The work as Helm saw it: U or R, the Recreate of the Deployment's pod, the
+	// probe, Helm's poll.
+	Upgraded, RolledBack time.Duration
 	// State and Revision are the release's last record's once the operator exited.
 	State    string
 	Revision int
@@ -145,9 +151,9 @@ var _ = Describe("the Helm operator stopped 3 s into pending-upgrade", func() {
 			{Name: "quiesce-u10", U: 10, R: 45, Quiesce: true, ShutdownTimeout: defaults},
 			{Name: "plain-u45", U: 45, R: 45, ShutdownTimeout: plain},
 			{Name: "quiesce-u45", U: 45, R: 45, Quiesce: true, ShutdownTimeout: defaults},
-			// The cleanup window: cancel at 90 − 60 = 30 s, the 45 s rollback ends within 90 s.
-			{Name: "cleanup-u45", U: 45, R: 45, Quiesce: true, GracePeriod: 90 * time.Second, Cleanup: 60 * time.Second,
-				ShutdownTimeout: 95 * time.Second},
+			// The cleanup window: cancel at 100 − 70 = 30 s, the 45 s rollback ends within 100 s.
+			{Name: "cleanup-u45", U: 45, R: 45, Quiesce: true, GracePeriod: 100 * time.Second, Cleanup: 70 * time.Second,
+				ShutdownTimeout: 105 * time.Second},
 			// The defaults with the abandon hook: the release marked failed, upgraded after the restart.
 			{Name: "marked-u45", U: 45, R: 45, Quiesce: true, ShutdownTimeout: defaults, MarkFailed: true},
 		}
@@ -156,6 +162,12 @@ var _ = Describe("the Helm operator stopped 3 s into pending-upgrade", func() {
 		for i, c := range cases {
 			wg.Go(func() {
 				defer GinkgoRecover()
+				// Staggered: six Recreate rollouts and six stops at once would load the node's
+				// two cores enough to stretch the work by seconds.
+				select {
+				case <-time.After(time.Duration(i) * 3 * time.Second):
+				case <-ctx.Done():
+				}
 				res[i] = helmStop(ctx, c)
 			})
 		}
@@ -185,6 +197,7 @@ var _ = Describe("the Helm operator stopped 3 s into pending-upgrade", func() {
 				// The upgrade ends 7 s after the stop (and a pod's start), before the cancel at 20 s.
 				Expect(o.State).To(Equal("deployed"), "%s: the release's state", c)
 				Expect(o.Revision).To(Equal(2), "%s: the upgrade's revision", c)
+				Expect(o.Upgraded).To(BeNumerically(">=", time.Duration(c.U)*time.Second), "%s: the upgrade waited for its pod", c)
 				Expect(o.OtherOps).To(BeZero(), "%s: the restarted operator's %q errors", c, otherOperation)
 				Expect(o.Cancelled).To(BeZero(), "%s: cancelled", c)
 				Expect(o.Abandoned).To(BeEmpty(), "%s: abandoned", c)
@@ -210,6 +223,7 @@ var _ = Describe("the Helm operator stopped 3 s into pending-upgrade", func() {
 				// Cancelled at 30 s; the 45 s rollback ends within the window: rolled back.
 				Expect(o.State).To(Equal("deployed"), "%s: the release's state", c)
 				Expect(o.Revision).To(Equal(3), "%s: the rollback's revision", c)
+				Expect(o.RolledBack).To(BeNumerically(">=", time.Duration(c.R)*time.Second), "%s: the rollback waited for its pod", c)
 				Expect(o.OtherOps).To(BeZero(), "%s: the restarted operator's %q errors", c, otherOperation)
 				Expect(o.Cancelled).To(BeNumerically("~", 30*time.Second, 5*time.Second), "%s: cancelled", c)
 				Expect(o.Abandoned).To(BeEmpty(), "%s: abandoned", c)
@@ -250,6 +264,7 @@ func helmStop(ctx context.Context, c helmCase) *helmOutcome {
 	Expect(err).NotTo(HaveOccurred())
 	Eventually(helmLast).WithContext(ctx).WithArguments(ns).WithPolling(50*time.Millisecond).
 		Should(Equal(helmRecord{Revision: 2, State: "pending-upgrade"}), "%s: the upgrade", c)
+	pending := time.Now()
 	// The case's chosen moment, not a wait for a state.
 	select {
 	case <-time.After(3 * time.Second):
@@ -263,7 +278,7 @@ func helmStop(ctx context.Context, c helmCase) *helmOutcome {
 	last, err := helmLast(ctx, ns)
 	Expect(err).NotTo(HaveOccurred())
 	o.State, o.Revision = last.State, last.Revision
-	o.read(obs.snapshot()["stopped"], ns, deleted)
+	o.read(obs.snapshot()["stopped"], ns, pending, deleted)
 
 	By(fmt.Sprintf("%s: the next pod", c))
 	helmOperatorPod(ctx, ns, "restarted", c)
@@ -284,34 +299,58 @@ func helmStop(ctx context.Context, c helmCase) *helmOutcome {
 	return o
 }
 
-// read reads the stopped operator's log: its stop's duration and what quiesce said.
-func (o *helmOutcome) read(r podRecord, ns string, deleted time.Time) {
-	reported := regexp.MustCompile(`release/` + ns + `/` + helmRelease + `/upgrade.*release\.go:\d+`)
-	abandoned := regexp.MustCompile(`release/` + ns + `/` + helmRelease + `(/[a-z]+)?`)
+// read reads the stopped operator's log: the upgrade's end, its stop's duration and what
+// quiesce said.
+func (o *helmOutcome) read(r podRecord, ns string, pending, deleted time.Time) {
+	upgrade := "release/" + ns + "/" + helmRelease + "/upgrade"
+	handler := regexp.MustCompile(`release\.go:\d+`)
 	for _, e := range r.lines {
 		ts, _ := e["ts"].(string)
 		at, err := time.Parse(time.RFC3339Nano, ts)
-		if err != nil || at.Before(deleted) {
+		if err != nil {
+			continue
+		}
+		msg, _ := e["msg"].(string)
+		errText, _ := e["error"].(string)
+		if msg == "Upgraded" {
+			o.Upgraded = at.Sub(pending)
+		}
+		if at.Before(deleted) {
 			continue
 		}
 		o.Took = at.Sub(deleted)
-		raw, _ := json.Marshal(e)
-		msg, _ := e["msg"].(string)
-		errText, _ := e["error"].(string)
 		switch {
-		case msg == "Waiting for pending calls" && reported.Match(raw):
-			o.Reported = true
+		case msg == "Waiting for pending calls":
+			for _, c := range calls(e) {
+				o.Reported = o.Reported || c["name"] == upgrade && handler.MatchString(fmt.Sprint(c["handler"]))
+			}
 		case msg == "Cancelling calls still running" && o.Cancelled == 0:
 			o.Cancelled = o.Took
+		case msg == "Reconciler error" && o.Cancelled > 0 && strings.Contains(errText, "failed to upgrade"):
+			o.RolledBack = o.Took - o.Cancelled
 		case msg == abandonedMessage:
 			o.AbandonedAt = o.Took
-			o.Abandoned = abandoned.FindAllString(string(raw), -1)
+			for _, c := range calls(e) {
+				o.Abandoned = append(o.Abandoned, fmt.Sprint(c["name"]))
+			}
 		case msg == "Marked the release failed":
 			o.Marked = true
 		}
 		o.GaveUp = o.GaveUp || strings.Contains(errText, gaveUpText)
 	}
 	o.ExitCode = r.exitCode()
+}
+
+// calls are the entries of a quiesce line's "calls" value.
+func calls(e map[string]any) []map[string]any {
+	l, _ := e["calls"].([]any)
+	out := make([]map[string]any, 0, len(l))
+	for _, c := range l {
+		if m, ok := c.(map[string]any); ok {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 func boolInt(b bool) int {
@@ -440,10 +479,11 @@ func helmTable(res []*helmOutcome) string {
 		}
 		return d.Round(100 * time.Millisecond).String()
 	}
-	_, _ = fmt.Fprintln(w, "case\tinstall\trelease after the stop\tstop (delete → last line)\texit\tgave up\treported\tcancelled at\tabandoned at\tmarked failed\t\"another operation\" errors in 30 s after restart")
+	_, _ = fmt.Fprintln(w, "case\tinstall\tupgrade\trollback after cancel\trelease after the stop\tstop (delete → last line)\texit\tgave up\treported\tcancelled at\tabandoned at\tmarked failed\t\"another operation\" errors in 30 s after restart")
 	for _, o := range res {
-		_, _ = fmt.Fprintf(w, "%s\t%s\t%s (revision %d)\t%s\t%d\t%t\t%t\t%s\t%s %v\t%t\t%d\n", o.Case, s(o.Installed), o.State, o.Revision,
-			s(o.Took), o.ExitCode, o.GaveUp, o.Reported, s(o.Cancelled), s(o.AbandonedAt), o.Abandoned, o.Marked, o.OtherOps)
+		_, _ = fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s (revision %d)\t%s\t%d\t%t\t%t\t%s\t%s %v\t%t\t%d\n", o.Case, s(o.Installed), s(o.Upgraded),
+			s(o.RolledBack), o.State, o.Revision, s(o.Took), o.ExitCode, o.GaveUp, o.Reported, s(o.Cancelled), s(o.AbandonedAt), o.Abandoned,
+			o.Marked, o.OtherOps)
 	}
 	_ = w.Flush()
 	return b.String()

@@ -104,8 +104,8 @@ type helmOutcome struct {
 	// Installed: the ConfigMap's create to revision 1 deployed (R, the pod's start, Helm's poll).
 	Installed time.Duration
 	// Upgraded: pending-upgrade seen to the operator's "Upgraded" line (0: it never upgraded);
-	// RolledBack: quiesce's cancel to the end of the cancelled upgrade, its rollback done (0:
-	// not seen). The work as Helm saw it: U or R, the Recreate of the Deployment's pod, the
+	// RolledBack: quiesce's cancel to its "All calls returned" line, the rollback done (0: not
+	// seen). The work as Helm saw it: U or R, the Recreate of the Deployment's pod, the
 	// probe, Helm's poll.
 	Upgraded, RolledBack time.Duration
 	// State and Revision are the release's last record's once the operator exited.
@@ -326,7 +326,9 @@ func (o *helmOutcome) read(r podRecord, ns string, pending, deleted time.Time) {
 			}
 		case msg == "Cancelling calls still running" && o.Cancelled == 0:
 			o.Cancelled = o.Took
-		case msg == "Reconciler error" && o.Cancelled > 0 && strings.Contains(errText, "failed to upgrade"):
+		case strings.HasPrefix(msg, "All calls returned") && o.Cancelled > 0:
+			// The reconcile returned at the cancel (reconcilers.Call does); Helm's rollback
+			// ran on, tracked, until this line.
 			o.RolledBack = o.Took - o.Cancelled
 		case msg == abandonedMessage:
 			o.AbandonedAt = o.Took

@@ -141,7 +141,9 @@ func (r *Reconciler) MarkFailed(ctx context.Context, req ctrl.Request) {
 
 // actionConfig is Helm's configuration for namespace: releases stored in Secrets, as the helm
 // command stores them, its debug log at V(1), each request bounded by timeout (0: none).
-func (r *Reconciler) actionConfig(log logr.Logger, namespace string, timeout time.Duration) (*action.Configuration, error) {
+func (r *Reconciler) actionConfig(
+	log logr.Logger, namespace string, timeout time.Duration,
+) (*action.Configuration, error) {
 	helmLog := log.WithName("helm").V(1)
 	cfg := &action.Configuration{}
 	rc := rest.CopyConfig(r.Config)

@@ -147,8 +147,10 @@ var _ = Describe("the Helm operator stopped 3 s into pending-upgrade", func() {
 
 		plain, defaults := 30*time.Second, 30*time.Second
 		cases := []helmCase{
-			{Name: "plain-u10", U: 10, R: 45, ShutdownTimeout: plain},
+			// First: its bound is the tightest (the upgrade, U and the pod's Recreate, must end
+			// within the 20 s before the cancel).
 			{Name: "quiesce-u10", U: 10, R: 45, Quiesce: true, ShutdownTimeout: defaults},
+			{Name: "plain-u10", U: 10, R: 45, ShutdownTimeout: plain},
 			{Name: "plain-u45", U: 45, R: 45, ShutdownTimeout: plain},
 			{Name: "quiesce-u45", U: 45, R: 45, Quiesce: true, ShutdownTimeout: defaults},
 			// The cleanup window: cancel at 100 − 70 = 30 s, the 45 s rollback ends within 100 s.
@@ -165,7 +167,7 @@ var _ = Describe("the Helm operator stopped 3 s into pending-upgrade", func() {
 				// Staggered: six Recreate rollouts and six stops at once would load the node's
 				// two cores enough to stretch the work by seconds.
 				select {
-				case <-time.After(time.Duration(i) * 3 * time.Second):
+				case <-time.After(time.Duration(i) * 5 * time.Second):
 				case <-ctx.Done():
 				}
 				res[i] = helmStop(ctx, c)

@@ -117,7 +117,8 @@ func (o *observer) pod(ctx context.Context, obj any, deleted bool) {
 		if !r.SigtermAt.IsZero() && !ready && s.State.Running != nil && r.NotReadyAt.IsZero() && !r.ReadyAt.IsZero() {
 			r.NotReadyAt = now
 		}
-		if s.State.Running != nil && !r.following {
+		// The operator's container only: a pod of the operator's work has others.
+		if s.State.Running != nil && !r.following && s.Name == appName {
 			r.following = true
 			o.wg.Go(func() { o.follow(ctx, r) })
 		}

@@ -14,7 +14,8 @@ import (
 var files embed.FS
 
 // Load returns the embedded chart "work", whose one resource is a Job named
-// "<release>-work-<version>" (the value version).
+// "<release>-work-<version>" (the value version), or, for a version "<n>-ready<seconds>", a
+// Deployment "<release>-work" whose pod is Ready after those seconds (the real-node specs').
 func Load() (*chart.Chart, error) {
 	var bufs []*loader.BufferedFile
 	err := fs.WalkDir(files, "work", func(path string, d fs.DirEntry, err error) error {

@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -311,11 +312,16 @@ var _ = Describe("HandOffAtStop", func() {
 		Eventually(b.Elected(), 10*time.Second).Should(BeClosed())
 
 		By("writing the claim under the old leader: its optimistic renewals conflict from now on")
-		claim, ok := claimOf(ctx, ns)
-		Expect(ok).To(BeTrue())
-		claim.Annotations["example.com/touched"] = "by the spec"
-		broken := time.Now()
-		Expect(k8sClient.Update(ctx, &claim)).To(Succeed())
+		var broken time.Time
+		// The holder renews every RetryPeriod: a renewal between the read and the write
+		// conflicts with the spec's write, which then reads the claim again.
+		Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			claim, ok := claimOf(ctx, ns)
+			Expect(ok).To(BeTrue())
+			claim.Annotations["example.com/touched"] = "by the spec"
+			broken = time.Now()
+			return k8sClient.Update(ctx, &claim)
+		})).To(Succeed())
 		Eventually(doneA, 30*time.Second).Should(Receive(BeNil()))
 		Expect(hasLine(logsA.all(), "Claim not renewed within its deadline: ending its work")).To(BeTrue())
 		Eventually(func() []string { return runs.replicasOf("x") }, 15*time.Second).Should(Equal([]string{"a", "b"}),

@@ -25,7 +25,8 @@ func (a *abandoner) Slow(context.Context, []internal.Observed) {}
 
 // Abandoned calls the hook once per abandoned reconcile of a's controller, each on a
 // goroutine of its own, and returns when they all returned or ctx ended. ctx also ends
-// when the lease is lost; from then on no hook is called.
+// when the lease is lost; from then on no hook is called. Lost before Abandoned began, it
+// logs each skip itself and calls nothing.
 func (a *abandoner) Abandoned(ctx context.Context, calls []internal.Observed) {
 	var keys []types.NamespacedName
 	seen := map[types.NamespacedName]bool{}
@@ -39,6 +40,12 @@ func (a *abandoner) Abandoned(ctx context.Context, calls []internal.Observed) {
 		return
 	}
 	log := logr.FromContextOrDiscard(ctx)
+	if a.fenced.Err() != nil { // lost before the hooks: skip each here, before Abandoned returns
+		for _, k := range keys {
+			a.skip(log, k)
+		}
+		return
+	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	stop := context.AfterFunc(a.fenced, func() { cancel(context.Cause(a.fenced)) })
@@ -65,10 +72,7 @@ func (a *abandoner) Abandoned(ctx context.Context, calls []internal.Observed) {
 // call calls the hook for key unless the lease is lost, logging a skip or a panic.
 func (a *abandoner) call(ctx context.Context, log logr.Logger, key types.NamespacedName) {
 	if a.fenced.Err() != nil {
-		internal.Safely(func() {
-			log.Info("Skipping OnAbandon: the lease is lost", "controller", a.controller,
-				"namespace", key.Namespace, "name", key.Name, "cause", context.Cause(a.fenced).Error())
-		})
+		a.skip(log, key)
 		return
 	}
 	defer func() {
@@ -80,4 +84,12 @@ func (a *abandoner) call(ctx context.Context, log logr.Logger, key types.Namespa
 		}
 	}()
 	a.fn(ctx, reconcile.Request{NamespacedName: key})
+}
+
+// skip logs that the hook is not called for key: the lease is lost.
+func (a *abandoner) skip(log logr.Logger, key types.NamespacedName) {
+	internal.Safely(func() {
+		log.Info("Skipping OnAbandon: the lease is lost", "controller", a.controller,
+			"namespace", key.Namespace, "name", key.Name, "cause", context.Cause(a.fenced).Error())
+	})
 }

@@ -10,6 +10,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -137,11 +139,14 @@ func TestCleanupWindowAndOnAbandon(t *testing.T) {
 	})
 }
 
-// Once the lease is lost (the executor fenced), OnAbandon is not called: its skip is logged.
+// Once the lease is lost (the executor fenced), OnAbandon is not called: its skip is logged
+// before Start returns, even by a sink slow to write it, and no hook is said to be running.
+// Fails on the code that logged the skip on the hook's goroutine, no longer waited for once
+// the fenced ctx ended: Start returned first, with "OnAbandon hooks still running".
 func TestOnAbandonNotCalledAfterFence(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var logs capture
-		r := runnable.New(runnable.Options{Logger: logs.logger(), GracePeriod: 10 * time.Second})
+		r := runnable.New(runnable.Options{Logger: logs.slowLogger(skipMessage, time.Second), GracePeriod: 10 * time.Second})
 		var begin time.Time
 		var h hooks
 		release := make(chan struct{})
@@ -164,16 +169,37 @@ func TestOnAbandonNotCalledAfterFence(t *testing.T) {
 		if got := h.get(); len(got) != 0 {
 			t.Errorf("OnAbandon called after the fence: %v", got)
 		}
-		skipped := linesWith(logs.all(), "Skipping OnAbandon: the lease is lost")
+		lines := logs.all()
+		skipped := linesWith(lines, skipMessage)
 		if len(skipped) != 1 || !strings.Contains(skipped[0], `"controller"="helm"`) || !strings.Contains(skipped[0], `"name"="a"`) ||
 			!strings.Contains(skipped[0], "lease lost") {
 			t.Errorf("skip lines %q, want one naming helm's ns/a and the cause", skipped)
+		}
+		if running := linesWith(lines, "OnAbandon hooks still running after their context ended: no longer waited for"); len(running) != 0 {
+			t.Errorf("lines %q, want none: no hook ran", running)
 		}
 		close(release)
 		if err := r.Executor().Drain(context.Background()); err != nil {
 			t.Fatal(err)
 		}
 	})
+}
+
+// skipMessage is the line of an OnAbandon hook skipped: the lease is lost.
+const skipMessage = "Skipping OnAbandon: the lease is lost"
+
+// slowLogger is c's logger, slow to write the lines whose message is msg: each takes d, on
+// the bubble's fake clock. It is the sink of a loaded machine, for code that must wait for
+// a line before it returns.
+func (c *capture) slowLogger(msg string, d time.Duration) logr.Logger {
+	return funcr.New(func(_, args string) {
+		if strings.Contains(args, `"msg"="`+msg+`"`) {
+			time.Sleep(d)
+		}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.lines = append(c.lines, args)
+	}, funcr.Options{})
 }
 
 // A panic in a hook is logged and stops nothing; a hook that blocks is bounded: its ctx

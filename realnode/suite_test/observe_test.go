@@ -267,6 +267,7 @@ func (r podRecord) has(text string) bool {
 // reconcile is one "Reconcile ended" line of the operator.
 type reconcile struct {
 	pod          string
+	object       string // the ConfigMap's name (controller-runtime's "name" key)
 	start, end   time.Time
 	worked, done bool
 	err          string
@@ -288,7 +289,8 @@ func (r podRecord) reconciles() []reconcile {
 		w, _ := e["worked"].(bool)
 		d, _ := e["done"].(bool)
 		msg, _ := e["error"].(string)
-		out = append(out, reconcile{pod: r.Name, start: start, end: end, worked: w, done: d, err: msg})
+		obj, _ := e["name"].(string)
+		out = append(out, reconcile{pod: r.Name, object: obj, start: start, end: end, worked: w, done: d, err: msg})
 	}
 	return out
 }

@@ -34,7 +34,7 @@ func newClaims(l *leaseObserver, ns string, r *Runnable) *claims.Registry {
 }
 
 // maxClaimWrites bounds the claims handOver takes at once.
-const maxClaimWrites = 16
+const maxClaimWrites = 64
 
 // handOver runs beside the drain's first step, once the drain refuses new calls. If this
 // replica leads, reconciles of HandOffAtStop controllers are in flight and no other

@@ -31,7 +31,8 @@ type observer struct {
 
 	mu      sync.Mutex
 	pods    map[string]*podRecord
-	holders []string // the lease's holders in turn (pod names)
+	holders []string    // the lease's holders in turn (pod names)
+	freed   []time.Time // when the lease was seen released (no holder)
 }
 
 // podRecord is one pod's story; times are when the observer saw each change.
@@ -128,10 +129,17 @@ func (o *observer) pod(ctx context.Context, obj any, deleted bool) {
 }
 
 // lease records each new holder of the operator's lease (controller-runtime's identity is
-// "<pod name>_<uuid>").
+// "<pod name>_<uuid>"), and when it is seen released; other Leases (HandOffAtStop's claims)
+// are not the operator's lease.
 func (o *observer) lease(obj any) {
 	l, ok := obj.(*coordinationv1.Lease)
-	if !ok || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
+	if !ok || l.Name != "rollout-operator" {
+		return
+	}
+	if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
+		o.mu.Lock()
+		o.freed = append(o.freed, time.Now())
+		o.mu.Unlock()
 		return
 	}
 	pod, _, _ := strings.Cut(*l.Spec.HolderIdentity, "_")
@@ -140,6 +148,13 @@ func (o *observer) lease(obj any) {
 	if len(o.holders) == 0 || o.holders[len(o.holders)-1] != pod {
 		o.holders = append(o.holders, pod)
 	}
+}
+
+// leaseFreed returns when the lease was seen released, in turn.
+func (o *observer) leaseFreed() []time.Time {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return slices.Clone(o.freed)
 }
 
 // leaseHolders returns the lease's holders in turn.

@@ -31,8 +31,7 @@ type observer struct {
 
 	mu      sync.Mutex
 	pods    map[string]*podRecord
-	holders []string    // the lease's holders in turn (pod names)
-	freed   []time.Time // when the lease was seen released (no holder)
+	holders []string // the lease's holders in turn (pod names)
 }
 
 // podRecord is one pod's story; times are when the observer saw each change.
@@ -129,17 +128,10 @@ func (o *observer) pod(ctx context.Context, obj any, deleted bool) {
 }
 
 // lease records each new holder of the operator's lease (controller-runtime's identity is
-// "<pod name>_<uuid>"), and when it is seen released; other Leases (HandOffAtStop's claims)
-// are not the operator's lease.
+// "<pod name>_<uuid>"); other Leases (HandOffAtStop's claims) are not the operator's lease.
 func (o *observer) lease(obj any) {
 	l, ok := obj.(*coordinationv1.Lease)
-	if !ok || l.Name != "rollout-operator" {
-		return
-	}
-	if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
-		o.mu.Lock()
-		o.freed = append(o.freed, time.Now())
-		o.mu.Unlock()
+	if !ok || l.Name != "rollout-operator" || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
 		return
 	}
 	pod, _, _ := strings.Cut(*l.Spec.HolderIdentity, "_")
@@ -148,13 +140,6 @@ func (o *observer) lease(obj any) {
 	if len(o.holders) == 0 || o.holders[len(o.holders)-1] != pod {
 		o.holders = append(o.holders, pod)
 	}
-}
-
-// leaseFreed returns when the lease was seen released, in turn.
-func (o *observer) leaseFreed() []time.Time {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return slices.Clone(o.freed)
 }
 
 // leaseHolders returns the lease's holders in turn.

@@ -82,7 +82,7 @@ func main() {
 		"The webhook validates the reconciles' own writes (an UPDATE adding "+DoneAnnotation+
 			" must name a replica) and logs each one it admits.")
 	flag.StringVar(&c.stopPolicy, "stop-policy", "finish",
-		"quiesce: the controller's reconcilers.StopPolicy: finish (FinishAtStop), cancel (CancelAtStop) or handoff (HandOffAtStop).")
+		"quiesce: the controller's stop policy: finish (FinishAtStop), cancel (CancelAtStop) or handoff (HandOffAtStop).")
 	opts := zap.Options{
 		Level:           zapcore.InfoLevel,
 		TimeEncoder:     zapcore.RFC3339NanoTimeEncoder,

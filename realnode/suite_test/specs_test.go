@@ -155,7 +155,7 @@ type rollResult struct {
 }
 
 var _ = Describe("a rolling update of two replicas with leader election and a webhook", func() {
-	It("should lose no admission request, cut no reconcile and lose no write with quiesce, and hand over as fast as plain controller-runtime with HandOffAtStop; plain controller-runtime cuts reconciles", func(ctx SpecContext) {
+	It("should lose no admission request, cut no reconcile and lose no write with quiesce, and with HandOffAtStop hand the lease over at once, no object reconciled by two pods at once; plain controller-runtime cuts reconciles", func(ctx SpecContext) {
 		var wg sync.WaitGroup
 		res := make([]*rollResult, len(rollModes))
 		for i, m := range rollModes {
@@ -178,8 +178,8 @@ var _ = Describe("a rolling update of two replicas with leader election and a we
 		Expect(q.Overlaps).To(Equal(0), "finish: two leaders reconciled at once")
 		Expect(q.ExitCodes).To(HaveEach(0), "finish: old pods' exit codes")
 		Expect(q.NotServingBefore).To(Equal(2), "finish: the old pods left the Service (kubelet probe) before they exited")
-		// HandOffAtStop: the successor reconciles beside the old leader's claimed work, never
-		// on the same object, and leads as soon as without quiesce.
+		// HandOffAtStop: the old leader hands the lease over as its stop begins and its work
+		// finishes; no object is reconciled by two pods at once.
 		Expect(h.InFlight).To(BeNumerically(">=", 5), "handoff: too few reconciles in flight at the leader's SIGTERM: the run proves nothing")
 		Expect(h.HandedOver).To(BeNumerically(">=", 1), "handoff: no old pod handed the lease over")
 		Expect(h.Cut).To(Equal(0), "handoff: reconciles cut")

@@ -190,7 +190,7 @@ var _ = Describe("a rolling update of two replicas with leader election and a we
 		// compared per handover, from the pods' own logs (the observer's informer lags on a
 		// loaded node). SIGTERM → the successor's first reconcile is reported, not asserted: on
 		// a 2-core node shared with other builds it varied 1.2–6.3 s per handover for plain
-		// controller-runtime from run to run, and HandOffAtStop's 1.4–3.3 s (docs/realnode.md).
+		// controller-runtime from run to run, and HandOffAtStop's 1.4–4.5 s (docs/realnode.md).
 		Expect(h.Handovers).To(BeNumerically(">=", 1), "handoff: no handover seen")
 		Expect(p.Handovers).To(BeNumerically(">=", 1), "plain: no handover seen")
 		Expect(h.per(h.Leaderless)).To(BeNumerically("<=", p.per(p.Leaderless)+time.Second),

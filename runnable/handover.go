@@ -2,6 +2,9 @@ package runnable
 
 import (
 	"context"
+	"sync"
+
+	"golang.org/x/sync/errgroup"
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
@@ -29,6 +32,9 @@ func newClaims(l *leaseObserver, ns string, r *Runnable) *claims.Registry {
 	r.core().Settings().Claims = reg
 	return reg
 }
+
+// maxClaimWrites bounds the claims handOver takes at once.
+const maxClaimWrites = 64
 
 // handOver runs beside the drain's first step, once the drain refuses new calls. If this
 // replica leads, reconciles of HandOffAtStop controllers are in flight and no other
@@ -65,7 +71,10 @@ func (r *Runnable) handOver() int {
 	ctx, cancel := context.WithTimeout(context.Background(), l.renewDeadline)
 	defer cancel()
 	settings := r.core().Settings()
-	var taken []*claims.Call
+	var (
+		mu    sync.Mutex
+		taken []*claims.Call
+	)
 	giveUp := func(err error, msg string) int {
 		for _, c := range taken {
 			c.Release()
@@ -73,14 +82,22 @@ func (r *Runnable) handOver() int {
 		log.Error(err, msg, r.sinceStop()...)
 		return 0
 	}
+	// Concurrently: one at a time, a loaded API server's round trips add up to seconds.
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(maxClaimWrites)
 	for _, c := range calls {
-		ok, err := r.claims.Take(ctx, c, l.leaseDuration+settings.CleanupOf(c.Controller))
-		if err != nil {
-			return giveUp(err, "Not handing the lease over: a claim could not be taken")
-		}
-		if ok {
-			taken = append(taken, c)
-		}
+		g.Go(func() error {
+			ok, err := r.claims.Take(gctx, c, l.leaseDuration+settings.CleanupOf(c.Controller))
+			if ok {
+				mu.Lock()
+				taken = append(taken, c)
+				mu.Unlock()
+			}
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return giveUp(err, "Not handing the lease over: a claim could not be taken")
 	}
 	if err := l.handOver(ctx); err != nil {
 		return giveUp(err, "Not handing the lease over")

@@ -129,10 +129,10 @@ func (o *observer) pod(ctx context.Context, obj any, deleted bool) {
 }
 
 // lease records each new holder of the operator's lease (controller-runtime's identity is
-// "<pod name>_<uuid>").
+// "<pod name>_<uuid>"); other Leases (HandOffAtStop's claims) are not the operator's lease.
 func (o *observer) lease(obj any) {
 	l, ok := obj.(*coordinationv1.Lease)
-	if !ok || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
+	if !ok || l.Name != "rollout-operator" || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
 		return
 	}
 	pod, _, _ := strings.Cut(*l.Spec.HolderIdentity, "_")
@@ -268,6 +268,7 @@ func (r podRecord) has(text string) bool {
 // reconcile is one "Reconcile ended" line of the operator.
 type reconcile struct {
 	pod          string
+	object       string // the ConfigMap's name (controller-runtime's "name" key)
 	start, end   time.Time
 	worked, done bool
 	err          string
@@ -289,7 +290,8 @@ func (r podRecord) reconciles() []reconcile {
 		w, _ := e["worked"].(bool)
 		d, _ := e["done"].(bool)
 		msg, _ := e["error"].(string)
-		out = append(out, reconcile{pod: r.Name, start: start, end: end, worked: w, done: d, err: msg})
+		obj, _ := e["name"].(string)
+		out = append(out, reconcile{pod: r.Name, object: obj, start: start, end: end, worked: w, done: d, err: msg})
 	}
 	return out
 }

@@ -36,6 +36,8 @@ type deployment struct {
 	Replicas  int32
 	// The operator's flags; see examples/rollout/operator.
 	Delay, Grace, Work time.Duration
+	// Policy is --stop-policy (finish, cancel, handoff); empty: the operator's default.
+	Policy string
 	// TerminationGrace is the Pod's terminationGracePeriodSeconds.
 	TerminationGrace int64
 	// Bare runs one Pod of its own, named appName (no Deployment to replace it).
@@ -43,12 +45,16 @@ type deployment struct {
 }
 
 func (d deployment) args() []string {
-	return []string{
+	args := []string{
 		"--id=$(POD_NAME)", "--namespace=" + d.Namespace, "--cert-dir=/certs",
 		"--quiesce=" + strconv.FormatBool(d.Quiesce), "--leader-elect=true",
 		"--shutdown-delay=" + d.Delay.String(), "--grace-period=" + d.Grace.String(), "--work=" + d.Work.String(),
 		"--max-concurrent-reconciles=50", "--health-probe-bind-address=:8081",
 	}
+	if d.Policy != "" {
+		args = append(args, "--stop-policy="+d.Policy)
+	}
+	return args
 }
 
 // podSpec is the operator's Pod as kubebuilder's config/manager deploys one: its
@@ -101,7 +107,7 @@ func (d deployment) install(ctx context.Context) {
 			ObjectMeta: metav1.ObjectMeta{Name: appName},
 			Rules: []rbacv1.PolicyRule{
 				{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch", "patch", "update"}},
-				{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "create", "update"}},
+				{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "create", "update", "delete"}}, // delete: HandOffAtStop's claims
 				{APIGroups: []string{"", "events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
 			},
 		}, metav1.CreateOptions{})

@@ -47,6 +47,12 @@ type config struct {
 	grace, delay, work, retryPeriod time.Duration
 	webhookWork                     time.Duration
 	workers                         int
+	stopPolicy                      string
+}
+
+// stopPolicies are the values of --stop-policy.
+var stopPolicies = map[string]reconcilers.StopPolicy{
+	"finish": reconcilers.FinishAtStop, "cancel": reconcilers.CancelAtStop, "handoff": reconcilers.HandOffAtStop,
 }
 
 func main() {
@@ -75,6 +81,8 @@ func main() {
 	flag.BoolVar(&c.selfWrite, "self-write", false,
 		"The webhook validates the reconciles' own writes (an UPDATE adding "+DoneAnnotation+
 			" must name a replica) and logs each one it admits.")
+	flag.StringVar(&c.stopPolicy, "stop-policy", "finish",
+		"quiesce: the controller's stop policy: finish (FinishAtStop), cancel (CancelAtStop) or handoff (HandOffAtStop).")
 	opts := zap.Options{
 		Level:           zapcore.InfoLevel,
 		TimeEncoder:     zapcore.RFC3339NanoTimeEncoder,
@@ -130,6 +138,11 @@ func run(setupLog logr.Logger, c config) int {
 			},
 		},
 	}
+	policy, ok := stopPolicies[c.stopPolicy]
+	if !ok {
+		setupLog.Error(fmt.Errorf("unknown --stop-policy %q (use finish, cancel or handoff)", c.stopPolicy), "Invalid flags")
+		return 1
+	}
 	var q *runnable.Runnable
 	if c.quiesce {
 		// quiesce: webhook requests are tracked calls; the contexts it keeps alive end with the
@@ -152,7 +165,7 @@ func run(setupLog logr.Logger, c config) int {
 			setupLog.Error(err, "Failed to add quiesce")
 			return 1
 		}
-		r = reconcilers.Wrap(q.Executor(), "rollout", r, reconcilers.WrapOptions{})
+		r = reconcilers.Wrap(q.Executor(), "rollout", r, reconcilers.WrapOptions{Stop: policy})
 	} else if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
 		setupLog.Error(err, "Failed to add readyz check")
 		return 1
@@ -166,7 +179,7 @@ func run(setupLog logr.Logger, c config) int {
 		return 1
 	}
 
-	setupLog.Info("Starting manager", "quiesce", c.quiesce, "shutdownDelay", c.delay.String(),
+	setupLog.Info("Starting manager", "quiesce", c.quiesce, "stopPolicy", c.stopPolicy, "shutdownDelay", c.delay.String(),
 		"gracePeriod", c.grace.String(), "gracefulShutdownTimeout", shutdownTimeout.String())
 	if q != nil {
 		ctx = q.StopContext(ctx) // the manager's stop begins ShutdownDelay after SIGTERM

@@ -258,8 +258,8 @@ type reconcileCall[R comparable] struct {
 	req     R
 	res     reconcile.Result
 	ran     bool
-	stopped bool             // it failed once CancelAtStop cut it
-	claim   internal.Claimed // HandOffAtStop's; nil for the other policies
+	stopped bool                  // it failed once CancelAtStop cut it
+	claim   internal.Claimed      // HandOffAtStop's; nil for the other policies
 	onFence func(context.Context) // records ReasonClaimNotRenewed; nil without WrapOptions.Recorder
 }
 

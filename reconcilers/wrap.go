@@ -51,7 +51,8 @@ type WrapOptions struct {
 	RequeueAfter time.Duration
 
 	// Recorder, if set, receives Warning Events (ReasonReconcileSlow,
-	// ReasonReconcileAbandoned) on the reconciled object. On controller-runtime v0.23+:
+	// ReasonReconcileAbandoned; under HandOffAtStop ReasonClaimNotRenewed, and the Normal
+	// ReasonClaimWaited) on the reconciled object. On controller-runtime v0.23+:
 	// mgr.GetEventRecorder("<controller>"); on v0.22:
 	// events.NewEventBroadcasterAdapter(clientset).NewRecorder("<controller>"). It needs
 	// Reader, Object and reconcile.Request requests: Wrap panics otherwise.

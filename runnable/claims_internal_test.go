@@ -63,6 +63,7 @@ func TestClaimsObservable(t *testing.T) {
 			synctest.Wait() // its renewals wait on the clock
 			clk.Step(time.Second)
 		}
+		synctest.Wait() // a renewed at 2s
 		now := metav1.NewMicroTime(clk.Now())
 		if _, err := cs.CoordinationV1().Leases("operator").Create(ctx, &coordinationv1.Lease{
 			ObjectMeta: metav1.ObjectMeta{Name: claims.Name(ctrl, "ns", "x")},

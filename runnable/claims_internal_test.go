@@ -24,15 +24,18 @@ import (
 	"github.com/quiesce-dev/quiesce/internal/claims"
 )
 
-// counterValue returns the value of v's counter for controller.
-func counterValue(t *testing.T, v *prometheus.CounterVec, controller string) float64 {
+// counterValue returns the value of v's counter for claimsCtrl.
+func counterValue(t *testing.T, v *prometheus.CounterVec) float64 {
 	t.Helper()
 	m := &dto.Metric{}
-	if err := v.WithLabelValues(controller).Write(m); err != nil {
+	if err := v.WithLabelValues(claimsCtrl).Write(m); err != nil {
 		t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
 }
+
+// claimsCtrl is the controller of TestClaimsObservable: the counters are process-wide.
+const claimsCtrl = "claims-observable"
 
 // claimsRunnable is a Runnable whose claims, in a fake API server, count in the metrics.
 func claimsRunnable(clk *clocktesting.FakeClock, cs *fake.Clientset) *Runnable {
@@ -48,12 +51,12 @@ func claimsRunnable(clk *clocktesting.FakeClock, cs *fake.Clientset) *Runnable {
 // count the claims held, the waits, the failed renewals and the fences, by controller.
 func TestClaimsObservable(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		const ctrl = "claims-observable" // the counters are process-wide: a controller of its own
+		const ctrl = claimsCtrl
 		clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 		cs := fake.NewClientset()
 		r := claimsRunnable(clk, cs)
 		ctx := context.Background()
-		var calls []*claims.Call
+		calls := make([]*claims.Call, 0, 2)
 		for _, name := range []string{"a", "b"} {
 			c := r.claims.Begin(ctrl, "ns", name, "id-"+name).(*claims.Call)
 			if _, err := r.claims.Take(ctx, c, 20*time.Second); err != nil {
@@ -72,11 +75,11 @@ func TestClaimsObservable(t *testing.T) {
 		}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		waits := counterValue(t, claimWaits, ctrl)
+		waits := counterValue(t, claimWaits)
 		if w, err := r.claims.Wait(ctx, ctrl, "ns", "x"); err != nil || w.Left != 30*time.Second {
 			t.Fatalf("Wait = %+v, %v; want 30s left", w, err)
 		}
-		if got := counterValue(t, claimWaits, ctrl) - waits; got != 1 {
+		if got := counterValue(t, claimWaits) - waits; got != 1 {
 			t.Errorf("quiesce_claim_waits_total grew by %v, want 1", got)
 		}
 
@@ -119,7 +122,7 @@ func TestClaimsObservable(t *testing.T) {
 			t.Errorf("quiesce_claims_held = %v, want 2", got)
 		}
 
-		failed, fences := counterValue(t, claimRenewalsFailed, ctrl), counterValue(t, claimFences, ctrl)
+		failed, fences := counterValue(t, claimRenewalsFailed), counterValue(t, claimFences)
 		cs.PrependReactor("update", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
 			return true, nil, errors.New("connection refused")
 		})
@@ -128,10 +131,10 @@ func TestClaimsObservable(t *testing.T) {
 			clk.Step(2 * time.Second)
 		}
 		synctest.Wait()
-		if got := counterValue(t, claimRenewalsFailed, ctrl) - failed; got < 4 {
+		if got := counterValue(t, claimRenewalsFailed) - failed; got < 4 {
 			t.Errorf("quiesce_claim_renewals_failed_total grew by %v, want at least 4", got)
 		}
-		if got := counterValue(t, claimFences, ctrl) - fences; got != 2 {
+		if got := counterValue(t, claimFences) - fences; got != 2 {
 			t.Errorf("quiesce_claim_fences_total grew by %v, want 2", got)
 		}
 		for _, c := range calls {

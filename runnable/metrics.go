@@ -14,13 +14,15 @@ import (
 )
 
 // The metrics are process-wide, like controller-runtime's; the only label is the controller.
+const controllerLabel = "controller"
+
 var (
 	callSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "quiesce_call_duration_seconds",
 		Help: "How long tracked calls ran, by the controller given to reconcilers.Wrap " +
 			`("" for calls outside a wrapped reconciler).`,
 		Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
-	}, []string{"controller"})
+	}, []string{controllerLabel})
 
 	drainSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "quiesce_drain_duration_seconds",
@@ -49,15 +51,15 @@ var (
 	claimWaits = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "quiesce_claim_waits_total",
 		Help: "Reconciles of HandOffAtStop controllers requeued because another replica claims their object.",
-	}, []string{"controller"})
+	}, []string{controllerLabel})
 	claimRenewalsFailed = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "quiesce_claim_renewals_failed_total",
 		Help: "Renewals of this replica's claims that failed.",
-	}, []string{"controller"})
+	}, []string{controllerLabel})
 	claimFences = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "quiesce_claim_fences_total",
 		Help: "Reconciles whose contexts were ended because their claim was not renewed within the renew deadline.",
-	}, []string{"controller"})
+	}, []string{controllerLabel})
 	claimsHeldDesc = prometheus.NewDesc("quiesce_claims_held",
 		"Claims this replica holds for reconciles it finishes after handing the lease over.", nil, nil)
 
@@ -74,7 +76,9 @@ func claimMetrics(o *claims.Options) {
 // register puts the metrics in metrics.Registry once, at the first Setup: a program that
 // imports quiesce without using it exports nothing.
 var register = sync.OnceValue(func() error {
-	for _, c := range []prometheus.Collector{callSeconds, drainSeconds, claimWaits, claimRenewalsFailed, claimFences, stats} {
+	for _, c := range []prometheus.Collector{
+		callSeconds, drainSeconds, claimWaits, claimRenewalsFailed, claimFences, stats,
+	} {
 		if err := metrics.Registry.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return fmt.Errorf("failed to register quiesce metrics: %w", err)
 		}

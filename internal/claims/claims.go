@@ -497,8 +497,9 @@ func (r *Registry) Waiting(n int) ([]Waited, int) {
 	})
 	out := make([]Waited, 0, min(n, len(ws)))
 	for _, w := range ws[:min(n, len(ws))] {
-		out = append(out, Waited{Object: internal.Cut(w.w.namespace + "/" + w.w.name), Controller: internal.Cut(w.w.controller),
-			Claim: w.claim, Holder: internal.Cut(w.w.holder), Left: internal.Age(w.w.until.Sub(now))})
+		out = append(out, Waited{Object: internal.Cut(w.w.namespace + "/" + w.w.name),
+			Controller: internal.Cut(w.w.controller), Claim: w.claim, Holder: internal.Cut(w.w.holder),
+			Left: internal.Age(w.w.until.Sub(now))})
 	}
 	return out, len(ws)
 }

@@ -34,6 +34,7 @@ const (
 	ns            = "operator-system"
 	renewDeadline = 10 * time.Second
 	retryPeriod   = 2 * time.Second
+	leaderID      = "leader"
 )
 
 func newRegistry(cs *fake.Clientset, clk *clocktesting.FakeClock, identity string) *Registry {
@@ -104,7 +105,7 @@ func TestTakeRenewRelease(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cs := fake.NewClientset()
 		clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
-		r := newRegistry(cs, clk, "leader")
+		r := newRegistry(cs, clk, leaderID)
 		c := r.Begin(ctrl, objNS, "web", "id1").(*Call)
 		if got := r.InFlight(); len(got) != 1 || got[0] != c {
 			t.Fatalf("InFlight = %v, want the call begun", got)
@@ -115,7 +116,7 @@ func TestTakeRenewRelease(t *testing.T) {
 		}
 		name := Name(ctrl, objNS, "web")
 		l := getClaim(t, cs, name)
-		if h, d := ptr.Deref(l.Spec.HolderIdentity, ""), ptr.Deref(l.Spec.LeaseDurationSeconds, 0); h != "leader" || d != 16 {
+		if h, d := ptr.Deref(l.Spec.HolderIdentity, ""), ptr.Deref(l.Spec.LeaseDurationSeconds, 0); h != leaderID || d != 16 {
 			t.Errorf("claim holder %q, duration %ds; want leader, 16s (rounded up)", h, d)
 		}
 		if l.Labels[ControllerLabel] != ctrl || l.Annotations[ObjectAnnotation] != objNS+"/web" {
@@ -147,7 +148,7 @@ func TestFenceOnRenewalFailure(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cs := fake.NewClientset()
 		clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
-		r, n := newCounted(cs, clk, "leader")
+		r, n := newCounted(cs, clk, leaderID)
 		c := r.Begin(ctrl, objNS, "web", "id1").(*Call)
 		var notified atomic.Int32
 		ctx, cancel := c.Bind(context.Background(), func() { notified.Add(1) })
@@ -198,7 +199,7 @@ func TestRenewalsKeepWorkAlive(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cs := fake.NewClientset()
 		clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
-		r := newRegistry(cs, clk, "leader")
+		r := newRegistry(cs, clk, leaderID)
 		c := r.Begin(ctrl, objNS, "web", "id1").(*Call)
 		ctx, cancel := c.Bind(context.Background(), func() { t.Error("onFence called for renewed work") })
 		defer cancel()
@@ -294,7 +295,7 @@ func TestReleaseAndStop(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cs := fake.NewClientset()
 		clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
-		r := newRegistry(cs, clk, "leader")
+		r := newRegistry(cs, clk, leaderID)
 		ctx := context.Background()
 		a := r.Begin(ctrl, objNS, "a", "1").(*Call)
 		b := r.Begin(ctrl, objNS, "b", "2").(*Call)
@@ -329,7 +330,7 @@ func TestHeldAndWaiting(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cs := fake.NewClientset()
 		clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
-		leader := newRegistry(cs, clk, "leader")
+		leader := newRegistry(cs, clk, leaderID)
 		succ := newRegistry(cs, clk, "successor")
 		ctx := context.Background()
 		a := leader.Begin(ctrl, objNS, "a", "1").(*Call)
@@ -368,8 +369,8 @@ func TestHeldAndWaiting(t *testing.T) {
 		}
 		waiting, n := succ.Waiting(10)
 		wantW := []Waited{
-			{Object: objNS + "/b", Controller: ctrl, Claim: Name(ctrl, objNS, "b"), Holder: "leader", Left: "15s"},
-			{Object: objNS + "/a", Controller: ctrl, Claim: Name(ctrl, objNS, "a"), Holder: "leader", Left: "20s"},
+			{Object: objNS + "/b", Controller: ctrl, Claim: Name(ctrl, objNS, "b"), Holder: leaderID, Left: "15s"},
+			{Object: objNS + "/a", Controller: ctrl, Claim: Name(ctrl, objNS, "a"), Holder: leaderID, Left: "20s"},
 		}
 		if n != 2 || !slices.Equal(waiting, wantW) {
 			t.Errorf("Waiting(10) = %+v, %d; want %+v, 2", waiting, n, wantW)

@@ -337,6 +337,7 @@ func TestHeldAndWaiting(t *testing.T) {
 		if _, err := leader.Take(ctx, a, 20*time.Second); err != nil {
 			t.Fatal(err)
 		}
+		synctest.Wait() // its renewals wait on the clock
 		clk.Step(time.Second)
 		b := leader.Begin(ctrl, objNS, "b", "2").(*Call)
 		if _, err := leader.Take(ctx, b, 15*time.Second); err != nil {

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -142,6 +144,40 @@ func TestClaimsObservable(t *testing.T) {
 		}
 		if got := collect(t, stats)["quiesce_claims_held"]; got != 0 {
 			t.Errorf("quiesce_claims_held after the work ended = %v, want 0", got)
+		}
+	})
+}
+
+// The claims listed share the view's 256 KiB cap with the calls: past it, the lists are cut
+// and truncated says so; the counts stay whole.
+func TestClaimsInDebugViewAreBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+		r := claimsRunnable(clk, fake.NewClientset())
+		long := strings.Repeat("n", 300) // cut to 256 bytes in the view
+		calls := make([]*claims.Call, 0, maxDebugCalls)
+		for i := range maxDebugCalls {
+			c := r.claims.Begin(claimsCtrl, "ns", long+strconv.Itoa(i), "id").(*claims.Call)
+			if _, err := r.claims.Take(context.Background(), c, 20*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			calls = append(calls, c)
+		}
+		rec := httptest.NewRecorder()
+		r.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/debug/quiesce?limit=all", nil))
+		var s debugState
+		if err := json.Unmarshal(rec.Body.Bytes(), &s); err != nil || s.Claims == nil {
+			t.Fatalf("%v, claims %v", err, s.Claims)
+		}
+		if n := len(s.Claims.Held); n == 0 || n >= maxDebugCalls || s.Claims.HeldCount != maxDebugCalls || !s.Truncated {
+			t.Errorf("held %d of %d, truncated %v; want a cut list of all %d counted, truncated",
+				n, s.Claims.HeldCount, s.Truncated, maxDebugCalls)
+		}
+		if n := rec.Body.Len(); n > maxDebugBytes+4<<10 {
+			t.Errorf("answer of %d bytes, want about %d at most", n, maxDebugBytes)
+		}
+		for _, c := range calls {
+			c.End()
 		}
 	})
 }

@@ -75,18 +75,31 @@ type Settings struct {
 // reconcilers.Wrap uses them for HandOffAtStop controllers. Safe for concurrent use.
 type Claims interface {
 	// Wait reads the object's claim live (no cache) and returns how long another replica
-	// still holds it, by this replica's own observation; 0 when none does.
-	Wait(ctx context.Context, controller, namespace, name string) (time.Duration, error)
+	// still holds it, by this replica's own observation (Left 0 when none does).
+	Wait(ctx context.Context, controller, namespace, name string) (ClaimWait, error)
 	// Begin registers a reconcile of the object as in flight, before it is admitted: the
 	// stop claims what is in flight. End it when the reconcile returned.
 	Begin(controller, namespace, name, reconcileID string) Claimed
+}
+
+// ClaimWait is what Claims.Wait found of an object's claim.
+type ClaimWait struct {
+	// Left is how long another replica still holds the claim; 0 when none does.
+	Left time.Duration
+	// Holder is the replica that holds it, when Left > 0.
+	Holder string
+	// First is true the first time this replica finds Holder holding the claim: the
+	// requeues of one wait report it once.
+	First bool
 }
 
 // Claimed is one reconcile in flight of a HandOffAtStop controller (Claims.Begin).
 type Claimed interface {
 	// Bind returns ctx, ended with a cause naming the claim when the claim taken for the
 	// reconcile is not renewed within its deadline; call cancel when the reconcile returned.
-	Bind(ctx context.Context) (bound context.Context, cancel context.CancelFunc)
+	// onFence, if not nil, is called once when that happens (before End returns, never
+	// under a lock); it must not call End.
+	Bind(ctx context.Context, onFence func()) (bound context.Context, cancel context.CancelFunc)
 	// End marks the reconcile returned and releases its claim, if taken. Idempotent.
 	End()
 }

@@ -18,10 +18,17 @@ import (
 	"github.com/quiesce-dev/quiesce/internal"
 )
 
-// The reasons of the Warning Events recorded through WrapOptions.Recorder.
+// The reasons of the Events recorded through WrapOptions.Recorder: Warning but ReasonClaimWaited.
 const (
 	ReasonReconcileSlow      = "ReconcileSlow"      // in a "Slow calls" line; once while it stays slow
 	ReasonReconcileAbandoned = "ReconcileAbandoned" // still running at the end of the grace period
+
+	// ReasonClaimWaited (Normal): a HandOffAtStop reconcile is requeued because another
+	// replica claims the object; once per holder of the claim, by the replica that waits.
+	ReasonClaimWaited = "ClaimWaited"
+	// ReasonClaimNotRenewed: the claim of a HandOffAtStop reconcile was not renewed within
+	// the renew deadline and its context was ended; by the replica that held the claim.
+	ReasonClaimNotRenewed = "ClaimNotRenewed"
 )
 
 // eventer is the internal.Observer of one controller wrapped with WrapOptions.Recorder.
@@ -86,8 +93,28 @@ func (ev *eventer) report(ctx context.Context, calls []internal.Observed, reason
 	}
 }
 
+// waiting records ReasonClaimWaited on key, claimed as wait says.
+func (ev *eventer) waiting(ctx context.Context, key types.NamespacedName, wait internal.ClaimWait) {
+	ev.recordType(ctx, key, corev1.EventTypeNormal, ReasonClaimWaited, fmt.Sprintf(
+		"Reconcile waiting: the object is claimed by replica %s, finishing its reconcile after handing "+
+			"the lease over; it runs once the claim is released or expires (in %s at most)",
+		internal.Cut(wait.Holder), internal.Age(wait.Left)))
+}
+
+// fenced records ReasonClaimNotRenewed on key, whose reconcile reconcileID was fenced.
+func (ev *eventer) fenced(ctx context.Context, key types.NamespacedName, reconcileID string) {
+	ev.record(ctx, key, ReasonClaimNotRenewed, fmt.Sprintf("Claim not renewed within its deadline: "+
+		"the context of reconcile %s was ended; the next leader reconciles the object once the claim expires",
+		reconcileID))
+}
+
 // record hands a Warning Event on key to the recorder; a failed read is logged once.
 func (ev *eventer) record(ctx context.Context, key types.NamespacedName, reason, msg string) {
+	ev.recordType(ctx, key, corev1.EventTypeWarning, reason, msg)
+}
+
+// recordType hands an Event of type typ on key to the recorder; a failed read is logged once.
+func (ev *eventer) recordType(ctx context.Context, key types.NamespacedName, typ, reason, msg string) {
 	regarding, err := ev.regarding(ctx, key)
 	if err != nil {
 		ev.failed.Do(func() {
@@ -99,7 +126,7 @@ func (ev *eventer) record(ctx context.Context, key types.NamespacedName, reason,
 	if regarding == nil {
 		return // the object is gone: nobody can describe it
 	}
-	ev.Recorder.Eventf(regarding, nil, corev1.EventTypeWarning, reason, "Reconcile", "%s", internal.TruncateMessage(msg))
+	ev.Recorder.Eventf(regarding, nil, typ, reason, "Reconcile", "%s", internal.TruncateMessage(msg))
 }
 
 // regarding returns the Event's regarding object: a reference with kind and UID, or the

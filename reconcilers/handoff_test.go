@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/quiesce-dev/quiesce/drain"
@@ -22,15 +24,25 @@ type fakeClaims struct {
 	waits   []string
 	begun   []string
 	ended   []string
-	fence   error // Bind ends its context with it at once when set
+	fence   error // Bind ends its context with it at once when set, and calls its onFence
 	readErr error
+	told    map[string]bool // objects whose claim Wait reported First
 }
 
-func (f *fakeClaims) Wait(_ context.Context, controller, namespace, name string) (time.Duration, error) {
+// Wait reports a claim held by "other-replica", First the first time for each object.
+func (f *fakeClaims) Wait(_ context.Context, controller, namespace, name string) (internal.ClaimWait, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.waits = append(f.waits, controller+"/"+namespace+"/"+name)
-	return f.held[name], f.readErr
+	if f.held[name] == 0 {
+		return internal.ClaimWait{}, f.readErr
+	}
+	first := !f.told[name]
+	if f.told == nil {
+		f.told = map[string]bool{}
+	}
+	f.told[name] = true
+	return internal.ClaimWait{Left: f.held[name], Holder: "other-replica", First: first}, f.readErr
 }
 
 func (f *fakeClaims) Begin(_, _, name, _ string) internal.Claimed {
@@ -46,10 +58,13 @@ type fakeClaimed struct {
 	once sync.Once
 }
 
-func (c *fakeClaimed) Bind(ctx context.Context) (context.Context, context.CancelFunc) {
+func (c *fakeClaimed) Bind(ctx context.Context, onFence func()) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	if c.f.fence != nil {
 		cancel(c.f.fence)
+		if onFence != nil {
+			onFence()
+		}
 	}
 	return ctx, func() { cancel(nil) }
 }
@@ -154,5 +169,61 @@ func TestHandOffAtStopSetup(t *testing.T) {
 	w := reconcilers.Wrap(handOffExecutor(claims), "ctl", r, reconcilers.WrapOptions{})
 	if res, err := w.Reconcile(context.Background(), request("ns", "x")); err != nil || res.RequeueAfter != 0 || len(claims.waits) != 0 {
 		t.Errorf("FinishAtStop: %+v, %v, claims read %q; want it run, no claim read", res, err, claims.waits)
+	}
+}
+
+// With a Recorder, a reconcile requeued on another replica's claim records one Normal
+// ClaimWaited Event per holder (Wait's First), not one per requeue; a reconcile whose claim
+// was not renewed records a Warning ClaimNotRenewed Event.
+func TestHandOffAtStopEvents(t *testing.T) {
+	claims := &fakeClaims{held: map[string]time.Duration{"a": time.Minute}}
+	rec := &recorder{}
+	opts := eventOptions(rec, eventsClient(interceptor.Funcs{}))
+	opts.Stop = reconcilers.HandOffAtStop
+	ex := handOffExecutor(claims)
+	w := reconcilers.Wrap(ex, "cms", reconcile.Func(
+		func(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+			<-ctx.Done() // with claims.fence set, ended at once
+			return reconcile.Result{}, nil
+		}), opts)
+	for range 3 {
+		if res, err := w.Reconcile(context.Background(), request("ns", "a")); err != nil || res.RequeueAfter == 0 {
+			t.Fatalf("Reconcile(a) = %+v, %v; want requeued", res, err)
+		}
+	}
+	evs := rec.all()
+	if reasons(evs) != "a:"+reconcilers.ReasonClaimWaited {
+		t.Fatalf("Events after 3 requeues: %q, want one ClaimWaited on a", reasons(evs))
+	}
+	if e := evs[0]; e.typ != corev1.EventTypeNormal || !strings.Contains(e.note, "other-replica") || !strings.Contains(e.note, "1m0s") {
+		t.Errorf("ClaimWaited Event: %s %q, want Normal, naming the holder and the time left", e.typ, e.note)
+	}
+
+	claims.fence = errors.New("claim claim-cms-b not renewed")
+	if _, err := w.Reconcile(context.Background(), request("ns", "b")); err != nil {
+		t.Fatal(err)
+	}
+	evs = rec.all()
+	if reasons(evs) != "a:"+reconcilers.ReasonClaimWaited+",b:"+reconcilers.ReasonClaimNotRenewed {
+		t.Fatalf("Events: %q, want ClaimNotRenewed on b after ClaimWaited on a", reasons(evs))
+	}
+	if e := evs[1]; e.typ != corev1.EventTypeWarning || !strings.Contains(e.note, "Claim not renewed") {
+		t.Errorf("ClaimNotRenewed Event: %s %q, want a Warning saying the claim was not renewed", e.typ, e.note)
+	}
+
+	// Without a Recorder: the same reconciles record nothing and run as before.
+	claims2 := &fakeClaims{held: map[string]time.Duration{"a": time.Minute}, fence: claims.fence}
+	plain := reconcilers.Wrap(handOffExecutor(claims2), "cms", reconcile.Func(
+		func(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+			<-ctx.Done()
+			return reconcile.Result{}, nil
+		}), reconcilers.WrapOptions{Stop: reconcilers.HandOffAtStop})
+	for _, name := range []string{"a", "b"} {
+		if _, err := plain.Reconcile(context.Background(), request("ns", name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(rec.all()); n != 2 {
+		t.Errorf("%d Events, want still 2: a Wrap without a Recorder records none", n)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	crcontroller "sigs.k8s.io/controller-runtime/pkg/controller"
@@ -50,7 +51,8 @@ type WrapOptions struct {
 	RequeueAfter time.Duration
 
 	// Recorder, if set, receives Warning Events (ReasonReconcileSlow,
-	// ReasonReconcileAbandoned) on the reconciled object. On controller-runtime v0.23+:
+	// ReasonReconcileAbandoned; under HandOffAtStop ReasonClaimNotRenewed, and the Normal
+	// ReasonClaimWaited) on the reconciled object. On controller-runtime v0.23+:
 	// mgr.GetEventRecorder("<controller>"); on v0.22:
 	// events.NewEventBroadcasterAdapter(clientset).NewRecorder("<controller>"). It needs
 	// Reader, Object and reconcile.Request requests: Wrap panics otherwise.
@@ -230,12 +232,19 @@ func (w *wrapped[R]) Reconcile(ctx context.Context, req R) (reconcile.Result, er
 		if err != nil {
 			return reconcile.Result{}, err
 		}
-		if wait > 0 {
-			return w.claimed(ctx, wait), nil
+		if wait.Left > 0 {
+			if wait.First && w.events != nil {
+				w.events.waiting(ctx, types.NamespacedName{Namespace: o.Namespace, Name: o.Object}, wait)
+			}
+			return w.claimed(ctx, wait.Left), nil
 		}
 		// Registered before admission: the stop claims every reconcile the drain admitted.
 		rc.claim = w.claims.Begin(o.Controller, o.Namespace, o.Object, o.ReconcileID)
 		defer rc.claim.End()
+		if w.events != nil {
+			key, id := types.NamespacedName{Namespace: o.Namespace, Name: o.Object}, o.ReconcileID
+			rc.onFence = func(ctx context.Context) { w.events.fenced(ctx, key, id) }
+		}
 	}
 	err := w.ex.RunHandler(ctx, o, rc)
 	if errors.Is(err, drain.ErrDraining) || !rc.ran && errors.Is(err, context.Canceled) || rc.stopped {
@@ -250,15 +259,21 @@ type reconcileCall[R comparable] struct {
 	req     R
 	res     reconcile.Result
 	ran     bool
-	stopped bool             // it failed once CancelAtStop cut it
-	claim   internal.Claimed // HandOffAtStop's; nil for the other policies
+	stopped bool                  // it failed once CancelAtStop cut it
+	claim   internal.Claimed      // HandOffAtStop's; nil for the other policies
+	onFence func(context.Context) // records ReasonClaimNotRenewed; nil without WrapOptions.Recorder
 }
 
 func (c *reconcileCall[R]) Handle(ctx context.Context) error {
 	c.ran = true
 	if c.claim != nil {
 		var cancel context.CancelFunc
-		ctx, cancel = c.claim.Bind(ctx)
+		var onFence func()
+		if c.onFence != nil {
+			parent := context.WithoutCancel(ctx) // the Event is recorded once the work's context ended
+			onFence = func() { c.onFence(parent) }
+		}
+		ctx, cancel = c.claim.Bind(ctx, onFence)
 		defer c.claim.End() // released before the call returns: the drain waits for it
 		defer cancel()
 	}

@@ -27,8 +27,10 @@ func newClaims(l *leaseObserver, ns string, r *Runnable) *claims.Registry {
 	if err != nil {
 		return nil
 	}
-	reg := claims.New(claims.Options{Leases: cs.CoordinationV1().Leases(ns), Identity: l.inner.Identity(),
-		RenewDeadline: l.renewDeadline, RetryPeriod: l.retryPeriod, Clock: r.clock, Logger: r.log})
+	o := claims.Options{Leases: cs.CoordinationV1().Leases(ns), Identity: l.inner.Identity(),
+		RenewDeadline: l.renewDeadline, RetryPeriod: l.retryPeriod, Clock: r.clock, Logger: r.log}
+	claimMetrics(&o)
+	reg := claims.New(o)
 	r.core().Settings().Claims = reg
 	return reg
 }

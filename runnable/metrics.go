@@ -10,16 +10,19 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/quiesce-dev/quiesce/drain"
+	"github.com/quiesce-dev/quiesce/internal/claims"
 )
 
 // The metrics are process-wide, like controller-runtime's; the only label is the controller.
+const controllerLabel = "controller"
+
 var (
 	callSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "quiesce_call_duration_seconds",
 		Help: "How long tracked calls ran, by the controller given to reconcilers.Wrap " +
 			`("" for calls outside a wrapped reconciler).`,
 		Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
-	}, []string{"controller"})
+	}, []string{controllerLabel})
 
 	drainSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "quiesce_drain_duration_seconds",
@@ -44,13 +47,38 @@ var (
 			"Tracked calls running for longer than their executor's SlowAfter.", nil, nil),
 	}
 
+	// The claims of reconcilers.HandOffAtStop (docs/design.md, "Handing over").
+	claimWaits = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quiesce_claim_waits_total",
+		Help: "Reconciles of HandOffAtStop controllers requeued because another replica claims their object.",
+	}, []string{controllerLabel})
+	claimRenewalsFailed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quiesce_claim_renewals_failed_total",
+		Help: "Renewals of this replica's claims that failed.",
+	}, []string{controllerLabel})
+	claimFences = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quiesce_claim_fences_total",
+		Help: "Reconciles whose contexts were ended because their claim was not renewed within the renew deadline.",
+	}, []string{controllerLabel})
+	claimsHeldDesc = prometheus.NewDesc("quiesce_claims_held",
+		"Claims this replica holds for reconciles it finishes after handing the lease over.", nil, nil)
+
 	stats = &statsCollector{live: make(map[*Runnable]struct{})}
 )
+
+// claimMetrics counts the claims' events in the metrics above (claims.Options' On hooks).
+func claimMetrics(o *claims.Options) {
+	o.OnWaited = func(c string) { claimWaits.WithLabelValues(c).Inc() }
+	o.OnRenewFailed = func(c string) { claimRenewalsFailed.WithLabelValues(c).Inc() }
+	o.OnFenced = func(c string) { claimFences.WithLabelValues(c).Inc() }
+}
 
 // register puts the metrics in metrics.Registry once, at the first Setup: a program that
 // imports quiesce without using it exports nothing.
 var register = sync.OnceValue(func() error {
-	for _, c := range []prometheus.Collector{callSeconds, drainSeconds, stats} {
+	for _, c := range []prometheus.Collector{
+		callSeconds, drainSeconds, claimWaits, claimRenewalsFailed, claimFences, stats,
+	} {
 		if err := metrics.Registry.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return fmt.Errorf("failed to register quiesce metrics: %w", err)
 		}
@@ -108,6 +136,7 @@ func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) { prometheus.Descr
 func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 	var oldest time.Duration
 	var slow int64
+	held := 0
 	c.mu.Lock()
 	sum := c.folded
 	for r := range c.live {
@@ -118,8 +147,13 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 			oldest = max(oldest, r.clock.Since(s.Oldest))
 		}
 		slow += s.Slow
+		if r.claims != nil {
+			_, n := r.claims.Held(0)
+			held += n
+		}
 	}
 	c.mu.Unlock()
+	ch <- prometheus.MustNewConstMetric(claimsHeldDesc, prometheus.GaugeValue, float64(held))
 	for i, v := range []float64{float64(sum.InFlight), float64(sum.Started), float64(sum.Refused),
 		float64(sum.Panicked), float64(sum.Abandoned), float64(sum.Cancelled), oldest.Seconds(), float64(slow)} {
 		typ := prometheus.CounterValue

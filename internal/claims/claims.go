@@ -1,11 +1,13 @@
 package claims
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -33,7 +35,7 @@ const ObjectAnnotation = "quiesce.dev/claim-object"
 // expired by this replica's observation.
 var ErrHeld = errors.New("claim held by another replica")
 
-// Options configure a Registry. Every field is required.
+// Options configure a Registry. Every field is required but the On hooks.
 type Options struct {
 	// Leases is the client of the Leases in the operator's lease namespace.
 	Leases typedcoordinationv1.LeaseInterface
@@ -46,6 +48,10 @@ type Options struct {
 	Clock clock.WithTickerAndDelayedExecution
 	// Logger receives the failed renewals and releases.
 	Logger logr.Logger
+	// OnWaited, OnRenewFailed and OnFenced, if set, count for the metrics, by controller: a
+	// Wait that found another replica's claim (its reconcile is requeued), a claim renewal
+	// that failed, and a work whose context a claim not renewed ended. They must not block.
+	OnWaited, OnRenewFailed, OnFenced func(controller string)
 }
 
 // Registry keeps one replica's claims. Make it with New.
@@ -55,7 +61,14 @@ type Registry struct {
 	mu       sync.Mutex
 	inFlight map[*Call]struct{}
 	taken    map[*Call]struct{}
-	seen     map[string]observation // by claim name: the holder's last write as first seen here
+	seen     map[string]waited // by claim name: the holder's last write as first seen here
+}
+
+// waited is another replica's claim as this replica last read it.
+type waited struct {
+	observation
+	controller, namespace, name string
+	until                       time.Time // o.at + the claim's duration
 }
 
 // observation is a claim's holder and last write, and when this replica first saw them.
@@ -67,7 +80,7 @@ type observation struct {
 // New returns an empty Registry.
 func New(o Options) *Registry {
 	return &Registry{o: o, inFlight: map[*Call]struct{}{}, taken: map[*Call]struct{}{},
-		seen: map[string]observation{}}
+		seen: map[string]waited{}}
 }
 
 // Name returns the name of the claim of controller on the object namespace/name: a DNS-1123
@@ -100,40 +113,51 @@ func sanitize(s string, n int) string {
 // is judged as client-go's elector judges a lease: the claim's duration from when this
 // replica first saw its holder's last write (holder, renewTime, resourceVersion), on its own
 // clock, never from the holder's renewTime.
-func (r *Registry) Wait(ctx context.Context, controller, namespace, name string) (time.Duration, error) {
+// First is true the first time it finds this holder holding the claim (until the claim is
+// gone or held by none or this replica). A claim held counts in OnWaited.
+func (r *Registry) Wait(ctx context.Context, controller, namespace, name string) (internal.ClaimWait, error) {
 	n := Name(controller, namespace, name)
 	l, err := r.o.Leases.Get(ctx, n, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 		r.forget(n)
-		return 0, nil
+		return internal.ClaimWait{}, nil
 	case err != nil:
-		return 0, fmt.Errorf("failed to read claim %s: %w", n, err)
+		return internal.ClaimWait{}, fmt.Errorf("failed to read claim %s: %w", n, err)
 	}
-	return r.left(l), nil
+	left, first := r.left(l, controller, namespace, name)
+	if left == 0 {
+		return internal.ClaimWait{}, nil
+	}
+	if r.o.OnWaited != nil {
+		r.o.OnWaited(controller)
+	}
+	return internal.ClaimWait{Left: left, Holder: ptr.Deref(l.Spec.HolderIdentity, ""), First: first}, nil
 }
 
-// left is how long l's holder still holds it, by this replica's observation.
-func (r *Registry) left(l *coordinationv1.Lease) time.Duration {
+// left is how long l's holder still holds it, by this replica's observation; first: this
+// replica had not seen that holder hold it.
+func (r *Registry) left(l *coordinationv1.Lease, controller, namespace, name string) (left time.Duration, first bool) {
 	holder := ptr.Deref(l.Spec.HolderIdentity, "")
 	if holder == "" || holder == r.o.Identity {
 		r.forget(l.Name)
-		return 0
+		return 0, false
 	}
 	o := observation{holder: holder, resourceVersion: l.ResourceVersion}
 	if t := l.Spec.RenewTime; t != nil {
 		o.renewTime = t.UTC().Format(time.RFC3339Nano)
 	}
 	now := r.o.Clock.Now()
+	d := time.Duration(ptr.Deref(l.Spec.LeaseDurationSeconds, 0)) * time.Second
 	r.mu.Lock()
 	seen, ok := r.seen[l.Name]
-	if o.at = seen.at; !ok || o != seen {
+	first = !ok || seen.holder != holder
+	if o.at = seen.at; !ok || o != seen.observation {
 		o.at = now
-		r.seen[l.Name] = o
 	}
+	r.seen[l.Name] = waited{observation: o, controller: controller, namespace: namespace, name: name, until: o.at.Add(d)}
 	r.mu.Unlock()
-	d := time.Duration(ptr.Deref(l.Spec.LeaseDurationSeconds, 0)) * time.Second
-	return max(0, o.at.Add(d).Sub(now))
+	return max(0, o.at.Add(d).Sub(now)), first
 }
 
 func (r *Registry) forget(name string) {
@@ -186,7 +210,7 @@ func (r *Registry) Take(ctx context.Context, c *Call, duration time.Duration) (t
 	case apierrors.IsNotFound(err):
 		l, err = r.o.Leases.Create(ctx, &coordinationv1.Lease{ObjectMeta: meta, Spec: spec}, metav1.CreateOptions{})
 	case err != nil:
-	case r.left(l) > 0:
+	case r.leftOf(l, c) > 0:
 		return false, fmt.Errorf("failed to take claim %s: held by %q: %w", n, ptr.Deref(l.Spec.HolderIdentity, ""), ErrHeld)
 	default:
 		l = l.DeepCopy() // keeps its resourceVersion: the update fails if another wrote since
@@ -197,11 +221,18 @@ func (r *Registry) Take(ctx context.Context, c *Call, duration time.Duration) (t
 		return false, fmt.Errorf("failed to take claim %s: %w", n, err)
 	}
 	c.lease, c.stop, c.renewed = l, make(chan struct{}), make(chan struct{})
+	c.takenAt, c.renewedAt = sent, sent
 	r.mu.Lock()
 	r.taken[c] = struct{}{}
 	r.mu.Unlock()
 	go r.renew(c, sent)
 	return true, nil
+}
+
+// leftOf is left for c's claim l.
+func (r *Registry) leftOf(l *coordinationv1.Lease, c *Call) time.Duration {
+	d, _ := r.left(l, c.Controller, c.Namespace, c.Name)
+	return d
 }
 
 // Stop stops renewing the claims still held (their work was abandoned: each expires one
@@ -240,6 +271,10 @@ func (r *Registry) renew(c *Call, sent time.Time) {
 				r.o.Logger.Info("Claim not renewed within its deadline: ending its work", "controller", c.Controller,
 					"namespace", c.Namespace, "name", c.Name, "claim", Name(c.Controller, c.Namespace, c.Name))
 			})
+			if r.o.OnFenced != nil {
+				r.o.OnFenced(c.Controller)
+			}
+			c.notify()
 			return
 		case <-t.C():
 		}
@@ -260,11 +295,14 @@ func (r *Registry) renew(c *Call, sent time.Time) {
 				r.o.Logger.V(1).Info("Failed to renew claim", "claim", Name(c.Controller, c.Namespace, c.Name),
 					"reason", err.Error())
 			})
+			if r.o.OnRenewFailed != nil {
+				r.o.OnRenewFailed(c.Controller)
+			}
 			continue
 		}
 		c.mu.Lock()
 		if c.lease != nil {
-			c.lease = l
+			c.lease, c.renewedAt = l, sent
 		}
 		c.mu.Unlock()
 		if !deadline.Stop() { // fenced meanwhile: the work's context ended already
@@ -284,26 +322,47 @@ type Call struct {
 	fenced    chan struct{}                           // closed by fence
 	cause     atomic.Pointer[error]                   // fence's cause
 	cancel    atomic.Pointer[context.CancelCauseFunc] // Bind's
+	onFence   atomic.Pointer[func()]                  // Bind's
+	notified  sync.Once                               // onFence called
 
-	mu       sync.Mutex
-	ended    bool
-	released bool                  // Release gave the claim up
-	lease    *coordinationv1.Lease // the claim as last written; nil until taken
-	stop     chan struct{}         // closed to stop renewing
-	stopOnce sync.Once
-	renewed  chan struct{} // closed when the renewals stopped
+	mu        sync.Mutex
+	ended     bool
+	released  bool                  // Release gave the claim up
+	lease     *coordinationv1.Lease // the claim as last written; nil until taken
+	takenAt   time.Time             // when Take sent its write
+	renewedAt time.Time             // when the last renewal that succeeded was sent
+	stop      chan struct{}         // closed to stop renewing
+	stopOnce  sync.Once
+	renewed   chan struct{} // closed when the renewals stopped
 }
 
 var _ internal.Claimed = (*Call)(nil)
 
-// Bind returns ctx, ended with a cause naming the claim when fence ends the work.
-func (c *Call) Bind(ctx context.Context) (context.Context, context.CancelFunc) {
+// Bind returns ctx, ended with a cause naming the claim when fence ends the work; then
+// onFence, if not nil, is called once, on the renewing goroutine (on Bind's if the fence came
+// first): before End returns.
+func (c *Call) Bind(ctx context.Context, onFence func()) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancelCause(ctx)
+	if onFence != nil {
+		c.onFence.Store(&onFence)
+	}
 	c.cancel.Store(&cancel)
 	if cause := c.cause.Load(); cause != nil {
 		cancel(*cause)
+		c.notify()
 	}
 	return ctx, func() { cancel(nil) }
+}
+
+// notify calls Bind's onFence once, if set; a panic in it is recovered.
+func (c *Call) notify() {
+	fn := c.onFence.Load()
+	if fn == nil {
+		return
+	}
+	c.notified.Do(func() {
+		internal.Safely(*fn)
+	})
 }
 
 // fence ends the work's context with cause, once.
@@ -366,4 +425,81 @@ func (c *Call) Release() {
 				"namespace", c.Namespace, "name", c.Name, "claim", l.Name)
 		})
 	}
+}
+
+// Held is a claim this replica holds, as /debug/quiesce shows it.
+type Held struct {
+	Object     string `json:"object"` // <namespace>/<name>
+	Controller string `json:"controller"`
+	Claim      string `json:"claim"`
+	Since      string `json:"since"`   // how long ago it was taken
+	Renewed    string `json:"renewed"` // how long ago its last renewal that succeeded was sent
+}
+
+// Waited is another replica's claim this replica waits on, as /debug/quiesce shows it.
+type Waited struct {
+	Object     string `json:"object"` // <namespace>/<name>
+	Controller string `json:"controller"`
+	Claim      string `json:"claim"`
+	Holder     string `json:"holder"`
+	Left       string `json:"left"` // until it expires, by this replica's observation
+}
+
+// Held returns the claims this replica holds, oldest first, at most n, and how many it holds.
+func (r *Registry) Held(n int) ([]Held, int) {
+	r.mu.Lock()
+	calls := make([]*Call, 0, len(r.taken))
+	for c := range r.taken {
+		calls = append(calls, c)
+	}
+	r.mu.Unlock()
+	type held struct {
+		c              *Call
+		taken, renewed time.Time
+	}
+	hs := make([]held, 0, len(calls))
+	for _, c := range calls {
+		c.mu.Lock()
+		if c.lease != nil {
+			hs = append(hs, held{c, c.takenAt, c.renewedAt})
+		}
+		c.mu.Unlock()
+	}
+	slices.SortFunc(hs, func(a, b held) int { return a.taken.Compare(b.taken) })
+	now := r.o.Clock.Now()
+	out := make([]Held, 0, min(n, len(hs)))
+	for _, h := range hs[:min(n, len(hs))] {
+		out = append(out, Held{Object: internal.Cut(h.c.Namespace + "/" + h.c.Name), Controller: internal.Cut(h.c.Controller),
+			Claim: Name(h.c.Controller, h.c.Namespace, h.c.Name), Since: internal.Age(now.Sub(h.taken)),
+			Renewed: internal.Age(now.Sub(h.renewed))})
+	}
+	return out, len(hs)
+}
+
+// Waiting returns the claims of other replicas that this replica's last reads found
+// unexpired, the soonest to expire first, at most n, and how many there are.
+func (r *Registry) Waiting(n int) ([]Waited, int) {
+	now := r.o.Clock.Now()
+	type wait struct {
+		claim string
+		w     waited
+	}
+	r.mu.Lock()
+	ws := make([]wait, 0, len(r.seen))
+	for claim, w := range r.seen {
+		if w.until.After(now) {
+			ws = append(ws, wait{claim, w})
+		}
+	}
+	r.mu.Unlock()
+	slices.SortFunc(ws, func(a, b wait) int {
+		return cmp.Or(a.w.until.Compare(b.w.until), strings.Compare(a.claim, b.claim))
+	})
+	out := make([]Waited, 0, min(n, len(ws)))
+	for _, w := range ws[:min(n, len(ws))] {
+		out = append(out, Waited{Object: internal.Cut(w.w.namespace + "/" + w.w.name),
+			Controller: internal.Cut(w.w.controller), Claim: w.claim, Holder: internal.Cut(w.w.holder),
+			Left: internal.Age(w.w.until.Sub(now))})
+	}
+	return out, len(ws)
 }

@@ -3,7 +3,10 @@ package claims
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -19,6 +22,8 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
+
+	"github.com/quiesce-dev/quiesce/internal"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -29,11 +34,40 @@ const (
 	ns            = "operator-system"
 	renewDeadline = 10 * time.Second
 	retryPeriod   = 2 * time.Second
+	leaderID      = "leader"
 )
 
 func newRegistry(cs *fake.Clientset, clk *clocktesting.FakeClock, identity string) *Registry {
+	r, _ := newCounted(cs, clk, identity)
+	return r
+}
+
+// counts are what the On hooks were told, by hook and controller.
+type counts struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *counts) get(k string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[k]
+}
+
+// newCounted is newRegistry with its On hooks counted under "waited/<controller>",
+// "renewFailed/..." and "fenced/...".
+func newCounted(cs *fake.Clientset, clk *clocktesting.FakeClock, identity string) (*Registry, *counts) {
+	c := &counts{n: map[string]int{}}
+	hook := func(kind string) func(string) {
+		return func(controller string) {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			c.n[kind+"/"+controller]++
+		}
+	}
 	return New(Options{Leases: cs.CoordinationV1().Leases(ns), Identity: identity,
-		RenewDeadline: renewDeadline, RetryPeriod: retryPeriod, Clock: clk, Logger: logr.Discard()})
+		RenewDeadline: renewDeadline, RetryPeriod: retryPeriod, Clock: clk, Logger: logr.Discard(),
+		OnWaited: hook("waited"), OnRenewFailed: hook("renewFailed"), OnFenced: hook("fenced")}), c
 }
 
 func getClaim(t *testing.T, cs *fake.Clientset, name string) *coordinationv1.Lease {
@@ -71,7 +105,7 @@ func TestTakeRenewRelease(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cs := fake.NewClientset()
 		clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
-		r := newRegistry(cs, clk, "leader")
+		r := newRegistry(cs, clk, leaderID)
 		c := r.Begin(ctrl, objNS, "web", "id1").(*Call)
 		if got := r.InFlight(); len(got) != 1 || got[0] != c {
 			t.Fatalf("InFlight = %v, want the call begun", got)
@@ -82,7 +116,7 @@ func TestTakeRenewRelease(t *testing.T) {
 		}
 		name := Name(ctrl, objNS, "web")
 		l := getClaim(t, cs, name)
-		if h, d := ptr.Deref(l.Spec.HolderIdentity, ""), ptr.Deref(l.Spec.LeaseDurationSeconds, 0); h != "leader" || d != 16 {
+		if h, d := ptr.Deref(l.Spec.HolderIdentity, ""), ptr.Deref(l.Spec.LeaseDurationSeconds, 0); h != leaderID || d != 16 {
 			t.Errorf("claim holder %q, duration %ds; want leader, 16s (rounded up)", h, d)
 		}
 		if l.Labels[ControllerLabel] != ctrl || l.Annotations[ObjectAnnotation] != objNS+"/web" {
@@ -109,14 +143,15 @@ func TestTakeRenewRelease(t *testing.T) {
 }
 
 // Renewals that fail past RenewDeadline end the work's context at once, with a cause naming
-// the claim; not before.
+// the claim, and call Bind's onFence once; not before. Failures and the fence are counted.
 func TestFenceOnRenewalFailure(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cs := fake.NewClientset()
 		clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
-		r := newRegistry(cs, clk, "leader")
+		r, n := newCounted(cs, clk, leaderID)
 		c := r.Begin(ctrl, objNS, "web", "id1").(*Call)
-		ctx, cancel := c.Bind(context.Background())
+		var notified atomic.Int32
+		ctx, cancel := c.Bind(context.Background(), func() { notified.Add(1) })
 		defer cancel()
 		if _, err := r.Take(context.Background(), c, 20*time.Second); err != nil {
 			t.Fatal(err)
@@ -132,16 +167,25 @@ func TestFenceOnRenewalFailure(t *testing.T) {
 		if ctx.Err() != nil {
 			t.Fatalf("context ended %v after the last renewal, before RenewDeadline: %v", 4*retryPeriod, context.Cause(ctx))
 		}
+		if got := n.get("renewFailed/" + ctrl); got != 4 {
+			t.Errorf("renewals failed counted: %d, want 4", got)
+		}
+		if got, f := notified.Load(), n.get("fenced/"+ctrl); got != 0 || f != 0 {
+			t.Errorf("before the deadline: onFence called %d times, fences counted %d; want 0", got, f)
+		}
 		clk.Step(renewDeadline - 4*retryPeriod)
 		synctest.Wait()
 		if ctx.Err() == nil {
 			t.Fatal("context still live RenewDeadline after the last renewal")
 		}
+		if got, f := notified.Load(), n.get("fenced/"+ctrl); got != 1 || f != 1 {
+			t.Errorf("fenced: onFence called %d times, fences counted %d; want 1", got, f)
+		}
 		if cause := context.Cause(ctx).Error(); !strings.Contains(cause, Name(ctrl, objNS, "web")) {
 			t.Errorf("cause %q does not name the claim", cause)
 		}
 		// Bound after the fence: ended at once too.
-		late, lateCancel := c.Bind(context.Background())
+		late, lateCancel := c.Bind(context.Background(), nil)
 		defer lateCancel()
 		if late.Err() == nil {
 			t.Error("a context bound after the fence is live")
@@ -155,9 +199,9 @@ func TestRenewalsKeepWorkAlive(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cs := fake.NewClientset()
 		clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
-		r := newRegistry(cs, clk, "leader")
+		r := newRegistry(cs, clk, leaderID)
 		c := r.Begin(ctrl, objNS, "web", "id1").(*Call)
-		ctx, cancel := c.Bind(context.Background())
+		ctx, cancel := c.Bind(context.Background(), func() { t.Error("onFence called for renewed work") })
 		defer cancel()
 		if _, err := r.Take(context.Background(), c, 20*time.Second); err != nil {
 			t.Fatal(err)
@@ -176,12 +220,13 @@ func TestRenewalsKeepWorkAlive(t *testing.T) {
 
 // The successor judges a claim's expiry from when it first saw the holder's last write, on
 // its own clock: a holder's renewTime in the past (another clock) does not expire it, and a
-// renewal seen starts the duration again.
+// renewal seen starts the duration again. First is true once per holder; a claim found held
+// is counted.
 func TestWaitExpiryByOwnObservation(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cs := fake.NewClientset()
 		clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
-		r := newRegistry(cs, clk, "successor")
+		r, n := newCounted(cs, clk, "successor")
 		ctx := context.Background()
 		name := Name(ctrl, objNS, "web")
 		old := metav1.NewMicroTime(time.Unix(1, 0)) // the holder's clock, far behind
@@ -193,35 +238,42 @@ func TestWaitExpiryByOwnObservation(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		wait := func(want time.Duration) {
+		wait := func(want time.Duration, first bool) {
 			t.Helper()
-			if got, err := r.Wait(ctx, ctrl, objNS, "web"); err != nil || got != want {
-				t.Errorf("Wait = %v, %v; want %v", got, err, want)
+			w := internal.ClaimWait{Left: want, First: first}
+			if want > 0 {
+				w.Holder = "old-leader"
+			}
+			if got, err := r.Wait(ctx, ctrl, objNS, "web"); err != nil || got != w {
+				t.Errorf("Wait = %+v, %v; want %+v", got, err, w)
 			}
 		}
-		wait(10 * time.Second)
+		wait(10*time.Second, true)
 		clk.Step(4 * time.Second)
-		wait(6 * time.Second)
+		wait(6*time.Second, false)
 		renewed := metav1.NewMicroTime(time.Unix(5, 0))
 		l.Spec.RenewTime, l.ResourceVersion = &renewed, "2"
 		if _, err := cs.CoordinationV1().Leases(ns).Update(ctx, l, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		wait(10 * time.Second) // a new write: the duration starts again
+		wait(10*time.Second, false) // a new write: the duration starts again; the same holder
 		if _, err := r.Take(ctx, r.Begin(ctrl, objNS, "web", "x").(*Call), time.Second); !errors.Is(err, ErrHeld) {
 			t.Errorf("Take of a claim held unexpired = %v, want ErrHeld", err)
 		}
 		clk.Step(10 * time.Second)
-		wait(0)
+		wait(0, false)
+		if got := n.get("waited/" + ctrl); got != 3 {
+			t.Errorf("waits counted: %d, want 3 (the claim found held)", got)
+		}
 		// Another object, no claim; this replica's own claim.
-		if got, err := r.Wait(ctx, ctrl, objNS, "other"); got != 0 || err != nil {
+		if got, err := r.Wait(ctx, ctrl, objNS, "other"); got.Left != 0 || err != nil {
 			t.Errorf("Wait without a claim = %v, %v", got, err)
 		}
 		mine := r.Begin(ctrl, objNS, "mine", "y").(*Call)
 		if _, err := r.Take(ctx, mine, 20*time.Second); err != nil {
 			t.Fatal(err)
 		}
-		if got, err := r.Wait(ctx, ctrl, objNS, "mine"); got != 0 || err != nil {
+		if got, err := r.Wait(ctx, ctrl, objNS, "mine"); got.Left != 0 || err != nil {
 			t.Errorf("Wait on this replica's own claim = %v, %v", got, err)
 		}
 		mine.End()
@@ -243,7 +295,7 @@ func TestReleaseAndStop(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cs := fake.NewClientset()
 		clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
-		r := newRegistry(cs, clk, "leader")
+		r := newRegistry(cs, clk, leaderID)
 		ctx := context.Background()
 		a := r.Begin(ctrl, objNS, "a", "1").(*Call)
 		b := r.Begin(ctrl, objNS, "b", "2").(*Call)
@@ -267,6 +319,99 @@ func TestReleaseAndStop(t *testing.T) {
 			t.Errorf("claim renewed after Stop: %v, was %v", got, before)
 		}
 		a.End()
+		b.End()
+	})
+}
+
+// Held lists the claims held, oldest first, with how long ago each was taken and renewed;
+// Waiting lists other replicas' claims unexpired by this replica's reads, soonest to expire
+// first, with the holder and the time left. Both cap the list and count all.
+func TestHeldAndWaiting(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cs := fake.NewClientset()
+		clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+		leader := newRegistry(cs, clk, leaderID)
+		succ := newRegistry(cs, clk, "successor")
+		ctx := context.Background()
+		a := leader.Begin(ctrl, objNS, "a", "1").(*Call)
+		if _, err := leader.Take(ctx, a, 20*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait() // its renewals wait on the clock
+		clk.Step(time.Second)
+		b := leader.Begin(ctrl, objNS, "b", "2").(*Call)
+		if _, err := leader.Take(ctx, b, 15*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		clk.Step(time.Second) // a renewed at 2s
+		synctest.Wait()
+		clk.Step(time.Second) // b renewed at 3s
+		synctest.Wait()
+		held, n := leader.Held(10)
+		want := []Held{
+			{Object: objNS + "/a", Controller: ctrl, Claim: Name(ctrl, objNS, "a"), Since: "3s", Renewed: "1s"},
+			{Object: objNS + "/b", Controller: ctrl, Claim: Name(ctrl, objNS, "b"), Since: "2s", Renewed: "0s"},
+		}
+		if n != 2 || !slices.Equal(held, want) {
+			t.Errorf("Held(10) = %+v, %d; want %+v, 2", held, n, want)
+		}
+		if held, n := leader.Held(1); n != 2 || !slices.Equal(held, want[:1]) {
+			t.Errorf("Held(1) = %+v, %d; want %+v, 2", held, n, want[:1])
+		}
+		if held, n := succ.Held(10); n != 0 || len(held) != 0 {
+			t.Errorf("successor's Held = %+v, %d; want none", held, n)
+		}
+
+		for _, o := range []string{"a", "b"} {
+			if w, err := succ.Wait(ctx, ctrl, objNS, o); err != nil || w.Left == 0 {
+				t.Fatalf("Wait(%s) = %+v, %v; want held", o, w, err)
+			}
+		}
+		waiting, n := succ.Waiting(10)
+		wantW := []Waited{
+			{Object: objNS + "/b", Controller: ctrl, Claim: Name(ctrl, objNS, "b"), Holder: leaderID, Left: "15s"},
+			{Object: objNS + "/a", Controller: ctrl, Claim: Name(ctrl, objNS, "a"), Holder: leaderID, Left: "20s"},
+		}
+		if n != 2 || !slices.Equal(waiting, wantW) {
+			t.Errorf("Waiting(10) = %+v, %d; want %+v, 2", waiting, n, wantW)
+		}
+		if waiting, n := succ.Waiting(1); n != 2 || !slices.Equal(waiting, wantW[:1]) {
+			t.Errorf("Waiting(1) = %+v, %d; want %+v, 2", waiting, n, wantW[:1])
+		}
+		if waiting, n := leader.Waiting(10); n != 0 || len(waiting) != 0 {
+			t.Errorf("leader's Waiting = %+v, %d; want none (its own claims)", waiting, n)
+		}
+		for range 8 { // 16s by the successor's clock: b expired, a has 4s left
+			clk.Step(retryPeriod)
+			synctest.Wait()
+		}
+		wantA := wantW[1]
+		wantA.Left = "4s"
+		if waiting, n := succ.Waiting(10); n != 1 || !slices.Equal(waiting, []Waited{wantA}) {
+			t.Errorf("Waiting 16s later = %+v, %d; want %+v, 1", waiting, n, wantA)
+		}
+
+		// a released, then claimed by another holder: gone from Waiting, then First again.
+		a.End()
+		if w, err := succ.Wait(ctx, ctrl, objNS, "a"); err != nil || w != (internal.ClaimWait{}) {
+			t.Fatalf("Wait on a released claim = %+v, %v", w, err)
+		}
+		if _, n := succ.Waiting(10); n != 0 {
+			t.Errorf("Waiting counts %d after the claims were released or expired, want 0", n)
+		}
+		third := newRegistry(cs, clk, "third")
+		a3 := third.Begin(ctrl, objNS, "a", "3").(*Call)
+		if _, err := third.Take(ctx, a3, 20*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if w, err := succ.Wait(ctx, ctrl, objNS, "a"); err != nil || !w.First || w.Holder != "third" {
+			t.Errorf("Wait on a claim of a new holder = %+v, %v; want First, held by third", w, err)
+		}
+		if _, n := leader.Held(0); n != 1 {
+			t.Errorf("leader holds %d claims after a ended, want 1", n)
+		}
+		a3.End()
 		b.End()
 	})
 }

@@ -271,7 +271,12 @@ func (c *reconcileCall[R]) Handle(ctx context.Context) error {
 		var onFence func()
 		if c.onFence != nil {
 			parent := context.WithoutCancel(ctx) // the Event is recorded once the work's context ended
-			onFence = func() { c.onFence(parent) }
+			onFence = func() {
+				// Bounded: End waits for it, and the drain for End.
+				ctx, cancel := context.WithTimeout(parent, fenceEventTimeout)
+				defer cancel()
+				c.onFence(ctx)
+			}
 		}
 		ctx, cancel = c.claim.Bind(ctx, onFence)
 		defer c.claim.End() // released before the call returns: the drain waits for it
@@ -311,6 +316,10 @@ func (w *wrapped[R]) claimed(ctx context.Context, wait time.Duration) reconcile.
 // MaxClaimRecheck bounds the RequeueAfter of a request whose object another replica claims
 // (HandOffAtStop): the successor reads the claim again at least this often.
 const MaxClaimRecheck = 2 * time.Second
+
+// fenceEventTimeout bounds the read of the object (the manager's cache) that the Event of a
+// reconcile fenced by its claim needs (WrapOptions.Recorder).
+const fenceEventTimeout = 5 * time.Second
 
 // namer returns the function naming a reconcile, chosen once; a reconcile.Request's name
 // is put together only when read (CallOptions.FullName): no allocation per reconcile.

@@ -38,8 +38,10 @@ const (
 	// operator's lease namespace, held while the work runs, that the successor honours.
 	// The claim lasts the manager's LeaseDuration + Cleanup, longer than the RenewDeadline +
 	// Cleanup after its last renewal within which the work's context ends if renewals fail.
-	// Each reconcile first reads its object's claim with one GET (no cache): a claim of another
-	// replica, unexpired by this one's clock, requeues the request without running it.
+	// The leader's first reconcile lists the claims (one LIST, no cache); a reconcile of an
+	// object that list found claimed by another replica reads the claim again (one GET) and,
+	// while it is unexpired by this replica's clock, requeues the request without running it.
+	// Any other reconcile costs no request.
 	// It needs reconcile.Request requests and a Runnable of runnable.Setup with the
 	// manager's leader election on: Wrap panics otherwise. docs/design.md, "Handing over".
 	HandOffAtStop

@@ -42,8 +42,9 @@ const maxClaimWrites = 64
 // replica leads, reconciles of HandOffAtStop controllers are in flight and no other
 // reconcile is, it claims each one's object and, every claim taken, releases the lease
 // through its lock (leaseObserver.handOver); it returns how many claims it holds then. Else,
-// or when a claim or the release fails (the claims taken are released), it returns 0 and the
-// stop is FinishAtStop's: the lease is released when controller-runtime's stop ends.
+// or when a claim fails (the claims taken are released) or the release does (they are kept),
+// it returns 0 and the stop is FinishAtStop's: the lease is released when controller-runtime's
+// stop ends.
 func (r *Runnable) handOver() int {
 	l := r.lease.Load()
 	if l == nil {
@@ -102,7 +103,10 @@ func (r *Runnable) handOver() int {
 		return giveUp(err, "Not handing the lease over: a claim could not be taken")
 	}
 	if err := l.handOver(ctx); err != nil {
-		return giveUp(err, "Not handing the lease over")
+		// The claims are kept until their work returns: a release that failed may still
+		// have been written, and a successor then honours them.
+		log.Error(err, "Not handing the lease over", r.sinceStop()...)
+		return 0
 	}
 	log.Info("Handed the lease over", append(r.sinceStop(), "claims", len(taken))...)
 	return len(taken)

@@ -3,9 +3,17 @@ package runnable
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/go-logr/logr"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/quiesce-dev/quiesce/internal/claims"
 )
 
 // Once handed over, the lease shows no holder and a 1s duration, as client-go's release
@@ -89,5 +97,45 @@ func TestHandOverNeedsTheLease(t *testing.T) {
 		ctx, stop := context.WithCancel(context.Background())
 		stop()
 		_ = x.r.Start(ctx)
+	})
+}
+
+// A release of the lease that fails hands nothing over, and keeps the claims taken until
+// their work returns: a write that failed may still have landed, and a successor then honours
+// them. A claim that cannot be taken, by contrast, releases those taken.
+func TestHandOverKeepsClaimsWhenTheReleaseFails(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		x := newLeased(t, Options{GracePeriod: 20 * time.Second}, 3*time.Second)
+		cs := fake.NewClientset()
+		leases := cs.CoordinationV1().Leases("ns")
+		x.r.claims = claims.New(claims.Options{Leases: leases, Identity: "me", RenewDeadline: 3 * time.Second,
+			RetryPeriod: time.Second, Clock: x.r.clock, Logger: logr.Discard()})
+		release := make(chan struct{})
+		x.call(t, release)
+		c := x.r.claims.Begin("ctl", "ns", "x", "")
+		if err := x.renew(); err != nil {
+			t.Fatal(err)
+		}
+		x.lock.failWrites()
+		ctx, stop := context.WithCancel(context.Background())
+		stop()
+		started := make(chan error, 1)
+		go func() { started <- x.r.Start(ctx) }()
+		synctest.Wait()
+		if !slices.Contains(x.logs.messages(), "Not handing the lease over") {
+			t.Errorf("log = %q, want the failed hand-over", x.logs.messages())
+		}
+		name := claims.Name("ctl", "ns", "x")
+		if _, err := leases.Get(context.Background(), name, metav1.GetOptions{}); err != nil {
+			t.Errorf("the claim while its work runs, the release failed: %v, want it kept", err)
+		}
+		c.End()
+		close(release)
+		if err := <-started; err != nil {
+			t.Fatal(err)
+		}
+		if _, err := leases.Get(context.Background(), name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Errorf("the claim once its work returned: %v, want NotFound", err)
+		}
 	})
 }

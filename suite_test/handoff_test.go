@@ -271,7 +271,8 @@ var _ = Describe("HandOffAtStop", func() {
 		By("leaving a claim as a replica killed mid-work leaves it: never renewed, its renewTime on a clock far behind")
 		past := metav1.NewMicroTime(time.Now().Add(-time.Hour))
 		Expect(k8sClient.Create(ctx, &coordinationv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: claims.Name("handoff", ns, "x")},
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: claims.Name("handoff", ns, "x"),
+				Labels: map[string]string{claims.ControllerLabel: "handoff"}},
 			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("killed-replica"), LeaseDurationSeconds: ptr.To[int32](5),
 				RenewTime: &past, AcquireTime: &past},
 		})).To(Succeed())

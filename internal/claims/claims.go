@@ -61,7 +61,11 @@ type Registry struct {
 	mu       sync.Mutex
 	inFlight map[*Call]struct{}
 	taken    map[*Call]struct{}
-	seen     map[string]waited // by claim name: the holder's last write as first seen here
+	seen     map[string]waited   // by claim name: the holder's last write as first seen here
+	others   map[string]struct{} // claims of other replicas Wait reads again (list)
+
+	listMu sync.Mutex  // serializes the list
+	listed atomic.Bool // the claims were listed
 }
 
 // waited is another replica's claim as this replica last read it.
@@ -80,7 +84,7 @@ type observation struct {
 // New returns an empty Registry.
 func New(o Options) *Registry {
 	return &Registry{o: o, inFlight: map[*Call]struct{}{}, taken: map[*Call]struct{}{},
-		seen: map[string]waited{}}
+		seen: map[string]waited{}, others: map[string]struct{}{}}
 }
 
 // Name returns the name of the claim of controller on the object namespace/name: a DNS-1123
@@ -108,15 +112,30 @@ func sanitize(s string, n int) string {
 	return strings.Trim(string(b), "-")
 }
 
-// Wait reads the object's claim with a GET (never a cache) and returns how long its holder
-// still holds it: 0 when there is none, it is free or this replica's, or it expired. Expiry
-// is judged as client-go's elector judges a lease: the claim's duration from when this
+// Wait returns how long another replica still holds the object's claim: 0 when there is none,
+// it is free or this replica's, or it expired. Its first call lists the claims (a LIST, never
+// a cache: the leader's, once it leads); an object whose claim that list or a later read
+// found held by another replica is read again with a GET at each call until its claim is
+// gone, free or expired; any other object costs no request. A claim is written only by a
+// leader, before it hands the lease over, so a claim written after this replica's list is
+// one this replica need not honour (docs/design.md, "Handing over").
+// Expiry is judged as client-go's elector judges a lease: the claim's duration from when this
 // replica first saw its holder's last write (holder, renewTime, resourceVersion), on its own
-// clock, never from the holder's renewTime.
+// clock, never from the holder's renewTime. A claim found expired is deleted (precondition:
+// the resourceVersion read), so that a killed holder's claims do not outlive it.
 // First is true the first time it finds this holder holding the claim (until the claim is
 // gone or held by none or this replica). A claim held counts in OnWaited.
 func (r *Registry) Wait(ctx context.Context, controller, namespace, name string) (internal.ClaimWait, error) {
+	if err := r.list(ctx); err != nil {
+		return internal.ClaimWait{}, err
+	}
 	n := Name(controller, namespace, name)
+	r.mu.Lock()
+	_, held := r.others[n]
+	r.mu.Unlock()
+	if !held {
+		return internal.ClaimWait{}, nil
+	}
 	l, err := r.o.Leases.Get(ctx, n, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
@@ -127,12 +146,56 @@ func (r *Registry) Wait(ctx context.Context, controller, namespace, name string)
 	}
 	left, first := r.left(l, controller, namespace, name)
 	if left == 0 {
+		r.forget(n)
+		if h := ptr.Deref(l.Spec.HolderIdentity, ""); h != "" && h != r.o.Identity {
+			r.deleteExpired(ctx, l)
+		}
 		return internal.ClaimWait{}, nil
 	}
 	if r.o.OnWaited != nil {
 		r.o.OnWaited(controller)
 	}
 	return internal.ClaimWait{Left: left, Holder: ptr.Deref(l.Spec.HolderIdentity, ""), First: first}, nil
+}
+
+// list lists the claims once: those of other replicas are read again by Wait.
+func (r *Registry) list(ctx context.Context) error {
+	if r.listed.Load() {
+		return nil
+	}
+	r.listMu.Lock()
+	defer r.listMu.Unlock()
+	if r.listed.Load() {
+		return nil
+	}
+	ls, err := r.o.Leases.List(ctx, metav1.ListOptions{LabelSelector: ControllerLabel})
+	if err != nil {
+		return fmt.Errorf("failed to list claims: %w", err)
+	}
+	r.mu.Lock()
+	for _, l := range ls.Items {
+		if h := ptr.Deref(l.Spec.HolderIdentity, ""); h != "" && h != r.o.Identity {
+			r.others[l.Name] = struct{}{}
+		}
+	}
+	r.mu.Unlock()
+	r.listed.Store(true)
+	return nil
+}
+
+// deleteExpired deletes l, a claim that expired by this replica's observation, unless it
+// was written since it was read. A failure is logged: the claim is then left alone.
+func (r *Registry) deleteExpired(ctx context.Context, l *coordinationv1.Lease) {
+	var pre metav1.Preconditions
+	if l.ResourceVersion != "" {
+		pre.ResourceVersion = &l.ResourceVersion
+	}
+	err := r.o.Leases.Delete(ctx, l.Name, metav1.DeleteOptions{Preconditions: &pre})
+	if err != nil && !apierrors.IsNotFound(err) {
+		internal.Safely(func() {
+			r.o.Logger.V(1).Info("Failed to delete expired claim", "claim", l.Name, "reason", err.Error())
+		})
+	}
 }
 
 // left is how long l's holder still holds it, by this replica's observation; first: this
@@ -163,6 +226,7 @@ func (r *Registry) left(l *coordinationv1.Lease, controller, namespace, name str
 func (r *Registry) forget(name string) {
 	r.mu.Lock()
 	delete(r.seen, name)
+	delete(r.others, name)
 	r.mu.Unlock()
 }
 
@@ -205,17 +269,17 @@ func (r *Registry) Take(ctx context.Context, c *Call, duration time.Duration) (t
 		AcquireTime: &now, RenewTime: &now}
 	meta := metav1.ObjectMeta{Name: n, Labels: map[string]string{ControllerLabel: sanitize(c.Controller, 63)},
 		Annotations: map[string]string{ObjectAnnotation: internal.Cut(c.Namespace + "/" + c.Name)}}
-	l, err := r.o.Leases.Get(ctx, n, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		l, err = r.o.Leases.Create(ctx, &coordinationv1.Lease{ObjectMeta: meta, Spec: spec}, metav1.CreateOptions{})
-	case err != nil:
-	case r.leftOf(l, c) > 0:
-		return false, fmt.Errorf("failed to take claim %s: held by %q: %w", n, ptr.Deref(l.Spec.HolderIdentity, ""), ErrHeld)
-	default:
-		l = l.DeepCopy() // keeps its resourceVersion: the update fails if another wrote since
-		l.Labels, l.Annotations, l.Spec = meta.Labels, meta.Annotations, spec
-		l, err = r.o.Leases.Update(ctx, l, metav1.UpdateOptions{})
+	// Create first: a claim exists only where a hand-over or a kill left one.
+	l, err := r.o.Leases.Create(ctx, &coordinationv1.Lease{ObjectMeta: meta, Spec: spec}, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		if l, err = r.o.Leases.Get(ctx, n, metav1.GetOptions{}); err == nil {
+			if r.leftOf(l, c) > 0 {
+				return false, fmt.Errorf("failed to take claim %s: held by %q: %w", n, ptr.Deref(l.Spec.HolderIdentity, ""), ErrHeld)
+			}
+			l = l.DeepCopy() // keeps its resourceVersion: the update fails if another wrote since
+			l.Labels, l.Annotations, l.Spec = meta.Labels, meta.Annotations, spec
+			l, err = r.o.Leases.Update(ctx, l, metav1.UpdateOptions{})
+		}
 	}
 	if err != nil {
 		return false, fmt.Errorf("failed to take claim %s: %w", n, err)

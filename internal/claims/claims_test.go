@@ -231,7 +231,7 @@ func TestWaitExpiryByOwnObservation(t *testing.T) {
 		name := Name(ctrl, objNS, "web")
 		old := metav1.NewMicroTime(time.Unix(1, 0)) // the holder's clock, far behind
 		l, err := cs.CoordinationV1().Leases(ns).Create(ctx, &coordinationv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{Name: name, ResourceVersion: "1"},
+			ObjectMeta: metav1.ObjectMeta{Name: name, ResourceVersion: "1", Labels: map[string]string{ControllerLabel: ctrl}},
 			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("old-leader"), LeaseDurationSeconds: ptr.To[int32](10),
 				RenewTime: &old, AcquireTime: &old},
 		}, metav1.CreateOptions{})
@@ -261,7 +261,16 @@ func TestWaitExpiryByOwnObservation(t *testing.T) {
 			t.Errorf("Take of a claim held unexpired = %v, want ErrHeld", err)
 		}
 		clk.Step(10 * time.Second)
-		wait(0, false)
+		// Expired by this replica's observation: an expired claim is taken over.
+		c := r.Begin(ctrl, objNS, "web", "z").(*Call)
+		if taken, err := r.Take(ctx, c, 20*time.Second); !taken || err != nil {
+			t.Errorf("Take of an expired claim = %v, %v; want true, nil", taken, err)
+		}
+		if h := ptr.Deref(getClaim(t, cs, name).Spec.HolderIdentity, ""); h != "successor" {
+			t.Errorf("holder after taking an expired claim: %q", h)
+		}
+		wait(0, false) // this replica's own claim now
+		c.End()
 		if got := n.get("waited/" + ctrl); got != 3 {
 			t.Errorf("waits counted: %d, want 3 (the claim found held)", got)
 		}
@@ -277,15 +286,109 @@ func TestWaitExpiryByOwnObservation(t *testing.T) {
 			t.Errorf("Wait on this replica's own claim = %v, %v", got, err)
 		}
 		mine.End()
-		// An expired claim is taken over.
-		c := r.Begin(ctrl, objNS, "web", "z").(*Call)
-		if taken, err := r.Take(ctx, c, 20*time.Second); !taken || err != nil {
-			t.Errorf("Take of an expired claim = %v, %v; want true, nil", taken, err)
+	})
+}
+
+// Wait lists the claims once, then reads again only the claims of other replicas it found;
+// an expired one is deleted, with the resourceVersion read as a precondition.
+func TestWaitListsOnceAndDeletesExpired(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cs := fake.NewClientset()
+		clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+		ctx := context.Background()
+		leader := newRegistry(cs, clk, leaderID)
+		a := leader.Begin(ctrl, objNS, "a", "1").(*Call)
+		if _, err := leader.Take(ctx, a, 20*time.Second); err != nil {
+			t.Fatal(err)
 		}
-		if h := ptr.Deref(getClaim(t, cs, name).Spec.HolderIdentity, ""); h != "successor" {
-			t.Errorf("holder after taking an expired claim: %q", h)
+		claimA := getClaim(t, cs, Name(ctrl, objNS, "a"))
+		claimA.ResourceVersion = "7" // the fake clientset writes none
+		if err := cs.Tracker().Update(coordinationv1.SchemeGroupVersion.WithResource("leases"), claimA, ns); err != nil {
+			t.Fatal(err)
+		}
+		now := metav1.NewMicroTime(clk.Now())
+		if _, err := cs.CoordinationV1().Leases(ns).Create(ctx, &coordinationv1.Lease{ // no label: not a claim
+			ObjectMeta: metav1.ObjectMeta{Name: Name(ctrl, objNS, "u")},
+			Spec:       coordinationv1.LeaseSpec{HolderIdentity: ptr.To("other"), LeaseDurationSeconds: ptr.To[int32](60), RenewTime: &now},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		failList := atomic.Bool{}
+		failList.Store(true)
+		cs.PrependReactor("list", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
+			if failList.Swap(false) {
+				return true, nil, apierrors.NewServiceUnavailable("slow down")
+			}
+			return false, nil, nil
+		})
+		succ := newRegistry(cs, clk, "successor")
+		if _, err := succ.Wait(ctx, ctrl, objNS, "b"); err == nil || !strings.Contains(err.Error(), "failed to list claims") {
+			t.Errorf("Wait with the list failing = %v, want its error", err)
+		}
+		requests := func() []string {
+			var out []string
+			for _, a := range cs.Actions() {
+				if a.GetResource().Resource == "leases" {
+					out = append(out, a.GetVerb())
+				}
+			}
+			cs.ClearActions()
+			return out
+		}
+		requests()
+		for _, o := range []string{"b", "b", "u"} {
+			if w, err := succ.Wait(ctx, ctrl, objNS, o); err != nil || w != (internal.ClaimWait{}) {
+				t.Errorf("Wait(%s) of an object not claimed = %+v, %v", o, w, err)
+			}
+		}
+		if got := requests(); !slices.Equal(got, []string{"list"}) {
+			t.Errorf("requests of three Waits of objects not claimed: %v, want one list", got)
+		}
+		if w, err := succ.Wait(ctx, ctrl, objNS, "a"); err != nil || w.Left != 20*time.Second || w.Holder != leaderID {
+			t.Errorf("Wait(a) = %+v, %v; want held 20s by %s", w, err, leaderID)
+		}
+		if got := requests(); !slices.Equal(got, []string{"get"}) {
+			t.Errorf("requests of a Wait of a claimed object: %v, want one get", got)
+		}
+
+		// A claim written after the list: the protocol writes none while this replica leads.
+		late := newRegistry(cs, clk, "late")
+		c := late.Begin(ctrl, objNS, "c", "3").(*Call)
+		if _, err := late.Take(ctx, c, 20*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		requests()
+		if w, err := succ.Wait(ctx, ctrl, objNS, "c"); err != nil || w != (internal.ClaimWait{}) || len(requests()) != 0 {
+			t.Errorf("Wait(c) of a claim written after the list = %+v, %v; want none, no request", w, err)
 		}
 		c.End()
+
+		// The holder killed: its claim never renewed nor deleted, expired by the successor's clock.
+		leader.Stop()
+		clk.Step(20 * time.Second)
+		synctest.Wait()
+		requests()
+		if w, err := succ.Wait(ctx, ctrl, objNS, "a"); err != nil || w != (internal.ClaimWait{}) {
+			t.Errorf("Wait(a) once expired = %+v, %v; want none", w, err)
+		}
+		var del *k8stesting.DeleteActionImpl
+		for _, act := range cs.Actions() {
+			if d, ok := act.(k8stesting.DeleteActionImpl); ok {
+				del = &d
+			}
+		}
+		if del == nil || del.Name != Name(ctrl, objNS, "a") || del.DeleteOptions.Preconditions == nil ||
+			ptr.Deref(del.DeleteOptions.Preconditions.ResourceVersion, "") != "7" {
+			t.Errorf("the expired claim's delete: %+v, want one of %s with a resourceVersion precondition", del, Name(ctrl, objNS, "a"))
+		}
+		if _, err := cs.CoordinationV1().Leases(ns).Get(ctx, Name(ctrl, objNS, "a"), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Errorf("the expired claim after Wait: %v, want NotFound", err)
+		}
+		requests()
+		if w, err := succ.Wait(ctx, ctrl, objNS, "a"); err != nil || w != (internal.ClaimWait{}) || len(requests()) != 0 {
+			t.Errorf("Wait(a) after its claim was deleted = %+v, %v; want none, no request", w, err)
+		}
+		a.End()
 	})
 }
 
@@ -392,14 +495,9 @@ func TestHeldAndWaiting(t *testing.T) {
 			t.Errorf("Waiting 16s later = %+v, %d; want %+v, 1", waiting, n, wantA)
 		}
 
-		// a released, then claimed by another holder: gone from Waiting, then First again.
+		// a released and claimed by another holder before the successor reads it again: First
+		// again; then released: gone from Waiting.
 		a.End()
-		if w, err := succ.Wait(ctx, ctrl, objNS, "a"); err != nil || w != (internal.ClaimWait{}) {
-			t.Fatalf("Wait on a released claim = %+v, %v", w, err)
-		}
-		if _, n := succ.Waiting(10); n != 0 {
-			t.Errorf("Waiting counts %d after the claims were released or expired, want 0", n)
-		}
 		third := newRegistry(cs, clk, "third")
 		a3 := third.Begin(ctrl, objNS, "a", "3").(*Call)
 		if _, err := third.Take(ctx, a3, 20*time.Second); err != nil {
@@ -412,6 +510,12 @@ func TestHeldAndWaiting(t *testing.T) {
 			t.Errorf("leader holds %d claims after a ended, want 1", n)
 		}
 		a3.End()
+		if w, err := succ.Wait(ctx, ctrl, objNS, "a"); err != nil || w != (internal.ClaimWait{}) {
+			t.Fatalf("Wait on a released claim = %+v, %v", w, err)
+		}
+		if _, n := succ.Waiting(10); n != 0 {
+			t.Errorf("Waiting counts %d after the claims were released or expired, want 0", n)
+		}
 		b.End()
 	})
 }

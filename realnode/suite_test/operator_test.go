@@ -107,7 +107,7 @@ func (d deployment) install(ctx context.Context) {
 			ObjectMeta: metav1.ObjectMeta{Name: appName},
 			Rules: []rbacv1.PolicyRule{
 				{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch", "patch", "update"}},
-				{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "create", "update", "delete"}}, // delete: HandOffAtStop's claims
+				{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "list", "create", "update", "delete"}}, // list, delete: HandOffAtStop's claims
 				{APIGroups: []string{"", "events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
 			},
 		}, metav1.CreateOptions{})

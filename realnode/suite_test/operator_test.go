@@ -40,6 +40,8 @@ type deployment struct {
 	Policy string
 	// TerminationGrace is the Pod's terminationGracePeriodSeconds.
 	TerminationGrace int64
+	// RetryPeriod is --leader-election-retry-period; 0: the operator's default (1s).
+	RetryPeriod time.Duration
 	// Bare runs one Pod of its own, named appName (no Deployment to replace it).
 	Bare bool
 }
@@ -53,6 +55,9 @@ func (d deployment) args() []string {
 	}
 	if d.Policy != "" {
 		args = append(args, "--stop-policy="+d.Policy)
+	}
+	if d.RetryPeriod > 0 {
+		args = append(args, "--leader-election-retry-period="+d.RetryPeriod.String())
 	}
 	return args
 }

@@ -274,7 +274,8 @@ func (r *Registry) Take(ctx context.Context, c *Call, duration time.Duration) (t
 	if apierrors.IsAlreadyExists(err) {
 		if l, err = r.o.Leases.Get(ctx, n, metav1.GetOptions{}); err == nil {
 			if r.leftOf(l, c) > 0 {
-				return false, fmt.Errorf("failed to take claim %s: held by %q: %w", n, ptr.Deref(l.Spec.HolderIdentity, ""), ErrHeld)
+				holder := ptr.Deref(l.Spec.HolderIdentity, "")
+				return false, fmt.Errorf("failed to take claim %s: held by %q: %w", n, holder, ErrHeld)
 			}
 			l = l.DeepCopy() // keeps its resourceVersion: the update fails if another wrote since
 			l.Labels, l.Annotations, l.Spec = meta.Labels, meta.Annotations, spec

@@ -289,23 +289,43 @@ func TestWaitExpiryByOwnObservation(t *testing.T) {
 	})
 }
 
-// Wait lists the claims once, then reads again only the claims of other replicas it found;
-// an expired one is deleted, with the resourceVersion read as a precondition.
-func TestWaitListsOnceAndDeletesExpired(t *testing.T) {
+// requests returns the verbs of the requests cs received on leases since the last call.
+func requests(cs *fake.Clientset) []string {
+	var out []string
+	for _, a := range cs.Actions() {
+		if a.GetResource().Resource == "leases" {
+			out = append(out, a.GetVerb())
+		}
+	}
+	cs.ClearActions()
+	return out
+}
+
+// takeA has leader take a claim on objNS/a, written with resourceVersion "7" (the fake
+// clientset writes none).
+func takeA(t *testing.T, cs *fake.Clientset, leader *Registry) *Call {
+	t.Helper()
+	a := leader.Begin(ctrl, objNS, "a", "1").(*Call)
+	if _, err := leader.Take(context.Background(), a, 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	l := getClaim(t, cs, Name(ctrl, objNS, "a"))
+	l.ResourceVersion = "7"
+	if err := cs.Tracker().Update(coordinationv1.SchemeGroupVersion.WithResource("leases"), l, ns); err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// Wait lists the claims once (again after a failed list), then reads again only the claims
+// of other replicas it found: any other object costs no request.
+func TestWaitListsOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cs := fake.NewClientset()
 		clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 		ctx := context.Background()
-		leader := newRegistry(cs, clk, leaderID)
-		a := leader.Begin(ctrl, objNS, "a", "1").(*Call)
-		if _, err := leader.Take(ctx, a, 20*time.Second); err != nil {
-			t.Fatal(err)
-		}
-		claimA := getClaim(t, cs, Name(ctrl, objNS, "a"))
-		claimA.ResourceVersion = "7" // the fake clientset writes none
-		if err := cs.Tracker().Update(coordinationv1.SchemeGroupVersion.WithResource("leases"), claimA, ns); err != nil {
-			t.Fatal(err)
-		}
+		a := takeA(t, cs, newRegistry(cs, clk, leaderID))
+		defer a.End()
 		now := metav1.NewMicroTime(clk.Now())
 		if _, err := cs.CoordinationV1().Leases(ns).Create(ctx, &coordinationv1.Lease{ // no label: not a claim
 			ObjectMeta: metav1.ObjectMeta{Name: Name(ctrl, objNS, "u")},
@@ -325,49 +345,53 @@ func TestWaitListsOnceAndDeletesExpired(t *testing.T) {
 		if _, err := succ.Wait(ctx, ctrl, objNS, "b"); err == nil || !strings.Contains(err.Error(), "failed to list claims") {
 			t.Errorf("Wait with the list failing = %v, want its error", err)
 		}
-		requests := func() []string {
-			var out []string
-			for _, a := range cs.Actions() {
-				if a.GetResource().Resource == "leases" {
-					out = append(out, a.GetVerb())
-				}
-			}
-			cs.ClearActions()
-			return out
-		}
-		requests()
+		requests(cs)
 		for _, o := range []string{"b", "b", "u"} {
 			if w, err := succ.Wait(ctx, ctrl, objNS, o); err != nil || w != (internal.ClaimWait{}) {
 				t.Errorf("Wait(%s) of an object not claimed = %+v, %v", o, w, err)
 			}
 		}
-		if got := requests(); !slices.Equal(got, []string{"list"}) {
+		if got := requests(cs); !slices.Equal(got, []string{"list"}) {
 			t.Errorf("requests of three Waits of objects not claimed: %v, want one list", got)
 		}
 		if w, err := succ.Wait(ctx, ctrl, objNS, "a"); err != nil || w.Left != 20*time.Second || w.Holder != leaderID {
 			t.Errorf("Wait(a) = %+v, %v; want held 20s by %s", w, err, leaderID)
 		}
-		if got := requests(); !slices.Equal(got, []string{"get"}) {
+		if got := requests(cs); !slices.Equal(got, []string{"get"}) {
 			t.Errorf("requests of a Wait of a claimed object: %v, want one get", got)
 		}
-
 		// A claim written after the list: the protocol writes none while this replica leads.
 		late := newRegistry(cs, clk, "late")
 		c := late.Begin(ctrl, objNS, "c", "3").(*Call)
 		if _, err := late.Take(ctx, c, 20*time.Second); err != nil {
 			t.Fatal(err)
 		}
-		requests()
-		if w, err := succ.Wait(ctx, ctrl, objNS, "c"); err != nil || w != (internal.ClaimWait{}) || len(requests()) != 0 {
+		defer c.End()
+		requests(cs)
+		if w, err := succ.Wait(ctx, ctrl, objNS, "c"); err != nil || w != (internal.ClaimWait{}) || len(requests(cs)) != 0 {
 			t.Errorf("Wait(c) of a claim written after the list = %+v, %v; want none, no request", w, err)
 		}
-		c.End()
+	})
+}
 
-		// The holder killed: its claim never renewed nor deleted, expired by the successor's clock.
+// A killed holder's claim, never renewed nor deleted, expires by the successor's clock and is
+// deleted by it, with the resourceVersion read as a precondition; then read no more.
+func TestWaitDeletesExpired(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cs := fake.NewClientset()
+		clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+		ctx := context.Background()
+		leader := newRegistry(cs, clk, leaderID)
+		a := takeA(t, cs, leader)
+		defer a.End()
+		succ := newRegistry(cs, clk, "successor")
+		if w, err := succ.Wait(ctx, ctrl, objNS, "a"); err != nil || w.Left != 20*time.Second {
+			t.Fatalf("Wait(a) = %+v, %v; want held 20s", w, err)
+		}
 		leader.Stop()
 		clk.Step(20 * time.Second)
 		synctest.Wait()
-		requests()
+		requests(cs)
 		if w, err := succ.Wait(ctx, ctrl, objNS, "a"); err != nil || w != (internal.ClaimWait{}) {
 			t.Errorf("Wait(a) once expired = %+v, %v; want none", w, err)
 		}
@@ -379,16 +403,15 @@ func TestWaitListsOnceAndDeletesExpired(t *testing.T) {
 		}
 		if del == nil || del.Name != Name(ctrl, objNS, "a") || del.DeleteOptions.Preconditions == nil ||
 			ptr.Deref(del.DeleteOptions.Preconditions.ResourceVersion, "") != "7" {
-			t.Errorf("the expired claim's delete: %+v, want one of %s with a resourceVersion precondition", del, Name(ctrl, objNS, "a"))
+			t.Errorf("the expired claim's delete: %+v, want one of %s with resourceVersion 7 as precondition", del, Name(ctrl, objNS, "a"))
 		}
 		if _, err := cs.CoordinationV1().Leases(ns).Get(ctx, Name(ctrl, objNS, "a"), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 			t.Errorf("the expired claim after Wait: %v, want NotFound", err)
 		}
-		requests()
-		if w, err := succ.Wait(ctx, ctrl, objNS, "a"); err != nil || w != (internal.ClaimWait{}) || len(requests()) != 0 {
+		requests(cs)
+		if w, err := succ.Wait(ctx, ctrl, objNS, "a"); err != nil || w != (internal.ClaimWait{}) || len(requests(cs)) != 0 {
 			t.Errorf("Wait(a) after its claim was deleted = %+v, %v; want none, no request", w, err)
 		}
-		a.End()
 	})
 }
 

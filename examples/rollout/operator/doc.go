@@ -16,7 +16,7 @@
 // GracePeriod (it wraps the webhook server and observes the lease), q.Add, reconcilers.Wrap
 // around the reconciler, with the stop policy of --stop-policy (finish, cancel or handoff:
 // reconcilers.FinishAtStop, the default, CancelAtStop or HandOffAtStop, which needs get,
-// create, update and delete on Leases). --quiesce=false is plain controller-runtime with the same settings
+// list, create, update and delete on Leases). --quiesce=false is plain controller-runtime with the same settings
 // otherwise: leader election with LeaderElectionReleaseOnCancel, a readyz check that
 // passes while the probe server runs.
 //

@@ -71,7 +71,7 @@ func TestClaimsObservable(t *testing.T) {
 		synctest.Wait() // a renewed at 2s
 		now := metav1.NewMicroTime(clk.Now())
 		if _, err := cs.CoordinationV1().Leases("operator").Create(ctx, &coordinationv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{Name: claims.Name(ctrl, "ns", "x")},
+			ObjectMeta: metav1.ObjectMeta{Name: claims.Name(ctrl, "ns", "x"), Labels: map[string]string{claims.ControllerLabel: ctrl}},
 			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("other"), LeaseDurationSeconds: ptr.To[int32](30),
 				RenewTime: &now, AcquireTime: &now},
 		}, metav1.CreateOptions{}); err != nil {

@@ -49,7 +49,8 @@ var globalSysctls = []string{
 // and the CNI plugins write fixed paths there) and the global sysctls kubelet rewrites
 // private copies, brings up the node's network, then runs m.
 //
-// Main blocks until the tests end.
+// Main blocks until the tests end. One node runs at a time on a host: a second Main waits for
+// the first to end (a lock file in the temporary directory).
 func Main(m interface{ Run() int }) int {
 	if dir := os.Getenv(envDir); dir != "" {
 		if err := checkNamespaces(os.Getppid()); err != nil {
@@ -116,6 +117,19 @@ func preflight() error {
 
 // runIsolated re-executes the test binary in new namespaces and cleans up after it.
 func runIsolated() (int, error) {
+	// One node at a time on a host: a node's cleanup kills what runs in kubelet's cgroups,
+	// another node's pods included, and its host check would count the other's changes.
+	lock, err := os.OpenFile(filepath.Join(os.TempDir(), "quiesce-realnode.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return 1, fmt.Errorf("failed to open the node's lock: %w", err)
+	}
+	defer lock.Close() // releases the lock
+	if syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
+		fmt.Fprintf(os.Stderr, "realnode: waiting for another real node on this host to end (%s)\n", lock.Name())
+		if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+			return 1, fmt.Errorf("failed to lock %s: %w", lock.Name(), err)
+		}
+	}
 	if err := preflight(); err != nil {
 		return 1, err
 	}

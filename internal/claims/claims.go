@@ -324,22 +324,30 @@ func (r *Registry) renew(c *Call, sent time.Time) {
 	fence := func() { c.fence(cause) } // runs under a fake clock's lock: it takes none
 	deadline := r.o.Clock.AfterFunc(r.o.RenewDeadline-r.o.Clock.Since(sent), fence)
 	defer func() { deadline.Stop() }()
+	fenced := func() {
+		internal.Safely(func() {
+			r.o.Logger.Info("Claim not renewed within its deadline: ending its work", "controller", c.Controller,
+				"namespace", c.Namespace, "name", c.Name, "claim", Name(c.Controller, c.Namespace, c.Name))
+		})
+		if r.o.OnFenced != nil {
+			r.o.OnFenced(c.Controller)
+		}
+		c.notify()
+	}
 	for {
 		t := r.o.Clock.NewTimer(r.o.RetryPeriod)
 		select {
 		case <-c.stop:
 			t.Stop()
+			select { // the fence that ended the work, and so stopped the renewals, is reported
+			case <-c.fenced:
+				fenced()
+			default:
+			}
 			return
 		case <-c.fenced:
 			t.Stop()
-			internal.Safely(func() {
-				r.o.Logger.Info("Claim not renewed within its deadline: ending its work", "controller", c.Controller,
-					"namespace", c.Namespace, "name", c.Name, "claim", Name(c.Controller, c.Namespace, c.Name))
-			})
-			if r.o.OnFenced != nil {
-				r.o.OnFenced(c.Controller)
-			}
-			c.notify()
+			fenced()
 			return
 		case <-t.C():
 		}

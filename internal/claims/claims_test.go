@@ -194,6 +194,48 @@ func TestFenceOnRenewalFailure(t *testing.T) {
 	})
 }
 
+// A renewal stuck past the deadline: the fence ends the work, whose End stops the renewals
+// while the renewal is still stuck; when it returns, the fence is still reported (its line,
+// OnFenced, onFence), however the renewing goroutine's select picks. 20 times: a random pick
+// that missed it would fail at least once in a million runs.
+func TestFenceReportedWhenTheWorkEndsFirst(t *testing.T) {
+	for range 20 {
+		synctest.Test(t, func(t *testing.T) {
+			cs := fake.NewClientset()
+			clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+			r, n := newCounted(cs, clk, leaderID)
+			c := r.Begin(ctrl, objNS, "web", "id1").(*Call)
+			var notified atomic.Int32
+			ctx, cancel := c.Bind(context.Background(), func() { notified.Add(1) })
+			defer cancel()
+			if _, err := r.Take(context.Background(), c, 20*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			unblock := make(chan struct{})
+			cs.PrependReactor("update", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
+				<-unblock
+				return true, nil, errors.New("timeout")
+			})
+			synctest.Wait()
+			clk.Step(retryPeriod) // the renewal, stuck
+			synctest.Wait()
+			clk.Step(renewDeadline) // the fence
+			synctest.Wait()
+			if ctx.Err() == nil {
+				t.Fatal("context live past the deadline")
+			}
+			ended := make(chan struct{})
+			go func() { c.End(); close(ended) }() // the work returns: End waits for the renewals to stop
+			synctest.Wait()
+			close(unblock)
+			<-ended
+			if got, f := notified.Load(), n.get("fenced/"+ctrl); got != 1 || f != 1 {
+				t.Errorf("onFence called %d times, fences counted %d; want 1", got, f)
+			}
+		})
+	}
+}
+
 // A successful renewal moves the deadline: work renewed in time is never fenced.
 func TestRenewalsKeepWorkAlive(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {

@@ -235,6 +235,8 @@ var _ = Describe("HandOffAtStop, a holder killed", func() {
 			var run handoffRun
 			Eventually(runs.started, 30*time.Second).Should(Receive(&run))
 			Expect(run.Object).To(Equal("x"))
+			GinkgoWriter.Printf("b ran x %v after the leader's stop began, %v after its SIGKILL\n",
+				run.start.Sub(stopped).Round(time.Millisecond), run.start.Sub(killed).Round(time.Millisecond))
 			Expect(run.start).To(BeTemporally(">=", killed), "never while the holder lived")
 			Expect(run.start.Sub(stopped)).To(BeNumerically(">=", d),
 				"one claim duration from b's first sight of the claim, by b's clock, not from the holder's renewTime")

@@ -26,12 +26,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 )
 
-// slowdown slows the requests of the clients made from its config: each waits the delay set
-// (0 at first), or its context's end, before it is sent.
+// slowdown slows the requests of the clients made from its config: each it matches waits the
+// delay set (0 at first), or its context's end, before it is sent.
 type slowdown struct {
-	leaseWritesOnly bool         // only the writes of Leases (claims, the leader lease) wait
-	delay           atomic.Int64 // nanoseconds
-	leaseWrites     atomic.Int64 // Lease writes delayed so far
+	only        func(*http.Request) bool // nil: every request
+	delay       atomic.Int64             // nanoseconds
+	leaseWrites atomic.Int64             // Lease writes delayed so far
 }
 
 func (s *slowdown) set(d time.Duration) { s.delay.Store(int64(d)) }
@@ -46,18 +46,27 @@ func (s *slowdown) config() *rest.Config {
 	return c
 }
 
+// leaseWrite matches the writes of Leases: claims and the leader lease.
+func leaseWrite(req *http.Request) bool {
+	return req.Method != http.MethodGet && strings.Contains(req.URL.Path, "/leases")
+}
+
+// claimWrite matches the writes of claims: the Leases but the hand-over specs' leader lease.
+func claimWrite(req *http.Request) bool {
+	return leaseWrite(req) && !strings.HasSuffix(req.URL.Path, "/leases/"+handoffLease)
+}
+
 type slowTransport struct {
 	s  *slowdown
 	rt http.RoundTripper
 }
 
 func (t slowTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	leaseWrite := req.Method != http.MethodGet && strings.Contains(req.URL.Path, "/leases")
 	d := time.Duration(t.s.delay.Load())
-	if d <= 0 || t.s.leaseWritesOnly && !leaseWrite {
+	if d <= 0 || t.s.only != nil && !t.s.only(req) {
 		return t.rt.RoundTrip(req)
 	}
-	if leaseWrite {
+	if leaseWrite(req) {
 		t.s.leaseWrites.Add(1)
 	}
 	timer := time.NewTimer(d)

@@ -355,9 +355,9 @@ var _ = Describe("HandOffAtStop", func() {
 		It("should end the work's context when its claim can no longer be renewed ("+way.edge+"), the successor running the object only once that work ended",
 			func(ctx SpecContext) {
 				cur := goleak.IgnoreCurrent()
-				oa, leaseWrites := replicaOptions{releaseOnCancel: true}, &slowdown{leaseWritesOnly: true}
+				oa, claimWrites := replicaOptions{releaseOnCancel: true}, &slowdown{only: claimWrite}
 				if way.slow {
-					oa.cfg = leaseWrites.config()
+					oa.cfg = claimWrites.config()
 				}
 				p := startPair(ctx, oa, replicaOptions{releaseOnCancel: true})
 				p.stopA()
@@ -365,9 +365,9 @@ var _ = Describe("HandOffAtStop", func() {
 
 				var broken time.Time
 				if way.slow {
-					By("slowing the old leader's Lease writes to 10s: each renewal of the claim ends at its 3s deadline")
+					By("slowing the old leader's writes of claims to 10s: each renewal ends at its 3s deadline")
 					broken = time.Now()
-					leaseWrites.set(10 * time.Second)
+					claimWrites.set(10 * time.Second)
 				} else {
 					By("writing the claim under the old leader: its optimistic renewals conflict from now on")
 					// The holder renews every RetryPeriod: a renewal between the read and the write
@@ -426,32 +426,58 @@ var _ = Describe("HandOffAtStop", func() {
 		p.end(cur)
 	})
 
-	It("should not hand the lease over when a claim cannot be taken", func(ctx SpecContext) {
-		cur := goleak.IgnoreCurrent()
-		p := startPair(ctx, replicaOptions{releaseOnCancel: true}, replicaOptions{releaseOnCancel: true})
+	for _, way := range []struct {
+		edge string
+		slow bool
+	}{
+		{"another holder's claim on the object", false},
+		// 5s per claim write: above the RenewDeadline (3s) that bounds the hand-over's writes.
+		{"the API server slow: the claim's write longer than the renew deadline that bounds the hand-over", true},
+	} {
+		It("should not hand the lease over when a claim cannot be taken ("+way.edge+"), the stop FinishAtStop's", func(ctx SpecContext) {
+			cur := goleak.IgnoreCurrent()
+			oa, claimWrites := replicaOptions{releaseOnCancel: true}, &slowdown{only: claimWrite}
+			if way.slow {
+				oa.cfg = claimWrites.config()
+				claimWrites.set(5 * time.Second)
+			}
+			p := startPair(ctx, oa, replicaOptions{releaseOnCancel: true})
+			if !way.slow {
+				By("another holder claiming the object mid-reconcile")
+				now := metav1.NewMicroTime(time.Now())
+				Expect(k8sClient.Create(ctx, &coordinationv1.Lease{
+					ObjectMeta: metav1.ObjectMeta{Namespace: p.ns, Name: claims.Name("handoff", p.ns, "x")},
+					Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("someone-else"), LeaseDurationSeconds: ptr.To[int32](300),
+						RenewTime: &now, AcquireTime: &now},
+				})).To(Succeed())
+			}
+			p.stopA()
+			Eventually(func() bool { return hasLine(p.logsA.all(), "Not handing the lease over: a claim could not be taken") },
+				10*time.Second).Should(BeTrue())
+			Consistently(p.b.Elected(), 3*time.Second).ShouldNot(BeClosed(), "the lease stays with the old leader while its work runs")
+			Expect(hasLine(p.logsA.all(), `"msg"="Handed the lease over"`)).To(BeFalse())
+			Expect(leaseHolder(ctx, p.ns)).NotTo(BeEmpty())
+			if way.slow {
+				Expect(claimWrites.leaseWrites.Load()).To(BeNumerically(">=", 1), "the claim's write went through the slow client")
+				_, ok := claimOf(ctx, p.ns)
+				Expect(ok).To(BeFalse(), "no claim is left when nothing is handed over")
+			}
 
-		By("another holder claiming the object mid-reconcile")
-		now := metav1.NewMicroTime(time.Now())
-		Expect(k8sClient.Create(ctx, &coordinationv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{Namespace: p.ns, Name: claims.Name("handoff", p.ns, "x")},
-			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("someone-else"), LeaseDurationSeconds: ptr.To[int32](300),
-				RenewTime: &now, AcquireTime: &now},
-		})).To(Succeed())
-		p.stopA()
-		Eventually(func() bool { return hasLine(p.logsA.all(), "Not handing the lease over: a claim could not be taken") },
-			10*time.Second).Should(BeTrue())
-		Consistently(p.b.Elected(), 3*time.Second).ShouldNot(BeClosed(), "the lease stays with the old leader while its work runs")
-		Expect(hasLine(p.logsA.all(), `"msg"="Handed the lease over"`)).To(BeFalse())
-		Expect(leaseHolder(ctx, p.ns)).NotTo(BeEmpty())
-
-		p.release()
-		Eventually(p.doneA, 30*time.Second).Should(Receive(BeNil()))
-		Expect(p.runs.of("x")[0].cause).ToNot(HaveOccurred(), "the work finished as under FinishAtStop")
-		Eventually(p.b.Elected(), 15*time.Second).Should(BeClosed(), "released when the old leader's stop ended")
-		claim, ok := claimOf(ctx, p.ns)
-		Expect(ok).To(BeTrue())
-		Expect(ptr.Deref(claim.Spec.HolderIdentity, "")).To(Equal("someone-else"), "the other holder's claim is left alone")
-		Expect(k8sClient.Delete(ctx, &claim, client.GracePeriodSeconds(0))).To(Succeed())
-		p.end(cur)
-	})
+			p.release()
+			Eventually(p.doneA, 30*time.Second).Should(Receive(BeNil()))
+			Expect(p.runs.of("x")[0].cause).ToNot(HaveOccurred(), "the work finished as under FinishAtStop")
+			Eventually(p.b.Elected(), 15*time.Second).Should(BeClosed(), "released when the old leader's stop ended")
+			if way.slow {
+				Eventually(func() []string { return p.runs.replicasOf("x") }, 15*time.Second).Should(Equal([]string{"a", "b"}))
+				x := p.runs.of("x")
+				Expect(x[1].start).To(BeTemporally(">=", x[0].end), "the successor ran x only once the old run ended")
+			} else {
+				claim, ok := claimOf(ctx, p.ns)
+				Expect(ok).To(BeTrue())
+				Expect(ptr.Deref(claim.Spec.HolderIdentity, "")).To(Equal("someone-else"), "the other holder's claim is left alone")
+				Expect(k8sClient.Delete(ctx, &claim, client.GracePeriodSeconds(0))).To(Succeed())
+			}
+			p.end(cur)
+		})
+	}
 })

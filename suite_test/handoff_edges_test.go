@@ -51,7 +51,8 @@ func leaseWrite(req *http.Request) bool {
 	return req.Method != http.MethodGet && strings.Contains(req.URL.Path, "/leases")
 }
 
-// claimWrite matches the writes of claims: the Leases but the hand-over specs' leader lease.
+// claimWrite matches the writes of claims once the leader lease exists (its creation is a
+// POST to the collection, as a claim's): the writes of Leases but the hand-over specs' leader lease.
 func claimWrite(req *http.Request) bool {
 	return leaseWrite(req) && !strings.HasSuffix(req.URL.Path, "/leases/"+handoffLease)
 }

@@ -439,10 +439,12 @@ var _ = Describe("HandOffAtStop", func() {
 			oa, claimWrites := replicaOptions{releaseOnCancel: true}, &slowdown{only: claimWrite}
 			if way.slow {
 				oa.cfg = claimWrites.config()
-				claimWrites.set(5 * time.Second)
 			}
 			p := startPair(ctx, oa, replicaOptions{releaseOnCancel: true})
-			if !way.slow {
+			if way.slow {
+				By("slowing the old leader's writes of claims to 5s")
+				claimWrites.set(5 * time.Second)
+			} else {
 				By("another holder claiming the object mid-reconcile")
 				now := metav1.NewMicroTime(time.Now())
 				Expect(k8sClient.Create(ctx, &coordinationv1.Lease{

@@ -381,7 +381,8 @@ var _ = Describe("HandOffAtStop", func() {
 					})).To(Succeed())
 				}
 				Eventually(p.doneA, 30*time.Second).Should(Receive(BeNil()))
-				Expect(hasLine(p.logsA.all(), "Claim not renewed within its deadline: ending its work")).To(BeTrue())
+				Expect(hasLine(p.logsA.all(), "Claim not renewed within its deadline: ending its work")).To(BeTrue(),
+					"the fence is logged, however the renewals failed")
 				Eventually(func() []string { return p.runs.replicasOf("x") }, 15*time.Second).Should(Equal([]string{"a", "b"}),
 					"the successor runs x once the claim is released or expired by its clock")
 				x := p.runs.of("x")

@@ -83,8 +83,6 @@ type replicaOptions struct {
 func handoffReplica(ns, id string, o replicaOptions, runs *handoffRuns, logs *logLines) (manager.Manager, *runnable.Runnable) {
 	GinkgoHelper()
 	c, hold := cmp.Or(o.cfg, cfg), cmp.Or(o.hold, done())
-	// CancelAfter (20s) far above the bounds the specs put on a hand-over (10s): a stop
-	// without one is told apart.
 	mo := managerOptions(inNamespace(ns), func(mo *manager.Options) {
 		mo.Logger = logs.logger()
 		mo.LeaderElection = true
@@ -96,6 +94,8 @@ func handoffReplica(ns, id string, o replicaOptions, runs *handoffRuns, logs *lo
 		mo.RetryPeriod = ptr.To(200 * time.Millisecond)
 		mo.GracefulShutdownTimeout = ptr.To(40 * time.Second)
 	})
+	// CancelAfter (20s) far above the bounds the specs put on a hand-over (10s): a stop
+	// without one is told apart.
 	q, err := runnable.Setup(c, &mo, runnable.Options{GracePeriod: 25 * time.Second, CancelAfter: 20 * time.Second,
 		Clock: o.clock, Logger: logs.logger().WithName("quiesce")})
 	Expect(err).NotTo(HaveOccurred())

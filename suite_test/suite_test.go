@@ -32,6 +32,15 @@ var (
 	transports   []http.RoundTripper
 )
 
+// TestMain runs the suite or, in a process a spec started (startReplica), one replica of an
+// operator (runReplica).
+func TestMain(m *testing.M) {
+	if os.Getenv(replicaEnv) != "" {
+		os.Exit(runReplica())
+	}
+	os.Exit(m.Run())
+}
+
 func TestSuite(t *testing.T) {
 	RegisterFailHandler(Fail)
 	RunSpecs(t, "quiesce Suite")

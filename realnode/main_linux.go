@@ -123,7 +123,7 @@ func runIsolated() (int, error) {
 	if err != nil {
 		return 1, fmt.Errorf("failed to open the node's lock: %w", err)
 	}
-	defer lock.Close() // releases the lock
+	defer func() { _ = lock.Close() }() // releases the lock
 	if syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
 		fmt.Fprintf(os.Stderr, "realnode: waiting for another real node on this host to end (%s)\n", lock.Name())
 		if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {

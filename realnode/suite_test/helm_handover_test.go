@@ -3,6 +3,7 @@
 package realnode_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"path/filepath"
@@ -15,7 +16,6 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -38,12 +38,16 @@ const (
 	helmLeadGrace           = 60 * time.Second
 	helmLeadShutdownTimeout = 70 * time.Second
 	helmLeadTermination     = 100 * time.Second
+	// finishPolicy is --stop-policy's value for reconcilers.FinishAtStop; helmDeployed Helm's
+	// state of a release whose work is done.
+	finishPolicy = "finish"
+	helmDeployed = "deployed"
 )
 
 // helmLeadMode is one operator of the spec; Policy is --stop-policy (empty: plain).
 type helmLeadMode struct{ Name, Policy string }
 
-var helmLeadModes = []helmLeadMode{{Name: "plain"}, {Name: "finish", Policy: "finish"}, {Name: handoff, Policy: handoff}}
+var helmLeadModes = []helmLeadMode{{Name: mode(false)}, {Name: finishPolicy, Policy: finishPolicy}, {Name: handoff, Policy: handoff}}
 
 func (m helmLeadMode) label() string {
 	switch m.Policy {
@@ -61,7 +65,7 @@ func (m helmLeadMode) args(ns string) []string {
 		"--namespace=" + ns, "--quiesce=" + strconv.FormatBool(m.Policy != ""),
 		"--leader-elect", "--leader-election-retry-period=1s",
 		"--graceful-shutdown-timeout=" + helmLeadShutdownTimeout.String(),
-		"--health-probe-bind-address=:8081", "--helm-poll-interval=500ms",
+		"--helm-poll-interval=500ms",
 		// V(5): controller-runtime's "Reconcile successful" and quiesce's V(1) "Object claimed
 		// by another replica" show what the successor did with the release.
 		"--zap-encoder=json", "--zap-time-encoding=rfc3339nano", "--zap-log-level=5",
@@ -81,10 +85,12 @@ type helmLeadResult struct {
 	// The old leader: its upgrade returned ("Upgraded", or "Reconciler error": plain's rollback
 	// done), its last line, its exit code, HandOffAtStop's lines.
 	Upgraded, Returned, Stop time.Duration
-	ExitCode                 int
-	HandedOver               bool
-	Claims                   int
-	ClaimedWorkFinished      bool
+	// Deployed: the first "Upgraded" of either pod (plain: the successor's, the work redone).
+	Deployed            time.Duration
+	ExitCode            int
+	HandedOver          bool
+	Claims              int
+	ClaimedWorkFinished bool
 	// The successor: "Successfully acquired lease" (its log), the lease's new holder (the
 	// test's informer), its first "Reconcile successful", its waits on the claim, its
 	// "another operation" errors, and whether it upgraded (redid the work).
@@ -92,10 +98,11 @@ type helmLeadResult struct {
 	ClaimWaits, OtherOps            int
 	SuccessorUpgraded               bool
 	Holders                         []string
-	// The release: revision 2's state and the last record when the old leader exited, and
-	// the last record once the successor reconciled the upgraded release.
-	Revision2        string
-	AtExit, AtTheEnd helmRecord
+	// The release: revision 2's (the upgrade's) and 3's (plain: the rollback's) states and the
+	// last record when the old leader exited, and the last record once the successor
+	// reconciled the upgraded release.
+	Revision2, Revision3 string
+	AtExit, AtTheEnd     helmRecord
 }
 
 var _ = Describe("the Helm operator with leader election, its leader stopped mid-upgrade", func() {
@@ -131,7 +138,7 @@ var _ = Describe("the Helm operator with leader election, its leader stopped mid
 		GinkgoWriter.Println(helmLeadTable(res))
 
 		p, f, h := res[0], res[1], res[2]
-		upgraded := helmRecord{Revision: 2, State: "deployed"}
+		upgraded := helmRecord{Revision: 2, State: helmDeployed}
 		// Plain controller-runtime cancels the upgrade at SIGTERM: Helm marks revision 2
 		// failed and rolls back; the successor upgrades again.
 		Expect(p.Upgraded).To(BeZero(), "plain: the old leader's upgrade ended")
@@ -173,22 +180,11 @@ func helmLead(ctx context.Context, m helmLeadMode) *helmLeadResult {
 	defer obs.stop()
 	helmInstall(ctx, ns)
 	// The lease and HandOffAtStop's claims: Leases in the operator's namespace.
-	mustCreate(ctx, func(ctx context.Context) error {
-		_, err := cs.RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{
-			ObjectMeta: metav1.ObjectMeta{Name: "leases"},
-			Rules: []rbacv1.PolicyRule{{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"},
-				Verbs: []string{"get", "create", "update", "delete"}}},
-		}, metav1.CreateOptions{})
-		return err
-	})
-	mustCreate(ctx, func(ctx context.Context) error {
-		_, err := cs.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{
-			ObjectMeta: metav1.ObjectMeta{Name: "leases"},
-			Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: appName, Namespace: ns}},
-			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "leases"},
-		}, metav1.CreateOptions{})
-		return err
-	})
+	role, err := cs.RbacV1().Roles(ns).Get(ctx, appName, metav1.GetOptions{})
+	Expect(err).NotTo(HaveOccurred())
+	role.Rules = append(role.Rules, leaseRule)
+	_, err = cs.RbacV1().Roles(ns).Update(ctx, role, metav1.UpdateOptions{})
+	Expect(err).NotTo(HaveOccurred())
 	for _, name := range []string{"a", "b"} {
 		mustCreate(ctx, func(ctx context.Context) error {
 			_, err := cs.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
@@ -218,10 +214,10 @@ func helmLead(ctx context.Context, m helmLeadMode) *helmLeadResult {
 		ObjectMeta: metav1.ObjectMeta{Name: helmRelease, Labels: map[string]string{helmLabel: "true"}},
 		Data:       map[string]string{"version": fmt.Sprintf("1-ready%d", helmLeadR)},
 	}
-	_, err := cs.CoreV1().ConfigMaps(ns).Create(ctx, cm, metav1.CreateOptions{})
+	_, err = cs.CoreV1().ConfigMaps(ns).Create(ctx, cm, metav1.CreateOptions{})
 	Expect(err).NotTo(HaveOccurred())
 	Eventually(helmLast).WithContext(ctx).WithArguments(ns).WithTimeout(2*time.Minute).
-		Should(Equal(helmRecord{Revision: 1, State: "deployed"}), "%s: the install", m.label())
+		Should(Equal(helmRecord{Revision: 1, State: helmDeployed}), "%s: the install", m.label())
 
 	By(fmt.Sprintf("%s: upgrading, then deleting the leader's pod 3 s into pending-upgrade", m.label()))
 	patch := fmt.Sprintf(`{"data":{"version":"2-ready%d"}}`, helmLeadU)
@@ -241,6 +237,8 @@ func helmLead(ctx context.Context, m helmLeadMode) *helmLeadResult {
 	res.AtExit, err = helmLast(ctx, ns)
 	Expect(err).NotTo(HaveOccurred())
 	res.Revision2, err = helmState(ctx, ns, 2)
+	Expect(err).NotTo(HaveOccurred())
+	res.Revision3, err = helmState(ctx, ns, 3)
 	Expect(err).NotTo(HaveOccurred())
 
 	// The successor reconciles the release at the upgraded version: it finds it deployed
@@ -286,6 +284,10 @@ func (res *helmLeadResult) read(old, next podRecord, sigterm, heldSince time.Tim
 		res.Stop = since(lineAt(old.lines[n-1]))
 	}
 	res.ExitCode = old.exitCode()
+	res.Deployed = res.Upgraded
+	if res.Deployed == 0 {
+		res.Deployed = since(next.firstAt("Upgraded", sigterm))
+	}
 	for _, e := range old.lines {
 		switch e["msg"] {
 		case "Handed the lease over":
@@ -342,7 +344,8 @@ func helmLeadTable(res []*helmLeadResult) string {
 	var b strings.Builder
 	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 	row := func(name string, f func(r *helmLeadResult) string) {
-		cells := []string{name}
+		cells := make([]string, 0, 1+len(res))
+		cells = append(cells, name)
 		for _, r := range res {
 			cells = append(cells, f(r))
 		}
@@ -355,14 +358,15 @@ func helmLeadTable(res []*helmLeadResult) string {
 		return d.Round(10 * time.Millisecond).String()
 	}
 	row(fmt.Sprintf("U %d s, R %d s; from the old leader's SIGTERM (its log)", helmLeadU, helmLeadR), func(r *helmLeadResult) string { return r.Mode.label() })
-	row("release once the old leader exited (revision 2)", func(r *helmLeadResult) string {
-		return fmt.Sprintf("%s, revision %d (%s)", r.AtExit.State, r.AtExit.Revision, r.Revision2)
+	row("once the old leader exited: revision 2 (upgrade), 3 (rollback)", func(r *helmLeadResult) string {
+		return fmt.Sprintf("%s, %s", r.Revision2, cmp.Or(r.Revision3, "none"))
 	})
 	row("release once the successor reconciled it", func(r *helmLeadResult) string {
 		return fmt.Sprintf("%s, revision %d", r.AtTheEnd.State, r.AtTheEnd.Revision)
 	})
 	row("old leader's upgrade ended (\"Upgraded\")", func(r *helmLeadResult) string { return s(r.Upgraded) })
 	row("old leader's reconcile returned", func(r *helmLeadResult) string { return s(r.Returned) })
+	row("release deployed at the upgraded version (first \"Upgraded\")", func(r *helmLeadResult) string { return s(r.Deployed) })
 	row("handover: successor's \"Successfully acquired lease\"", func(r *helmLeadResult) string { return s(r.Acquired) })
 	row("lease's new holder seen (test's informer)", func(r *helmLeadResult) string { return s(r.HolderSeen) })
 	row("successor's first \"Reconcile successful\"", func(r *helmLeadResult) string { return s(r.FirstDone) })

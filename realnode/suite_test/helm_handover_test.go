@@ -16,6 +16,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -183,10 +184,12 @@ func helmLead(ctx context.Context, m helmLeadMode) *helmLeadResult {
 	obs := observeLease(ns, helmLeaseID)
 	defer obs.stop()
 	helmInstall(ctx, ns)
-	// The lease and HandOffAtStop's claims: Leases in the operator's namespace.
+	// The lease and HandOffAtStop's claims: Leases in the operator's namespace (list: the
+	// successor lists the claims; delete: they end).
 	role, err := cs.RbacV1().Roles(ns).Get(ctx, appName, metav1.GetOptions{})
 	Expect(err).NotTo(HaveOccurred())
-	role.Rules = append(role.Rules, leaseRule)
+	role.Rules = append(role.Rules, rbacv1.PolicyRule{APIGroups: []string{"coordination.k8s.io"},
+		Resources: []string{"leases"}, Verbs: strings.Fields("get list create update delete")})
 	_, err = cs.RbacV1().Roles(ns).Update(ctx, role, metav1.UpdateOptions{})
 	Expect(err).NotTo(HaveOccurred())
 	for _, name := range []string{"a", "b"} {

@@ -107,7 +107,7 @@ func (d deployment) install(ctx context.Context) {
 			ObjectMeta: metav1.ObjectMeta{Name: appName},
 			Rules: []rbacv1.PolicyRule{
 				{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch", "patch", "update"}},
-				leaseRule,
+				{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "create", "update", "delete"}}, // delete: HandOffAtStop's claims
 				{APIGroups: []string{"", "events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
 			},
 		}, metav1.CreateOptions{})
@@ -204,12 +204,6 @@ func (d deployment) install(ctx context.Context) {
 		_, err := cs.CoreV1().ConfigMaps(ns).Create(ctx, newConfigMap("webhook-reachable"), metav1.CreateOptions{})
 		return err
 	}).WithContext(ctx).Should(Succeed(), "the webhook never answered through its Service")
-}
-
-// leaseRule lets an operator lead through its Lease in its namespace, and take and release
-// HandOffAtStop's claims (delete).
-var leaseRule = rbacv1.PolicyRule{
-	APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "create", "update", "delete"},
 }
 
 // readyPods counts the operator's pods whose Ready condition is True.

@@ -1,10 +1,14 @@
 // Command helm-operator installs and upgrades a Helm release per labelled ConfigMap with Helm 3
 // (Atomic, Wait, WaitForJobs, a long timeout), with quiesce (--quiesce, the default) or as plain
 // controller-runtime (--quiesce=false), so that its tests can stop both mid-upgrade and compare.
+// With --leader-elect, replicas elect a leader (LeaderElectionReleaseOnCancel) and
+// --stop-policy chooses how quiesce's leader stops: finish (FinishAtStop) or handoff
+// (HandOffAtStop: the lease handed over at once, the upgrade in flight claimed and finished).
 package main
 
 import (
 	"flag"
+	"fmt"
 	"os"
 	"time"
 
@@ -24,6 +28,15 @@ import (
 	"example.com/helm-operator/controller"
 )
 
+// LeaderElectionID is the name of the leader election Lease, in --namespace (or, empty, the
+// Pod's own namespace, as controller-runtime finds it in-cluster).
+const LeaderElectionID = "helm-operator.example.com"
+
+// stopPolicies are the values of --stop-policy.
+var stopPolicies = map[string]reconcilers.StopPolicy{
+	"finish": reconcilers.FinishAtStop, "handoff": reconcilers.HandOffAtStop,
+}
+
 func main() {
 	var (
 		metricsAddr, probeAddr string
@@ -34,6 +47,9 @@ func main() {
 		namespace              string
 		cleanup                time.Duration
 		markFailed             bool
+		leaderElect            bool
+		retryPeriod            time.Duration
+		stopPolicy             string
 	)
 	flag.StringVar(&metricsAddr, "metrics-bind-address", "0",
 		"The address the metrics server binds to (plain HTTP); 0 disables it.")
@@ -51,6 +67,13 @@ func main() {
 	flag.BoolVar(&markFailed, "mark-failed-on-abandon", false,
 		"Mark a release whose upgrade or rollback quiesce abandons as failed (reconcilers.WrapOptions.OnAbandon), "+
 			"so that the next operator upgrades it instead of failing on \"another operation is in progress\".")
+	flag.BoolVar(&leaderElect, "leader-elect", false,
+		"Elect a leader among the replicas (the Lease "+LeaderElectionID+" in --namespace), released on cancel.")
+	flag.DurationVar(&retryPeriod, "leader-election-retry-period", 2*time.Second,
+		"How often the leader renews the lease and a standby tries to acquire it.")
+	flag.StringVar(&stopPolicy, "stop-policy", "finish",
+		"quiesce: the controller's stop policy (reconcilers.WrapOptions.Stop): finish (FinishAtStop) or "+
+			"handoff (HandOffAtStop, which needs --leader-elect).")
 	var qopts runnable.Options
 	qopts.BindFlags(flag.CommandLine)
 	// Not one of BindFlags': the tests scale it down with the rest.
@@ -63,6 +86,12 @@ func main() {
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zopts)))
 	log := ctrl.Log.WithName("setup")
 
+	policy, ok := stopPolicies[stopPolicy]
+	if !ok || policy == reconcilers.HandOffAtStop && !leaderElect {
+		log.Error(fmt.Errorf("invalid --stop-policy %q: use finish, or handoff with --leader-elect", stopPolicy),
+			"Invalid flags")
+		os.Exit(1)
+	}
 	c, err := chart.Load()
 	if err != nil {
 		log.Error(err, "Failed to load the chart")
@@ -74,6 +103,12 @@ func main() {
 		Metrics:                 metricsserver.Options{BindAddress: metricsAddr},
 		HealthProbeBindAddress:  probeAddr,
 		GracefulShutdownTimeout: &shutdownTimeout,
+		// As kubebuilder scaffolds it; the lease's other timings are controller-runtime's.
+		LeaderElection:                leaderElect,
+		LeaderElectionID:              LeaderElectionID,
+		LeaderElectionNamespace:       namespace,
+		LeaderElectionReleaseOnCancel: true,
+		RetryPeriod:                   &retryPeriod,
 	}
 	if namespace != "" {
 		mgrOpts.Cache.DefaultNamespaces = map[string]cache.Config{namespace: {}}
@@ -104,7 +139,7 @@ func main() {
 	}
 	r := &controller.Reconciler{Client: mgr.GetClient(), Config: mgr.GetConfig(), Chart: c,
 		Timeout: chartTimeout, PollInterval: pollInterval}
-	wopts := reconcilers.WrapOptions{Cleanup: cleanup}
+	wopts := reconcilers.WrapOptions{Cleanup: cleanup, Stop: policy}
 	if markFailed {
 		wopts.OnAbandon = r.MarkFailed
 	}
@@ -113,7 +148,7 @@ func main() {
 		os.Exit(1)
 	}
 
-	log.Info("Starting manager", "quiesce", withQuiesce)
+	log.Info("Starting manager", "quiesce", withQuiesce, "leaderElect", leaderElect, "stopPolicy", stopPolicy)
 	ctx := ctrl.SetupSignalHandler()
 	if q != nil {
 		ctx = q.StopContext(ctx)

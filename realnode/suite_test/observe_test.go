@@ -29,9 +29,11 @@ type observer struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu      sync.Mutex
-	pods    map[string]*podRecord
-	holders []string // the lease's holders in turn (pod names)
+	mu       sync.Mutex
+	pods     map[string]*podRecord
+	leaseID  string      // the operator's leader election Lease
+	holders  []string    // the lease's holders in turn (pod names)
+	heldFrom []time.Time // when each of holders was first seen holding it
 }
 
 // podRecord is one pod's story; times are when the observer saw each change.
@@ -51,10 +53,14 @@ type podRecord struct {
 	lines     []map[string]any
 }
 
-// observe starts observing ns; stop ends it.
-func observe(ns string) *observer {
+// observe starts observing ns, the lease of examples/rollout's operator its leader election
+// Lease; stop ends it.
+func observe(ns string) *observer { return observeLease(ns, "rollout-operator") }
+
+// observeLease is observe for an operator whose leader election Lease is named leaseID.
+func observeLease(ns, leaseID string) *observer {
 	ctx, cancel := context.WithCancel(context.Background())
-	o := &observer{ns: ns, cancel: cancel, pods: map[string]*podRecord{}}
+	o := &observer{ns: ns, cancel: cancel, pods: map[string]*podRecord{}, leaseID: leaseID}
 	f := informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithNamespace(ns))
 	pods := f.Core().V1().Pods().Informer()
 	_, _ = pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -132,7 +138,7 @@ func (o *observer) pod(ctx context.Context, obj any, deleted bool) {
 // "<pod name>_<uuid>"); other Leases (HandOffAtStop's claims) are not the operator's lease.
 func (o *observer) lease(obj any) {
 	l, ok := obj.(*coordinationv1.Lease)
-	if !ok || l.Name != "rollout-operator" || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
+	if !ok || l.Name != o.leaseID || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
 		return
 	}
 	pod, _, _ := strings.Cut(*l.Spec.HolderIdentity, "_")
@@ -140,7 +146,18 @@ func (o *observer) lease(obj any) {
 	defer o.mu.Unlock()
 	if len(o.holders) == 0 || o.holders[len(o.holders)-1] != pod {
 		o.holders = append(o.holders, pod)
+		o.heldFrom = append(o.heldFrom, time.Now())
 	}
+}
+
+// heldSince is when pod was first seen holding the lease; zero if never.
+func (o *observer) heldSince(pod string) time.Time {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if i := slices.Index(o.holders, pod); i >= 0 {
+		return o.heldFrom[i]
+	}
+	return time.Time{}
 }
 
 // leaseHolders returns the lease's holders in turn.
